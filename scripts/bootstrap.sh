@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install what sparkring needs on a fresh Debian 12 machine: OS packages (ZooKeeper,
+# PostgreSQL 15, a JRE, docker-compose for config validation, iproute2/iptables for
+# partition tests) and a virtualenv in .venv with the project and its test extras.
+# Idempotent: each step is skipped when its result is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+[ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+[ -f /usr/share/java/log4j-1.2.jar ] || need_apt+=(liblog4j1.2-java)
+[ -f /usr/share/java/slf4j-log4j12.jar ] || need_apt+=(libslf4j-java)
+[ -x /usr/lib/postgresql/15/bin/initdb ] || need_apt+=(postgresql)
+command -v psql >/dev/null || need_apt+=(postgresql-client)
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+command -v docker-compose >/dev/null || need_apt+=(docker-compose)
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v iptables >/dev/null || need_apt+=(iptables)
+command -v runuser >/dev/null || need_apt+=(util-linux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "bootstrap: apt-get install ${need_apt[*]}" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${need_apt[@]}" >/dev/null
+fi
+
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  echo "bootstrap: creating .venv and installing sparkring[test]" >&2
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[test]" 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  .venv/bin/sparkring --help >/dev/null
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi

@@ -1,0 +1,620 @@
+#!/usr/bin/env python3
+"""The local stack: ZooKeeper, PostgreSQL, an S3 server and Spark standalone as local processes.
+
+For development, the demo and the tests on machines without a Docker engine
+(docker-compose.yml is the production-like deployment). Every service listens on
+127.0.0.1, keeps its state under one folder (``.stack/`` by default) and is started and
+stopped by PID. Standard library only, so it runs before the project is installed.
+
+    python3 scripts/stack.py up [--zk-nodes 3]   # idempotent
+    python3 scripts/stack.py status [--json]
+    python3 scripts/stack.py env                 # SPARKRING_* exports for a shell
+    python3 scripts/stack.py down                # leaves no process behind
+    python3 scripts/stack.py zk stop|start N     # fault injection for chaos tests
+    python3 scripts/stack.py pg stop|start
+    python3 scripts/stack.py s3 stop|start
+
+Ports come from environment variables (defaults in PORTS below):
+SPARKRING_STACK_ZK_PORT (first of N consecutive client ports), SPARKRING_STACK_PG_PORT,
+SPARKRING_STACK_S3_PORT, SPARKRING_STACK_SPARK_PORT, SPARKRING_STACK_SPARK_UI_PORT.
+SPARKRING_STACK_DIR moves the state folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PORTS = {
+    "zk": 12181,
+    "pg": 15432,
+    "s3": 19000,
+    "spark": 17077,
+    "spark_ui": 18080,
+}
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+ZK_CLASSPATH = ":".join(
+    [
+        "/etc/zookeeper/conf",
+        "/usr/share/java/zookeeper.jar",
+        "/usr/share/java/zookeeper-jute.jar",
+        "/usr/share/java/slf4j-api.jar",
+        "/usr/share/java/slf4j-log4j12.jar",
+        "/usr/share/java/log4j-1.2.jar",
+    ]
+)
+S3_ACCESS_KEY = "sparkring"
+S3_SECRET_KEY = "sparkring-dev-secret"
+DATABASE = "sparkring"
+
+
+class StackError(Exception):
+    """A service could not be brought up or down; the message says which and why."""
+
+
+def stack_dir() -> Path:
+    return Path(os.environ.get("SPARKRING_STACK_DIR", REPO / ".stack")).resolve()
+
+
+def port(name: str) -> int:
+    return int(os.environ.get(f"SPARKRING_STACK_{name.upper()}_PORT", PORTS[name]))
+
+
+def venv_bin(name: str) -> str:
+    """A tool from the project's virtualenv if there is one, else from PATH."""
+    for candidate in (REPO / ".venv" / "bin" / name, Path(sys.executable).parent / name):
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which(name)
+    if not found:
+        raise StackError(f"{name} not found: run scripts/bootstrap.sh first")
+    return found
+
+
+def port_open(p: int, host: str = "127.0.0.1") -> bool:
+    try:
+        socket.create_connection((host, p), 0.3).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_for(what: str, check, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise StackError(f"{what} did not come up within {timeout:.0f} s")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as dead.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def read_pid(pidfile: Path) -> int | None:
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+def spawn(argv: list[str], log: Path, pidfile: Path, env: dict[str, str] | None = None) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    pidfile.write_text(str(proc.pid))
+    return proc.pid
+
+
+def kill_pidfile(pidfile: Path, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
+    pid = read_pid(pidfile)
+    if pid is None:
+        pidfile.unlink(missing_ok=True)
+        return
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid_alive(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while pid_alive(pid):
+            time.sleep(0.05)
+    pidfile.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- ZooKeeper
+
+
+def zk_nodes_configured() -> int:
+    conf = stack_dir() / "zk" / "nodes"
+    return int(conf.read_text()) if conf.exists() else 0
+
+
+def zk_mode(p: int) -> str:
+    """'leader', 'follower', 'standalone' or 'none' from the srvr four-letter word."""
+    try:
+        with socket.create_connection(("127.0.0.1", p), 0.5) as s:
+            s.sendall(b"srvr")
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+    except OSError:
+        return "none"
+    for line in data.decode(errors="replace").splitlines():
+        if line.startswith("Mode:"):
+            return line.split()[1]
+    return "none"
+
+
+def zk_write_config(nodes: int) -> None:
+    root = stack_dir() / "zk"
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "nodes").write_text(str(nodes))
+    base = port("zk")
+    for i in range(1, nodes + 1):
+        node = root / f"zk{i}"
+        (node / "data").mkdir(parents=True, exist_ok=True)
+        (node / "data" / "myid").write_text(str(i))
+        lines = [
+            "tickTime=1000",
+            "initLimit=10",
+            "syncLimit=5",
+            # Let clients negotiate session timeouts from 2 s up.
+            "minSessionTimeout=2000",
+            "maxSessionTimeout=60000",
+            f"dataDir={node / 'data'}",
+            f"clientPort={base + i - 1}",
+            "clientPortAddress=127.0.0.1",
+            "admin.enableServer=false",
+            "4lw.commands.whitelist=*",
+            "maxClientCnxns=0",
+        ]
+        if nodes > 1:
+            for j in range(1, nodes + 1):
+                lines.append(f"server.{j}=127.0.0.1:{base + 100 + j}:{base + 200 + j}")
+        (node / "zoo.cfg").write_text("\n".join(lines) + "\n")
+
+
+def zk_start(i: int) -> None:
+    node = stack_dir() / "zk" / f"zk{i}"
+    if read_pid(node / "pid"):
+        return
+    spawn(
+        [
+            "java",
+            "-Xmx256m",
+            "-Dzookeeper.root.logger=INFO,CONSOLE",
+            "-cp",
+            ZK_CLASSPATH,
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            str(node / "zoo.cfg"),
+        ],
+        node / "zk.log",
+        node / "pid",
+    )
+
+
+def zk_stop(i: int, sig: int = signal.SIGTERM) -> None:
+    kill_pidfile(stack_dir() / "zk" / f"zk{i}" / "pid", sig=sig)
+
+
+def zk_wait(nodes: int, timeout: float = 60.0) -> None:
+    base = port("zk")
+    for i in range(nodes):
+        wait_for(
+            f"ZooKeeper node {i + 1} (port {base + i})",
+            lambda p=base + i: zk_mode(p) in ("leader", "follower", "standalone"),
+            timeout,
+        )
+
+
+def zk_up(nodes: int) -> None:
+    if zk_nodes_configured() != nodes:
+        for i in range(1, max(zk_nodes_configured(), 3) + 1):
+            zk_stop(i)
+        shutil.rmtree(stack_dir() / "zk", ignore_errors=True)
+        zk_write_config(nodes)
+    for i in range(1, nodes + 1):
+        zk_start(i)
+    zk_wait(nodes)
+
+
+def zk_hosts() -> str:
+    base = port("zk")
+    return ",".join(f"127.0.0.1:{base + i}" for i in range(max(zk_nodes_configured(), 1)))
+
+
+def zk_leader() -> int | None:
+    base = port("zk")
+    for i in range(zk_nodes_configured()):
+        if zk_mode(base + i) in ("leader", "standalone"):
+            return i + 1
+    return None
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+def _as_postgres(argv: list[str]) -> list[str]:
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *argv]
+    return argv
+
+
+def pg_data() -> Path:
+    """PostgreSQL's data folder. initdb refuses root, and the postgres user may not be
+    able to enter the repository, so the data lives in /tmp, linked from the stack dir."""
+    link = stack_dir() / "pg"
+    if not link.exists():
+        target = Path(f"/tmp/sparkring-pg-{_stable_key()}")
+        target.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(target, "postgres", "postgres")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+    return link.resolve()
+
+
+def _stable_key() -> str:
+    return hashlib.sha256(str(stack_dir()).encode()).hexdigest()[:10]
+
+
+def pg_up() -> None:
+    data = pg_data() / "data"
+    if not (data / "PG_VERSION").exists():
+        subprocess.run(
+            _as_postgres(
+                [
+                    str(PG_BIN / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "-A",
+                    "trust",
+                    "--no-sync",
+                    "-E",
+                    "UTF8",
+                    "--locale=C.UTF-8",
+                ]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    if port_open(port("pg")):
+        return
+    pg_start()
+    _pg_create_database()
+
+
+def pg_start() -> None:
+    data = pg_data() / "data"
+    options = (
+        f"-p {port('pg')} -k {pg_data()} -c listen_addresses=127.0.0.1 -c fsync=off "
+        "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+    )
+    subprocess.run(
+        _as_postgres(
+            [
+                str(PG_BIN / "pg_ctl"),
+                "-D",
+                str(data),
+                "-l",
+                str(pg_data() / "server.log"),
+                "-w",
+                "-o",
+                options,
+                "start",
+            ]
+        ),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def pg_stop(mode: str = "fast") -> None:
+    data = pg_data() / "data"
+    if not (data / "postmaster.pid").exists():
+        return
+    subprocess.run(
+        _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", mode, "-w", "stop"]),
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _pg_create_database() -> None:
+    psql = ["psql", "-h", "127.0.0.1", "-p", str(port("pg")), "-U", "postgres", "-tA"]
+    exists = subprocess.run(
+        [*psql, "-c", f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if exists != "1":
+        create = [*psql, "-c", f"CREATE DATABASE {DATABASE}"]
+        subprocess.run(create, check=True, capture_output=True)
+
+
+# ---------------------------------------------------------------- S3 (moto)
+
+
+def s3_start() -> None:
+    root = stack_dir() / "s3"
+    root.mkdir(parents=True, exist_ok=True)
+    if read_pid(root / "pid") and port_open(port("s3")):
+        return
+    spawn(
+        [venv_bin("moto_server"), "-H", "127.0.0.1", "-p", str(port("s3"))],
+        root / "moto.log",
+        root / "pid",
+    )
+    wait_for(f"S3 server (port {port('s3')})", lambda: port_open(port("s3")), 30)
+
+
+def s3_stop() -> None:
+    kill_pidfile(stack_dir() / "s3" / "pid")
+
+
+# ---------------------------------------------------------------- Spark standalone
+
+
+def spark_home() -> Path:
+    python = venv_bin("python")
+    out = subprocess.run(
+        [python, "-c", "import pyspark, os; print(os.path.dirname(pyspark.__file__))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def spark_env() -> dict[str, str]:
+    home = spark_home()
+    return {
+        "SPARK_HOME": str(home),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": venv_bin("python"),
+        "SPARK_LOG_DIR": str(stack_dir() / "spark"),
+    }
+
+
+def spark_master_url() -> str:
+    return f"spark://127.0.0.1:{port('spark')}"
+
+
+def _spark_workers_alive() -> bool:
+    url = f"http://127.0.0.1:{port('spark_ui')}/json"
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            state = json.load(response)
+    except OSError:
+        return False
+    return any(w.get("state") == "ALIVE" for w in state.get("workers", []))
+
+
+def spark_up() -> None:
+    root = stack_dir() / "spark"
+    (root / "work").mkdir(parents=True, exist_ok=True)
+    env = spark_env()
+    spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
+    if not read_pid(root / "master.pid"):
+        spawn(
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port("spark")),
+                "--webui-port",
+                str(port("spark_ui")),
+            ],
+            root / "master.log",
+            root / "master.pid",
+            env,
+        )
+        wait_for("Spark master", lambda: port_open(port("spark")), 90)
+    if not read_pid(root / "worker.pid"):
+        spawn(
+            [
+                spark_class,
+                "org.apache.spark.deploy.worker.Worker",
+                spark_master_url(),
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "2",
+                "--memory",
+                "2g",
+                "--webui-port",
+                str(port("spark_ui") + 1),
+                "--work-dir",
+                str(root / "work"),
+            ],
+            root / "worker.log",
+            root / "worker.pid",
+            env,
+        )
+    wait_for("Spark worker registration", _spark_workers_alive, 90)
+
+
+def spark_down() -> None:
+    root = stack_dir() / "spark"
+    kill_pidfile(root / "worker.pid")
+    kill_pidfile(root / "master.pid")
+
+
+# ---------------------------------------------------------------- whole stack
+
+
+def settings_env() -> dict[str, str]:
+    """The SPARKRING_* values a process on this machine uses to reach the stack."""
+    root = stack_dir()
+    return {
+        "SPARKRING_DATABASE_URL": f"postgresql+psycopg://postgres@127.0.0.1:{port('pg')}/{DATABASE}",
+        "SPARKRING_ZK_HOSTS": zk_hosts(),
+        "SPARKRING_ZK_ROOT": "/sparkring",
+        "SPARKRING_S3_ENDPOINT": f"127.0.0.1:{port('s3')}",
+        "SPARKRING_S3_ACCESS_KEY": S3_ACCESS_KEY,
+        "SPARKRING_S3_SECRET_KEY": S3_SECRET_KEY,
+        "SPARKRING_S3_BUCKET": "sparkring",
+        "SPARKRING_SPARK_MASTER": "local[1]",
+        "SPARKRING_CHECKPOINT_ROOT": str(root / "checkpoints"),
+        "SPARKRING_WORK_DIR": str(root / "work"),
+        # Not settings of the server: where the stack's Spark standalone master listens,
+        # and the Spark installation, for jobs and tests that use them.
+        "SPARKRING_STACK_SPARK_MASTER_URL": spark_master_url(),
+        "SPARKRING_STACK_DIR": str(root),
+    }
+
+
+def write_env_files() -> None:
+    env = settings_env()
+    root = stack_dir()
+    (root / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+    (root / "env").write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
+
+
+def status() -> dict[str, object]:
+    root = stack_dir()
+    base = port("zk")
+    nodes = zk_nodes_configured()
+    return {
+        "zookeeper": {f"127.0.0.1:{base + i}": zk_mode(base + i) for i in range(nodes)},
+        "postgresql": port_open(port("pg")),
+        "s3": port_open(port("s3")) and read_pid(root / "s3" / "pid") is not None,
+        "spark_master": port_open(port("spark")),
+        "spark_worker": _spark_workers_alive(),
+    }
+
+
+def up(zk_nodes: int, spark: bool) -> None:
+    root = stack_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    for sub in ("checkpoints", "work"):
+        (root / sub).mkdir(exist_ok=True)
+    steps = [("zookeeper", lambda: zk_up(zk_nodes)), ("postgresql", pg_up), ("s3", s3_start)]
+    if spark:
+        steps.append(("spark", spark_up))
+    for name, step in steps:
+        started = time.monotonic()
+        step()
+        print(f"  {name:<11} up ({time.monotonic() - started:.1f} s)", file=sys.stderr)
+    write_env_files()
+
+
+def down() -> None:
+    root = stack_dir()
+    if not root.exists():
+        return
+    spark_down()
+    s3_stop()
+    for i in range(1, max(zk_nodes_configured(), 3) + 1):
+        zk_stop(i)
+    if (root / "pg").exists():
+        pg_stop()
+    # Servers and drivers the demo or tests may have left behind, by their pid files.
+    for pidfile in root.glob("**/*.pid"):
+        kill_pidfile(pidfile)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start every service (idempotent)")
+    p_up.add_argument("--zk-nodes", type=int, choices=(1, 3), default=1)
+    p_up.add_argument("--no-spark", action="store_true", help="skip the Spark standalone cluster")
+    sub.add_parser("down", help="stop every service, leaving no process behind")
+    p_status = sub.add_parser("status", help="report each service")
+    p_status.add_argument("--json", action="store_true")
+    sub.add_parser("env", help="print SPARKRING_* exports for a shell")
+    for service in ("zk", "pg", "s3"):
+        p = sub.add_parser(service, help=f"stop or start {service} alone (fault injection)")
+        p.add_argument("action", choices=("start", "stop", "kill"))
+        if service == "zk":
+            p.add_argument("node", type=int, nargs="?", default=0, help="node (0: all, -1: leader)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            up(args.zk_nodes, spark=not args.no_spark)
+            print("".join(f"export {k}={v}\n" for k, v in settings_env().items()), end="")
+        elif args.command == "down":
+            down()
+        elif args.command == "status":
+            report = status()
+            if args.json:
+                print(json.dumps(report, indent=2))
+            else:
+                for name, value in report.items():
+                    print(f"{name:<13} {value}")
+        elif args.command == "env":
+            print("".join(f"export {k}={v}\n" for k, v in settings_env().items()), end="")
+        elif args.command == "zk":
+            nodes = zk_nodes_configured()
+            targets = list(range(1, nodes + 1)) if args.node == 0 else [args.node]
+            if args.node == -1:
+                leader = zk_leader()
+                targets = [leader] if leader else []
+            for i in targets:
+                if args.action == "start":
+                    zk_start(i)
+                else:
+                    zk_stop(i, signal.SIGKILL if args.action == "kill" else signal.SIGTERM)
+            if args.action == "start":
+                zk_wait(nodes)
+            print(" ".join(str(i) for i in targets))
+        elif args.command == "pg":
+            if args.action == "start":
+                pg_start()
+            else:
+                pg_stop("immediate" if args.action == "kill" else "fast")
+        elif args.command == "s3":
+            s3_start() if args.action == "start" else s3_stop()
+    except (StackError, subprocess.CalledProcessError) as exc:
+        print(f"stack: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

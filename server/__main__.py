@@ -1,0 +1,5 @@
+"""``python -m server`` runs the sparkring CLI."""
+
+from server import cli
+
+cli.main()

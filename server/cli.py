@@ -1,0 +1,51 @@
+"""The ``sparkring`` command line: one Typer app with a sub-app per noun.
+
+Errors that users cause or can fix (bad settings, unreachable services, unknown names)
+end the command with one line on stderr and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from server import cli_db, console
+from server import settings as settings_module
+from sql import database
+
+app = typer.Typer(
+    name="sparkring",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="HA control plane for PySpark jobs.",
+)
+app.add_typer(cli_db.app, name="db")
+
+# Exceptions that end a command with their message as one line. Packages add their
+# own base error here when they grow a CLI.
+USER_ERRORS: tuple[type[Exception], ...] = (
+    settings_module.SettingsError,
+    database.DatabaseError,
+)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        envvar="SPARKRING_CONFIG",
+        help="TOML file with settings (keys as in SPARKRING_* variables); env vars win.",
+        dir_okay=False,
+    ),
+) -> None:
+    console.context(ctx).config = config
+
+
+def main() -> None:
+    try:
+        app()
+    except USER_ERRORS as exc:
+        raise SystemExit(console.fail(str(exc)).exit_code) from None

@@ -1,0 +1,54 @@
+"""``sparkring db``: schema migrations."""
+
+from __future__ import annotations
+
+import typer
+
+from server import console
+from sql import database, migrate
+
+app = typer.Typer(no_args_is_help=True, help="Migrate the PostgreSQL schema (Alembic).")
+
+
+def _engine(ctx: typer.Context):
+    settings = console.context(ctx).settings()
+    engine = database.create_engine(settings.database_url.get_secret_value(), pool_size=1)
+    database.check(engine)
+    return engine
+
+
+@app.command()
+def upgrade(
+    ctx: typer.Context,
+    revision: str = typer.Argument("head", help="Target revision."),
+) -> None:
+    """Upgrade the schema to REVISION (default: head). Safe to run from several servers."""
+    engine = _engine(ctx)
+    migrate.upgrade(engine, revision)
+    console.out.print(f"database at revision {migrate.current(engine)}")
+
+
+@app.command()
+def downgrade(
+    ctx: typer.Context,
+    revision: str = typer.Argument(..., help="Target revision, or 'base' to drop everything."),
+) -> None:
+    """Downgrade the schema to REVISION ('base' removes every sparkring table)."""
+    engine = _engine(ctx)
+    migrate.downgrade(engine, revision)
+    console.out.print(f"database at revision {migrate.current(engine) or 'base'}")
+
+
+@app.command()
+def current(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show the database's revision and the code's head."""
+    engine = _engine(ctx)
+    revision, heads = migrate.current(engine), migrate.heads()
+    if as_json:
+        console.emit_json({"current": revision, "heads": heads, "up_to_date": revision in heads})
+    else:
+        state = "up to date" if revision in heads else f"behind head {', '.join(heads)}"
+        console.out.print(f"{revision or 'base'} ({state})")

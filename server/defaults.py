@@ -1,0 +1,52 @@
+"""Every tunable default of sparkring, in one place, each with its unit.
+
+Settings (``server/settings.py``) read these; library packages receive plain values
+and never import this module's names implicitly through ``os.environ``.
+"""
+
+from __future__ import annotations
+
+ZK_ROOT = "/sparkring"
+# ZooKeeper session timeout, seconds. Peers use 60 s; 6 s keeps failover fast while a
+# 2 s tick ZooKeeper still tolerates a couple of missed heartbeats (min is 2 x tick).
+ZK_SESSION_TIMEOUT_S = 6.0
+# Membership changes within this window are folded into one recomputation, seconds.
+MEMBERSHIP_DEBOUNCE_S = 0.5
+
+S3_BUCKET = "sparkring"
+S3_SECURE = False
+S3_REGION = "us-east-1"
+# Largest artifact accepted on upload, bytes.
+MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
+# Local artifact cache bound, bytes (least recently used entries are evicted).
+CACHE_MAX_BYTES = 2 * 1024 * 1024 * 1024
+
+SPARK_MASTER = "local[2]"
+CHECKPOINT_ROOT = "/var/lib/sparkring/checkpoints"
+WORK_DIR = "/var/lib/sparkring/work"
+
+# Maximum concurrent drivers on one server, drivers.
+CAPACITY = 4
+ROLE = "both"
+
+# Lease length, seconds. A driver's watchdog kills it when renewals stop for longer
+# than LEASE_TTL_S - WATCHDOG_MARGIN_S, so it is dead before another server may claim.
+LEASE_TTL_S = 10.0
+WATCHDOG_MARGIN_S = 3.0
+# How often leases are renewed, seconds (several renewals fit in one TTL).
+LEASE_RENEW_INTERVAL_S = 2.0
+# Fallback poll interval of the distribution table when no NOTIFY arrives, seconds.
+POLL_INTERVAL_S = 2.0
+# Graceful stop of a driver: SIGTERM, then SIGKILL after this grace, seconds.
+STOP_GRACE_S = 20.0
+# Restart backoff of a crashed streaming driver: base * 2**restarts, capped, seconds.
+RESTART_BACKOFF_BASE_S = 1.0
+RESTART_BACKOFF_MAX_S = 60.0
+MAX_RESTARTS = 3
+# Bounded-load placement slack: a server takes at most ceil((1 + eps) * average) jobs.
+PLACEMENT_EPSILON = 0.05
+# Virtual nodes per server on the ring.
+RING_VNODES = 160
+
+# HTTP port for /healthz and /metrics; 0 picks a free port.
+HEALTH_PORT = 0

@@ -1,0 +1,131 @@
+"""The one place settings are read: ``SPARKRING_*`` environment variables or a TOML file.
+
+Precedence, highest first: explicit overrides (command-line flags), environment
+variables, the TOML file given with ``--config``, the defaults in ``server/defaults.py``.
+The TOML file may use either the field names (``database_url``) or the environment
+names (``SPARKRING_DATABASE_URL``). Everything is validated once, at start-up; a bad or
+missing value raises :class:`SettingsError` naming the key. Secrets are ``SecretStr`` and
+never appear in ``repr``, logs or errors.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from server import defaults
+
+ENV_PREFIX = "SPARKRING_"
+
+
+class SettingsError(Exception):
+    """A setting is missing or invalid; the message names the key and never the value."""
+
+
+class Role(StrEnum):
+    BOTH = "both"  # runs jobs and may be elected coordinator
+    COORDINATOR = "coordinator"  # may be elected coordinator, runs no jobs
+    WORKER = "worker"  # runs jobs, never coordinates
+
+
+class Settings(BaseSettings):
+    """Typed settings of one sparkring process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", case_sensitive=False, frozen=True
+    )
+
+    database_url: SecretStr
+    zk_hosts: str
+    zk_root: str = defaults.ZK_ROOT
+    zk_session_timeout: float = Field(defaults.ZK_SESSION_TIMEOUT_S, gt=0)
+    # "user:password" for ZooKeeper digest authentication; empty disables ACLs.
+    zk_auth: SecretStr = SecretStr("")
+    s3_endpoint: str
+    s3_access_key: SecretStr
+    s3_secret_key: SecretStr
+    s3_bucket: str = defaults.S3_BUCKET
+    s3_secure: bool = defaults.S3_SECURE
+    s3_region: str = defaults.S3_REGION
+    spark_master: str = defaults.SPARK_MASTER
+    checkpoint_root: Path = Path(defaults.CHECKPOINT_ROOT)
+    work_dir: Path = Path(defaults.WORK_DIR)
+    server_id: str = Field(default_factory=socket.gethostname)
+    capacity: int = Field(defaults.CAPACITY, ge=0)
+    role: Role = Role(defaults.ROLE)
+    lease_ttl: float = Field(defaults.LEASE_TTL_S, gt=0)
+    watchdog_margin: float = Field(defaults.WATCHDOG_MARGIN_S, gt=0)
+    lease_renew_interval: float = Field(defaults.LEASE_RENEW_INTERVAL_S, gt=0)
+    poll_interval: float = Field(defaults.POLL_INTERVAL_S, gt=0)
+    stop_grace: float = Field(defaults.STOP_GRACE_S, ge=0)
+    restart_backoff_base: float = Field(defaults.RESTART_BACKOFF_BASE_S, ge=0)
+    restart_backoff_max: float = Field(defaults.RESTART_BACKOFF_MAX_S, ge=0)
+    max_artifact_bytes: int = Field(defaults.MAX_ARTIFACT_BYTES, gt=0)
+    cache_max_bytes: int = Field(defaults.CACHE_MAX_BYTES, gt=0)
+    placement_epsilon: float = Field(defaults.PLACEMENT_EPSILON, gt=0)
+    health_port: int = Field(defaults.HEALTH_PORT, ge=0, le=65535)
+
+    @field_validator("zk_root")
+    @classmethod
+    def _zk_root_is_absolute(cls, value: str) -> str:
+        if not value.startswith("/") or (value.endswith("/") and value != "/"):
+            raise ValueError("must be an absolute ZooKeeper path like /sparkring")
+        return value
+
+    @field_validator("server_id")
+    @classmethod
+    def _server_id_is_a_name(cls, value: str) -> str:
+        allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+        if not value or len(value) > 64 or not set(value) <= allowed:
+            raise ValueError("must be 1-64 characters of letters, digits, '-', '_' or '.'")
+        return value
+
+    @property
+    def lease_guard(self) -> float:
+        """Seconds a driver may live without a confirmed renewal (watchdog deadline)."""
+        return self.lease_ttl - self.watchdog_margin
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise SettingsError(f"config file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {path} is not valid TOML: {exc}") from exc
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.lower()
+        name = name.removeprefix(ENV_PREFIX.lower())
+        if name not in Settings.model_fields:
+            raise SettingsError(f"config file {path}: unknown key {key!r}")
+        values[name] = value
+    return values
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = ENV_PREFIX + "_".join(str(part) for part in error["loc"]).upper()
+    if error["type"] == "missing":
+        return f"{key} is not set"
+    return f"{key}: {error['msg']}"
+
+
+def load(config: Path | None = None, **overrides: Any) -> Settings:
+    """Read settings once; raise :class:`SettingsError` naming every bad key."""
+    values = _read_toml(config) if config is not None else {}
+    # Environment beats the file: drop file values that the environment also sets.
+    env_names = {name.upper() for name in os.environ}
+    values = {k: v for k, v in values.items() if (ENV_PREFIX + k).upper() not in env_names}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(error) for error in exc.errors())
+        raise SettingsError(f"invalid settings: {problems}") from None

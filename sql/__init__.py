@@ -1,0 +1,1 @@
+"""Table definitions (the one source of truth) and Alembic migrations."""

@@ -1,0 +1,1 @@
+"""Alembic migrations of the sparkring schema (declared in sql/tables.py)."""

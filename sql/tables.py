@@ -1,0 +1,182 @@
+"""Every table of sparkring, declared once.
+
+Alembic migrations in ``sql/migrations`` must rebuild exactly this schema; a test
+compares the two. Constraints make bad rows unrepresentable: a job pins an existing
+resource version, a lease exists only with an owner, states are from a fixed set.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# Names of job kinds, desired states and run states, as stored. The enums with their
+# meanings and legal transitions live in scheduler/states.py; these tuples only guard
+# the columns.
+JOB_KINDS = ("streaming", "batch")
+DESIRED_STATES = ("running", "stopped")
+RUN_STATES = (
+    "pending",
+    "starting",
+    "running",
+    "backoff",
+    "stopping",
+    "stopped",
+    "finished",
+    "failed",
+)
+SERVER_NAME = r"^[A-Za-z0-9._-]{1,64}$"
+
+
+def _timestamp(name: str) -> sa.Column:
+    return sa.Column(name, sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+resources = sa.Table(
+    "resources",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("sha256", sa.String(64), nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("object_key", sa.Text, nullable=False),
+    # Original file name's suffix decides how spark-submit receives it (.py, .zip, .jar).
+    sa.Column("filename", sa.Text, nullable=False),
+    _timestamp("created_at"),
+    sa.UniqueConstraint("name", "version", name="uq_resources_name_version"),
+    sa.CheckConstraint("version > 0", name="version_positive"),
+    sa.CheckConstraint("size >= 0", name="size_not_negative"),
+    sa.CheckConstraint("sha256 ~ '^[0-9a-f]{64}$'", name="sha256_hex"),
+    sa.CheckConstraint(r"name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'", name="name_charset"),
+)
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    sa.Column("kind", sa.Text, nullable=False),
+    # The main artifact, pinned to one version; RESTRICT makes a referenced version
+    # undeletable (S5).
+    sa.Column(
+        "resource_id",
+        sa.BigInteger,
+        sa.ForeignKey("resources.id", ondelete="RESTRICT"),
+        nullable=False,
+    ),
+    sa.Column("conf", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("args", JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
+    # Spark master for this job; NULL means the server's SPARKRING_SPARK_MASTER.
+    sa.Column("spark_master", sa.Text, nullable=True),
+    sa.Column("desired", sa.Text, nullable=False, server_default="stopped"),
+    sa.Column("max_restarts", sa.Integer, nullable=False),
+    # Bumped by every start/restart command: at most one start per generation (S4, #9).
+    sa.Column("generation", sa.BigInteger, nullable=False, server_default="0"),
+    _timestamp("created_at"),
+    _timestamp("updated_at"),
+    sa.CheckConstraint(_in("kind", JOB_KINDS), name="kind_known"),
+    sa.CheckConstraint(_in("desired", DESIRED_STATES), name="desired_known"),
+    sa.CheckConstraint("max_restarts >= 0", name="max_restarts_not_negative"),
+    sa.CheckConstraint("generation >= 0", name="generation_not_negative"),
+    sa.CheckConstraint("jsonb_typeof(conf) = 'object'", name="conf_is_object"),
+    sa.CheckConstraint("jsonb_typeof(args) = 'array'", name="args_is_array"),
+    sa.CheckConstraint(r"name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'", name="name_charset"),
+)
+
+# Extra artifacts passed to spark-submit --py-files, in order. Rows (not a JSON list)
+# so that a foreign key protects each referenced version from deletion.
+job_py_files = sa.Table(
+    "job_py_files",
+    metadata,
+    sa.Column(
+        "job_id", sa.BigInteger, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("position", sa.Integer, primary_key=True),
+    sa.Column(
+        "resource_id",
+        sa.BigInteger,
+        sa.ForeignKey("resources.id", ondelete="RESTRICT"),
+        nullable=False,
+    ),
+    sa.CheckConstraint("position >= 0", name="position_not_negative"),
+)
+
+# The distribution table: one row per job, written by the coordinator (target) and by
+# the owning server (owner, epoch, lease, state). Every owner write is fenced by epoch.
+distribution = sa.Table(
+    "distribution",
+    metadata,
+    sa.Column(
+        "job_id", sa.BigInteger, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("target", sa.Text, nullable=True),
+    sa.Column("owner", sa.Text, nullable=True),
+    sa.Column("epoch", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("state", sa.Text, nullable=False, server_default="stopped"),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("restarts", sa.Integer, nullable=False, server_default="0"),
+    # The job generation this row's current run belongs to (see jobs.generation).
+    sa.Column("generation", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("ring_generation", sa.BigInteger, nullable=False, server_default="0"),
+    # Why the job has no target (capacity exhausted, no live server), for users.
+    sa.Column("pending_reason", sa.Text, nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    # Earliest time a crashed streaming job may be started again (restart backoff).
+    sa.Column("not_before", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
+    _timestamp("updated_at"),
+    sa.CheckConstraint(_in("state", RUN_STATES), name="state_known"),
+    sa.CheckConstraint("(owner IS NULL) = (lease_until IS NULL)", name="lease_needs_owner"),
+    sa.CheckConstraint(
+        "epoch >= 0 AND attempt >= 0 AND restarts >= 0", name="counters_not_negative"
+    ),
+    sa.CheckConstraint(f"target IS NULL OR target ~ '{SERVER_NAME}'", name="target_is_server"),
+    sa.CheckConstraint(f"owner IS NULL OR owner ~ '{SERVER_NAME}'", name="owner_is_server"),
+)
+sa.Index("ix_distribution_target", distribution.c.target)
+sa.Index("ix_distribution_owner", distribution.c.owner)
+
+# The coordinator's fencing token: one row. A coordinator writes targets only while the
+# term it was elected with (from ZooKeeper, only ever growing) is the current one.
+coordinator = sa.Table(
+    "coordinator",
+    metadata,
+    sa.Column("id", sa.SmallInteger, primary_key=True, server_default="1"),
+    sa.Column("term", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("server", sa.Text, nullable=True),
+    sa.Column("ring_generation", sa.BigInteger, nullable=False, server_default="0"),
+    _timestamp("updated_at"),
+    sa.CheckConstraint("id = 1", name="single_row"),
+    sa.CheckConstraint("term >= 0 AND ring_generation >= 0", name="counters_not_negative"),
+)
+
+# Append-only history. No foreign key: events outlive a deleted job.
+job_events = sa.Table(
+    "job_events",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("job_id", sa.BigInteger, nullable=False),
+    sa.Column("job_name", sa.Text, nullable=False),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("server", sa.Text, nullable=True),
+    sa.Column("epoch", sa.BigInteger, nullable=True),
+    sa.Column("detail", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+)
+sa.Index("ix_job_events_job_id_id", job_events.c.job_id, job_events.c.id)

@@ -1,0 +1,128 @@
+"""Fixtures over the local stack: each service checked once per session, each test
+isolated by its own database, ZooKeeper chroot and S3 bucket.
+
+A service that is not running skips the tests that need it locally and fails them when
+``CI=true`` (CI must never pass by skipping).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from server import settings as settings_module
+from sql import database
+from tests import services
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _missing(what: str) -> None:
+    message = f"{what} is not running: start the stack with 'python3 scripts/stack.py up'"
+    if IN_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def stack_env() -> dict[str, str]:
+    return services.stack_env()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(stack_env: dict[str, str]) -> str:
+    url = stack_env.get("SPARKRING_DATABASE_URL")
+    if not url:
+        _missing("PostgreSQL")
+    engine = database.create_engine(url, pool_size=1, connect_timeout=2)
+    try:
+        database.check(engine)
+    except database.DatabaseError:
+        _missing("PostgreSQL")
+    finally:
+        engine.dispose()
+    services.create_template(url)
+    return url
+
+
+@pytest.fixture
+def database_url(postgres_url: str) -> Iterator[str]:
+    """A database of this test's own, migrated to head (copied from a template)."""
+    url = services.create_test_database(postgres_url)
+    yield url
+    services.drop_database(url)
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = database.create_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def zk_hosts(stack_env: dict[str, str]) -> str:
+    hosts = stack_env.get("SPARKRING_ZK_HOSTS", "")
+    if not hosts or not any(services.reachable(h) for h in hosts.split(",")):
+        _missing("ZooKeeper")
+    return hosts
+
+
+@pytest.fixture
+def zk_root(zk_hosts: str) -> Iterator[str]:
+    """A ZooKeeper path of this test's own; removed afterwards."""
+    from kazoo.client import KazooClient
+
+    root = f"/sparkring-test/{services.unique_name('t')}"
+    yield root
+    client = KazooClient(hosts=zk_hosts, timeout=5)
+    try:
+        client.start(timeout=10)
+        client.delete(root, recursive=True)
+    except Exception:  # cleanup must not hide the test's own result
+        pass
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(stack_env: dict[str, str]) -> str:
+    endpoint = stack_env.get("SPARKRING_S3_ENDPOINT", "")
+    if not endpoint or not services.reachable(endpoint.split("://")[-1]):
+        _missing("the S3 server")
+    return endpoint
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A bucket name of this test's own (created by the code under test if absent)."""
+    return services.unique_name("t")
+
+
+@pytest.fixture
+def settings(
+    stack_env: dict[str, str],
+    database_url: str,
+    zk_root: str,
+    s3_endpoint: str,
+    s3_bucket: str,
+    tmp_path: Path,
+) -> settings_module.Settings:
+    """Settings pointing at this test's own database, chroot and bucket."""
+    return settings_module.Settings(
+        database_url=database_url,
+        zk_hosts=stack_env["SPARKRING_ZK_HOSTS"],
+        zk_root=zk_root,
+        s3_endpoint=s3_endpoint,
+        s3_access_key=stack_env["SPARKRING_S3_ACCESS_KEY"],
+        s3_secret_key=stack_env["SPARKRING_S3_SECRET_KEY"],
+        s3_bucket=s3_bucket,
+        checkpoint_root=tmp_path / "checkpoints",
+        work_dir=tmp_path / "work",
+        server_id="test-server",
+    )

@@ -1,0 +1,82 @@
+"""Where the local stack's services are, and cheap per-test isolation on top of them.
+
+The stack is started once, outside pytest, by ``scripts/stack.py up`` (``make test``
+does it). Tests get a database copied from a migrated template, a ZooKeeper chroot and
+an S3 bucket of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+from sql import migrate
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATE_DATABASE = "sparkring_template"
+
+
+def stack_env() -> dict[str, str]:
+    """SPARKRING_* values of the running stack: the env file, overridden by the env."""
+    stack_dir = Path(os.environ.get("SPARKRING_STACK_DIR", REPO / ".stack"))
+    env: dict[str, str] = {}
+    env_file = stack_dir / "env.json"
+    if env_file.exists():
+        env.update(json.loads(env_file.read_text()))
+    env.update({k: v for k, v in os.environ.items() if k.startswith("SPARKRING_")})
+    return env
+
+
+def reachable(host_port: str) -> bool:
+    host, _, port = host_port.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), 1).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def admin_engine(database_url: str) -> sa.Engine:
+    """An autocommit engine on the server's 'postgres' database (CREATE DATABASE needs it)."""
+    url = sa.make_url(database_url).set(database="postgres")
+    return sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+
+
+def create_template(database_url: str) -> None:
+    admin = admin_engine(database_url)
+    with admin.connect() as connection:
+        connection.execute(sa.text(f"DROP DATABASE IF EXISTS {TEMPLATE_DATABASE} WITH (FORCE)"))
+        connection.execute(sa.text(f"CREATE DATABASE {TEMPLATE_DATABASE}"))
+    admin.dispose()
+    url = sa.make_url(database_url).set(database=TEMPLATE_DATABASE)
+    engine = sa.create_engine(url, poolclass=NullPool)
+    migrate.upgrade(engine)
+    engine.dispose()
+
+
+def create_test_database(database_url: str, prefix: str = "t") -> str:
+    """A fresh database copied from the migrated template; returns its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = admin_engine(database_url)
+    with admin.connect() as connection:
+        connection.execute(sa.text(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DATABASE}"))
+    admin.dispose()
+    return sa.make_url(database_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_database(database_url: str) -> None:
+    name = sa.make_url(database_url).database
+    admin = admin_engine(database_url)
+    with admin.connect() as connection:
+        connection.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    admin.dispose()
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,88 @@
+"""Settings: environment, TOML file, precedence and clear errors that never leak secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from server import settings as settings_module
+
+REQUIRED = {
+    "SPARKRING_DATABASE_URL": "postgresql://u:hunter2@db/sparkring",
+    "SPARKRING_ZK_HOSTS": "zk:2181",
+    "SPARKRING_S3_ENDPOINT": "s3:9000",
+    "SPARKRING_S3_ACCESS_KEY": "access",
+    "SPARKRING_S3_SECRET_KEY": "topsecret",
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("SPARKRING_"):
+            monkeypatch.delenv(name)
+
+
+def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in REQUIRED.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SPARKRING_CAPACITY", "7")
+    loaded = settings_module.load()
+    assert loaded.capacity == 7
+    assert loaded.zk_hosts == "zk:2181"
+    assert "topsecret" not in repr(loaded)
+    assert "hunter2" not in repr(loaded)
+
+
+def test_toml_file_with_either_key_style_and_env_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "sparkring.toml"
+    lines = [f'{key} = "{value}"' for key, value in REQUIRED.items()]
+    lines += ["capacity = 2", 'SPARKRING_ROLE = "worker"']
+    config.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("SPARKRING_CAPACITY", "9")
+    loaded = settings_module.load(config)
+    assert loaded.role is settings_module.Role.WORKER
+    assert loaded.capacity == 9
+
+
+def test_overrides_beat_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in REQUIRED.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SPARKRING_SERVER_ID", "from-env")
+    assert settings_module.load(server_id="from-flag").server_id == "from-flag"
+
+
+def test_missing_key_is_named() -> None:
+    with pytest.raises(settings_module.SettingsError, match="SPARKRING_DATABASE_URL is not set"):
+        settings_module.load()
+
+
+def test_bad_value_is_named_without_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in REQUIRED.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SPARKRING_CAPACITY", "lots")
+    monkeypatch.setenv("SPARKRING_SERVER_ID", "bad id/../x")
+    with pytest.raises(settings_module.SettingsError) as caught:
+        settings_module.load()
+    message = str(caught.value)
+    assert "SPARKRING_CAPACITY" in message and "SPARKRING_SERVER_ID" in message
+    assert "topsecret" not in message and "hunter2" not in message
+
+
+def test_unknown_key_in_file_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('datbase_url = "x"\n')
+    with pytest.raises(settings_module.SettingsError, match="unknown key 'datbase_url'"):
+        settings_module.load(config)
+
+
+def test_invalid_toml_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("capacity = = 3\n")
+    with pytest.raises(settings_module.SettingsError, match="not valid TOML"):
+        settings_module.load(config)
