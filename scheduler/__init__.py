@@ -1,0 +1,1 @@
+"""Placement of jobs on servers: the ring, bounded loads, the coordinator, leases and fencing."""

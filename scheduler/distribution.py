@@ -1,0 +1,419 @@
+"""Lease and fencing operations on the distribution table.
+
+Every operation here is one guarded SQL statement (an ``UPDATE`` whose ``WHERE`` names
+the caller, its epoch and the legal source states from ``scheduler/states.py``) that
+also appends its event to ``job_events`` in the same statement. Zero rows matched means
+the caller no longer holds the job at that epoch, or the transition is illegal: it
+raises :class:`FencedError`, never passes silently.
+
+Time comes only from PostgreSQL (``now()``): it is the one clock compared across
+machines. A lease is ``lease_until = now() + ttl``; a claim succeeds only on a row
+targeted at the caller whose lease is free or expired, and it increments ``epoch``, so
+every later write of a previous owner (which carries the old epoch) matches no row.
+
+Callers pass a ``sqlalchemy.Connection`` inside a transaction (``engine.begin()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from scheduler import states
+from scheduler.states import RunState
+
+
+class FencedError(Exception):
+    """A write matched no row: the caller's epoch is stale or the transition illegal."""
+
+
+class NotClaimable(Exception):
+    """The job is not free for this server to claim (not targeted here, leased, backoff)."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    job_id: int
+    name: str
+    epoch: int
+    attempt: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class Row:
+    """One job as a server sees it when it polls the distribution table."""
+
+    job_id: int
+    name: str
+    kind: str
+    desired: str
+    job_generation: int
+    max_restarts: int
+    target: str | None
+    owner: str | None
+    epoch: int
+    state: RunState
+    generation: int
+    restarts: int
+    lease_expired: bool
+    claimable_now: bool
+
+
+def _event_cte(kind: str) -> str:
+    """SQL that appends one job_events row per row of the ``changed`` CTE."""
+    return f"""
+        , event AS (
+            INSERT INTO job_events (job_id, job_name, kind, server, epoch, detail)
+            SELECT job_id, name, '{kind}', :server, epoch, detail FROM changed
+        )
+    """
+
+
+_CLAIM = sa.text(
+    """
+    WITH changed AS (
+        UPDATE distribution d
+           SET owner = :server,
+               epoch = d.epoch + 1,
+               lease_until = now() + make_interval(secs => :ttl),
+               state = 'starting',
+               attempt = d.attempt + 1,
+               generation = j.generation,
+               started_at = now(),
+               not_before = NULL,
+               updated_at = now()
+          FROM jobs j
+         WHERE d.job_id = :job_id
+           AND j.id = d.job_id
+           AND d.target = :server
+           AND j.desired = 'running'
+           AND d.state = ANY(:sources)
+           AND (
+                (d.owner IS NULL AND d.state = ANY(:claimable)
+                 AND (d.not_before IS NULL OR d.not_before <= now()))
+             OR (d.owner IS NOT NULL AND d.lease_until < now())
+           )
+        RETURNING d.job_id, j.name, d.epoch, d.attempt, d.generation,
+                  jsonb_build_object('attempt', d.attempt) AS detail
+    )
+    """
+    + _event_cte("claimed")
+    + "SELECT job_id, name, epoch, attempt, generation FROM changed"
+)
+
+
+def claim(conn: sa.Connection, job_id: int, server: str, ttl: float) -> Claim:
+    """Take the job: ``epoch + 1`` and a lease from PostgreSQL's clock.
+
+    Succeeds only when the job is targeted at ``server``, desired running, and either
+    unowned and claimable (pending, or backoff past ``not_before``) or owned under an
+    expired lease (the previous owner was lost: a batch job runs again, attempt + 1).
+    """
+    row = conn.execute(
+        _CLAIM,
+        {
+            "job_id": job_id,
+            "server": server,
+            "ttl": ttl,
+            "sources": list(states.sources(RunState.STARTING)),
+            "claimable": sorted(states.CLAIMABLE),
+        },
+    ).one_or_none()
+    if row is None:
+        raise NotClaimable(f"job {job_id} is not claimable by {server}")
+    return Claim(row.job_id, row.name, row.epoch, row.attempt, row.generation)
+
+
+_RENEW = sa.text(
+    """
+    UPDATE distribution
+       SET lease_until = now() + make_interval(secs => :ttl)
+     WHERE owner = :server
+       AND lease_until > now()
+    RETURNING job_id, epoch
+    """
+)
+
+
+def renew_leases(conn: sa.Connection, server: str, ttl: float) -> dict[int, int]:
+    """Extend every unexpired lease of ``server`` in one statement.
+
+    Returns job id -> epoch of the leases renewed. A lease that had already expired is
+    not renewed: another server may claim it, and the local watchdog has killed (or is
+    about to kill) its driver.
+    """
+    return {row.job_id: row.epoch for row in conn.execute(_RENEW, {"server": server, "ttl": ttl})}
+
+
+def _transition(
+    kind: str,
+    target: RunState,
+    set_clause: str,
+    *,
+    release: bool,
+    detail: str = "jsonb_build_object()",
+    guard: str = "",
+) -> sa.TextClause:
+    owner_reset = "owner = NULL, lease_until = NULL," if release else ""
+    return sa.text(
+        f"""
+        WITH changed AS (
+            UPDATE distribution d
+               SET {owner_reset}
+                   state = '{target.value}',
+                   {set_clause}
+                   updated_at = now()
+              FROM jobs j
+             WHERE d.job_id = :job_id
+               AND j.id = d.job_id
+               AND d.owner = :server
+               AND d.epoch = :epoch
+               AND d.state = ANY(:sources)
+               {guard}
+            RETURNING d.job_id, j.name, d.epoch, d.state, d.restarts, {detail} AS detail
+        )
+        """
+        + _event_cte(kind)
+        + "SELECT job_id, state, restarts FROM changed"
+    )
+
+
+def _fenced(
+    conn: sa.Connection,
+    statement: sa.TextClause,
+    target: RunState,
+    job_id: int,
+    server: str,
+    epoch: int,
+    **params: object,
+) -> sa.Row:
+    row = conn.execute(
+        statement,
+        {
+            "job_id": job_id,
+            "server": server,
+            "epoch": epoch,
+            "sources": list(states.sources(target)),
+            **params,
+        },
+    ).one_or_none()
+    if row is None:
+        raise FencedError(
+            f"job {job_id}: {server} at epoch {epoch} may not move it to {target.value}"
+        )
+    return row
+
+
+_MARK_RUNNING = _transition(
+    "driver_started",
+    RunState.RUNNING,
+    "",
+    release=False,
+    detail="jsonb_build_object('pid', CAST(:pid AS integer))",
+)
+
+
+def mark_running(conn: sa.Connection, job_id: int, server: str, epoch: int, pid: int) -> None:
+    """The owner spawned the driver (its watchdog's pid is recorded in the event)."""
+    _fenced(conn, _MARK_RUNNING, RunState.RUNNING, job_id, server, epoch, pid=pid)
+
+
+_BEGIN_STOP = _transition(
+    "stopping",
+    RunState.STOPPING,
+    "",
+    release=False,
+    detail="jsonb_build_object('reason', CAST(:reason AS text))",
+)
+
+
+def begin_stop(conn: sa.Connection, job_id: int, server: str, epoch: int, reason: str) -> None:
+    """The owner starts stopping its driver (migration, stop or restart command)."""
+    _fenced(conn, _BEGIN_STOP, RunState.STOPPING, job_id, server, epoch, reason=reason)
+
+
+_RELEASE = {
+    target: _transition(
+        "released",
+        target,
+        "",
+        release=True,
+        detail="jsonb_build_object('state', CAST(:state AS text))",
+    )
+    for target in (RunState.PENDING, RunState.STOPPED)
+}
+
+
+def release(conn: sa.Connection, job_id: int, server: str, epoch: int, state: RunState) -> None:
+    """Give the job up after its driver stopped: ``pending`` (handoff) or ``stopped``."""
+    if state not in _RELEASE:
+        raise ValueError(f"release ends in pending or stopped, not {state}")
+    _fenced(conn, _RELEASE[state], state, job_id, server, epoch, state=state.value)
+
+
+_FINISH = _transition(
+    "finished",
+    RunState.FINISHED,
+    "last_error = NULL,",
+    release=True,
+    detail="jsonb_build_object('exit_code', 0)",
+)
+
+
+def finish(conn: sa.Connection, job_id: int, server: str, epoch: int) -> None:
+    """A batch driver exited 0: the job is done and is never run again by failover."""
+    _fenced(conn, _FINISH, RunState.FINISHED, job_id, server, epoch)
+
+
+_CRASH_BACKOFF = _transition(
+    "crashed",
+    RunState.BACKOFF,
+    """restarts = d.restarts + 1,
+       last_error = :error,
+       not_before = now() + make_interval(
+           secs => least(:backoff_max, :backoff_base * power(2, d.restarts))),""",
+    release=True,
+    detail="jsonb_build_object('error', CAST(:error AS text), 'next', 'backoff')",
+    guard="AND d.restarts < j.max_restarts",
+)
+_CRASH_FAILED = _transition(
+    "failed",
+    RunState.FAILED,
+    "last_error = :error,",
+    release=True,
+    detail="jsonb_build_object('error', CAST(:error AS text))",
+)
+
+
+def record_crash(
+    conn: sa.Connection,
+    job_id: int,
+    server: str,
+    epoch: int,
+    error: str,
+    *,
+    retry: bool,
+    backoff_base: float,
+    backoff_max: float,
+) -> RunState:
+    """A driver exited abnormally or could not start; release the job.
+
+    With ``retry`` and restarts left (``restarts < max_restarts``) the job goes to
+    ``backoff`` for ``min(backoff_max, backoff_base * 2**restarts)`` seconds, else to
+    ``failed`` with ``last_error``. The choice is made in SQL from the row itself.
+    """
+    params = {"error": error[-2000:], "backoff_base": backoff_base, "backoff_max": backoff_max}
+    if retry:
+        try:
+            conn.execute(sa.text("SAVEPOINT crash"))
+            _fenced(
+                conn,
+                _CRASH_BACKOFF,
+                RunState.BACKOFF,
+                job_id,
+                server,
+                epoch,
+                **params,
+            )
+            conn.execute(sa.text("RELEASE SAVEPOINT crash"))
+            return RunState.BACKOFF
+        except FencedError:
+            conn.execute(sa.text("ROLLBACK TO SAVEPOINT crash"))
+    _fenced(conn, _CRASH_FAILED, RunState.FAILED, job_id, server, epoch, error=params["error"])
+    return RunState.FAILED
+
+
+_REAP = sa.text(
+    """
+    WITH lost AS (
+        SELECT job_id, owner FROM distribution
+         WHERE owner IS NOT NULL AND NOT (owner = ANY(:live)) AND lease_until < now()
+           FOR UPDATE
+    ), changed AS (
+        UPDATE distribution d
+           SET owner = NULL,
+               lease_until = NULL,
+               state = CASE WHEN j.desired = 'running' THEN 'pending' ELSE 'stopped' END,
+               updated_at = now()
+          FROM jobs j, lost
+         WHERE j.id = d.job_id
+           AND d.job_id = lost.job_id
+           AND d.owner = lost.owner
+           AND d.lease_until < now()
+        RETURNING d.job_id, j.name, d.epoch, lost.owner,
+                  jsonb_build_object('owner', lost.owner) AS detail
+    )
+    , event AS (
+        INSERT INTO job_events (job_id, job_name, kind, server, epoch, detail)
+        SELECT job_id, name, 'reaped', :server, epoch, detail FROM changed
+    )
+    SELECT job_id, owner, epoch FROM changed
+    """
+)
+
+
+def reap(conn: sa.Connection, live: Iterable[str], server: str) -> list[tuple[int, str, int]]:
+    """Clear the owner of jobs whose owner left the registry and whose lease expired.
+
+    ``server`` is the reaper (the coordinator), recorded in the events. Returns
+    (job id, former owner, epoch) of every row reaped.
+    """
+    rows = conn.execute(_REAP, {"live": sorted(set(live)), "server": server})
+    return [(row.job_id, row.owner, row.epoch) for row in rows]
+
+
+_POLL = sa.text(
+    """
+    SELECT d.job_id, j.name, j.kind, j.desired, j.generation AS job_generation,
+           j.max_restarts, d.target, d.owner, d.epoch, d.state, d.generation,
+           d.restarts,
+           (d.lease_until IS NOT NULL AND d.lease_until < now()) AS lease_expired,
+           (d.not_before IS NULL OR d.not_before <= now()) AS claimable_now
+      FROM distribution d
+      JOIN jobs j ON j.id = d.job_id
+     WHERE d.target = :server OR d.owner = :server
+     ORDER BY d.job_id
+    """
+)
+
+
+def poll(conn: sa.Connection, server: str) -> list[Row]:
+    """Every job targeted at or owned by ``server``: what its poll loop acts on."""
+    return [
+        Row(
+            job_id=r.job_id,
+            name=r.name,
+            kind=r.kind,
+            desired=r.desired,
+            job_generation=r.job_generation,
+            max_restarts=r.max_restarts,
+            target=r.target,
+            owner=r.owner,
+            epoch=r.epoch,
+            state=RunState(r.state),
+            generation=r.generation,
+            restarts=r.restarts,
+            lease_expired=r.lease_expired,
+            claimable_now=r.claimable_now,
+        )
+        for r in conn.execute(_POLL, {"server": server})
+    ]
+
+
+def lease_remaining(conn: sa.Connection, job_id: int) -> float | None:
+    """Seconds left on the job's lease by PostgreSQL's clock (negative: expired)."""
+    value = conn.execute(
+        sa.text(
+            "SELECT EXTRACT(EPOCH FROM lease_until - now()) FROM distribution WHERE job_id = :j"
+        ),
+        {"j": job_id},
+    ).scalar_one_or_none()
+    return None if value is None else float(value)
+
+
+def now(conn: sa.Connection) -> datetime:
+    return conn.execute(sa.select(sa.func.now())).scalar_one()

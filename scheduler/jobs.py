@@ -1,0 +1,330 @@
+"""The job catalog: definitions and operator commands (create, start, stop, restart, delete).
+
+Commands change the *desired* state (``jobs.desired``) and, where no server owns the
+job, the run state directly; an owning server reacts to the desired state itself (see
+``server/runner.py``). Each command is a guarded statement, so concurrent or duplicate
+commands are safe: two ``start`` commands racing on a stopped job make exactly one
+generation, the second finds the job already pending and does nothing (at most one start
+per generation). Every command appends to ``job_events`` and NOTIFYs the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from scheduler import notify, states
+from scheduler.states import JobKind, RunState
+from sql import tables
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class JobError(Exception):
+    """An operator command cannot be done; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    kind: JobKind
+    resource_id: int
+    py_file_ids: Sequence[int] = ()
+    conf: Mapping[str, str] = field(default_factory=dict)
+    args: Sequence[str] = ()
+    spark_master: str | None = None
+    max_restarts: int = 3
+
+
+def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
+    """``K=V`` strings to a dict; a malformed pair is refused by name."""
+    conf: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise JobError(f"--conf {pair!r} is not KEY=VALUE")
+        conf[key.strip()] = value
+    return conf
+
+
+def _event(conn: sa.Connection, job_id: int, name: str, kind: str, detail: dict[str, Any]) -> None:
+    conn.execute(
+        sa.insert(tables.job_events).values(job_id=job_id, job_name=name, kind=kind, detail=detail)
+    )
+
+
+def _job_id(conn: sa.Connection, name: str) -> int:
+    job_id = conn.execute(
+        sa.select(tables.jobs.c.id).where(tables.jobs.c.name == name)
+    ).scalar_one_or_none()
+    if job_id is None:
+        raise JobError(f"no job named {name!r}")
+    return job_id
+
+
+def create(conn: sa.Connection, spec: JobSpec) -> int:
+    """Define a job (desired stopped). Its distribution row is created with it."""
+    if not NAME.match(spec.name):
+        raise JobError(
+            f"job name {spec.name!r} must be 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    if spec.max_restarts < 0:
+        raise JobError("--max-restarts must be 0 or more")
+    inserted = conn.execute(
+        sa.text(
+            """
+            INSERT INTO jobs (name, kind, resource_id, conf, args, spark_master, max_restarts)
+            VALUES (:name, :kind, :resource_id, CAST(:conf AS jsonb), CAST(:args AS jsonb),
+                    :spark_master, :max_restarts)
+            ON CONFLICT (name) DO NOTHING
+            RETURNING id
+            """
+        ),
+        {
+            "name": spec.name,
+            "kind": JobKind(spec.kind).value,
+            "resource_id": spec.resource_id,
+            "conf": json.dumps(dict(spec.conf)),
+            "args": json.dumps(list(spec.args)),
+            "spark_master": spec.spark_master,
+            "max_restarts": spec.max_restarts,
+        },
+    ).scalar_one_or_none()
+    if inserted is None:
+        raise JobError(f"a job named {spec.name!r} already exists")
+    if spec.py_file_ids:
+        conn.execute(
+            sa.insert(tables.job_py_files),
+            [
+                {"job_id": inserted, "position": i, "resource_id": rid}
+                for i, rid in enumerate(spec.py_file_ids)
+            ],
+        )
+    conn.execute(sa.insert(tables.distribution).values(job_id=inserted, state="stopped"))
+    _event(conn, inserted, spec.name, "created", {"kind": JobKind(spec.kind).value})
+    notify.notify(conn, notify.JOBS_CHANNEL, spec.name)
+    return inserted
+
+
+_RERUN = sa.text(
+    """
+    WITH d AS (
+        UPDATE distribution
+           SET state = 'pending', restarts = 0, last_error = NULL, not_before = NULL,
+               updated_at = now()
+         WHERE job_id = :job_id AND owner IS NULL AND state = ANY(:terminal)
+        RETURNING job_id
+    )
+    UPDATE jobs SET desired = 'running', generation = generation + 1, updated_at = now()
+      FROM d
+     WHERE jobs.id = d.job_id
+    RETURNING jobs.generation
+    """
+)
+
+
+def _rerun(conn: sa.Connection, job_id: int) -> int | None:
+    """Terminal (stopped, finished, failed) and unowned -> pending with a new generation."""
+    return conn.execute(
+        _RERUN, {"job_id": job_id, "terminal": sorted(states.TERMINAL)}
+    ).scalar_one_or_none()
+
+
+def start(conn: sa.Connection, name: str) -> str:
+    """Ask for the job to run. Returns what happened: 'started', 'resumed' or 'already running'.
+
+    A stopped, finished or failed job gets a new generation and becomes pending. A job
+    still stopping after a stop command is simply wanted again (its owner releases it
+    to pending instead of stopped). A job already wanted running is left alone, which is
+    what makes a double click harmless.
+    """
+    job_id = _job_id(conn, name)
+    if (generation := _rerun(conn, job_id)) is not None:
+        outcome, detail = "started", {"generation": generation}
+    elif conn.execute(
+        sa.update(tables.jobs)
+        .where(tables.jobs.c.id == job_id, tables.jobs.c.desired == "stopped")
+        .values(desired="running", updated_at=sa.func.now())
+    ).rowcount:
+        outcome, detail = "resumed", {}
+    else:
+        return "already running"
+    _event(conn, job_id, name, "start_requested", detail)
+    notify.notify(conn, notify.JOBS_CHANNEL, name)
+    return outcome
+
+
+def stop(conn: sa.Connection, name: str) -> str:
+    """Ask for the job to stop. Returns 'stopping', 'stopped' or 'already stopped'.
+
+    Without an owner the run state goes straight to stopped; with one, the owner stops
+    its driver gracefully and releases the job as stopped.
+    """
+    job_id = _job_id(conn, name)
+    changed = conn.execute(
+        sa.update(tables.jobs)
+        .where(tables.jobs.c.id == job_id, tables.jobs.c.desired == "running")
+        .values(desired="stopped", updated_at=sa.func.now())
+    ).rowcount
+    unowned = conn.execute(
+        sa.update(tables.distribution)
+        .where(
+            tables.distribution.c.job_id == job_id,
+            tables.distribution.c.owner.is_(None),
+            tables.distribution.c.state.in_(states.sources(RunState.STOPPED)),
+        )
+        .values(state="stopped", updated_at=sa.func.now())
+    ).rowcount
+    if not changed and not unowned:
+        return "already stopped"
+    _event(conn, job_id, name, "stop_requested", {})
+    notify.notify(conn, notify.JOBS_CHANNEL, name)
+    return "stopped" if unowned else "stopping"
+
+
+def restart(conn: sa.Connection, name: str) -> str:
+    """Run the job again with a new generation: its owner stops the current driver and
+    the job is claimed afresh (possibly elsewhere). Returns 'started' or 'restarting'."""
+    job_id = _job_id(conn, name)
+    if (generation := _rerun(conn, job_id)) is not None:
+        outcome = "started"
+    else:
+        generation = conn.execute(
+            sa.update(tables.jobs)
+            .where(tables.jobs.c.id == job_id)
+            .values(
+                desired="running",
+                generation=tables.jobs.c.generation + 1,
+                updated_at=sa.func.now(),
+            )
+            .returning(tables.jobs.c.generation)
+        ).scalar_one()
+        outcome = "restarting"
+    _event(conn, job_id, name, "restart_requested", {"generation": generation})
+    notify.notify(conn, notify.JOBS_CHANNEL, name)
+    return outcome
+
+
+def delete(conn: sa.Connection, name: str) -> None:
+    """Remove a stopped job that no server owns (its events stay)."""
+    job_id = _job_id(conn, name)
+    deleted = conn.execute(
+        sa.text(
+            """
+            DELETE FROM jobs j
+             WHERE j.id = :job_id AND j.desired = 'stopped'
+               AND NOT EXISTS (
+                   SELECT 1 FROM distribution d WHERE d.job_id = j.id AND d.owner IS NOT NULL)
+            """
+        ),
+        {"job_id": job_id},
+    ).rowcount
+    if not deleted:
+        raise JobError(f"job {name!r} is running or still stopping; stop it first")
+    _event(conn, job_id, name, "deleted", {})
+    notify.notify(conn, notify.JOBS_CHANNEL, name)
+
+
+_SHOW = """
+    SELECT j.id, j.name, j.kind, j.desired, j.generation AS job_generation, j.conf, j.args,
+           j.spark_master, j.max_restarts, j.created_at,
+           d.state, d.owner, d.target, d.epoch, d.attempt, d.restarts, d.lease_until,
+           d.pending_reason, d.last_error, d.started_at, d.updated_at, d.not_before,
+           r.id AS resource_id, r.name AS resource_name, r.version AS resource_version,
+           r.sha256 AS resource_sha256, r.filename AS resource_filename,
+           COALESCE((SELECT jsonb_agg(jsonb_build_object(
+                         'id', pr.id, 'name', pr.name, 'version', pr.version,
+                         'sha256', pr.sha256, 'filename', pr.filename) ORDER BY p.position)
+                       FROM job_py_files p JOIN resources pr ON pr.id = p.resource_id
+                      WHERE p.job_id = j.id), '[]'::jsonb) AS py_files
+      FROM jobs j
+      JOIN distribution d ON d.job_id = j.id
+      JOIN resources r ON r.id = j.resource_id
+"""
+
+
+def _view(row: sa.Row) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "kind": row.kind,
+        "desired": row.desired,
+        "state": row.state,
+        "owner": row.owner,
+        "target": row.target,
+        "epoch": row.epoch,
+        "attempt": row.attempt,
+        "restarts": row.restarts,
+        "max_restarts": row.max_restarts,
+        "generation": row.job_generation,
+        "resource": {
+            "id": row.resource_id,
+            "name": row.resource_name,
+            "version": row.resource_version,
+            "sha256": row.resource_sha256,
+            "filename": row.resource_filename,
+        },
+        "py_files": row.py_files,
+        "conf": row.conf,
+        "args": row.args,
+        "spark_master": row.spark_master,
+        "lease_until": row.lease_until,
+        "pending_reason": row.pending_reason,
+        "last_error": row.last_error,
+        "not_before": row.not_before,
+        "started_at": row.started_at,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+    }
+
+
+def show(conn: sa.Connection, name: str) -> dict[str, Any]:
+    row = conn.execute(sa.text(_SHOW + " WHERE j.name = :name"), {"name": name}).one_or_none()
+    if row is None:
+        raise JobError(f"no job named {name!r}")
+    return _view(row)
+
+
+def get(conn: sa.Connection, job_id: int) -> dict[str, Any]:
+    row = conn.execute(sa.text(_SHOW + " WHERE j.id = :id"), {"id": job_id}).one_or_none()
+    if row is None:
+        raise JobError(f"no job with id {job_id}")
+    return _view(row)
+
+
+def list_jobs(conn: sa.Connection) -> list[dict[str, Any]]:
+    return [_view(row) for row in conn.execute(sa.text(_SHOW + " ORDER BY j.name"))]
+
+
+def events(conn: sa.Connection, name: str, limit: int = 100) -> list[dict[str, Any]]:
+    """The job's newest ``limit`` events, oldest first (events outlive a deleted job)."""
+    rows = conn.execute(
+        sa.text(
+            """
+            SELECT * FROM (
+                SELECT id, at, kind, server, epoch, detail FROM job_events
+                 WHERE job_name = :name ORDER BY id DESC LIMIT :limit
+            ) newest ORDER BY id
+            """
+        ),
+        {"name": name, "limit": limit},
+    ).all()
+    if not rows:
+        _job_id(conn, name)
+    return [
+        {
+            "id": r.id,
+            "at": r.at,
+            "kind": r.kind,
+            "server": r.server,
+            "epoch": r.epoch,
+            "detail": r.detail,
+        }
+        for r in rows
+    ]

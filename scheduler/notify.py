@@ -1,0 +1,101 @@
+"""Wake-ups over PostgreSQL LISTEN/NOTIFY; polling stays the fallback.
+
+Two channels: ``sparkring_jobs`` (a job was created or its desired state changed: the
+coordinator recomputes, owners react) and ``sparkring_targets`` (the coordinator wrote
+new targets: servers poll now). A notification only says "look again"; the payload is a
+hint for logs, never a source of truth, so a lost notification costs one poll interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
+import psycopg
+import sqlalchemy as sa
+
+JOBS_CHANNEL = "sparkring_jobs"
+TARGETS_CHANNEL = "sparkring_targets"
+
+log = logging.getLogger(__name__)
+
+
+def notify(conn: sa.Connection, channel: str, payload: str = "") -> None:
+    """Queue a notification; PostgreSQL delivers it when the transaction commits."""
+    conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
+
+
+def conninfo(database_url: str) -> str:
+    """A libpq connection string from a SQLAlchemy URL (password kept, never logged)."""
+    url = sa.make_url(database_url)
+    parts = {
+        "host": url.host or "localhost",
+        "port": str(url.port or 5432),
+        "dbname": url.database or "",
+        "user": url.username or "",
+        "password": url.password or "",
+        "application_name": "sparkring-listener",
+        "connect_timeout": "5",
+    }
+    return psycopg.conninfo.make_conninfo(**{k: v for k, v in parts.items() if v})
+
+
+class Listener:
+    """A named daemon thread that LISTENs and calls ``on_notify(channel, payload)``.
+
+    It reconnects with a capped backoff when PostgreSQL goes away; ``on_notify`` is also
+    called with channel ``""`` after every (re)connection, because notifications sent
+    while disconnected are lost and the caller should poll once.
+    """
+
+    def __init__(
+        self,
+        database_url: str,
+        channels: Iterable[str],
+        on_notify: Callable[[str, str], None],
+        *,
+        name: str = "pg-listener",
+    ) -> None:
+        self._conninfo = conninfo(database_url)
+        self._channels = tuple(channels)
+        self._on_notify = on_notify
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._connected.wait(timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        delay = 0.2
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                    for channel in self._channels:
+                        conn.execute(f"LISTEN {channel}")
+                    self._connected.set()
+                    delay = 0.2
+                    self._on_notify("", "connected")
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            self._on_notify(note.channel, note.payload)
+            except psycopg.Error as exc:
+                self._connected.clear()
+                log.warning(
+                    "listener lost PostgreSQL; reconnecting",
+                    extra={"action": "listen_retry", "error": type(exc).__name__},
+                )
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)

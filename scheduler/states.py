@@ -1,0 +1,79 @@
+"""Job states and their legal transitions, declared once, as data.
+
+A job has a *desired* state (what the operator asked for, in ``jobs.desired``) and a
+*run* state (what the cluster is doing, in ``distribution.state``). Run-state changes
+are guarded SQL statements in ``scheduler/distribution.py`` and ``scheduler/jobs.py``
+whose ``WHERE state IN (...)`` clause comes from :data:`TRANSITIONS`, so the table below
+is the whole state machine:
+
+    pending  -> starting   a server claimed the job (epoch + 1, lease taken)
+    backoff  -> starting   the same, once the restart backoff has passed
+    starting -> running    the driver process was spawned
+    starting -> backoff    the driver could not be started (artifact, S3): retry later
+    running  -> backoff    a streaming driver crashed; restarts left
+    running  -> failed     a driver crashed with no restarts left
+    running  -> finished   a batch driver exited 0
+    starting|running -> stopping   the owner is stopping the driver (migration, stop)
+    stopping -> pending    migration: the driver stopped, the lease is released
+    stopping -> stopped    stop: the driver stopped, the lease is released
+    starting|running|stopping -> pending  the owner was lost (lease expired, reaped or
+                                          claimed over); a batch job is re-run
+    pending|backoff -> stopped             stop command while no driver runs
+    stopped|finished|failed -> pending     start or restart command
+    starting|running|stopping -> starting  claim over an expired lease (owner lost)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Desired(StrEnum):
+    RUNNING = "running"  # the operator wants a driver running
+    STOPPED = "stopped"  # the operator wants no driver
+
+
+class RunState(StrEnum):
+    PENDING = "pending"  # wants to run; no owner (waiting for a target or a claim)
+    STARTING = "starting"  # claimed: the owner is fetching the artifact and spawning
+    RUNNING = "running"  # a driver process is alive on the owner
+    BACKOFF = "backoff"  # crashed; no owner until not_before, then claimable again
+    STOPPING = "stopping"  # the owner is stopping the driver (graceful, then kill)
+    STOPPED = "stopped"  # stopped on request; no owner
+    FINISHED = "finished"  # a batch driver exited 0; never restarted by failover (S4)
+    FAILED = "failed"  # restarts exhausted or unstartable; never restarted by failover
+
+
+class JobKind(StrEnum):
+    STREAMING = "streaming"  # runs until stopped; restarted after a crash
+    BATCH = "batch"  # runs to completion; re-run only if its owner was lost
+
+
+S = RunState
+# target state -> the states it may be entered from.
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    S.STARTING: frozenset({S.PENDING, S.BACKOFF, S.STARTING, S.RUNNING, S.STOPPING}),
+    S.RUNNING: frozenset({S.STARTING}),
+    S.BACKOFF: frozenset({S.STARTING, S.RUNNING}),
+    S.FAILED: frozenset({S.STARTING, S.RUNNING}),
+    S.FINISHED: frozenset({S.RUNNING}),
+    S.STOPPING: frozenset({S.STARTING, S.RUNNING}),
+    S.PENDING: frozenset({S.STOPPING, S.STARTING, S.RUNNING, S.STOPPED, S.FINISHED, S.FAILED}),
+    S.STOPPED: frozenset({S.STOPPING, S.PENDING, S.BACKOFF}),
+}
+
+# States in which a server owns the job and holds a lease.
+OWNED: frozenset[RunState] = frozenset({S.STARTING, S.RUNNING, S.STOPPING})
+# States a failover or a cluster restart never leaves on its own (S4).
+TERMINAL: frozenset[RunState] = frozenset({S.STOPPED, S.FINISHED, S.FAILED})
+# States from which a claim may start a driver when nobody holds the lease.
+CLAIMABLE: frozenset[RunState] = frozenset({S.PENDING, S.BACKOFF})
+
+
+def sources(target: RunState) -> tuple[str, ...]:
+    """The states ``target`` may be entered from, sorted, for a SQL ``IN`` list."""
+    return tuple(sorted(TRANSITIONS[target]))
+
+
+def allowed(current: RunState, target: RunState) -> bool:
+    return current in TRANSITIONS.get(target, frozenset())

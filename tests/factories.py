@@ -1,0 +1,81 @@
+"""Rows for tests that need jobs without going through S3 (the catalog has its own tests)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import sqlalchemy as sa
+
+from scheduler import jobs
+from scheduler.states import JobKind
+from sql import tables
+
+
+def resource(conn: sa.Connection, name: str = "app", content: bytes = b"print(1)\n") -> int:
+    digest = hashlib.sha256(content + name.encode()).hexdigest()
+    version = conn.execute(
+        sa.select(sa.func.coalesce(sa.func.max(tables.resources.c.version), 0) + 1).where(
+            tables.resources.c.name == name
+        )
+    ).scalar_one()
+    return conn.execute(
+        sa.insert(tables.resources)
+        .values(
+            name=name,
+            version=version,
+            sha256=digest,
+            size=len(content),
+            object_key=f"sha256/{digest}",
+            filename=f"{name}.py",
+        )
+        .returning(tables.resources.c.id)
+    ).scalar_one()
+
+
+def job(
+    engine: sa.Engine,
+    name: str,
+    *,
+    kind: JobKind = JobKind.STREAMING,
+    max_restarts: int = 3,
+    start: bool = True,
+) -> int:
+    with engine.begin() as conn:
+        job_id = jobs.create(
+            conn,
+            jobs.JobSpec(
+                name=name, kind=kind, resource_id=resource(conn), max_restarts=max_restarts
+            ),
+        )
+        if start:
+            jobs.start(conn, name)
+    return job_id
+
+
+def target(engine: sa.Engine, job_id: int, server: str | None) -> None:
+    """Set a target the way the coordinator would (tests of the owner side only)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(tables.distribution)
+            .where(tables.distribution.c.job_id == job_id)
+            .values(target=server)
+        )
+
+
+def expire_lease(engine: sa.Engine, job_id: int) -> None:
+    """Move a lease into the past (instead of sleeping a whole TTL)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE distribution SET lease_until = now() - interval '1 second' "
+                "WHERE job_id = :j AND owner IS NOT NULL"
+            ),
+            {"j": job_id},
+        )
+
+
+def row(engine: sa.Engine, job_id: int) -> sa.Row:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(tables.distribution).where(tables.distribution.c.job_id == job_id)
+        ).one()

@@ -1,0 +1,190 @@
+"""Leases and fencing on the real PostgreSQL: claims, renewals, stale epochs, reaping."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from scheduler import distribution, jobs
+from scheduler.states import JobKind, RunState
+from tests import factories
+
+TTL = 10.0
+
+
+def _claim(engine: sa.Engine, job_id: int, server: str) -> distribution.Claim:
+    with engine.begin() as conn:
+        return distribution.claim(conn, job_id, server, TTL)
+
+
+def test_claim_takes_a_lease_and_bumps_the_epoch(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "a")
+    factories.target(engine, job_id, "s1")
+    claim = _claim(engine, job_id, "s1")
+    assert (claim.epoch, claim.attempt) == (1, 1)
+    row = factories.row(engine, job_id)
+    assert row.owner == "s1" and row.state == "starting" and row.lease_until is not None
+    with engine.connect() as conn:
+        assert 9 < distribution.lease_remaining(conn, job_id) <= TTL
+
+
+def test_claim_refused_when_not_targeted_or_stopped(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "a")
+    factories.target(engine, job_id, "s1")
+    with pytest.raises(distribution.NotClaimable):
+        _claim(engine, job_id, "s2")
+    with engine.begin() as conn:
+        jobs.stop(conn, "a")
+    with pytest.raises(distribution.NotClaimable):
+        _claim(engine, job_id, "s1")
+
+
+def test_two_servers_racing_to_claim_exactly_one_wins(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "race")
+    factories.target(engine, job_id, "s1")
+    # The target moves to s2 while both try: whatever the interleaving, one owner.
+    barrier = threading.Barrier(8)
+    winners: list[str] = []
+
+    def attempt(server: str) -> None:
+        barrier.wait()
+        try:
+            _claim(engine, job_id, server)
+            winners.append(server)
+        except distribution.NotClaimable:
+            pass
+
+    threads = [threading.Thread(target=attempt, args=("s1",)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert winners == ["s1"]
+    assert factories.row(engine, job_id).epoch == 1
+
+
+def test_stale_epoch_writes_are_rejected(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "a")
+    factories.target(engine, job_id, "s1")
+    old = _claim(engine, job_id, "s1")
+    # s1 pauses; its lease expires; the job is retargeted and claimed by s2.
+    factories.expire_lease(engine, job_id)
+    factories.target(engine, job_id, "s2")
+    new = _claim(engine, job_id, "s2")
+    assert new.epoch == old.epoch + 1
+    with engine.begin() as conn, pytest.raises(distribution.FencedError):
+        distribution.mark_running(conn, job_id, "s1", old.epoch, pid=1)
+    with engine.begin() as conn, pytest.raises(distribution.FencedError):
+        distribution.release(conn, job_id, "s1", old.epoch, RunState.PENDING)
+    with engine.begin() as conn:
+        assert distribution.renew_leases(conn, "s1", TTL) == {}
+        distribution.mark_running(conn, job_id, "s2", new.epoch, pid=2)
+    row = factories.row(engine, job_id)
+    assert (row.owner, row.state, row.epoch) == ("s2", "running", new.epoch)
+
+
+def test_renew_extends_every_live_lease_of_one_server_in_one_statement(engine: sa.Engine) -> None:
+    ids = [factories.job(engine, f"j{i}") for i in range(5)]
+    for job_id in ids:
+        factories.target(engine, job_id, "s1")
+        _claim(engine, job_id, "s1")
+    factories.expire_lease(engine, ids[0])
+    with engine.begin() as conn:
+        renewed = distribution.renew_leases(conn, "s1", TTL)
+    assert set(renewed) == set(ids[1:])
+    assert all(epoch == 1 for epoch in renewed.values())
+
+
+def test_reap_only_after_the_lease_expired_and_owner_left(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "a")
+    factories.target(engine, job_id, "s1")
+    _claim(engine, job_id, "s1")
+    with engine.begin() as conn:
+        assert distribution.reap(conn, live=[], server="coord") == []  # lease still valid
+    factories.expire_lease(engine, job_id)
+    with engine.begin() as conn:
+        assert distribution.reap(conn, live=["s1"], server="coord") == []  # owner alive
+        assert distribution.reap(conn, live=["s2"], server="coord") == [(job_id, "s1", 1)]
+    row = factories.row(engine, job_id)
+    assert (row.owner, row.state, row.lease_until) == (None, "pending", None)
+    with engine.connect() as conn:
+        kinds = [e["kind"] for e in jobs.events(conn, "a")]
+    assert kinds[-1] == "reaped"
+
+
+def test_claim_over_an_expired_lease_reruns_a_batch_job(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "b", kind=JobKind.BATCH)
+    factories.target(engine, job_id, "s1")
+    first = _claim(engine, job_id, "s1")
+    with engine.begin() as conn:
+        distribution.mark_running(conn, job_id, "s1", first.epoch, pid=1)
+    factories.expire_lease(engine, job_id)
+    factories.target(engine, job_id, "s2")
+    second = _claim(engine, job_id, "s2")
+    assert (second.epoch, second.attempt) == (2, 2)
+
+
+def test_finished_job_is_never_claimed_again(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "b", kind=JobKind.BATCH)
+    factories.target(engine, job_id, "s1")
+    claim = _claim(engine, job_id, "s1")
+    with engine.begin() as conn:
+        distribution.mark_running(conn, job_id, "s1", claim.epoch, pid=1)
+        distribution.finish(conn, job_id, "s1", claim.epoch)
+    with pytest.raises(distribution.NotClaimable):
+        _claim(engine, job_id, "s1")
+    assert factories.row(engine, job_id).state == "finished"
+
+
+def test_crash_backs_off_then_fails_after_max_restarts(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "crashy", max_restarts=2)
+    factories.target(engine, job_id, "s1")
+    outcomes = []
+    for _ in range(3):
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE distribution SET not_before = NULL"))
+        claim = _claim(engine, job_id, "s1")
+        with engine.begin() as conn:
+            distribution.mark_running(conn, job_id, "s1", claim.epoch, pid=1)
+            outcomes.append(
+                distribution.record_crash(
+                    conn,
+                    job_id,
+                    "s1",
+                    claim.epoch,
+                    "exit 3: boom",
+                    retry=True,
+                    backoff_base=30,
+                    backoff_max=60,
+                )
+            )
+    assert outcomes == [RunState.BACKOFF, RunState.BACKOFF, RunState.FAILED]
+    row = factories.row(engine, job_id)
+    assert row.last_error == "exit 3: boom" and row.owner is None and row.restarts == 2
+
+
+def test_backoff_is_not_claimable_before_not_before(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "crashy")
+    factories.target(engine, job_id, "s1")
+    claim = _claim(engine, job_id, "s1")
+    with engine.begin() as conn:
+        distribution.record_crash(
+            conn, job_id, "s1", claim.epoch, "x", retry=True, backoff_base=60, backoff_max=60
+        )
+    with pytest.raises(distribution.NotClaimable):
+        _claim(engine, job_id, "s1")
+
+
+def test_poll_lists_targeted_and_owned_jobs(engine: sa.Engine) -> None:
+    a = factories.job(engine, "a")
+    b = factories.job(engine, "b")
+    factories.target(engine, a, "s1")
+    factories.target(engine, b, "s1")
+    _claim(engine, b, "s1")
+    factories.target(engine, b, "s2")  # moved away, still owned by s1
+    with engine.connect() as conn:
+        rows = {r.name: r for r in distribution.poll(conn, "s1")}
+    assert set(rows) == {"a", "b"}
+    assert rows["b"].owner == "s1" and rows["b"].target == "s2"
