@@ -10,7 +10,8 @@ from pathlib import Path
 
 import typer
 
-from server import cli_db, console
+from resource_center import errors as resource_errors
+from server import cli_db, cli_resource, console
 from server import settings as settings_module
 from sql import database
 
@@ -21,12 +22,14 @@ app = typer.Typer(
     help="HA control plane for PySpark jobs.",
 )
 app.add_typer(cli_db.app, name="db")
+app.add_typer(cli_resource.app, name="resource")
 
 # Exceptions that end a command with their message as one line. Packages add their
 # own base error here when they grow a CLI.
 USER_ERRORS: tuple[type[Exception], ...] = (
     settings_module.SettingsError,
     database.DatabaseError,
+    resource_errors.ResourceError,
 )
 
 

@@ -20,6 +20,14 @@ S3_REGION = "us-east-1"
 MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
 # Local artifact cache bound, bytes (least recently used entries are evicted).
 CACHE_MAX_BYTES = 2 * 1024 * 1024 * 1024
+# S3 client timeouts, seconds: opening a connection, and waiting for bytes on it.
+S3_CONNECT_TIMEOUT_S = 5.0
+S3_READ_TIMEOUT_S = 60.0
+# Fetching an artifact for a driver (server path): an unreachable S3 is retried for up
+# to this long, seconds, with exponential backoff from base to max between attempts.
+S3_FETCH_RETRY_S = 30.0
+S3_FETCH_BACKOFF_BASE_S = 0.5
+S3_FETCH_BACKOFF_MAX_S = 5.0
 
 SPARK_MASTER = "local[2]"
 CHECKPOINT_ROOT = "/var/lib/sparkring/checkpoints"

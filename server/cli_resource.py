@@ -1,0 +1,182 @@
+"""``sparkring resource``: upload, list, show, delete and gc artifacts in the resource center.
+
+``list`` and ``show`` read only PostgreSQL; ``upload``, ``delete`` and ``gc`` also talk to
+S3 and fail fast with one line naming the endpoint when it is unreachable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+import typer
+from rich import progress as rich_progress
+
+from resource_center import catalog, store, validation
+from server import console
+from server import settings as settings_module
+from sql import database
+
+app = typer.Typer(
+    no_args_is_help=True, help="Artifacts (.py, .zip, .egg, .jar) in the resource center (S3)."
+)
+
+# Files at least this large get a progress bar on a terminal, bytes.
+PROGRESS_MIN_BYTES = 8 * 1024 * 1024
+
+JSON_OPTION = typer.Option(False, "--json", help="Print JSON.")
+
+
+def _settings(ctx: typer.Context) -> settings_module.Settings:
+    return console.context(ctx).settings()
+
+
+def _engine(settings: settings_module.Settings) -> sa.Engine:
+    engine = database.create_engine(settings.database_url.get_secret_value(), pool_size=1)
+    database.check(engine)
+    return engine
+
+
+def _store(settings: settings_module.Settings) -> store.Store:
+    return store.Store(
+        endpoint=settings.s3_endpoint,
+        access_key=settings.s3_access_key.get_secret_value(),
+        secret_key=settings.s3_secret_key.get_secret_value(),
+        bucket=settings.s3_bucket,
+        secure=settings.s3_secure,
+        region=settings.s3_region,
+    )
+
+
+def _print(resource: catalog.Resource, jobs: list[str] | None = None) -> None:
+    rows = [
+        ("name", resource.name),
+        ("version", resource.version),
+        ("sha256", resource.sha256),
+        ("size", f"{validation.human_size(resource.size)} ({resource.size} bytes)"),
+        ("file", resource.filename),
+        ("object", resource.object_key),
+        ("created", resource.created_at),
+    ]
+    if jobs is not None:
+        rows.append(("used by", ", ".join(jobs) or "-"))
+    console.table(("field", "value"), rows, title=resource.reference)
+
+
+@app.command()
+def upload(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Resource name; each upload makes its next version."),
+    file: Path = typer.Argument(..., help="A .py, .zip, .egg or .jar file.", dir_okay=False),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Upload FILE as the next version of NAME (identical to the latest: no new version)."""
+    settings = _settings(ctx)
+    # Refuse bad input before touching any service.
+    validation.check_name(name)
+    size = validation.check_file(file, settings.max_artifact_bytes)
+    engine, bucket = _engine(settings), _store(settings)
+    bucket.ensure_bucket()
+    before = {r.id for r in catalog.list_resources(engine, name)}
+    show_bar = size >= PROGRESS_MIN_BYTES and console.err.is_terminal
+    with rich_progress.Progress(
+        rich_progress.TextColumn("{task.description}"),
+        rich_progress.BarColumn(),
+        rich_progress.DownloadColumn(binary_units=True),
+        rich_progress.TransferSpeedColumn(),
+        rich_progress.TimeRemainingColumn(),
+        console=console.err,
+        transient=True,
+        disable=not show_bar,
+    ) as bar:
+        task = bar.add_task(f"uploading {file.name}", total=size)
+        resource = catalog.upload(
+            engine,
+            bucket,
+            name=name,
+            path=file,
+            max_bytes=settings.max_artifact_bytes,
+            progress=lambda sent: bar.advance(task, sent),
+        )
+    created = resource.id not in before
+    if as_json:
+        console.emit_json({**resource.to_json(), "created": created})
+    elif created:
+        console.out.print(
+            f"uploaded {resource.reference} ({validation.human_size(resource.size)}, "
+            f"sha256 {resource.sha256})",
+            highlight=False,
+        )
+    else:
+        console.out.print(
+            f"unchanged: {resource.reference} already holds this content", highlight=False
+        )
+
+
+@app.command("list")
+def list_(ctx: typer.Context, as_json: bool = JSON_OPTION) -> None:
+    """List every version of every resource."""
+    resources = catalog.list_resources(_engine(_settings(ctx)))
+    if as_json:
+        console.emit_json([resource.to_json() for resource in resources])
+        return
+    console.table(
+        ("name", "version", "size", "sha256", "file", "created"),
+        (
+            (
+                r.name,
+                r.version,
+                validation.human_size(r.size),
+                r.sha256[:12],
+                r.filename,
+                r.created_at,
+            )
+            for r in resources
+        ),
+    )
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    reference: str = typer.Argument(..., help="NAME (latest version) or NAME:VERSION."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Show one version and the jobs that use it."""
+    engine = _engine(_settings(ctx))
+    resource = catalog.resolve(engine, reference)
+    jobs = catalog.referencing_jobs(engine, resource)
+    if as_json:
+        console.emit_json({**resource.to_json(), "used_by": jobs})
+    else:
+        _print(resource, jobs)
+
+
+@app.command()
+def delete(
+    ctx: typer.Context,
+    reference: str = typer.Argument(..., help="NAME:VERSION, or NAME for every version."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Delete a version (or all versions of NAME); refused while any job uses one."""
+    settings = _settings(ctx)
+    validation.parse_reference(reference)
+    deleted = catalog.delete(_engine(settings), _store(settings), reference)
+    if as_json:
+        console.emit_json([resource.to_json() for resource in deleted])
+    else:
+        names = ", ".join(resource.reference for resource in deleted)
+        console.out.print(f"deleted {names}", highlight=False)
+
+
+@app.command()
+def gc(ctx: typer.Context, as_json: bool = JSON_OPTION) -> None:
+    """Remove objects from the bucket that no version points at."""
+    settings = _settings(ctx)
+    removed = catalog.gc(_engine(settings), _store(settings))
+    if as_json:
+        console.emit_json({"removed": removed})
+    else:
+        console.out.print(f"removed {len(removed)} unreferenced object(s)", highlight=False)
+        for key in removed:
+            console.out.print(f"  {key}", highlight=False)
