@@ -32,6 +32,12 @@ def heads() -> list[str]:
     return list(ScriptDirectory.from_config(config()).get_heads())
 
 
+def history() -> list[str]:
+    """Every revision id, oldest first (the project keeps a single line of history)."""
+    script = ScriptDirectory.from_config(config())
+    return [revision.revision for revision in reversed(list(script.walk_revisions()))]
+
+
 def current(engine: Engine) -> str | None:
     with engine.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
