@@ -1,0 +1,471 @@
+"""One supervised Spark driver: its spark-submit argv and environment, its launch under a
+watchdog, and the handle the server uses to confirm, stop, kill or re-adopt it.
+
+Process tree (see docs/drivers.md)::
+
+    server ── watchdog (own session; python -m server.watchdog)
+                └── spark-submit JVM (leader of its own process group)
+                      └── python driver (the job's main .py)
+
+Files of one run, all in ``DriverSpec.run_dir``: ``driver.log`` (the driver's stdout and
+stderr, and the watchdog's own lines), ``lease.json`` (the confirmed monotonic
+deadline), ``watchdog.json`` (pids, for ``adopt``), ``stop.json`` (the grace of a
+requested stop) and ``result.json`` (how the run ended).
+
+This module never reads ``os.environ`` itself: the server passes the base environment
+to :func:`build_env`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from server import watchdog
+
+log = logging.getLogger("sparkring.driver")
+
+Reason = watchdog.Reason
+
+LOG_FILE = "driver.log"
+LEASE_FILE = "lease.json"
+STATE_FILE = "watchdog.json"
+STOP_FILE = "stop.json"
+RESULT_FILE = "result.json"
+# Generated launcher for a .zip/.egg main: spark-submit only runs a .py as a Python main.
+ZIP_LAUNCHER_FILE = "sparkring_main.py"
+
+KINDS = ("streaming", "batch")
+PYTHON_SUFFIXES = (".py", ".zip", ".egg")
+# Conf key naming the main class of a .jar job; sparkring.* keys never reach Spark.
+MAIN_CLASS_CONF = "sparkring.main.class"
+SPARKRING_CONF_PREFIX = "sparkring."
+
+# Inherited variables a driver must never see: the server's own configuration
+# (database URL, S3 and ZooKeeper credentials) and anything that looks like a secret.
+# A job that needs credentials gets them explicitly through DriverSpec.extra_env.
+_SECRET_NAME = re.compile(
+    r"^SPARKRING_|SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|^PGPASS",
+    re.IGNORECASE,
+)
+# How long stop() waits beyond the grace for the watchdog itself before killing it, s.
+_WATCHDOG_SLACK_S = 10.0
+
+
+class DriverError(Exception):
+    """A driver cannot be built or launched; the message names the job and the problem."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverSpec:
+    """Everything needed to start one run of a job's driver."""
+
+    job: str
+    kind: str  # "streaming" or "batch"
+    epoch: int
+    attempt: int
+    server: str
+    main: Path  # verified artifact: .py, .zip/.egg (Python) or .jar
+    run_dir: Path
+    master: str
+    py_files: Sequence[Path] = ()
+    conf: Mapping[str, str] = field(default_factory=dict)
+    args: Sequence[str] = ()
+    checkpoint_dir: Path | None = None
+    spark_submit: Path = field(default_factory=lambda: default_spark_submit())
+    python: str = sys.executable
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended. Times are wall-clock seconds (``time.time()``)."""
+
+    exit_code: int | None  # the driver's; negative = killed by that signal; None = never ran
+    reason: watchdog.Reason
+    started_at: float | None
+    ended_at: float
+
+
+def default_spark_submit() -> Path:
+    """The ``bin/spark-submit`` of the installed pyspark wheel (pyspark is not imported)."""
+    found = importlib.util.find_spec("pyspark")
+    if found is None or not found.submodule_search_locations:
+        raise DriverError("pyspark is not installed: cannot find bin/spark-submit")
+    return Path(next(iter(found.submodule_search_locations))) / "bin" / "spark-submit"
+
+
+def _is_jar(spec: DriverSpec) -> bool:
+    return spec.main.suffix.lower() == ".jar"
+
+
+def _check(spec: DriverSpec) -> None:
+    if not spec.job:
+        raise DriverError("driver spec has an empty job name")
+    if spec.kind not in KINDS:
+        raise DriverError(
+            f"job {spec.job}: unknown kind {spec.kind!r} (expected streaming or batch)"
+        )
+    for name, path in (("main artifact", spec.main), ("run directory", spec.run_dir)):
+        if not path.is_absolute():
+            raise DriverError(f"job {spec.job}: {name} {path} must be an absolute path")
+    suffix = spec.main.suffix.lower()
+    if suffix != ".jar" and suffix not in PYTHON_SUFFIXES:
+        raise DriverError(
+            f"job {spec.job}: main artifact {spec.main.name!r} must be a .py, .zip, .egg or .jar"
+        )
+    if spec.kind == "streaming" and spec.checkpoint_dir is None:
+        raise DriverError(f"job {spec.job}: a streaming job needs a checkpoint directory")
+    for key, value in spec.conf.items():
+        if not key or "=" in key or any(c.isspace() for c in key):
+            raise DriverError(f"job {spec.job}: invalid Spark conf key {key!r}")
+        if "\n" in value or "\x00" in value:
+            raise DriverError(f"job {spec.job}: conf {key} has a newline or NUL in its value")
+    for argument in spec.args:
+        if "\x00" in argument:
+            raise DriverError(f"job {spec.job}: an argument contains a NUL byte")
+
+
+def build_argv(spec: DriverSpec) -> list[str]:
+    """The spark-submit argv of ``spec``: options first, then the main, then its args."""
+    _check(spec)
+    argv = [
+        str(spec.spark_submit),
+        "--master",
+        spec.master,
+        "--name",
+        f"sparkring-{spec.job}",
+        "--deploy-mode",
+        "client",
+    ]
+    for key, value in spec.conf.items():
+        if not key.startswith(SPARKRING_CONF_PREFIX):
+            argv += ["--conf", f"{key}={value}"]
+    py_files = [str(path) for path in spec.py_files]
+    if _is_jar(spec):
+        main_class = spec.conf.get(MAIN_CLASS_CONF, "").strip()
+        if not main_class:
+            raise DriverError(
+                f"job {spec.job}: a .jar main needs its class: --conf {MAIN_CLASS_CONF}=<class>"
+            )
+        if py_files:
+            raise DriverError(f"job {spec.job}: --py-files apply to Python mains, not a .jar")
+        argv += ["--class", main_class]
+        main = str(spec.main)
+    elif spec.main.suffix.lower() == ".py":
+        main = str(spec.main)
+    else:
+        # A .zip/.egg main runs through a generated launcher; the archive itself must
+        # also reach the executors, so it goes first in --py-files.
+        py_files.insert(0, str(spec.main))
+        main = str(spec.run_dir / ZIP_LAUNCHER_FILE)
+    if py_files:
+        argv += ["--py-files", ",".join(py_files)]
+    return [*argv, main, *spec.args]
+
+
+def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
+    """The driver's environment: ``base`` without secrets, then the job's variables."""
+    _check(spec)
+    env = {name: value for name, value in base.items() if not _SECRET_NAME.search(name)}
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env.update(spec.extra_env)
+    env.update(
+        {
+            "SPARKRING_JOB": spec.job,
+            "SPARKRING_EPOCH": str(spec.epoch),
+            "SPARKRING_SERVER": spec.server,
+            "SPARKRING_ATTEMPT": str(spec.attempt),
+            "PYSPARK_PYTHON": spec.python,
+            "PYSPARK_DRIVER_PYTHON": spec.python,
+        }
+    )
+    if spec.kind == "streaming":
+        assert spec.checkpoint_dir is not None  # _check
+        env["SPARKRING_CHECKPOINT_DIR"] = str(spec.checkpoint_dir)
+    else:
+        env.pop("SPARKRING_CHECKPOINT_DIR", None)
+    return env
+
+
+def confirm_lease(lease_file: Path, deadline: float) -> None:
+    """Atomically record that the lease is confirmed until ``deadline`` (time.monotonic())."""
+    watchdog.write_lease(lease_file, deadline)
+
+
+def _zip_launcher(archive: Path) -> str:
+    return (
+        '"""Generated by sparkring: runs the __main__.py of a zipped Python main."""\n'
+        "import runpy\nimport sys\n\n"
+        f"ARCHIVE = {str(archive)!r}\n"
+        "sys.argv[0] = ARCHIVE\n"
+        "sys.path.insert(0, ARCHIVE)\n"
+        'runpy.run_path(ARCHIVE, run_name="__main__")\n'
+    )
+
+
+class Driver:
+    """Handle on one watchdog (and through it, one driver run)."""
+
+    def __init__(self, run_dir: Path, pid: int, process: subprocess.Popen[bytes] | None) -> None:
+        self.run_dir = run_dir
+        self.pid = pid  # the watchdog's pid
+        self._process = process  # None when adopted: not our child
+        self._start_ticks = watchdog.process_start_ticks(pid)
+        self._outcome: Outcome | None = None
+        self._stop_requested = False
+
+    @property
+    def lease_file(self) -> Path:
+        return self.run_dir / LEASE_FILE
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / LOG_FILE
+
+    def _watchdog_alive(self) -> bool:
+        if self._process is not None:
+            return self._process.poll() is None
+        ticks = watchdog.process_start_ticks(self.pid)
+        return ticks is not None and ticks == self._start_ticks
+
+    def poll(self) -> Outcome | None:
+        """None while the watchdog runs; then how the run ended."""
+        if self._outcome is not None:
+            return self._outcome
+        if self._watchdog_alive():
+            return None
+        self._outcome = self._read_outcome()
+        return self._outcome
+
+    def _read_outcome(self) -> Outcome:
+        result = watchdog.read_json(self.run_dir / RESULT_FILE)
+        if result is not None and result.get("reason") in set(watchdog.Reason):
+            return Outcome(
+                exit_code=result.get("exit_code"),
+                reason=watchdog.Reason(result["reason"]),
+                started_at=result.get("started_at"),
+                ended_at=float(result.get("ended_at") or time.time()),
+            )
+        # No result: the watchdog was SIGKILLed (by kill(), or by SIGTERM before it had
+        # installed its handler when a stop was requested right after the launch).
+        status = self._process.returncode if self._process is not None else None
+        stopped = self._stop_requested and status == -signal.SIGTERM
+        return Outcome(
+            exit_code=None,
+            reason=watchdog.Reason.STOPPED if stopped else watchdog.Reason.KILLED,
+            started_at=None,
+            ended_at=time.time(),
+        )
+
+    def wait(self, timeout: float | None = None) -> Outcome | None:
+        """Block until the run ends (or ``timeout`` seconds pass: then None)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout)
+            return self.poll()
+        while (outcome := self.poll()) is None:
+            if end is not None and time.monotonic() >= end:
+                return None
+            time.sleep(0.05)
+        return outcome
+
+    def confirm(self, deadline: float) -> None:
+        """Extend the watchdog's deadline to ``deadline`` (time.monotonic() seconds)."""
+        confirm_lease(self.lease_file, deadline)
+
+    def stop(self, grace: float) -> Outcome:
+        """SIGTERM the driver group through the watchdog, SIGKILL after ``grace``; block."""
+        if grace < 0:
+            raise ValueError(f"grace must be >= 0 seconds, not {grace}")
+        if (outcome := self.poll()) is not None:
+            return outcome
+        watchdog.write_json_atomically(self.run_dir / STOP_FILE, {"grace": grace})
+        self._stop_requested = True
+        log.info(
+            "stopping driver",
+            extra={"action": "stop", "watchdog_pid": self.pid, "grace": grace},
+        )
+        with contextlib.suppress(ProcessLookupError):
+            if self._watchdog_alive():
+                os.kill(self.pid, signal.SIGTERM)
+        outcome = self.wait(grace + _WATCHDOG_SLACK_S)
+        if outcome is None:
+            log.error("watchdog did not end after the grace: killing it", extra={"action": "stop"})
+            self.kill()
+            outcome = self.wait()
+            assert outcome is not None
+        return outcome
+
+    def kill(self) -> None:
+        """SIGKILL the watchdog and the driver group now; return once the group is gone.
+
+        The watchdog goes first so that it writes no misleading result; the driver's
+        leader dies with it (death signal), and the whole group is killed anyway.
+        """
+        if self._watchdog_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        self.wait(_WATCHDOG_SLACK_S)
+        # Read only now: the watchdog may have spawned the driver until it died.
+        state = watchdog.read_json(self.run_dir / STATE_FILE) or {}
+        pgid = state.get("driver_pgid")
+        if not isinstance(pgid, int) or pgid <= 1:
+            return
+        end = time.monotonic() + _WATCHDOG_SLACK_S
+        while watchdog.group_members(pgid) and time.monotonic() < end:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            time.sleep(0.01)
+        records = state.get("records")
+        if records and not (self.run_dir / RESULT_FILE).exists():
+            # The watchdog died before writing its own "ended" record: write it for it,
+            # after the group is gone, so that lifetime records stay complete.
+            watchdog.append_record(
+                Path(records),
+                {
+                    "job": state.get("job"),
+                    "epoch": state.get("epoch"),
+                    "server": state.get("server"),
+                    "event": "ended",
+                    "pid": state.get("driver_pid"),
+                    "t": time.time(),
+                    "mono": time.monotonic(),
+                    "reason": str(watchdog.Reason.KILLED),
+                    "exit_code": None,
+                },
+            )
+
+
+def supervise(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    run_dir: Path,
+    lease_deadline: float,
+    job: str,
+    epoch: int,
+    server: str,
+    records: Path | None = None,
+    default_grace: float = watchdog.DEFAULT_GRACE_S,
+    term_only: str | None = None,
+) -> Driver:
+    """Run ``command`` under a new watchdog in its own session; see :func:`launch`.
+
+    ``term_only``: on stop, SIGTERM only the processes with this argv element (see
+    ``server/watchdog.py``); None sends it to the whole group.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (RESULT_FILE, STOP_FILE, STATE_FILE):
+        (run_dir / stale).unlink(missing_ok=True)
+    # The lease file exists before the watchdog does: it never starts unconfirmed.
+    confirm_lease(run_dir / LEASE_FILE, lease_deadline)
+    argv = [
+        sys.executable,
+        "-m",
+        "server.watchdog",
+        "--lease-file",
+        str(run_dir / LEASE_FILE),
+        "--result",
+        str(run_dir / RESULT_FILE),
+        "--state",
+        str(run_dir / STATE_FILE),
+        "--stop-file",
+        str(run_dir / STOP_FILE),
+        "--grace",
+        str(default_grace),
+        "--job",
+        job,
+        "--epoch",
+        str(epoch),
+        "--server",
+        server,
+    ]
+    if records is not None:
+        argv += ["--records", str(records)]
+    if term_only is not None:
+        argv += ["--term-only", term_only]
+    argv += ["--", *command]
+    with open(run_dir / LOG_FILE, "ab") as log_handle:
+        try:
+            process = subprocess.Popen(
+                argv,
+                env=dict(env),
+                cwd=run_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log_handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise DriverError(f"job {job}: cannot start the watchdog: {exc}") from exc
+    log.info(
+        "driver launched",
+        extra={"action": "launch", "job": job, "epoch": epoch, "watchdog_pid": process.pid},
+    )
+    return Driver(run_dir, process.pid, process)
+
+
+def launch(
+    spec: DriverSpec,
+    lease_deadline: float,
+    *,
+    base_env: Mapping[str, str] | None = None,
+    records: Path | None = None,
+) -> Driver:
+    """Write the lease file, then start the watchdog, which starts spark-submit.
+
+    ``base_env`` is the environment the driver inherits before :func:`build_env` filters
+    it (default: this process's, read here because the caller is the server process).
+    """
+    argv = build_argv(spec)
+    env = build_env(spec, os.environ if base_env is None else base_env)
+    for artifact in (spec.main, *spec.py_files):
+        if not artifact.is_file():
+            raise DriverError(f"job {spec.job}: artifact {artifact} is missing")
+    if not spec.spark_submit.is_file():
+        raise DriverError(f"job {spec.job}: spark-submit not found at {spec.spark_submit}")
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    if spec.main.suffix.lower() in (".zip", ".egg"):
+        (spec.run_dir / ZIP_LAUNCHER_FILE).write_text(_zip_launcher(spec.main))
+    if spec.checkpoint_dir is not None and spec.kind == "streaming":
+        spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    # A Python main is stopped through its own process (argv[-1 - len(args)]): it can
+    # stop its query while the JVM still serves it. A JVM main gets SIGTERM itself.
+    python_main = None if _is_jar(spec) else argv[-1 - len(spec.args)]
+    return supervise(
+        argv,
+        env=env,
+        run_dir=spec.run_dir,
+        lease_deadline=lease_deadline,
+        job=spec.job,
+        epoch=spec.epoch,
+        server=spec.server,
+        records=records,
+        term_only=python_main,
+    )
+
+
+def adopt(run_dir: Path) -> Driver | None:
+    """Re-attach to the watchdog still running in ``run_dir`` (a server restarted with the
+    same id), or None when there is none (its pid gone or reused by another process)."""
+    state = watchdog.read_json(run_dir / STATE_FILE)
+    if state is None:
+        return None
+    pid, ticks = state.get("watchdog_pid"), state.get("watchdog_start_ticks")
+    if not isinstance(pid, int) or not isinstance(ticks, int):
+        return None
+    if watchdog.process_start_ticks(pid) != ticks:
+        return None
+    return Driver(run_dir, pid, None)

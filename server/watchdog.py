@@ -1,0 +1,452 @@
+"""The watchdog: one small process per driver that kills it when its lease is overdue.
+
+Run as ``python -m server.watchdog --lease-file F --result R [options] -- CMD...``; the
+server starts it in a session of its own (``start_new_session=True``), so neither a
+signal to the server's process group nor a SIGSTOP of the server reaches it. It owns:
+
+- the **lease file**: the server atomically rewrites ``{"deadline": D}`` after each
+  successful lease renewal, D on the system-wide CLOCK_MONOTONIC (``time.monotonic()``).
+  The watchdog re-reads it at least every ``--interval`` seconds and wakes exactly at D;
+  when ``time.monotonic() >= D`` it SIGKILLs the driver's process group. A missing or
+  unreadable file never extends the last deadline it read.
+- the driver's **process group**: CMD starts as the leader of a new group; the watchdog
+  is a child subreaper, so descendants that leave the group are re-parented to it and
+  killed too. The run ends only when every descendant is gone.
+- the **stop sequence**: SIGTERM (or SIGINT) to the watchdog → SIGTERM to the driver
+  (with ``--term-only ARG``, only to the group's processes running ARG, i.e. the Python
+  driver, so that it stops its query while the JVM still serves it; otherwise, or when
+  none matches, to the whole group) → after the grace (``--stop-file``'s
+  ``{"grace": G}`` if present, else ``--grace``) SIGKILL to everything. The lease
+  deadline still applies during the grace.
+- the **state file** (``--state``): the watchdog's and the driver's pids, so that a
+  restarted server can re-attach (``driver.adopt``) or kill the group.
+- the **result file** (``--result``): why and when the driver ended, written atomically
+  once everything is dead; the exit status is the matching ``exit_codes.ExitCode``.
+- optional **lifetime records** (``--records``): one JSON line when the driver started
+  (time taken before the spawn) and one when it ended (time taken after every
+  descendant was reaped), so that runs of one job can be proven not to overlap.
+
+Run reasons (``Reason``) and the watchdog's exit code for each:
+``exited`` (OK or DRIVER_FAILED), ``lease_expired`` (LEASE_EXPIRED), ``stopped``
+(STOPPED), ``spawn_failed`` (SPAWN_FAILED). ``killed`` is never written by the watchdog:
+it is what a reader concludes when the watchdog died without a result (SIGKILL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import logging
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from server import exit_codes
+
+log = logging.getLogger("sparkring.watchdog")
+
+# How often the lease file is re-read when nothing else wakes the watchdog, seconds.
+DEFAULT_INTERVAL_S = 0.1
+# Grace between SIGTERM and SIGKILL when no stop file says otherwise, seconds.
+DEFAULT_GRACE_S = 20.0
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class Reason(StrEnum):
+    EXITED = "exited"  # the driver exited on its own (any exit code)
+    LEASE_EXPIRED = "lease_expired"  # the lease confirmation was overdue: group killed
+    STOPPED = "stopped"  # a stop was requested: SIGTERM, then SIGKILL after the grace
+    SPAWN_FAILED = "spawn_failed"  # the command could not be started
+    KILLED = "killed"  # the watchdog died without a result (SIGKILL): inferred by readers
+
+
+EXIT_CODE_OF_REASON = {
+    Reason.LEASE_EXPIRED: exit_codes.ExitCode.LEASE_EXPIRED,
+    Reason.STOPPED: exit_codes.ExitCode.STOPPED,
+    Reason.SPAWN_FAILED: exit_codes.ExitCode.SPAWN_FAILED,
+}
+
+
+# --- files shared with server/driver.py -------------------------------------------------
+
+
+def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` to ``path`` so that readers see the old or the new file, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(payload, handle)
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is missing or not a JSON object."""
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def write_lease(path: Path, deadline: float) -> None:
+    if not math.isfinite(deadline):
+        raise ValueError(f"lease deadline must be a finite monotonic time, not {deadline!r}")
+    write_json_atomically(path, {"deadline": deadline})
+
+
+def read_lease(path: Path) -> float | None:
+    payload = read_json(path)
+    if payload is None:
+        return None
+    deadline = payload.get("deadline")
+    if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+        return None
+    return float(deadline) if math.isfinite(deadline) else None
+
+
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    """Append one lifetime record as a JSON line."""
+    # One O_APPEND write per line: lines of concurrent writers never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (tells a pid's incarnations
+    apart), or None when it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+# --- the supervision itself -------------------------------------------------------------
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+
+
+def _die_with_parent() -> None:
+    # Runs in the driver between fork and exec: if the watchdog itself is SIGKILLed,
+    # the driver's leader dies with it instead of running unfenced.
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def group_members(pgid: int) -> dict[int, list[str]]:
+    """Live (not zombie) processes of process group ``pgid``: pid -> argv."""
+    members: dict[int, list[str]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) != pgid or fields[0] in ("Z", "X"):
+                continue
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue  # exited while we looked
+        members[int(entry.name)] = [arg.decode(errors="replace") for arg in argv if arg]
+    return members
+
+
+def _children() -> list[int]:
+    pid = os.getpid()
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+class Watchdog:
+    """One supervised run of CMD; ``run()`` returns the watchdog's exit code."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.command: list[str] = args.command
+        self.lease_file: Path = args.lease_file
+        self.deadline = -math.inf
+        self.stop_requested = False
+        self.driver: subprocess.Popen[bytes] | None = None
+        self.driver_status: int | None = None
+        self.started_at: float | None = None
+
+    # signals arrive through the wake-up pipe; the handler only records the request
+    def _on_stop_signal(self, signum: int, frame: object) -> None:
+        self.stop_requested = True
+
+    def _read_deadline(self) -> None:
+        deadline = read_lease(self.lease_file)
+        if deadline is not None:
+            self.deadline = deadline
+
+    def _grace(self) -> float:
+        if self.args.stop_file is not None:
+            payload = read_json(self.args.stop_file) or {}
+            grace = payload.get("grace")
+            if isinstance(grace, int | float) and not isinstance(grace, bool) and grace >= 0:
+                return float(grace)
+        return float(self.args.grace)
+
+    def _identity(self) -> dict[str, Any]:
+        return {"job": self.args.job, "epoch": self.args.epoch, "server": self.args.server}
+
+    def _write_state(self) -> None:
+        if self.args.state is None:
+            return
+        driver_pid = self.driver.pid if self.driver is not None else None
+        write_json_atomically(
+            self.args.state,
+            {
+                **self._identity(),
+                "watchdog_pid": os.getpid(),
+                "watchdog_start_ticks": process_start_ticks(os.getpid()),
+                "driver_pid": driver_pid,
+                "driver_pgid": driver_pid,  # the driver leads its own group
+                "lease_file": str(self.lease_file),
+                "result": str(self.args.result),
+                "records": str(self.args.records) if self.args.records else None,
+            },
+        )
+
+    def _record(self, event: str, t: float, mono: float, **extra: Any) -> None:
+        if self.args.records is None:
+            return
+        append_record(
+            self.args.records,
+            {
+                **self._identity(),
+                "event": event,
+                "pid": self.driver.pid if self.driver is not None else None,
+                "t": t,
+                "mono": mono,
+                **extra,
+            },
+        )
+
+    def _finish(self, reason: Reason, exit_code: int | None, ended_at: float) -> int:
+        if reason is Reason.EXITED:
+            code = exit_codes.ExitCode.OK if exit_code == 0 else exit_codes.ExitCode.DRIVER_FAILED
+        else:
+            code = EXIT_CODE_OF_REASON[reason]
+        write_json_atomically(
+            self.args.result,
+            {
+                **self._identity(),
+                "reason": str(reason),
+                "exit_code": exit_code,
+                "driver_pid": self.driver.pid if self.driver is not None else None,
+                "started_at": self.started_at,
+                "ended_at": ended_at,
+                "watchdog_exit": int(code),
+            },
+        )
+        log.info("driver ended: reason=%s exit_code=%s", reason, exit_code)
+        return int(code)
+
+    def _signal_group(self, signum: int) -> None:
+        assert self.driver is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.driver.pid, signum)
+
+    def _terminate(self, grace: float) -> None:
+        """SIGTERM the processes that should stop first: those running ``--term-only``
+        (the Python driver, so that it can end its micro-batch and stop its query while
+        the JVM keeps serving it), else the whole group."""
+        assert self.driver is not None
+        targets = []
+        if self.args.term_only is not None:
+            members = group_members(self.driver.pid)
+            targets = [pid for pid, argv in members.items() if self.args.term_only in argv]
+        if not targets:
+            log.info("stop requested: SIGTERM to driver group, SIGKILL in %.1f s", grace)
+            self._signal_group(signal.SIGTERM)
+            return
+        log.info("stop requested: SIGTERM to pids %s, SIGKILL in %.1f s", targets, grace)
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def _reap(self, block: bool) -> bool:
+        """Reap exited descendants; True once there are none left."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid == 0:
+                return False
+            if self.driver is not None and pid == self.driver.pid:
+                self.driver_status = os.waitstatus_to_exitcode(status)
+                # Tell Popen the child is gone so it neither waits nor warns on exit.
+                self.driver.returncode = self.driver_status
+            if block:
+                return False
+
+    def kill_everything(self) -> None:
+        """SIGKILL the group and every descendant re-parented to us, until none is left."""
+        while True:
+            self._signal_group(signal.SIGKILL)
+            for child in _children():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
+            if self._reap(block=True):
+                return
+
+    def run(self) -> int:
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        self._write_state()
+
+        self._read_deadline()
+        if time.monotonic() >= self.deadline:
+            log.error("lease deadline already passed or unreadable: driver not started")
+            return self._finish(Reason.LEASE_EXPIRED, None, time.time())
+        if self.stop_requested:
+            return self._finish(Reason.STOPPED, None, time.time())
+
+        # Taken before the spawn: a record never claims a start later than the real one.
+        self.started_at, started_mono = time.time(), time.monotonic()
+        try:
+            self.driver = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                process_group=0,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            log.error("cannot start driver %r: %s", self.command[0], exc)
+            return self._finish(Reason.SPAWN_FAILED, None, time.time())
+        self._write_state()
+        self._record("started", self.started_at, started_mono)
+        log.info("driver started: pid=%s", self.driver.pid)
+
+        reason = self._supervise(os.pidfd_open(self.driver.pid), wake_read)
+        self.kill_everything()
+        # Every descendant is reaped: a record never claims an end earlier than the real one.
+        ended_at, ended_mono = time.time(), time.monotonic()
+        self._record(
+            "ended", ended_at, ended_mono, reason=str(reason), exit_code=self.driver_status
+        )
+        return self._finish(reason, self.driver_status, ended_at)
+
+    def _supervise(self, pidfd: int, wake_read: int) -> Reason:
+        """Wait until the driver exits, the lease runs out, or a stop finishes."""
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        poller.register(wake_read, select.POLLIN)
+        reason = Reason.EXITED
+        kill_at = math.inf  # SIGKILL time of a stop in progress
+        while True:
+            self._read_deadline()
+            now = time.monotonic()
+            if now >= self.deadline:
+                log.error(
+                    "lease confirmation overdue by %.3f s: killing driver group",
+                    now - self.deadline,
+                )
+                return reason if reason is Reason.STOPPED else Reason.LEASE_EXPIRED
+            if self.stop_requested and reason is not Reason.STOPPED:
+                reason = Reason.STOPPED
+                grace = self._grace()
+                kill_at = now + grace
+                self._terminate(grace)
+            if now >= kill_at:
+                log.warning("driver group still alive after the grace: SIGKILL")
+                return reason
+            wake = min(self.deadline, kill_at, now + self.args.interval)
+            events = poller.poll(max(0.0, wake - now) * 1000)
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_read, 512)
+            self._reap(block=False)
+            if self.driver_status is not None or any(fd == pidfd for fd, _ in events):
+                self._reap(block=False)
+                if self.driver_status is not None:
+                    return reason
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m server.watchdog",
+        description="Run CMD as a fenced driver: kill its process group when the lease "
+        "deadline in --lease-file (CLOCK_MONOTONIC seconds) passes.",
+    )
+    parser.add_argument("--lease-file", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--state", type=Path, default=None)
+    parser.add_argument("--records", type=Path, default=None)
+    parser.add_argument("--stop-file", type=Path, default=None)
+    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S)
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
+    parser.add_argument(
+        "--term-only",
+        default=None,
+        metavar="ARG",
+        help="on stop, SIGTERM only the group's processes with ARG in their argv "
+        "(falls back to the whole group when none has)",
+    )
+    parser.add_argument("--job", default=None)
+    parser.add_argument("--epoch", type=int, default=None)
+    parser.add_argument("--server", default=None)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("no command given after --")
+    if args.grace < 0 or args.interval <= 0:
+        parser.error("--grace must be >= 0 and --interval > 0")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s sparkring-watchdog[%(process)d] %(levelname)s %(message)s",
+    )
+    watchdog = Watchdog(args)
+    try:
+        return watchdog.run()
+    except Exception:
+        log.exception("watchdog failed: killing the driver group, it must not run unfenced")
+        if watchdog.driver is not None:
+            with contextlib.suppress(Exception):
+                watchdog.kill_everything()
+        return int(exit_codes.ExitCode.INTERNAL_ERROR)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
