@@ -8,7 +8,7 @@ versions exist is the catalog's business, verification the catalog's and the cac
 Failures become :mod:`resource_center.errors`: S3 unreachable or failing transiently
 (connection refused, reset, timeout, HTTP 5xx) is :class:`errors.StoreUnavailable`
 naming the endpoint; an S3 error answer is :class:`errors.StoreError` (a missing object
-:class:`errors.MissingObject`). Keys never appear in messages or logs.
+:class:`errors.MissingObject`). Credentials never appear in messages or logs.
 
 The client retries once inside urllib3; longer, bounded retries belong to the caller
 (``cache.fetch`` on the server path). The CLI fails fast with one clear line.
@@ -241,5 +241,5 @@ def _reason(exc: BaseException) -> str:
         inner = inner.reason
     text = str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__
     # urllib3 prefixes messages with the connection object's repr; keep the useful tail.
-    text = re.sub(r"<urllib3\.[^>]*>:\s*", "", text)
+    text = re.sub(r"^(<urllib3\.[^>]*>|HTTPS?Connection\([^)]*\)):\s*", "", text)
     return text[:200]

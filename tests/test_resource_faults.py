@@ -1,0 +1,149 @@
+"""S3 failing under the resource center, on a throwaway S3 server of this test's own.
+
+The stack's shared S3 server is never stopped: each test starts ``moto_server`` on a free
+port and kills it at the moment it wants S3 gone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from resource_center import cache, catalog, errors, store
+from tests import services, waiting
+
+MOTO_SERVER = Path(sys.executable).with_name("moto_server")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class ThrowawayS3:
+    """A moto S3 server on a free port that a test may kill and start again."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        waiting.wait_until(
+            lambda: services.reachable(self.endpoint), 30, message="moto_server did not start"
+        )
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def throwaway_s3(s3_endpoint: str) -> Iterator[ThrowawayS3]:
+    if not MOTO_SERVER.exists():
+        pytest.skip(f"{MOTO_SERVER} is not installed")
+    server = ThrowawayS3()
+    server.start()
+    yield server
+    server.kill()
+
+
+class CountingStore(store.Store):
+    """The real store, counting download attempts."""
+
+    reads = 0
+
+    def read(self, key: str):  # type: ignore[override]
+        self.reads += 1
+        return super().read(key)
+
+
+def _store(stack_env: dict[str, str], endpoint: str, bucket: str) -> CountingStore:
+    s3 = CountingStore(
+        endpoint=endpoint,
+        access_key=stack_env["SPARKRING_S3_ACCESS_KEY"],
+        secret_key=stack_env["SPARKRING_S3_SECRET_KEY"],
+        bucket=bucket,
+    )
+    s3.ensure_bucket()
+    return s3
+
+
+def test_s3_killed_during_upload_leaves_no_version(
+    engine: sa.Engine,
+    throwaway_s3: ThrowawayS3,
+    stack_env: dict[str, str],
+    s3_endpoint: str,
+    s3_bucket: str,
+    tmp_path: Path,
+) -> None:
+    doomed = _store(stack_env, throwaway_s3.endpoint, s3_bucket)
+    path = tmp_path / "big.py"
+    path.write_bytes(os.urandom(40 * 1024 * 1024))
+    sent = 0
+
+    def kill_midway(count: int) -> None:
+        nonlocal sent
+        sent += count
+        if sent >= 20 * 1024 * 1024:  # after the first part went out, mid second
+            throwaway_s3.kill()
+
+    with pytest.raises(errors.StoreError) as caught:
+        catalog.upload(engine, doomed, name="etl", path=path, max_bytes=2**30, progress=kill_midway)
+    assert f"S3 at http://{throwaway_s3.endpoint}" in str(caught.value)
+    assert stack_env["SPARKRING_S3_SECRET_KEY"] not in str(caught.value)
+    assert catalog.list_resources(engine) == []
+    # The failed attempt consumed nothing: the next successful upload is version 1.
+    healthy = _store(stack_env, s3_endpoint, s3_bucket)
+    small = tmp_path / "job.py"
+    small.write_bytes(b"print(1)\n")
+    assert catalog.upload(engine, healthy, name="etl", path=small, max_bytes=2**30).version == 1
+
+
+def test_fetch_rides_out_an_s3_outage(
+    engine: sa.Engine,
+    throwaway_s3: ThrowawayS3,
+    stack_env: dict[str, str],
+    s3_bucket: str,
+    tmp_path: Path,
+) -> None:
+    s3 = _store(stack_env, throwaway_s3.endpoint, s3_bucket)
+    path = tmp_path / "job.py"
+    path.write_bytes(b"print('survived')\n")
+    resource = catalog.upload(engine, s3, name="etl", path=path, max_bytes=2**20)
+    throwaway_s3.kill()
+    s3.reads = 0
+    local = cache.Cache(root=tmp_path / "cache", max_bytes=2**20)
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fetching = pool.submit(
+            local.fetch, s3, resource, retry_for=60, backoff_base=0.1, backoff_max=0.5, stop=stop
+        )
+        try:
+            waiting.wait_until(lambda: s3.reads >= 2, 10, message="fetch did not retry")
+            assert not fetching.done()
+            # moto keeps objects in memory: the restarted server needs the object again.
+            throwaway_s3.start()
+            s3.ensure_bucket()
+            s3.put(resource.object_key, path, resource.size)
+            fetched = fetching.result(timeout=30)
+        finally:
+            stop.set()
+    assert fetched.read_bytes() == b"print('survived')\n"
+    assert s3.reads >= 3
