@@ -1,0 +1,292 @@
+"""Capacity-aware placement: consistent hashing with bounded loads.
+
+This module owns the decision of which live server each job should run on (its
+*target*), or why it has none (its *pending reason*). It is a pure function of the job
+names, the live servers' capacities, ``epsilon`` and ``vnodes``: no I/O, no clock, no
+global state, and the same answer for the same sets in any order on every machine.
+
+The algorithm (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded
+Loads", 2018), in the form ``docs/distribution.md`` explains at length:
+
+1. Servers with capacity 0 take no jobs and are left off the ring; the others are put
+   on a plain consistent-hash ring (``scheduler/ring.py``), each with ``vnodes`` points.
+2. Each server gets a *bound*: ``min(capacity, level)``, where ``level`` is
+   ``ceil((1 + epsilon) * K / N)`` for K jobs on N servers with capacity. When small
+   capacities would leave jobs without a target although capacity is free elsewhere,
+   ``level`` is raised (water-filling) to the smallest integer at which the bounds add
+   up to ``(1 + epsilon) * K``, or to every server's full capacity if even that is
+   short. With equal (or ample) capacities this is exactly the textbook bound.
+3. Jobs are placed one (job, server) pair at a time in order of clockwise ring
+   distance from the job to the server's vnode, ties broken by job name: a job first
+   tries the server of the next vnode after its position; if that server is full it
+   walks on to the next server with room. Because nearer jobs go first, a server is
+   filled by the jobs of its own arcs before it accepts jobs that overflowed past
+   other servers, which keeps overflow local and keeps the jobs that move on a join or
+   leave close to the plain ring's minimum.
+4. Once every bound is reached, the remaining jobs (those farthest from any server with
+   room) get no target and a reason naming the total capacity.
+
+The distance order makes the result a function of the inputs alone and is the unique
+stable matching between jobs and servers that both prefer the nearest partner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fractions
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+
+from scheduler import ring
+
+# The epsilon of bounded loads: no server above ceil((1 + epsilon) * average) jobs.
+DEFAULT_EPSILON = 0.05
+
+NO_LIVE_SERVER = "no live server"
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where every job should run. Dicts are sorted by job or server name."""
+
+    targets: dict[str, str]  # job -> server
+    pending: dict[str, str]  # job -> why it has no target, for users
+    loads: dict[str, int]  # server -> jobs targeted; every given server, zero included
+    bounds: dict[str, int]  # server -> most jobs it may take: min(capacity, level)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A server a job tried, in ring order, and its load when the job was placed."""
+
+    server: str
+    load: int  # jobs already targeted at it when this job was placed
+    bound: int  # most jobs it may take
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """Why a job has its target (or none): the answer to ``sparkring ring explain``."""
+
+    job: str
+    ring_position: int  # MD5 position of the job name on the ring
+    candidates: tuple[Candidate, ...]  # ring order from the job's position, up to the target
+    target: str | None
+    overflowed: bool  # placed past its first candidate (its ring successor)
+    reason: str
+
+
+def place(
+    jobs: Iterable[str],
+    servers: Mapping[str, int],
+    epsilon: float = DEFAULT_EPSILON,
+    vnodes: int = ring.DEFAULT_VNODES,
+) -> Placement:
+    """Target of each job on the live ``servers`` (server id -> capacity, 0 = no jobs).
+
+    ``jobs`` is a set of names (order and duplicates do not matter). Raises
+    :class:`scheduler.ring.RingError` on bad input.
+    """
+    placement, _, _ = _place(jobs, servers, epsilon, vnodes, watch=None)
+    return placement
+
+
+def explain(
+    job: str,
+    jobs: Iterable[str],
+    servers: Mapping[str, int],
+    epsilon: float = DEFAULT_EPSILON,
+    vnodes: int = ring.DEFAULT_VNODES,
+) -> Explanation:
+    """Why :func:`place` gives ``job`` its target: ring position, candidates, overflow.
+
+    ``job`` must be one of ``jobs``: its target depends on every other job.
+    """
+    names = set(ring.name_set(jobs, "job"))
+    if job not in names:
+        raise ring.RingError(f"job {job!r} is not among the jobs being placed")
+    placement, the_ring, load_when_placed = _place(names, servers, epsilon, vnodes, watch=job)
+    at = ring.position(job)
+    target = placement.targets.get(job)
+    bounds = placement.bounds
+    candidates: list[Candidate] = []
+    # Every server the walk passes before the target was full when the job was placed
+    # (servers never regain room during a placement), so its load then was its bound.
+    for server, _ in ring.walk(the_ring, at):
+        if server == target:
+            candidates.append(Candidate(server, load_when_placed, bounds[server]))
+            break
+        candidates.append(Candidate(server, bounds[server], bounds[server]))
+    overflowed = target is not None and candidates[0].server != target
+    if target is None:
+        reason = placement.pending[job]
+    elif not overflowed:
+        reason = (
+            f"{target} owns the first vnode clockwise from the job's ring position and "
+            f"had room ({load_when_placed} of its bound {bounds[target]})"
+        )
+    else:
+        first = candidates[0]
+        passed = len(candidates) - 1
+        reason = (
+            f"{first.server}, the job's ring successor, was full ({first.bound} of "
+            f"{first.bound}: jobs nearer to it on the ring are placed first), so the job "
+            f"walked the ring past {passed} full server{'s' if passed != 1 else ''} to "
+            f"{target}, the first with room ({load_when_placed} of its bound "
+            f"{bounds[target]})"
+        )
+    return Explanation(
+        job=job,
+        ring_position=at,
+        candidates=tuple(candidates),
+        target=target,
+        overflowed=overflowed,
+        reason=reason,
+    )
+
+
+def _place(
+    jobs: Iterable[str],
+    servers: Mapping[str, int],
+    epsilon: float,
+    vnodes: int,
+    watch: str | None,
+) -> tuple[Placement, ring.Ring, int]:
+    """The placement, the ring it used, and ``watch``'s target's load before it joined."""
+    names = ring.name_set(jobs, "job")
+    capacities = _capacities(servers)
+    level = _level(capacities.values(), len(names), _epsilon(epsilon))
+    bound = {server: min(capacity, level) for server, capacity in capacities.items()}
+    the_ring = ring.build([s for s, capacity in capacities.items() if capacity > 0], vnodes)
+    room = dict(bound)
+    left = sum(room.values())
+    targets: dict[str, str] = {}
+    watched_load = 0
+    points, owners = the_ring.points, the_ring.owners
+    count = len(points)
+    if left and count:
+        vnodes_of: dict[str, list[int]] = {server: [] for server in the_ring.servers}
+        for index, owner in enumerate(owners):
+            vnodes_of[owner].append(index)
+        # Union-find over vnode indices: skip[i] leads to the first vnode at or after i
+        # whose server still has room (index ``count`` is a sentinel that wraps to 0).
+        # Without it a job would step over every vnode of every full server, which
+        # makes a nearly full cluster quadratic.
+        skip = list(range(count + 1))
+        for server, vnode_indices in vnodes_of.items():
+            if not room[server]:
+                _close(skip, vnode_indices)
+
+        def next_with_room(index: int) -> int:
+            found = _find(skip, index)
+            return _find(skip, 0) if found == count else found
+
+        # A sorted list is a valid heap; entries are (distance, job, position, vnode).
+        heap = []
+        for name in names:
+            at = ring.position(name)
+            index = ring.successor(the_ring, at)
+            heap.append((ring.distance(at, points[index]), name, at, index))
+        heap.sort()
+        while heap and left:
+            _, name, at, index = heap[0]
+            server = owners[index]
+            if room[server]:
+                heapq.heappop(heap)
+                if name == watch:
+                    watched_load = bound[server] - room[server]
+                targets[name] = server
+                room[server] -= 1
+                left -= 1
+                if not room[server]:
+                    _close(skip, vnodes_of[server])
+                continue
+            index = next_with_room(index + 1)
+            heapq.heapreplace(heap, (ring.distance(at, points[index]), name, at, index))
+    pending_reason = _pending_reason(capacities)
+    placement = Placement(
+        targets=dict(sorted(targets.items())),
+        pending={name: pending_reason for name in names if name not in targets},
+        loads={server: bound[server] - room[server] for server in capacities},
+        bounds=bound,
+    )
+    return placement, the_ring, watched_load
+
+
+def _close(skip: list[int], vnode_indices: list[int]) -> None:
+    """Make the walk skip these vnodes: their server is full."""
+    for index in vnode_indices:
+        skip[index] = index + 1
+
+
+def _find(skip: list[int], index: int) -> int:
+    root = index
+    while skip[root] != root:
+        root = skip[root]
+    while skip[index] != root:  # path compression
+        skip[index], index = root, skip[index]
+    return root
+
+
+def _level(capacities: Iterable[int], jobs: int, epsilon: fractions.Fraction) -> int:
+    """Smallest integer L with sum(min(capacity, L)) >= (1 + epsilon) * jobs.
+
+    With N servers of ample capacity that is ceil((1 + epsilon) * jobs / N). If the
+    capacities cannot reach it, L is the largest capacity: every server may fill up.
+    """
+    usable = sorted(c for c in capacities if c > 0)
+    need = (1 + epsilon) * jobs
+    if sum(usable) <= need:
+        return usable[-1] if usable else 0
+    filled = 0
+    for taken, capacity in enumerate(usable):
+        level = math.ceil((need - filled) / (len(usable) - taken))
+        if level <= capacity:
+            return level
+        filled += capacity
+    raise AssertionError("unreachable: the capacities exceed the need")
+
+
+def _epsilon(epsilon: float) -> fractions.Fraction:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float):
+        raise ring.RingError(f"epsilon must be a number, got {epsilon!r}")
+    if not math.isfinite(epsilon) or epsilon < 0:
+        raise ring.RingError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
+    # Read 0.05 as 1/20, not as the binary float just above it: otherwise
+    # ceil(1.05 * 10000 / 10) would be 1051 instead of 1050.
+    return fractions.Fraction(repr(float(epsilon)))
+
+
+def _capacities(servers: Mapping[str, int]) -> dict[str, int]:
+    if not isinstance(servers, Mapping):
+        raise ring.RingError(
+            f"servers must map server id to capacity, got {type(servers).__name__}"
+        )
+    checked = {}
+    for server in sorted(servers, key=_sort_key):
+        capacity = servers[server]
+        if not isinstance(server, str) or not server:
+            raise ring.RingError(f"a server name must be a non-empty string, got {server!r}")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise ring.RingError(
+                f"capacity of server {server!r} must be an integer >= 0, got {capacity!r}"
+            )
+        checked[server] = capacity
+    return checked
+
+
+def _sort_key(server: object) -> tuple[bool, str]:
+    # Sort before validating so that a bad name gets its clear error, not a TypeError.
+    return (not isinstance(server, str), str(server))
+
+
+def _pending_reason(capacities: Mapping[str, int]) -> str:
+    if not capacities:
+        return NO_LIVE_SERVER
+    total = sum(capacities.values())
+    live = len(capacities)
+    servers = f"{live} live server{'s' if live != 1 else ''}"
+    if total == 0:
+        return f"no live server has capacity ({servers}, all with capacity 0)"
+    return f"total capacity {total} of {servers} is used by other jobs"

@@ -1,0 +1,236 @@
+"""Bounded-load placement: bounds, capacity, pending reasons, explain, balance, movement."""
+
+from __future__ import annotations
+
+import fractions
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler import placement, ring
+
+names = st.text(alphabet="abcxyz-_.0123456789", min_size=1, max_size=8)
+job_sets = st.sets(names, max_size=60)
+capacities = st.dictionaries(names, st.integers(min_value=0, max_value=30), max_size=6)
+epsilons = st.sampled_from([0.0, 0.05, 0.1, 0.25, 1.0])
+small_vnodes = st.integers(min_value=1, max_value=24)
+FAST = settings(max_examples=60, deadline=None)
+
+# The scale of the issue's acceptance figures.
+K, N = 10_000, 10
+JOBS = [f"job-{i:05d}" for i in range(K)]
+SERVERS = {f"server-{i:02d}": 10_000 for i in range(N + 1)}
+
+
+def _moved(before: placement.Placement, after: placement.Placement) -> int:
+    jobs = set(before.targets) | set(before.pending)
+    return sum(1 for job in jobs if before.targets.get(job) != after.targets.get(job))
+
+
+@FAST
+@given(jobs=job_sets, servers=capacities, epsilon=epsilons, vnodes=small_vnodes, data=st.data())
+def test_order_independent(
+    jobs: set[str],
+    servers: dict[str, int],
+    epsilon: float,
+    vnodes: int,
+    data: st.DataObject,
+) -> None:
+    first = placement.place(sorted(jobs), dict(sorted(servers.items())), epsilon, vnodes)
+    shuffled_jobs = data.draw(st.permutations(sorted(jobs)))
+    shuffled_servers = dict(data.draw(st.permutations(sorted(servers.items()))))
+    again = placement.place(shuffled_jobs + shuffled_jobs[:3], shuffled_servers, epsilon, vnodes)
+    for field in ("targets", "pending", "loads", "bounds"):
+        assert list(getattr(again, field).items()) == list(getattr(first, field).items())
+
+
+@FAST
+@given(jobs=job_sets, servers=capacities, epsilon=epsilons, vnodes=small_vnodes)
+def test_bounds_and_capacity_hold(
+    jobs: set[str], servers: dict[str, int], epsilon: float, vnodes: int
+) -> None:
+    result = placement.place(jobs, servers, epsilon, vnodes)
+    assert set(result.targets) | set(result.pending) == jobs
+    assert not set(result.targets) & set(result.pending)
+    assert set(result.loads) == set(result.bounds) == set(servers)
+    for server, load in result.loads.items():
+        assert load == sum(1 for target in result.targets.values() if target == server)
+        assert load <= result.bounds[server] <= servers[server]
+    # Every job within total capacity gets a target.
+    assert len(result.targets) == min(len(jobs), sum(servers.values()))
+    # The textbook bound wherever it is reachable: with ample capacity it is exact.
+    live = [c for c in servers.values() if c > 0]
+    if live and jobs:
+        level = math.ceil((1 + fractions.Fraction(str(epsilon))) * len(jobs) / len(live))
+        if min(live) >= level:
+            assert all(result.bounds[s] == level for s, c in servers.items() if c > 0)
+
+
+@FAST
+@given(jobs=job_sets, servers=st.sets(names, min_size=1, max_size=6), vnodes=small_vnodes)
+def test_without_overflow_it_is_the_plain_ring(
+    jobs: set[str], servers: set[str], vnodes: int
+) -> None:
+    # Bounds no lower than K (epsilon = N) leave nothing to overflow.
+    capacity = {server: len(jobs) for server in servers}
+    result = placement.place(jobs, capacity, epsilon=len(servers), vnodes=vnodes)
+    assert result.targets == ring.assign(jobs, servers, vnodes)
+
+
+def test_bound_is_exactly_ceil_of_one_plus_epsilon_times_mean() -> None:
+    # 1.05 * 10000 / 10 is 1050, not the 1051 that binary floating point would give.
+    bounds = placement.place(JOBS, {f"s{i}": 5_000 for i in range(10)}, epsilon=0.05).bounds
+    assert set(bounds.values()) == {1050}
+
+
+def test_small_capacities_raise_the_others_bound_instead_of_leaving_jobs_pending() -> None:
+    # min(capacity, ceil(1.05 * 50 / 2)) would be 27 + 10: 13 jobs pending while the big
+    # server has 73 free slots. Water-filling raises its bound instead.
+    result = placement.place([f"j{i}" for i in range(50)], {"big": 100, "small": 10})
+    assert result.pending == {}
+    assert result.bounds == {"big": 43, "small": 10}
+    assert result.loads["small"] <= 10
+
+
+def test_capacity_zero_takes_no_jobs() -> None:
+    result = placement.place([f"j{i}" for i in range(20)], {"a": 30, "drained": 0})
+    assert result.loads == {"a": 20, "drained": 0}
+    assert result.pending == {}
+
+
+def test_pending_reason_when_capacity_runs_out() -> None:
+    result = placement.place([f"j{i:02d}" for i in range(20)], {"a": 4, "b": 4, "c": 4})
+    assert result.loads == {"a": 4, "b": 4, "c": 4}
+    assert len(result.pending) == 8
+    assert set(result.pending.values()) == {
+        "total capacity 12 of 3 live servers is used by other jobs"
+    }
+
+
+@pytest.mark.parametrize(
+    ("servers", "reason"),
+    [
+        ({}, "no live server"),
+        ({"a": 0}, "no live server has capacity (1 live server, all with capacity 0)"),
+        ({"a": 0, "b": 0}, "no live server has capacity (2 live servers, all with capacity 0)"),
+    ],
+)
+def test_pending_reason_without_usable_servers(servers: dict[str, int], reason: str) -> None:
+    result = placement.place(["x", "y"], servers)
+    assert result.targets == {}
+    assert result.pending == {"x": reason, "y": reason}
+    assert result.loads == dict.fromkeys(servers, 0)
+
+
+def test_placement_is_pinned() -> None:
+    result = placement.place(
+        [f"etl-{i}" for i in range(8)], {"alpha": 3, "beta": 3, "gamma": 1}, epsilon=0.0
+    )
+    assert result.targets == {
+        "etl-0": "beta",
+        "etl-1": "gamma",
+        "etl-2": "beta",
+        "etl-3": "alpha",
+        "etl-5": "beta",
+        "etl-6": "alpha",
+        "etl-7": "alpha",
+    }
+    assert result.pending == {"etl-4": "total capacity 7 of 3 live servers is used by other jobs"}
+
+
+@FAST
+@given(jobs=st.sets(names, min_size=1, max_size=40), servers=capacities, vnodes=small_vnodes)
+def test_explain_agrees_with_place(jobs: set[str], servers: dict[str, int], vnodes: int) -> None:
+    result = placement.place(jobs, servers, 0.05, vnodes)
+    live = sorted(s for s, c in servers.items() if c > 0)
+    successors = ring.assign(jobs, live, vnodes)
+    for job in sorted(jobs)[:8]:
+        why = placement.explain(job, jobs, servers, 0.05, vnodes)
+        assert why.job == job
+        assert why.ring_position == ring.position(job)
+        assert why.target == result.targets.get(job)
+        if live:
+            assert why.candidates[0].server == successors[job]
+        *passed, last = why.candidates or (None,)
+        for candidate in passed:
+            assert candidate.load == candidate.bound  # full when the job was placed
+        if why.target is None:
+            assert why.reason == result.pending[job]
+            assert [c.server for c in why.candidates] == [
+                s for s, _ in ring.walk(ring.build(live, vnodes), why.ring_position)
+            ]
+        else:
+            assert last is not None and last.server == why.target
+            assert last.load < last.bound == result.bounds[why.target]
+            assert why.overflowed == (len(why.candidates) > 1)
+            assert why.target in why.reason
+
+
+def test_explain_an_overflowed_job() -> None:
+    jobs = [f"j{i:03d}" for i in range(300)]
+    servers = {"a": 100, "b": 100, "c": 100}
+    overflowed = [
+        why for why in (placement.explain(j, jobs, servers) for j in jobs[:60]) if why.overflowed
+    ]
+    assert overflowed, "with equal capacity and a random ring some job must overflow"
+    why = overflowed[0]
+    assert why.candidates[0].load == why.candidates[0].bound == 100
+    assert why.reason.startswith(f"{why.candidates[0].server}, the job's ring successor, was full")
+
+
+def test_explain_unknown_job_is_an_error() -> None:
+    with pytest.raises(ring.RingError, match="job 'nope' is not among the jobs being placed"):
+        placement.explain("nope", ["a"], {"s": 1})
+
+
+@pytest.mark.parametrize(
+    ("servers", "epsilon", "message"),
+    [
+        ({"a": -1}, 0.05, "capacity of server 'a' must be an integer >= 0, got -1"),
+        ({"a": 1.5}, 0.05, "capacity of server 'a' must be an integer >= 0, got 1.5"),
+        ({"": 1}, 0.05, "a server name must be a non-empty string"),
+        ({3: 1}, 0.05, "a server name must be a non-empty string, got 3"),
+        (["a"], 0.05, "servers must map server id to capacity, got list"),
+        ({"a": 1}, -0.1, "epsilon must be a finite number >= 0"),
+        ({"a": 1}, float("nan"), "epsilon must be a finite number >= 0"),
+    ],
+)
+def test_bad_input_is_a_clear_error(servers: object, epsilon: float, message: str) -> None:
+    with pytest.raises(ring.RingError, match=message):
+        placement.place(["j"], servers, epsilon)  # type: ignore[arg-type]
+
+
+def test_balance_at_ten_servers() -> None:
+    servers = dict(list(SERVERS.items())[:N])
+    result = placement.place(JOBS, servers)
+    assert result.pending == {}
+    assert max(result.loads.values()) / (K / N) <= 1.10
+
+
+# The issue's movement bound (moved <= 1.10 x the ideal) needs a ring with less spread
+# than 160 vnodes gives: at 160 this very case moves 1.22x (join) and 1.17x (leave),
+# because bounded loads shift the overflow of servers near their bound. 640 vnodes
+# keep it within the bound (benchmarks/placement_balance.py, docs/distribution.md).
+MOVEMENT_VNODES = 640
+
+
+def test_join_moves_at_most_one_point_one_times_the_ideal() -> None:
+    servers = dict(list(SERVERS.items())[:N])
+    before = placement.place(JOBS, servers, vnodes=MOVEMENT_VNODES)
+    after = placement.place(JOBS, SERVERS, vnodes=MOVEMENT_VNODES)
+    joined = next(iter(SERVERS.keys() - servers.keys()))
+    assert after.loads[joined] > 0
+    assert _moved(before, after) <= 1.10 * K / (N + 1)
+    assert max(after.loads.values()) / (K / (N + 1)) <= 1.10
+
+
+def test_leave_moves_at_most_one_point_one_times_the_ideal() -> None:
+    servers = dict(list(SERVERS.items())[:N])
+    before = placement.place(JOBS, servers, vnodes=MOVEMENT_VNODES)
+    left = dict(list(servers.items())[1:])
+    after = placement.place(JOBS, left, vnodes=MOVEMENT_VNODES)
+    # The ideal for a leave from N servers is the leaving server's fair share, K / N.
+    assert _moved(before, after) <= 1.10 * K / N
+    assert max(after.loads.values()) / (K / (N - 1)) <= 1.10
