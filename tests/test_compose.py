@@ -1,0 +1,325 @@
+"""The deployment files: docker-compose.yml, .env.example, Dockerfile, .dockerignore.
+
+No Docker engine runs here, but Debian's docker-compose (v1) validates and resolves a
+compose file without one, so the checks run on what compose itself makes of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from server import settings as settings_module
+from tests import services
+
+REPO = services.REPO
+COMPOSE_FILE = REPO / "docker-compose.yml"
+ENV_EXAMPLE = REPO / ".env.example"
+DOCKERFILE = REPO / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+DEPLOYMENT_DOC = REPO / "docs" / "deployment.md"
+
+# Interpolations like ${NAME}, ${NAME:-default}, ${NAME:?message}; $$ escapes are not.
+INTERPOLATION = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])[^}]*)?\}")
+SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|ACCESS_KEY|CREDENTIAL|DATABASE_URL", re.I)
+URL_WITH_PASSWORD = re.compile(r"://[^/@\s:]+:[^/@\s]+@")
+SERVERS_NEED = {
+    "zookeeper": "service_healthy",
+    "postgres": "service_healthy",
+    "minio": "service_healthy",
+    "minio-setup": "service_completed_successfully",
+    "spark-master": "service_healthy",
+    "migrate": "service_completed_successfully",
+}
+
+
+def _docker_compose() -> str:
+    path = shutil.which("docker-compose")
+    if path is None:
+        message = "docker-compose is not installed: run scripts/bootstrap.sh"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return path
+
+
+def _env_file_values(path: Path) -> dict[str, str]:
+    values = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, value = line.partition("=")
+            values[name.strip()] = value.strip()
+    return values
+
+
+def _compose(env_file: Path, *files: Path, args: tuple[str, ...] = ("config",)):
+    # A clean environment: variables exported in the developer's shell (the local
+    # stack's SPARKRING_* for instance) must not decide whether the file validates.
+    argv = [_docker_compose(), "--project-directory", str(REPO), "--env-file", str(env_file)]
+    for file in files or (COMPOSE_FILE,):
+        argv += ["-f", str(file)]
+    return subprocess.run(
+        [*argv, *args],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _resolved(*files: Path) -> dict[str, Any]:
+    result = _compose(ENV_EXAMPLE, *files)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict[str, Any]:
+    """docker-compose.yml as compose resolves it with the documented development values."""
+    return _resolved()
+
+
+def test_compose_file_validates_with_the_documented_env() -> None:
+    result = _compose(ENV_EXAMPLE, args=("config", "-q"))
+    assert result.returncode == 0, result.stderr
+
+
+def _required_variables() -> set[str]:
+    text = COMPOSE_FILE.read_text()
+    return {m.group(1) for m in INTERPOLATION.finditer(text) if m.group(2) == "?"}
+
+
+def test_credentials_are_required_not_defaulted(tmp_path: Path) -> None:
+    required = _required_variables()
+    assert {"POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "S3_SECRET_KEY"} <= required
+    values = _env_file_values(ENV_EXAMPLE)
+    for name in sorted(required):
+        env_file = tmp_path / f"without-{name}.env"
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items() if k != name))
+        result = _compose(env_file, args=("config", "-q"))
+        assert result.returncode != 0, f"compose accepted a missing {name}"
+        assert f"set {name} in .env" in result.stderr, result.stderr
+
+
+def test_env_example_documents_every_variable_compose_reads() -> None:
+    used = {m.group(1) for m in INTERPOLATION.finditer(COMPOSE_FILE.read_text())}
+    documented = set(_env_file_values(ENV_EXAMPLE))
+    assert used - documented == set(), "read by docker-compose.yml but not in .env.example"
+    assert documented - used == set(), "in .env.example but never read by docker-compose.yml"
+
+
+def _sparkring_env(service: dict[str, Any]) -> dict[str, str]:
+    environment = service.get("environment") or {}
+    return {k: str(v) for k, v in environment.items() if k.startswith("SPARKRING_")}
+
+
+def test_every_sparkring_variable_is_a_real_setting(resolved: dict[str, Any]) -> None:
+    fields = settings_module.Settings.model_fields
+    seen = set()
+    for name, service in resolved["services"].items():
+        for variable in _sparkring_env(service):
+            field = variable.removeprefix(settings_module.ENV_PREFIX).lower()
+            assert field in fields, f"{name}: {variable} is not a sparkring setting"
+            seen.add(field)
+    required = {name for name, field in fields.items() if field.is_required()}
+    assert required <= seen
+
+
+@pytest.mark.parametrize("service", ["server", "migrate"])
+def test_sparkring_processes_get_valid_settings(resolved: dict[str, Any], service: str) -> None:
+    environment = _sparkring_env(resolved["services"][service])
+    values = {k.removeprefix("SPARKRING_").lower(): v for k, v in environment.items()}
+    loaded = settings_module.Settings(**values)
+    assert loaded.spark_master == "spark://spark-master:7077"
+    assert loaded.database_url.get_secret_value().startswith("postgresql://")
+
+
+def test_servers_wait_for_every_service_they_need(resolved: dict[str, Any]) -> None:
+    services_ = resolved["services"]
+    depends_on = services_["server"]["depends_on"]
+    assert {name: d["condition"] for name, d in depends_on.items()} == SERVERS_NEED
+    for name, condition in SERVERS_NEED.items():
+        assert name in services_
+        if condition == "service_healthy":
+            assert services_[name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+        else:
+            assert services_[name]["restart"] == "no", f"{name} is one-shot"
+    assert services_["server"]["healthcheck"]["test"]
+
+
+def test_migrate_is_one_shot_db_upgrade_after_postgres(resolved: dict[str, Any]) -> None:
+    migrate = resolved["services"]["migrate"]
+    assert migrate["command"] == ["sparkring", "db", "upgrade"]
+    assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    # The same image as the servers: the schema head is the one the servers expect.
+    assert migrate["image"] == resolved["services"]["server"]["image"]
+
+
+def test_servers_scale_with_unique_ids(resolved: dict[str, Any]) -> None:
+    server = resolved["services"]["server"]
+    assert server["command"] == ["sparkring", "server", "run"]
+    assert server["deploy"]["replicas"] == 3
+    # Unset id -> the container's host name (its id), unique per replica; a fixed
+    # id, host name, container name or host port would break `--scale`.
+    assert "SPARKRING_SERVER_ID" not in server["environment"]
+    assert "hostname" not in server and "container_name" not in server
+    assert all("published" not in port for port in server.get("ports", []))
+    assert settings_module.Settings.model_fields["server_id"].default_factory is socket.gethostname
+
+
+def test_health_check_probes_the_configured_port(resolved: dict[str, Any]) -> None:
+    server = resolved["services"]["server"]
+    port = server["environment"]["SPARKRING_HEALTH_PORT"]
+    assert f"127.0.0.1:{port}/healthz" in " ".join(server["healthcheck"]["test"])
+    assert [p["target"] for p in server["ports"]] == [int(port)]
+
+
+def test_checkpoints_live_on_a_volume_shared_by_servers_and_workers(
+    resolved: dict[str, Any],
+) -> None:
+    services_ = resolved["services"]
+    root = services_["server"]["environment"]["SPARKRING_CHECKPOINT_ROOT"]
+    for name in ("server", "spark-worker"):
+        mounts = [v.split(":")[:2] for v in services_[name]["volumes"]]
+        assert ["checkpoints", root] in mounts, f"{name} does not mount checkpoints at {root}"
+    assert "checkpoints" in resolved["volumes"]
+
+
+def test_stateful_services_keep_data_on_named_volumes(resolved: dict[str, Any]) -> None:
+    expected = {
+        "postgres": "/var/lib/postgresql/data",
+        "minio": "/data",
+        "zookeeper": "/data",
+    }
+    for name, path in expected.items():
+        named = {
+            v.split(":")[1]: v.split(":")[0]
+            for v in resolved["services"][name]["volumes"]
+            if not v.startswith(("/", "."))
+        }
+        assert named.get(path) in resolved["volumes"], f"{name}:{path} is not a named volume"
+
+
+def test_no_credential_is_written_into_the_compose_file() -> None:
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())
+    environments = [raw.get("x-sparkring-env", {})]
+    environments += [s.get("environment") or {} for s in raw["services"].values()]
+    for environment in environments:
+        for name, value in environment.items():
+            if SECRET_NAME.search(name):
+                assert "${" in str(value), f"{name} is a literal, not from .env"
+                assert not URL_WITH_PASSWORD.search(str(INTERPOLATION.sub("", str(value))))
+
+
+# --- Dockerfile -------------------------------------------------------------------
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs: continuations joined, heredoc bodies skipped."""
+    instructions: list[tuple[str, str]] = []
+    lines = iter(text.splitlines())
+    for line in lines:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        while line.endswith("\\"):
+            line = line[:-1] + " " + next(lines, "").strip()
+        keyword, _, arguments = line.strip().partition(" ")
+        instructions.append((keyword.upper(), arguments.strip()))
+        heredoc = re.search(r"<<-?'?\"?([A-Za-z_]+)", arguments)
+        if keyword.upper() == "RUN" and heredoc:
+            terminator = heredoc.group(1)
+            for body in lines:
+                if body.strip() == terminator:
+                    break
+    return instructions
+
+
+def secrets_in_dockerfile(text: str) -> list[str]:
+    """ENV and ARG instructions whose name or value looks like a credential."""
+    problems = []
+    for keyword, arguments in _instructions(text):
+        if keyword not in ("ENV", "ARG"):
+            continue
+        pairs = re.findall(r"([A-Za-z_][A-Za-z0-9_]*)(?:[= ]\s*(\"[^\"]*\"|\S*))?", arguments)
+        for name, value in pairs:
+            if SECRET_NAME.search(name) or URL_WITH_PASSWORD.search(value):
+                problems.append(f"{keyword} {name}")
+    return problems
+
+
+def test_dockerfile_has_no_secret_in_env_or_arg() -> None:
+    text = DOCKERFILE.read_text()
+    assert secrets_in_dockerfile(text) == []
+    keywords = [keyword for keyword, _ in _instructions(text)]
+    assert keywords.count("FROM") >= 2 and "ENV" in keywords and "ARG" in keywords
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ENV SPARKRING_S3_SECRET_KEY=abc",
+        "ARG POSTGRES_PASSWORD",
+        "ENV A=1 \\\n    SPARKRING_DATABASE_URL=postgresql://u:pw@db/sparkring",
+        "ARG MIRROR=https://user:pw@mirror.example/maven2",
+        "ENV GITHUB_TOKEN token-value",
+    ],
+)
+def test_secret_check_catches_secret_like_values(line: str) -> None:
+    assert secrets_in_dockerfile(f"FROM python:3.11-slim\n{line}\n") != []
+
+
+def test_dockerfile_is_python_311_with_jre_17_running_unprivileged() -> None:
+    instructions = _instructions(DOCKERFILE.read_text())
+    arguments = {keyword: args for keyword, args in instructions}
+    text = DOCKERFILE.read_text()
+    assert "python:3.11-slim" in text and "openjdk-17-jre-headless" in text
+    assert arguments["USER"] not in ("root", "0")
+    assert "sparkring" in arguments["CMD"]
+
+
+def test_dockerignore_admits_only_the_package_sources() -> None:
+    lines = [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*", "the build context must be an allow-list"
+    admitted = {line[1:] for line in lines if line.startswith("!")}
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = {p.split(".")[0] for p in pyproject["tool"]["setuptools"]["packages"]}
+    assert admitted == packages | {"pyproject.toml", "README.md"}
+
+
+# --- docs/deployment.md -----------------------------------------------------------
+
+
+def test_zookeeper_ensemble_override_in_the_docs_validates(
+    tmp_path: Path,
+) -> None:
+    """The 3-node ensemble override shown in docs/deployment.md is a valid compose file."""
+    blocks = re.findall(r"```yaml\n(# docker-compose\.zk-ensemble\.yml\n.*?)```", _doc(), re.S)
+    assert len(blocks) == 1, "docs/deployment.md lost its ensemble override"
+    override = tmp_path / "docker-compose.zk-ensemble.yml"
+    override.write_text(blocks[0])
+    resolved = _resolved(COMPOSE_FILE, override)
+    services_ = resolved["services"]
+    nodes = ["zookeeper", "zookeeper-2", "zookeeper-3"]
+    for number, node in enumerate(nodes, start=1):
+        assert str(services_[node]["environment"]["ZOO_MY_ID"]) == str(number)
+        assert services_[node]["healthcheck"]["test"]
+        assert services_["server"]["depends_on"][node]["condition"] == "service_healthy"
+    hosts = services_["server"]["environment"]["SPARKRING_ZK_HOSTS"]
+    assert hosts == ",".join(f"{node}:2181" for node in nodes)
+
+
+def _doc() -> str:
+    return DEPLOYMENT_DOC.read_text()
