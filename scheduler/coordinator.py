@@ -62,6 +62,30 @@ def _fence(conn: sa.Connection, term: int) -> None:
         raise DeposedError(f"coordinator term {term} was superseded by term {current}")
 
 
+def job_rows(conn: sa.Connection) -> list[sa.Row]:
+    """Every job with what placement needs: name, desired, state, target, owner."""
+    return conn.execute(
+        sa.text(
+            """
+            SELECT d.job_id, j.name, j.desired, d.state, d.target, d.owner, d.pending_reason
+              FROM distribution d JOIN jobs j ON j.id = d.job_id
+            """
+        )
+    ).all()
+
+
+def active_jobs(rows: Iterable[sa.Row]) -> list[str]:
+    """Names of the jobs that need a target: wanted running, not finished or failed."""
+    done = {states.RunState.FINISHED.value, states.RunState.FAILED.value}
+    return [r.name for r in rows if r.desired == "running" and r.state not in done]
+
+
+def placeable(conn: sa.Connection, servers: Mapping[str, int]) -> dict[str, int]:
+    """The live servers that may take jobs: capacity above zero and not being drained."""
+    drained = set(conn.execute(sa.text("SELECT server FROM drains")).scalars())
+    return {sid: cap for sid, cap in servers.items() if cap > 0 and sid not in drained}
+
+
 @dataclass(frozen=True)
 class Rebalance:
     ring_generation: int | None  # None when nothing changed
@@ -109,17 +133,9 @@ def rebalance(
     """
     started = time.perf_counter()
     _fence(conn, term)
-    rows = conn.execute(
-        sa.text(
-            """
-            SELECT d.job_id, j.name, j.desired, d.state, d.target, d.pending_reason
-              FROM distribution d JOIN jobs j ON j.id = d.job_id
-            """
-        )
-    ).all()
-    finished = {states.RunState.FINISHED.value, states.RunState.FAILED.value}
-    active = [r.name for r in rows if r.desired == "running" and r.state not in finished]
-    plan = placement.place(active, servers, epsilon=epsilon, vnodes=vnodes)
+    rows = job_rows(conn)
+    active = active_jobs(rows)
+    plan = placement.place(active, placeable(conn, servers), epsilon=epsilon, vnodes=vnodes)
     wanted = set(active)
     changes = []
     for r in rows:

@@ -236,23 +236,62 @@ def begin_stop(conn: sa.Connection, job_id: int, server: str, epoch: int, reason
     _fenced(conn, _BEGIN_STOP, RunState.STOPPING, job_id, server, epoch, reason=reason)
 
 
-_RELEASE = {
-    target: _transition(
-        "released",
-        target,
-        "",
-        release=True,
-        detail="jsonb_build_object('state', CAST(:state AS text))",
+_RELEASE = sa.text(
+    """
+    WITH changed AS (
+        UPDATE distribution d
+           SET owner = NULL, lease_until = NULL,
+               state = CASE WHEN j.desired = 'running' THEN 'pending' ELSE 'stopped' END,
+               updated_at = now()
+          FROM jobs j
+         WHERE d.job_id = :job_id
+           AND j.id = d.job_id
+           AND d.owner = :server
+           AND d.epoch = :epoch
+           AND d.state = ANY(:sources)
+        RETURNING d.job_id, j.name, d.epoch, d.state,
+                  jsonb_build_object('state', d.state) AS detail
     )
-    for target in (RunState.PENDING, RunState.STOPPED)
-}
+    """
+    + _event_cte("released")
+    + "SELECT job_id, state FROM changed"
+)
 
 
-def release(conn: sa.Connection, job_id: int, server: str, epoch: int, state: RunState) -> None:
-    """Give the job up after its driver stopped: ``pending`` (handoff) or ``stopped``."""
-    if state not in _RELEASE:
-        raise ValueError(f"release ends in pending or stopped, not {state}")
-    _fenced(conn, _RELEASE[state], state, job_id, server, epoch, state=state.value)
+def release(conn: sa.Connection, job_id: int, server: str, epoch: int) -> RunState:
+    """Give the job up after its driver ended: ``pending`` if it is still wanted running
+    (handoff, restart, lost lease), else ``stopped``. Decided in SQL from the job's
+    desired state at this instant, so a start racing with a stop is never lost."""
+    row = conn.execute(
+        _RELEASE,
+        {
+            "job_id": job_id,
+            "server": server,
+            "epoch": epoch,
+            "sources": sorted(states.OWNED),
+        },
+    ).one_or_none()
+    if row is None:
+        raise FencedError(f"job {job_id}: {server} at epoch {epoch} may not release it")
+    return RunState(row.state)
+
+
+_DEFER = _transition(
+    "deferred",
+    RunState.BACKOFF,
+    """last_error = :error,
+       not_before = now() + make_interval(secs => :delay),""",
+    release=True,
+    detail="jsonb_build_object('error', CAST(:error AS text))",
+)
+
+
+def defer(
+    conn: sa.Connection, job_id: int, server: str, epoch: int, error: str, delay: float
+) -> None:
+    """The driver could not be started for a passing reason (S3 unreachable): release the
+    job for ``delay`` seconds without counting a restart. Never FAILED for this."""
+    _fenced(conn, _DEFER, RunState.BACKOFF, job_id, server, epoch, error=error[-2000:], delay=delay)
 
 
 _FINISH = _transition(

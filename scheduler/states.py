@@ -9,13 +9,14 @@ is the whole state machine:
     pending  -> starting   a server claimed the job (epoch + 1, lease taken)
     backoff  -> starting   the same, once the restart backoff has passed
     starting -> running    the driver process was spawned
-    starting -> backoff    the driver could not be started (artifact, S3): retry later
+    starting -> backoff    the driver could not be started (S3 unreachable): retry later
     running  -> backoff    a streaming driver crashed; restarts left
     running  -> failed     a driver crashed with no restarts left
     running  -> finished   a batch driver exited 0
     starting|running -> stopping   the owner is stopping the driver (migration, stop)
     stopping -> pending    migration: the driver stopped, the lease is released
     stopping -> stopped    stop: the driver stopped, the lease is released
+    starting|running -> stopped  the driver ended while the job was wanted stopped
     starting|running|stopping -> pending  the owner was lost (lease expired, reaped or
                                           claimed over); a batch job is re-run
     pending|backoff -> stopped             stop command while no driver runs
@@ -59,7 +60,7 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     S.FINISHED: frozenset({S.RUNNING}),
     S.STOPPING: frozenset({S.STARTING, S.RUNNING}),
     S.PENDING: frozenset({S.STOPPING, S.STARTING, S.RUNNING, S.STOPPED, S.FINISHED, S.FAILED}),
-    S.STOPPED: frozenset({S.STOPPING, S.PENDING, S.BACKOFF}),
+    S.STOPPED: frozenset({S.STOPPING, S.STARTING, S.RUNNING, S.PENDING, S.BACKOFF}),
 }
 
 # States in which a server owns the job and holds a lease.

@@ -501,6 +501,7 @@ def settings_env() -> dict[str, str]:
         "SPARKRING_SPARK_MASTER": "local[1]",
         "SPARKRING_CHECKPOINT_ROOT": str(root / "checkpoints"),
         "SPARKRING_WORK_DIR": str(root / "work"),
+        "SPARKRING_ADVERTISE_HOST": "127.0.0.1",
         # Not settings of the server: where the stack's Spark standalone master listens,
         # and the Spark installation, for jobs and tests that use them.
         "SPARKRING_STACK_SPARK_MASTER_URL": spark_master_url(),

@@ -71,6 +71,13 @@ class Settings(BaseSettings):
     cache_max_bytes: int = Field(defaults.CACHE_MAX_BYTES, gt=0)
     placement_epsilon: float = Field(defaults.PLACEMENT_EPSILON, gt=0)
     health_port: int = Field(defaults.HEALTH_PORT, ge=0, le=65535)
+    # Host name other servers and the CLI use to reach this server's HTTP endpoint.
+    advertise_host: str = Field(default_factory=socket.gethostname)
+    # How long a driver start retries an unreachable S3 before deferring the job, seconds.
+    s3_fetch_retry: float = Field(defaults.S3_FETCH_RETRY_S, ge=0)
+    # Optional JSON-lines file where watchdogs record each driver's start and end
+    # (job, epoch, server, pid, time): evidence for chaos tests and audits.
+    driver_records: Path | None = None
 
     @field_validator("zk_root")
     @classmethod

@@ -166,6 +166,17 @@ coordinator = sa.Table(
     sa.CheckConstraint("term >= 0 AND ring_generation >= 0", name="counters_not_negative"),
 )
 
+# Servers an operator asked to drain: the coordinator targets no job at them (their
+# jobs are handed off while they keep running). Operator intent, so it lives here and
+# not in ZooKeeper: it survives the server's restarts until undone.
+drains = sa.Table(
+    "drains",
+    metadata,
+    sa.Column("server", sa.Text, primary_key=True),
+    _timestamp("requested_at"),
+    sa.CheckConstraint(f"server ~ '{SERVER_NAME}'", name="server_is_name"),
+)
+
 # Append-only history. No foreign key: events outlive a deleted job.
 job_events = sa.Table(
     "job_events",

@@ -77,7 +77,7 @@ def test_stale_epoch_writes_are_rejected(engine: sa.Engine) -> None:
     with engine.begin() as conn, pytest.raises(distribution.FencedError):
         distribution.mark_running(conn, job_id, "s1", old.epoch, pid=1)
     with engine.begin() as conn, pytest.raises(distribution.FencedError):
-        distribution.release(conn, job_id, "s1", old.epoch, RunState.PENDING)
+        distribution.release(conn, job_id, "s1", old.epoch)
     with engine.begin() as conn:
         assert distribution.renew_leases(conn, "s1", TTL) == {}
         distribution.mark_running(conn, job_id, "s2", new.epoch, pid=2)

@@ -37,6 +37,20 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_coordinator")),
     )
     op.create_table(
+        "drains",
+        sa.Column("server", sa.Text(), nullable=False),
+        sa.Column(
+            "requested_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
+        ),
+        sa.CheckConstraint(
+            "server ~ '^[A-Za-z0-9._-]{1,64}$'", name=op.f("ck_drains_server_is_name")
+        ),
+        sa.PrimaryKeyConstraint("server", name=op.f("pk_drains")),
+    )
+    op.create_table(
         "job_events",
         sa.Column("id", sa.BigInteger(), sa.Identity(always=False), nullable=False),
         sa.Column("job_id", sa.BigInteger(), nullable=False),
@@ -211,4 +225,5 @@ def downgrade() -> None:
     op.drop_table("resources")
     op.drop_index("ix_job_events_job_id_id", table_name="job_events")
     op.drop_table("job_events")
+    op.drop_table("drains")
     op.drop_table("coordinator")

@@ -1,0 +1,237 @@
+"""``sparkring job``: define, start, stop and inspect jobs (all through SQL)."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from typing import Any
+
+import sqlalchemy as sa
+import typer
+
+from registry import servers
+from resource_center import catalog, errors, store
+from scheduler import jobs
+from scheduler.states import JobKind
+from server import console, runner
+from sql import database
+
+app = typer.Typer(no_args_is_help=True, help="Define, start, stop and inspect jobs.")
+
+
+def _engine(ctx: typer.Context) -> sa.Engine:
+    settings = console.context(ctx).settings()
+    engine = database.create_engine(settings.database_url.get_secret_value(), pool_size=1)
+    database.check(engine)
+    return engine
+
+
+@app.command()
+def create(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Unique job name."),
+    resource: str = typer.Option(
+        ...,
+        "--resource",
+        help="Main artifact as NAME (latest version, pinned now) or NAME:VERSION.",
+    ),
+    kind: JobKind = typer.Option(JobKind.STREAMING, "--kind", help="streaming or batch."),
+    py_files: list[str] = typer.Option(
+        [], "--py-files", help="Extra artifact for --py-files (NAME[:VERSION]); repeatable."
+    ),
+    conf: list[str] = typer.Option([], "--conf", help="Spark conf KEY=VALUE; repeatable."),
+    arg: list[str] = typer.Option([], "--arg", help="Argument passed to the job; repeatable."),
+    master: str | None = typer.Option(
+        None, "--master", help="Spark master for this job (default: SPARKRING_SPARK_MASTER)."
+    ),
+    max_restarts: int = typer.Option(
+        3, "--max-restarts", min=0, help="Crash restarts before the job is FAILED."
+    ),
+) -> None:
+    """Define a job (stopped). Artifact versions are pinned at creation."""
+    conf_map = jobs.parse_conf(conf)
+    engine = _engine(ctx)
+    main = catalog.resolve(engine, resource)
+    extra = [catalog.resolve(engine, ref) for ref in py_files]
+    with engine.begin() as conn:
+        jobs.create(
+            conn,
+            jobs.JobSpec(
+                name=name,
+                kind=kind,
+                resource_id=main.id,
+                py_file_ids=[r.id for r in extra],
+                conf=conf_map,
+                args=arg,
+                spark_master=master,
+                max_restarts=max_restarts,
+            ),
+        )
+    console.out.print(
+        f"job {name} created ({kind.value}, {main.reference}); "
+        f"start it with 'sparkring job start {name}'"
+    )
+
+
+def _command(ctx: typer.Context, name: str, action) -> None:
+    engine = _engine(ctx)
+    with engine.begin() as conn:
+        outcome = action(conn, name)
+    console.out.print(f"job {name}: {outcome}")
+
+
+@app.command()
+def start(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
+    """Run the job (idempotent: a job already running is left alone)."""
+    _command(ctx, name, jobs.start)
+
+
+@app.command()
+def stop(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
+    """Stop the job gracefully (idempotent)."""
+    _command(ctx, name, jobs.stop)
+
+
+@app.command()
+def restart(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
+    """Stop the current driver and run the job again (a new generation)."""
+    _command(ctx, name, jobs.restart)
+
+
+@app.command()
+def delete(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
+    """Delete a stopped job (its events and checkpoints are kept)."""
+    engine = _engine(ctx)
+    with engine.begin() as conn:
+        jobs.delete(conn, name)
+    console.out.print(f"job {name}: deleted")
+
+
+@app.command("list")
+def list_(
+    ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")
+) -> None:
+    """Every job with its desired and actual state, owner and target."""
+    engine = _engine(ctx)
+    with engine.connect() as conn:
+        rows = jobs.list_jobs(conn)
+    if as_json:
+        console.emit_json(rows)
+        return
+    console.table(
+        ["name", "kind", "desired", "state", "owner", "target", "epoch", "restarts", "resource"],
+        [
+            [
+                r["name"],
+                r["kind"],
+                r["desired"],
+                r["state"],
+                r["owner"],
+                r["target"],
+                r["epoch"],
+                r["restarts"],
+                f"{r['resource']['name']}:{r['resource']['version']}",
+            ]
+            for r in rows
+        ],
+    )
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """One job in full."""
+    engine = _engine(ctx)
+    with engine.connect() as conn:
+        job = jobs.show(conn, name)
+    if as_json:
+        console.emit_json(job)
+        return
+    for key, value in job.items():
+        console.out.print(
+            f"[bold]{key:>15}[/] {value if value is not None else '-'}", highlight=False
+        )
+
+
+@app.command()
+def events(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    limit: int = typer.Option(50, "--limit", min=1, help="Newest N events."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The job's history: created, claimed, started, stopped, retargeted, reaped..."""
+    engine = _engine(ctx)
+    with engine.connect() as conn:
+        rows = jobs.events(conn, name, limit)
+    if as_json:
+        console.emit_json(rows)
+        return
+    console.table(
+        ["at", "kind", "server", "epoch", "detail"],
+        [[r["at"], r["kind"], r["server"], r["epoch"], r["detail"]] for r in rows],
+    )
+
+
+@app.command()
+def logs(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    lines: int = typer.Option(200, "--lines", "-n", min=1, help="Last N lines."),
+) -> None:
+    """The driver log of the current run (from its server) or of the last run (from S3)."""
+    settings = console.context(ctx).settings()
+    engine = _engine(ctx)
+    with engine.connect() as conn:
+        job = jobs.show(conn, name)
+    text = _live_log(settings, job, lines) if job["owner"] else None
+    if text is None:
+        text = _shipped_log(settings, job, lines)
+    if text is None:
+        raise console.fail(f"job {name} has no driver log yet")
+    console.out.print(text, end="", highlight=False, markup=False)
+
+
+def _live_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
+    try:
+        live = {
+            info.id: info
+            for info in servers.list_servers(
+                settings.zk_hosts, settings.zk_root, settings.zk_auth.get_secret_value()
+            )
+        }
+    except Exception:  # the registry is optional here: fall back to the shipped log
+        return None
+    info = live.get(job["owner"])
+    if info is None or not info.health_url:
+        return None
+    url = f"{info.health_url}/logs/{job['name']}?lines={lines}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _shipped_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
+    bucket = store.Store(
+        endpoint=settings.s3_endpoint,
+        access_key=settings.s3_access_key.get_secret_value(),
+        secret_key=settings.s3_secret_key.get_secret_value(),
+        bucket=settings.s3_bucket,
+        secure=settings.s3_secure,
+        region=settings.s3_region,
+    )
+    for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
+        key = runner.log_key(job["name"], epoch)
+        try:
+            if not bucket.exists(key):
+                continue
+            data = b"".join(bucket.read(key)).decode(errors="replace")
+        except errors.ResourceError:
+            return None
+        return "\n".join(data.splitlines()[-lines:]) + "\n"
+    return None

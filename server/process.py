@@ -1,0 +1,299 @@
+"""One sparkring server process: wires the registry, the runner, the coordinator loop,
+the NOTIFY listener and the health endpoint together, and shuts them down in order.
+
+Start-up: check the schema, open the HTTP endpoint, register in ZooKeeper (refused if
+another live server holds the id), listen for NOTIFY, start the runner. The registry
+calls back when membership changes (the coordinator rebalances) and when this server
+becomes or stops being coordinator (start or stop the coordinator loop).
+
+Shutdown (SIGTERM, or ``stop()``): stop claiming -> leave ZooKeeper (so the coordinator
+retargets our jobs at once) -> stop each driver gracefully and release its job as
+pending, renewing leases meanwhile -> stop the loops -> close. A second signal exits at
+once (``server/signals.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from registry import connection, servers, session
+from resource_center import cache, store
+from scheduler import coordinator, notify
+from server import defaults, health, metrics, runner
+from server import settings as settings_module
+from server.exit_codes import ExitCode
+from sql import database, migrate
+
+log = logging.getLogger(__name__)
+VERSION = "0.1.0"
+
+
+class StartupError(Exception):
+    """The server cannot start (schema not migrated, id taken); the message says why."""
+
+
+class Server:
+    def __init__(self, settings: settings_module.Settings) -> None:
+        self.settings = settings
+        self.id = settings.server_id
+        self._stop = threading.Event()
+        self._coordinator: coordinator.CoordinatorLoop | None = None
+        self._coordinator_lock = threading.Lock()
+        self.engine: sa.Engine | None = None
+        self.registry: session.Registry | None = None
+        self.runner: runner.Runner | None = None
+        self.listener: notify.Listener | None = None
+        self.http: health.HealthServer | None = None
+        self.exit_code = ExitCode.OK
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> None:
+        s = self.settings
+        self.engine = database.create_engine(
+            s.database_url.get_secret_value(), pool_size=max(5, s.capacity + 3)
+        )
+        database.check(self.engine)
+        current, heads = migrate.current(self.engine), migrate.heads()
+        if current not in heads:
+            raise StartupError(
+                f"database schema is at {current or 'base'}, the code needs {', '.join(heads)}: "
+                "run 'sparkring db upgrade'"
+            )
+        bucket = store.Store(
+            endpoint=s.s3_endpoint,
+            access_key=s.s3_access_key.get_secret_value(),
+            secret_key=s.s3_secret_key.get_secret_value(),
+            bucket=s.s3_bucket,
+            secure=s.s3_secure,
+            region=s.s3_region,
+        )
+        s.work_dir.mkdir(parents=True, exist_ok=True)
+        s.checkpoint_root.mkdir(parents=True, exist_ok=True)
+        capacity = 0 if s.role == settings_module.Role.COORDINATOR else s.capacity
+        self.runner = runner.Runner(
+            self.engine,
+            bucket,
+            cache.Cache(root=s.work_dir / "cache", max_bytes=s.cache_max_bytes),
+            runner.RunnerConfig(
+                server=self.id,
+                capacity=capacity,
+                work_dir=s.work_dir,
+                checkpoint_root=s.checkpoint_root,
+                spark_master=s.spark_master,
+                lease_ttl=s.lease_ttl,
+                watchdog_margin=s.watchdog_margin,
+                renew_interval=s.lease_renew_interval,
+                poll_interval=s.poll_interval,
+                stop_grace=s.stop_grace,
+                backoff_base=s.restart_backoff_base,
+                backoff_max=s.restart_backoff_max,
+                fetch_retry=s.s3_fetch_retry,
+                records=s.driver_records,
+            ),
+            may_claim=self._may_claim,
+        )
+        self.http = health.HealthServer(s.health_port, self.status, self._log_file)
+        self.http.start()
+        self._register_gauges(capacity)
+        info = servers.ServerInfo(
+            id=self.id,
+            host=s.advertise_host,
+            pid=os.getpid(),
+            capacity=capacity,
+            role=s.role.value,
+            version=VERSION,
+            started_at=time.time(),
+            health_url=f"http://{s.advertise_host}:{self.http.port}",
+        )
+        self.registry = session.Registry(
+            hosts=s.zk_hosts,
+            root=s.zk_root,
+            info=info,
+            session_timeout=s.zk_session_timeout,
+            auth=s.zk_auth.get_secret_value(),
+            on_members=self._members_changed,
+            on_coordinator=self._coordinator_changed,
+            on_state=self._state_changed,
+            debounce=defaults.MEMBERSHIP_DEBOUNCE_S,
+        )
+        self.listener = notify.Listener(
+            s.database_url.get_secret_value(),
+            [notify.JOBS_CHANNEL, notify.TARGETS_CHANNEL],
+            self._notified,
+        )
+        self.listener.start()
+        self.runner.start()
+        self.registry.start(timeout=max(10.0, s.zk_session_timeout * 2))
+        log.info(
+            "server started",
+            extra={
+                "action": "started",
+                "server": self.id,
+                "role": s.role.value,
+                "capacity": capacity,
+                "health_port": self.http.port,
+            },
+        )
+
+    def _register_gauges(self, capacity: int) -> None:
+        registry = metrics.REGISTRY
+        registry.gauge_fn(
+            "sparkring_jobs_owned", lambda: len(self.runner.runs()) if self.runner else 0
+        )
+        registry.gauge_fn("sparkring_coordinator", lambda: float(self._coordinator is not None))
+        registry.gauge_fn(
+            "sparkring_zk_connected",
+            lambda: float(
+                self.registry is not None and self.registry.state == connection.State.CONNECTED
+            ),
+        )
+        registry.gauge_fn("sparkring_capacity", lambda: float(capacity))
+
+    # ------------------------------------------------------------------ callbacks
+
+    def _may_claim(self) -> bool:
+        return self.registry is not None and not self.registry.safe_mode and not self._stop.is_set()
+
+    def _notified(self, channel: str, payload: str) -> None:
+        if self.runner is not None:
+            self.runner.wake()
+        if channel in ("", notify.JOBS_CHANNEL):
+            self._wake_coordinator()
+
+    def _members_changed(self, members: dict[str, servers.ServerInfo]) -> None:
+        log.info(
+            "membership changed",
+            extra={"action": "members", "servers": sorted(members)},
+        )
+        self._wake_coordinator()
+
+    def _wake_coordinator(self) -> None:
+        loop = self._coordinator
+        if loop is not None:
+            loop.wake()
+
+    def _coordinator_changed(self, term: int | None) -> None:
+        with self._coordinator_lock:
+            if self._coordinator is not None:
+                self._coordinator.stop()
+                self._coordinator = None
+            if term is None or self._stop.is_set():
+                return
+            s = self.settings
+            self._coordinator = coordinator.CoordinatorLoop(
+                self.engine,
+                self.id,
+                term,
+                servers=self._placeable_servers,
+                live=lambda: list(self.registry.members()) if self.registry else [],
+                epsilon=s.placement_epsilon,
+                vnodes=defaults.RING_VNODES,
+                debounce=defaults.MEMBERSHIP_DEBOUNCE_S,
+                interval=s.poll_interval,
+                on_deposed=self._deposed,
+            )
+            self._coordinator.start()
+        log.info("coordinating", extra={"action": "coordinator", "term": term, "server": self.id})
+
+    def _deposed(self) -> None:
+        log.warning("deposed by a newer coordinator term", extra={"action": "deposed"})
+        with self._coordinator_lock:
+            self._coordinator = None
+
+    def _placeable_servers(self) -> dict[str, int]:
+        members = self.registry.members() if self.registry else {}
+        return {sid: info.capacity for sid, info in members.items() if info.capacity > 0}
+
+    def _state_changed(self, state: connection.State) -> None:
+        log.warning(
+            "ZooKeeper connection state changed",
+            extra={"action": "zk_state", "state": str(state), "server": self.id},
+        )
+        if state == connection.State.REFUSED:
+            # Another live server took our id: we must not run anything.
+            self.exit_code = ExitCode.UNHEALTHY
+            self.request_stop()
+        elif state == connection.State.CONNECTED and self.runner is not None:
+            self.runner.wake()
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> tuple[bool, dict[str, Any]]:
+        s = self.settings
+        runs = self.runner.runs() if self.runner else {}
+        state = self.registry.state if self.registry else connection.State.CONNECTING
+        last_renew = self.runner.last_renew_ok if self.runner else None
+        renew_age = None if last_renew is None else time.monotonic() - last_renew
+        loops_alive = bool(self.runner and self.runner.threads_alive())
+        listener_alive = bool(self.listener and self.listener.is_alive())
+        healthy = (
+            loops_alive
+            and listener_alive
+            and state == connection.State.CONNECTED
+            and (not runs or (renew_age is not None and renew_age < s.lease_guard))
+        )
+        return healthy, {
+            "server": self.id,
+            "role": s.role.value,
+            "zookeeper": str(state),
+            "coordinator": self._coordinator is not None,
+            "jobs": sorted(run.name for run in runs.values()),
+            "capacity": s.capacity,
+            "lease_renew_age_s": None if renew_age is None else round(renew_age, 3),
+            "loops_alive": loops_alive,
+            "listener_alive": listener_alive,
+            "stopping": self._stop.is_set(),
+        }
+
+    def _log_file(self, job: str) -> Path | None:
+        for run in (self.runner.runs() if self.runner else {}).values():
+            if run.name == job and run.driver is not None:
+                return run.driver.log_file
+        return None
+
+    # ------------------------------------------------------------------ run + stop
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> ExitCode:
+        """Serve until asked to stop, watching the supervised threads; then shut down."""
+        try:
+            while not self._stop.wait(1.0):
+                if self.runner is not None and not self.runner.threads_alive():
+                    log.error("a runner thread died; exiting", extra={"action": "unhealthy"})
+                    self.exit_code = ExitCode.UNHEALTHY
+                    break
+        finally:
+            self.shutdown()
+        return self.exit_code
+
+    def shutdown(self) -> None:
+        """Ordered, idempotent: stop claiming, leave, hand off, release, close."""
+        self._stop.set()
+        if self.runner is not None:
+            self.runner.stop_claiming()
+        with self._coordinator_lock:
+            if self._coordinator is not None:
+                self._coordinator.stop()
+                self._coordinator = None
+        if self.registry is not None:
+            self.registry.stop()
+        if self.runner is not None:
+            self.runner.hand_off(timeout=self.settings.stop_grace + 10)
+            self.runner.stop()
+        if self.listener is not None:
+            self.listener.stop()
+        if self.http is not None:
+            self.http.stop()
+        if self.engine is not None:
+            self.engine.dispose()
+        log.info("server stopped", extra={"action": "stopped", "server": self.id})

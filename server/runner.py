@@ -1,0 +1,554 @@
+"""The runner: this server's side of the distribution table, and its drivers.
+
+Two named threads and a small pool:
+
+- ``runner-poll`` reads the rows targeted at or owned by this server (woken by NOTIFY,
+  else every ``poll_interval``) and reconciles: claims free jobs targeted here, stops
+  drivers whose job moved away, was stopped or restarted, and reports drivers that
+  ended (finished, crashed, lease lost).
+- ``runner-renew`` renews every lease of this server in one statement every
+  ``renew_interval`` and confirms each renewed driver's watchdog with the deadline
+  ``t_sent + ttl - margin`` (``t_sent``: monotonic time just before the statement), so
+  a driver is dead before its lease can expire in PostgreSQL. A driver whose lease was
+  not renewed is killed at once.
+- ``runner-task-*`` threads start drivers (fetch and verify artifacts, spawn) and stop
+  them (SIGTERM, grace, SIGKILL, then release), so a slow stop or download never delays
+  renewals or other jobs.
+
+Every database write is fenced by this server's id and the run's epoch
+(``scheduler/distribution.py``); a write that matches no row means the job is no longer
+ours, and the local driver is killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from resource_center import cache as cache_module
+from resource_center import catalog, errors, store
+from scheduler import distribution, notify, states
+from scheduler import jobs as job_catalog
+from server import driver, metrics
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 8
+
+
+@dataclass
+class RunnerConfig:
+    server: str
+    capacity: int
+    work_dir: Path
+    checkpoint_root: Path
+    spark_master: str
+    lease_ttl: float
+    watchdog_margin: float
+    renew_interval: float
+    poll_interval: float
+    stop_grace: float
+    backoff_base: float
+    backoff_max: float
+    fetch_retry: float
+    records: Path | None = None
+
+
+@dataclass
+class Run:
+    """One local driver run of a job at one epoch."""
+
+    job_id: int
+    name: str
+    kind: str
+    epoch: int
+    attempt: int
+    claimed_at: float  # monotonic, just before the claim statement
+    deadline: float  # monotonic time the watchdog kills the driver unless confirmed
+    phase: str = "starting"  # starting | running | stopping
+    driver: driver.Driver | None = None
+
+
+def run_dir(work_dir: Path, job: str, epoch: int) -> Path:
+    return work_dir / "runs" / job / str(epoch)
+
+
+def log_key(job: str, epoch: int) -> str:
+    """Where a finished run's driver log is shipped in the bucket."""
+    return f"logs/{job}/{epoch:010d}.log"
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+class Runner:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        bucket: store.Store,
+        cache: cache_module.Cache,
+        config: RunnerConfig,
+        *,
+        may_claim: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.engine = engine
+        self.bucket = bucket
+        self.cache = cache
+        self.config = config
+        self._may_claim = may_claim
+        self._runs: dict[int, Run] = {}
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._claiming = threading.Event()
+        self._claiming.set()
+        self._tasks = ThreadPoolExecutor(
+            max_workers=max(4, 2 * config.capacity), thread_name_prefix="runner-task"
+        )
+        self._threads = [
+            threading.Thread(target=self._poll_loop, name="runner-poll", daemon=True),
+            threading.Thread(target=self._renew_loop, name="runner-renew", daemon=True),
+        ]
+        self.last_renew_ok: float | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def threads_alive(self) -> bool:
+        return all(thread.is_alive() for thread in self._threads)
+
+    def runs(self) -> dict[int, Run]:
+        with self._lock:
+            return dict(self._runs)
+
+    def stop_claiming(self) -> None:
+        self._claiming.clear()
+
+    def resume_claiming(self) -> None:
+        self._claiming.set()
+        self.wake()
+
+    def hand_off(self, timeout: float) -> None:
+        """Stop every driver gracefully and release its job (pending for another server).
+
+        Called on shutdown after claiming stopped and the server left the registry;
+        leases keep being renewed until this returns.
+        """
+        self.stop_claiming()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._runs:
+                    return
+                running = [run for run in self._runs.values() if run.phase == "running"]
+            # Runs still starting become running (or end) soon; stop them then.
+            for run in running:
+                self._begin_stop(run, "server shutting down")
+            self._stop.wait(0.05)
+        with self._lock:
+            left = list(self._runs.values())
+        for run in left:
+            if run.driver is not None:
+                run.driver.kill()
+        log.warning(
+            "hand-off timed out; killed the drivers left",
+            extra={"action": "hand_off", "jobs": [run.name for run in left]},
+        )
+
+    def stop(self) -> None:
+        """Stop the loops (idempotent). Drivers still running are left to their watchdogs."""
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(timeout=10)
+        self._tasks.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------------ renew
+
+    def _renew_loop(self) -> None:
+        while not self._stop.is_set():
+            self.renew_once()
+            self._stop.wait(self.config.renew_interval)
+
+    def renew_once(self) -> None:
+        cfg = self.config
+        t_sent = time.monotonic()
+        started = time.perf_counter()
+        try:
+            with self.engine.begin() as conn:
+                renewed = distribution.renew_leases(conn, cfg.server, cfg.lease_ttl)
+        except DBAPIError as exc:
+            metrics.REGISTRY.inc("sparkring_lease_renew_errors_total")
+            log.warning(
+                "lease renewal failed; drivers die at their deadline unless it recovers",
+                extra={"action": "renew_failed", "error": type(exc.orig).__name__},
+            )
+            return
+        metrics.REGISTRY.observe("sparkring_lease_renew_seconds", time.perf_counter() - started)
+        self.last_renew_ok = time.monotonic()
+        deadline = t_sent + cfg.lease_ttl - cfg.watchdog_margin
+        lost: list[Run] = []
+        with self._lock:
+            for run in self._runs.values():
+                if renewed.get(run.job_id) == run.epoch:
+                    run.deadline = deadline
+                    if run.driver is not None:
+                        run.driver.confirm(deadline)
+                elif run.claimed_at < t_sent:
+                    lost.append(run)
+            for run in lost:
+                self._runs.pop(run.job_id, None)
+        for run in lost:
+            log.error(
+                "lease lost; killing the driver",
+                extra={"action": "lease_lost", "job": run.name, "epoch": run.epoch},
+            )
+            if run.driver is not None:
+                run.driver.kill()
+        if {job for job in renewed} - set(self.runs()):
+            self.wake()  # leases of a previous incarnation: the poll loop cleans them up
+
+    # ------------------------------------------------------------------ poll
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.config.poll_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.poll_once()
+            except DBAPIError as exc:
+                log.warning(
+                    "poll failed; retrying",
+                    extra={"action": "poll_failed", "error": type(exc.orig).__name__},
+                )
+            except Exception:  # a bug must not kill the loop that stops drivers
+                log.exception("poll failed unexpectedly", extra={"action": "poll_failed"})
+
+    def poll_once(self) -> None:
+        cfg = self.config
+        with self.engine.connect() as conn:
+            rows = {row.job_id: row for row in distribution.poll(conn, cfg.server)}
+        self._reap_ended()
+        for job_id, run in self.runs().items():
+            row = rows.get(job_id)
+            if run.phase != "running":
+                continue
+            if row is None or row.owner != cfg.server or row.epoch != run.epoch:
+                self._drop_lost(run, "the job is no longer ours")
+                continue
+            reason = self._stop_reason(row)
+            if reason:
+                self._begin_stop(run, reason)
+        for row in rows.values():
+            if row.job_id in self._runs:
+                continue
+            if row.owner == cfg.server:
+                self._tasks.submit(self._clean_orphan, row)
+            elif self._claimable(row):
+                self._claim(row)
+
+    def _stop_reason(self, row: distribution.Row) -> str | None:
+        if row.desired != "running":
+            return "stop requested"
+        if row.job_generation != row.generation:
+            return "restart requested"
+        if row.target != self.config.server:
+            return f"migrating to {row.target or 'no server'}"
+        return None
+
+    def _claimable(self, row: distribution.Row) -> bool:
+        if row.target != self.config.server or row.desired != "running":
+            return False
+        if not (self._claiming.is_set() and self._may_claim()):
+            return False
+        with self._lock:
+            if len(self._runs) >= self.config.capacity:
+                return False
+        if row.owner is None:
+            return row.state in states.CLAIMABLE and row.claimable_now
+        return row.lease_expired
+
+    # ------------------------------------------------------------------ claim + start
+
+    def _claim(self, row: distribution.Row) -> None:
+        cfg = self.config
+        t_sent = time.monotonic()
+        try:
+            with self.engine.begin() as conn:
+                claim = distribution.claim(conn, row.job_id, cfg.server, cfg.lease_ttl)
+        except distribution.NotClaimable:
+            return
+        metrics.REGISTRY.inc("sparkring_claims_total")
+        run = Run(
+            job_id=claim.job_id,
+            name=claim.name,
+            kind=row.kind,
+            epoch=claim.epoch,
+            attempt=claim.attempt,
+            claimed_at=t_sent,
+            deadline=t_sent + cfg.lease_ttl - cfg.watchdog_margin,
+        )
+        with self._lock:
+            self._runs[run.job_id] = run
+        log.info(
+            "claimed",
+            extra={"action": "claim", "job": run.name, "epoch": run.epoch, "attempt": run.attempt},
+        )
+        self._tasks.submit(self._start, run)
+
+    def _start(self, run: Run) -> None:
+        cfg = self.config
+        try:
+            with self.engine.connect() as conn:
+                job = job_catalog.get(conn, run.job_id)
+            main = self._fetch(job["resource"]["id"])
+            py_files = [self._fetch(item["id"]) for item in job["py_files"]]
+            spec = driver.DriverSpec(
+                job=run.name,
+                kind=job["kind"],
+                epoch=run.epoch,
+                attempt=run.attempt,
+                server=cfg.server,
+                main=main,
+                py_files=py_files,
+                conf=job["conf"],
+                args=job["args"],
+                master=job["spark_master"] or cfg.spark_master,
+                checkpoint_dir=(
+                    cfg.checkpoint_root / run.name
+                    if job["kind"] == states.JobKind.STREAMING
+                    else None
+                ),
+                run_dir=run_dir(cfg.work_dir, run.name, run.epoch),
+            )
+            with self._lock:
+                deadline = run.deadline
+            if time.monotonic() >= deadline:
+                raise driver.DriverError("lease deadline passed while preparing the driver")
+            handle = driver.launch(spec, deadline, records=cfg.records)
+        except (errors.IntegrityError, errors.MissingObject) as exc:
+            self._after_failure(run, f"artifact refused: {exc}", fail=True)
+            return
+        except errors.ResourceError as exc:
+            self._defer(run, f"artifact unavailable: {exc}")
+            return
+        except driver.DriverError as exc:
+            self._after_failure(run, str(exc), fail=True)
+            return
+        except Exception as exc:
+            log.exception("driver start failed", extra={"action": "start", "job": run.name})
+            self._after_failure(run, f"start failed: {type(exc).__name__}: {exc}", fail=True)
+            return
+        with self._lock:
+            run.driver = handle
+            run.driver.confirm(run.deadline)
+        try:
+            with self.engine.begin() as conn:
+                distribution.mark_running(conn, run.job_id, cfg.server, run.epoch, handle.pid)
+        except distribution.FencedError:
+            self._drop_lost(run, "lease lost while starting")
+            return
+        except DBAPIError:
+            pass  # the driver runs; the next poll sees 'starting' and the renewals go on
+        with self._lock:
+            run.phase = "running"
+        log.info(
+            "driver started",
+            extra={"action": "driver_started", "job": run.name, "epoch": run.epoch},
+        )
+        metrics.REGISTRY.inc("sparkring_driver_starts_total")
+        self.wake()
+
+    def _fetch(self, resource_id: int) -> Path:
+        resource = catalog.get(self.engine, resource_id)
+        return self.cache.fetch(
+            self.bucket, resource, retry_for=self.config.fetch_retry, stop=self._stop
+        )
+
+    # ------------------------------------------------------------------ endings
+
+    def _reap_ended(self) -> None:
+        for run in self.runs().values():
+            if run.phase != "running" or run.driver is None:
+                continue
+            outcome = run.driver.poll()
+            if outcome is not None:
+                self._ended(run, outcome)
+
+    def _ended(self, run: Run, outcome: driver.Outcome) -> None:
+        cfg = self.config
+        extra = {"job": run.name, "epoch": run.epoch, "exit_code": outcome.exit_code}
+        if outcome.reason == "lease_expired":
+            log.error(
+                "watchdog killed the driver: lease lost", extra={"action": "lease_lost", **extra}
+            )
+            self._release(run)
+        elif outcome.reason == "exited" and outcome.exit_code == 0:
+            log.info("driver finished", extra={"action": "finished", **extra})
+            self._write(
+                run, lambda conn: distribution.finish(conn, run.job_id, cfg.server, run.epoch)
+            )
+        else:
+            tail = _tail(run.driver.log_file) if run.driver else ""
+            error = f"driver {outcome.reason} with exit code {outcome.exit_code}"
+            if tail:
+                error += f": {tail}"
+            self._after_failure(run, error, fail=run.kind == states.JobKind.BATCH)
+        self._tasks.submit(self._ship_log, run)
+
+    def _after_failure(self, run: Run, error: str, *, fail: bool) -> None:
+        cfg = self.config
+
+        def write(conn: sa.Connection) -> None:
+            state = distribution.record_crash(
+                conn,
+                run.job_id,
+                cfg.server,
+                run.epoch,
+                error,
+                retry=not fail,
+                backoff_base=cfg.backoff_base,
+                backoff_max=cfg.backoff_max,
+            )
+            log.warning(
+                "driver failed",
+                extra={"action": "crashed", "job": run.name, "epoch": run.epoch, "state": state},
+            )
+
+        self._write(run, write)
+
+    def _defer(self, run: Run, error: str) -> None:
+        cfg = self.config
+        log.warning(error, extra={"action": "deferred", "job": run.name, "epoch": run.epoch})
+        self._write(
+            run,
+            lambda conn: distribution.defer(
+                conn, run.job_id, cfg.server, run.epoch, error, cfg.backoff_base
+            ),
+        )
+
+    def _release(self, run: Run) -> None:
+        self._write(
+            run, lambda conn: distribution.release(conn, run.job_id, self.config.server, run.epoch)
+        )
+
+    def _write(self, run: Run, action: Callable[[sa.Connection], object]) -> None:
+        """A fenced write ending a run; then the run is forgotten and peers are woken."""
+        try:
+            with self.engine.begin() as conn:
+                action(conn)
+                notify.notify(conn, notify.TARGETS_CHANNEL, run.name)
+        except distribution.FencedError:
+            log.warning(
+                "write fenced: the job is no longer ours",
+                extra={"action": "fenced", "job": run.name, "epoch": run.epoch},
+            )
+        except DBAPIError as exc:
+            # Keep nothing local: the lease expires and another owner (or we) reclaim.
+            log.warning(
+                "could not record the end of a run",
+                extra={"action": "write_failed", "job": run.name, "error": type(exc.orig).__name__},
+            )
+        with self._lock:
+            if self._runs.get(run.job_id) is run:
+                del self._runs[run.job_id]
+        self.wake()
+
+    def _drop_lost(self, run: Run, why: str) -> None:
+        log.error(
+            why + "; killing the driver",
+            extra={"action": "lost", "job": run.name, "epoch": run.epoch},
+        )
+        if run.driver is not None:
+            run.driver.kill()
+        with self._lock:
+            if self._runs.get(run.job_id) is run:
+                del self._runs[run.job_id]
+
+    # ------------------------------------------------------------------ stop
+
+    def _begin_stop(self, run: Run, reason: str) -> None:
+        with self._lock:
+            if run.phase == "stopping":
+                return
+            run.phase = "stopping"
+        try:
+            with self.engine.begin() as conn:
+                distribution.begin_stop(conn, run.job_id, self.config.server, run.epoch, reason)
+        except distribution.FencedError:
+            self._drop_lost(run, "the job is no longer ours")
+            return
+        except DBAPIError:
+            pass  # stopping is safe without the record; the release below is fenced
+        log.info(reason, extra={"action": "stopping", "job": run.name, "epoch": run.epoch})
+        self._tasks.submit(self._stop_driver, run)
+
+    def _stop_driver(self, run: Run) -> None:
+        started = time.monotonic()
+        if run.driver is not None:
+            run.driver.stop(self.config.stop_grace)
+        metrics.REGISTRY.observe("sparkring_driver_stop_seconds", time.monotonic() - started)
+        self._release(run)
+        self._ship_log(run)
+
+    def _clean_orphan(self, row: distribution.Row) -> None:
+        """A lease this server holds without a local run: left by a previous incarnation
+        of this server id. Kill any driver it left (its watchdog is still alive only if
+        the lease deadline has not passed), then release the job."""
+        with self._lock:
+            if row.job_id in self._runs:
+                return
+        old = driver.adopt(run_dir(self.config.work_dir, row.name, row.epoch))
+        if old is not None:
+            old.kill()
+        try:
+            with self.engine.begin() as conn:
+                distribution.release(conn, row.job_id, self.config.server, row.epoch)
+                notify.notify(conn, notify.TARGETS_CHANNEL, row.name)
+            log.info(
+                "released a lease of a previous incarnation",
+                extra={"action": "orphan_released", "job": row.name, "epoch": row.epoch},
+            )
+        except (distribution.FencedError, DBAPIError):
+            pass
+        self.wake()
+
+    # ------------------------------------------------------------------ logs
+
+    def _ship_log(self, run: Run) -> None:
+        if run.driver is None or not run.driver.log_file.exists():
+            return
+        path = run.driver.log_file
+        try:
+            self.bucket.put(log_key(run.name, run.epoch), path, path.stat().st_size)
+        except errors.ResourceError as exc:
+            log.warning(
+                "could not ship the driver log",
+                extra={"action": "ship_log", "job": run.name, "error": str(exc)},
+            )

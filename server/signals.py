@@ -1,0 +1,30 @@
+"""Signal handling of the server process, in one place.
+
+The first SIGTERM or SIGINT asks for a graceful shutdown (stop claiming, hand jobs off,
+release, leave); a second one exits at once with ``ExitCode.KILLED`` (drivers are then
+left to their watchdogs, which kill them before their leases expire).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+from server.exit_codes import ExitCode
+
+
+def install(request_stop: Callable[[], None]) -> None:
+    received: list[int] = []
+
+    def handle(signum: int, _frame: object) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            request_stop()
+            return
+        sys.stderr.write("second signal: exiting now\n")
+        os._exit(ExitCode.KILLED)
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
