@@ -173,6 +173,11 @@ class Store:
                 if exc.code not in _CREATED_CODES:
                     raise
 
+    def remove_bucket(self) -> None:
+        """Remove the bucket, which must be empty (scratch buckets of benchmarks)."""
+        with self._translated(f"remove bucket {self.bucket}"):
+            self._client.remove_bucket(self.bucket)
+
     def exists(self, key: str) -> bool:
         with self._translated(f"look up {key}", key):
             try:
