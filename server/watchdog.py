@@ -13,11 +13,11 @@ signal to the server's process group nor a SIGSTOP of the server reaches it. It 
   is a child subreaper, so descendants that leave the group are re-parented to it and
   killed too. The run ends only when every descendant is gone.
 - the **stop sequence**: SIGTERM (or SIGINT) to the watchdog → SIGTERM to the driver
-  (with ``--term-only ARG``, only to the group's processes running ARG, i.e. the Python
-  driver, so that it stops its query while the JVM still serves it; otherwise, or when
-  none matches, to the whole group) → after the grace (``--stop-file``'s
-  ``{"grace": G}`` if present, else ``--grace``) SIGKILL to everything. The lease
-  deadline still applies during the grace.
+  (with ``--term-only ARG``, only to the group's processes other than its leader with
+  ARG in their argv, i.e. the Python driver, so that it stops its query while the JVM
+  still serves it; otherwise, or when none matches, to the whole group) → after the
+  grace (``--stop-file``'s ``{"grace": G}`` if present, else ``--grace``) SIGKILL to
+  everything. The lease deadline still applies during the grace.
 - the **state file** (``--state``): the watchdog's and the driver's pids, so that a
   restarted server can re-attach (``driver.adopt``) or kill the group.
 - the **result file** (``--result``): why and when the driver ended, written atomically
@@ -275,14 +275,19 @@ class Watchdog:
             os.killpg(self.driver.pid, signum)
 
     def _terminate(self, grace: float) -> None:
-        """SIGTERM the processes that should stop first: those running ``--term-only``
-        (the Python driver, so that it can end its micro-batch and stop its query while
-        the JVM keeps serving it), else the whole group."""
+        """SIGTERM the processes that should stop first: those below the group leader
+        with ``--term-only`` in their argv (the Python driver, so that it can end its
+        micro-batch and stop its query while the JVM keeps serving it), else the group."""
         assert self.driver is not None
         targets = []
         if self.args.term_only is not None:
             members = group_members(self.driver.pid)
-            targets = [pid for pid, argv in members.items() if self.args.term_only in argv]
+            targets = [
+                pid
+                for pid, argv in members.items()
+                # The leader (spark-submit's JVM) has the main script in its argv too.
+                if pid != self.driver.pid and self.args.term_only in argv
+            ]
         if not targets:
             log.info("stop requested: SIGTERM to driver group, SIGKILL in %.1f s", grace)
             self._signal_group(signal.SIGTERM)
@@ -413,7 +418,7 @@ def _parser() -> argparse.ArgumentParser:
         "--term-only",
         default=None,
         metavar="ARG",
-        help="on stop, SIGTERM only the group's processes with ARG in their argv "
+        help="on stop, SIGTERM only the group's non-leader processes with ARG in their argv "
         "(falls back to the whole group when none has)",
     )
     parser.add_argument("--job", default=None)

@@ -40,6 +40,11 @@ def main() -> int:
         "sum": int(total),
         "default_parallelism": partitions,
         "env": {key: os.environ.get(key) for key in ENV_KEYS},
+        # Names only, never values: lets tests check that no server secret leaked in.
+        "sparkring_names": sorted(name for name in os.environ if name.startswith("SPARKRING_")),
+        "secret_names": sorted(
+            name for name in os.environ if "SECRET" in name or "PASSWORD" in name
+        ),
         "pid": os.getpid(),
     }
     tmp = f"{args.output}.tmp"

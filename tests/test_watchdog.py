@@ -1,0 +1,426 @@
+"""The watchdog with plain Python children (no Spark): lease expiry, a paused or killed
+parent, the stop sequence, process groups and escaped descendants, kill and adopt."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server import driver, exit_codes, watchdog
+from tests import waiting
+
+# How late after its deadline a driver may still be alive: wake-up, killpg and reaping
+# on a busy 2-core machine. Measured ~2-5 ms idle; the watchdog margin is 3 s.
+KILL_LATENCY_S = 0.5
+
+# A driver that sleeps, with an optional grandchild in its group and one that escaped
+# it (own session), their pids written to files, and a marker file per SIGTERM seen.
+CHILD = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    here = sys.argv[1]
+    mode = sys.argv[2] if len(sys.argv) > 2 else "sleep"
+    def on_term(signum, frame):
+        open(os.path.join(here, "term-%d" % os.getpid()), "w").close()
+        if mode != "ignore-term":
+            sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    if mode == "family":
+        inner = subprocess.Popen(["sleep", "300"])
+        escaped = subprocess.Popen(["sleep", "301"], start_new_session=True)
+        open(os.path.join(here, "family"), "w").write("%d %d" % (inner.pid, escaped.pid))
+    open(os.path.join(here, "ready"), "w").write(str(os.getpid()))
+    if mode == "exit-now":
+        sys.exit(0)
+    if mode == "exit-3":
+        sys.exit(3)
+    while True:
+        time.sleep(0.2)
+    """
+)
+
+
+@pytest.fixture
+def child(tmp_path: Path) -> Path:
+    path = tmp_path / "child.py"
+    path.write_text(CHILD)
+    return path
+
+
+@pytest.fixture
+def started() -> Iterator[list[driver.Driver]]:
+    """Drivers started by a test; killed afterwards whatever happened."""
+    drivers: list[driver.Driver] = []
+    yield drivers
+    for handle in drivers:
+        handle.kill()
+
+
+def supervise(
+    started: list[driver.Driver],
+    tmp_path: Path,
+    command: list[str],
+    deadline: float,
+    **kwargs: object,
+) -> driver.Driver:
+    handle = driver.supervise(
+        command,
+        env=dict(os.environ),
+        run_dir=tmp_path / "run",
+        lease_deadline=deadline,
+        job="j",
+        epoch=7,
+        server="server-a",
+        records=tmp_path / "records.jsonl",
+        **kwargs,  # type: ignore[arg-type]
+    )
+    started.append(handle)
+    return handle
+
+
+def alive(pid: int) -> bool:
+    return watchdog.process_start_ticks(pid) is not None
+
+
+def records(tmp_path: Path) -> list[dict[str, object]]:
+    path = tmp_path / "records.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def ended_record(tmp_path: Path) -> dict[str, object]:
+    [ended] = [r for r in records(tmp_path) if r["event"] == "ended"]
+    return ended
+
+
+def wait_ready(tmp_path: Path, timeout: float = 10) -> int:
+    waiting.wait_until(lambda: (tmp_path / "ready").exists(), timeout, message="child not ready")
+    return int((tmp_path / "ready").read_text())
+
+
+def test_lease_expiry_kills_the_group_at_the_deadline(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    deadline = time.monotonic() + 1.5
+    handle = supervise(
+        started, tmp_path, [sys.executable, str(child), str(tmp_path), "family"], deadline
+    )
+    pid = wait_ready(tmp_path)
+    inner, escaped = map(int, (tmp_path / "family").read_text().split())
+    assert os.getsid(handle.pid) == handle.pid != os.getsid(0)  # its own session
+
+    outcome = handle.wait(10)
+
+    assert outcome is not None
+    assert outcome.reason == driver.Reason.LEASE_EXPIRED
+    assert outcome.exit_code == -signal.SIGKILL
+    ended = ended_record(tmp_path)
+    assert deadline <= float(ended["mono"]) <= deadline + KILL_LATENCY_S  # type: ignore[arg-type]
+    assert ended["pid"] == pid and ended["job"] == "j" and ended["epoch"] == 7
+    # The grandchild in its group and the one that left the group are gone too.
+    assert not alive(pid) and not alive(inner) and not alive(escaped)
+    assert handle._process is not None
+    assert handle._process.returncode == exit_codes.ExitCode.LEASE_EXPIRED
+
+
+def test_confirmations_keep_the_driver_alive(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], time.monotonic() + 0.5
+    )
+    end = time.monotonic() + 2.0  # four times the confirmed window
+    while time.monotonic() < end:
+        handle.confirm(time.monotonic() + 0.5)
+        assert handle.poll() is None
+        time.sleep(0.1)  # the renewal period of this simulated server
+    outcome = handle.wait(5)
+    assert outcome is not None and outcome.reason == driver.Reason.LEASE_EXPIRED
+
+
+# A tiny "server": launches a watchdog, prints its pid, then either never confirms
+# again (pause test) or confirms every 0.1 s with deadline = now + 1.0 (kill -9 test).
+PARENT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    from server import driver
+    here, child, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    handle = driver.supervise(
+        [sys.executable, child, str(here)], env=dict(os.environ), run_dir=here / "run",
+        lease_deadline=time.monotonic() + 1.5, job="j", epoch=1, server="parent",
+        records=here / "records.jsonl",
+    )
+    print(json.dumps({"watchdog": handle.pid}), flush=True)
+    while True:
+        if mode == "confirm":
+            handle.confirm(time.monotonic() + 1.0)
+        time.sleep(0.1)
+    """
+)
+
+
+@pytest.fixture
+def parent(tmp_path: Path, child: Path) -> Iterator[object]:
+    processes: list[subprocess.Popen[str]] = []
+
+    def start(mode: str) -> tuple[subprocess.Popen[str], int]:
+        process = subprocess.Popen(
+            [sys.executable, "-c", PARENT, str(tmp_path), str(child), mode],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        processes.append(process)
+        assert process.stdout is not None
+        return process, json.loads(process.stdout.readline())["watchdog"]
+
+    yield start
+    for process in processes:
+        process.send_signal(signal.SIGCONT)
+        process.kill()
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+    # Whatever the outcome, no child of this test may survive it.
+    handle = driver.adopt(tmp_path / "run")
+    if handle is not None:
+        handle.kill()
+
+
+def test_a_paused_parent_does_not_pause_the_watchdog(tmp_path: Path, parent) -> None:  # type: ignore[no-untyped-def]
+    process, watchdog_pid = parent("never-confirm")
+    pid = wait_ready(tmp_path)
+    deadline = watchdog.read_lease(tmp_path / "run" / driver.LEASE_FILE)
+    assert deadline is not None and time.monotonic() < deadline
+
+    process.send_signal(signal.SIGSTOP)
+
+    waiting.wait_until(lambda: not alive(pid), 10, message="driver outlived its lease")
+    ended = ended_record(tmp_path)
+    assert ended["reason"] == "lease_expired"
+    assert deadline <= float(ended["mono"]) <= deadline + KILL_LATENCY_S  # type: ignore[arg-type]
+    waiting.wait_until(lambda: not alive(watchdog_pid), 5, message="watchdog did not exit")
+
+
+def test_a_killed_parent_s_driver_dies_at_the_deadline_not_before(tmp_path: Path, parent) -> None:  # type: ignore[no-untyped-def]
+    process, _ = parent("confirm")
+    pid = wait_ready(tmp_path)
+    lease_file = tmp_path / "run" / driver.LEASE_FILE
+    seen: set[float | None] = set()
+
+    def renewed_a_few_times() -> bool:
+        seen.add(watchdog.read_lease(lease_file))
+        return len(seen) >= 4
+
+    waiting.wait_until(renewed_a_few_times, 10, interval=0.02, message="parent never confirmed")
+
+    process.kill()
+    process.wait()
+    deadline = watchdog.read_lease(lease_file)
+    assert deadline is not None
+
+    while time.monotonic() < deadline - 0.05:
+        assert alive(pid), "the driver died before its confirmed deadline"
+        time.sleep(0.02)
+    waiting.wait_until(lambda: not alive(pid), 5, interval=0.01, message="driver outlived lease")
+    ended = ended_record(tmp_path)
+    assert ended["reason"] == "lease_expired"
+    assert deadline <= float(ended["mono"]) <= deadline + KILL_LATENCY_S  # type: ignore[arg-type]
+
+
+def test_stop_sends_sigterm_then_sigkill_after_the_grace(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path), "ignore-term"],
+        time.monotonic() + 60,
+    )
+    pid = wait_ready(tmp_path)
+
+    begin = time.monotonic()
+    outcome = handle.stop(grace=1.0)
+    elapsed = time.monotonic() - begin
+
+    assert outcome.reason == driver.Reason.STOPPED
+    assert outcome.exit_code == -signal.SIGKILL
+    assert (tmp_path / f"term-{pid}").exists()  # it was asked first
+    assert 1.0 <= elapsed < 1.0 + KILL_LATENCY_S + 0.5
+    assert not alive(pid)
+
+
+def test_stop_of_a_driver_that_honours_sigterm_returns_at_once(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], time.monotonic() + 60
+    )
+    wait_ready(tmp_path)
+    begin = time.monotonic()
+    outcome = handle.stop(grace=30)
+    assert time.monotonic() - begin < 5
+    assert outcome.reason == driver.Reason.STOPPED and outcome.exit_code == 0
+    assert handle.stop(grace=30) == outcome  # idempotent
+
+
+# The shape of spark-submit: a leader (the JVM) serving one child (the Python driver),
+# exiting with the child's code when the child exits.
+LEADER = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys
+    here, child = sys.argv[1], sys.argv[2]
+    signal.signal(signal.SIGTERM, lambda *_: open(os.path.join(here, "leader-term"), "w").close())
+    sys.exit(subprocess.Popen([sys.executable, child, here]).wait())
+    """
+)
+
+
+def test_stop_with_term_only_asks_just_the_python_driver(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, "-c", LEADER, str(tmp_path), str(child)],
+        time.monotonic() + 60,
+        term_only=str(child),
+    )
+    pid = wait_ready(tmp_path)
+    outcome = handle.stop(grace=30)
+    assert outcome.reason == driver.Reason.STOPPED and outcome.exit_code == 0
+    assert (tmp_path / f"term-{pid}").exists()
+    assert not (tmp_path / "leader-term").exists()
+
+
+def test_descendants_die_with_a_driver_that_exits(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path), "family"],
+        time.monotonic() + 60,
+    )
+    wait_ready(tmp_path)
+    inner, escaped = map(int, (tmp_path / "family").read_text().split())
+    # "family" mode sleeps: ask it to exit by itself through SIGTERM of its own pid only.
+    os.kill(wait_ready(tmp_path), signal.SIGTERM)
+    outcome = handle.wait(10)
+    assert outcome is not None
+    assert outcome.reason == driver.Reason.EXITED and outcome.exit_code == 0
+    assert not alive(inner) and not alive(escaped)
+
+
+def test_a_failing_driver_reports_its_exit_code(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path), "exit-3"],
+        time.monotonic() + 60,
+    )
+    outcome = handle.wait(10)
+    assert outcome is not None
+    assert outcome.reason == driver.Reason.EXITED and outcome.exit_code == 3
+    assert outcome.started_at is not None and outcome.started_at <= outcome.ended_at
+    assert handle._process is not None
+    assert handle._process.returncode == exit_codes.ExitCode.DRIVER_FAILED
+    assert [r["event"] for r in records(tmp_path)] == ["started", "ended"]
+    assert "driver ended: reason=exited exit_code=3" in handle.log_file.read_text()
+
+
+def test_a_command_that_cannot_start_is_spawn_failed(
+    tmp_path: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(started, tmp_path, [str(tmp_path / "no-such-binary")], time.monotonic() + 60)
+    outcome = handle.wait(10)
+    assert outcome is not None
+    assert outcome.reason == driver.Reason.SPAWN_FAILED and outcome.exit_code is None
+    assert records(tmp_path) == []
+
+
+def test_an_expired_lease_never_starts_the_driver(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], time.monotonic() - 0.1
+    )
+    outcome = handle.wait(10)
+    assert outcome is not None
+    assert outcome.reason == driver.Reason.LEASE_EXPIRED and outcome.exit_code is None
+    assert not (tmp_path / "ready").exists()
+
+
+def test_kill_ends_watchdog_and_group_and_records_the_end(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path), "family"],
+        time.monotonic() + 60,
+    )
+    pid = wait_ready(tmp_path)
+    inner, _ = map(int, (tmp_path / "family").read_text().split())
+    handle.kill()
+    assert not alive(pid) and not alive(inner) and not alive(handle.pid)
+    outcome = handle.poll()
+    assert outcome is not None and outcome.reason == driver.Reason.KILLED
+    assert ended_record(tmp_path)["reason"] == "killed"
+
+
+def test_adopt_reattaches_to_a_live_watchdog(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], time.monotonic() + 60
+    )
+    pid = wait_ready(tmp_path)
+    adopted = driver.adopt(tmp_path / "run")
+    assert adopted is not None and adopted.pid == handle.pid
+    assert adopted.poll() is None
+
+    adopted.confirm(time.monotonic() + 60)
+    outcome = adopted.stop(grace=5)
+
+    assert outcome.reason == driver.Reason.STOPPED and not alive(pid)
+    assert handle.wait(5) == outcome
+    # Once the watchdog is gone there is nothing to adopt.
+    assert driver.adopt(tmp_path / "run") is None
+    assert driver.adopt(tmp_path / "nowhere") is None
+
+
+def test_adopt_refuses_a_reused_pid(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    # Our own pid with a wrong start time: a recycled pid, not the watchdog that wrote it.
+    ticks = watchdog.process_start_ticks(os.getpid())
+    assert ticks is not None
+    watchdog.write_json_atomically(
+        run_dir / driver.STATE_FILE,
+        {"watchdog_pid": os.getpid(), "watchdog_start_ticks": ticks + 1},
+    )
+    assert driver.adopt(run_dir) is None
+
+
+def test_watchdog_usage_errors_exit_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server.watchdog", "--lease-file", "x", "--result", "y"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == exit_codes.ExitCode.USAGE
+    assert "no command given" in result.stderr
