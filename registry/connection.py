@@ -19,15 +19,34 @@ server never leaves safe mode before it is visible to its peers.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any
 
 from kazoo import security
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException, NoAuthError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.serialization import Auth
 
 from registry import errors
+
+
+class _RedactAuth(logging.Filter):
+    """kazoo logs every request it sends at DEBUG, the digest credential included."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, Auth) for a in record.args):
+            record.args = tuple(
+                f"Auth(scheme={a.scheme!r}, auth=<redacted>)" if isinstance(a, Auth) else a
+                for a in record.args
+            )
+        return True
+
+
+# kazoo's connection logs through its client's logger, "kazoo.client" by default.
+logging.getLogger("kazoo.client").addFilter(_RedactAuth())
 
 
 class State(StrEnum):
@@ -111,6 +130,14 @@ def opened(hosts: str, auth: str = "", timeout: float = 5.0) -> Iterator[KazooCl
     start(client, hosts, timeout)
     try:
         yield client
+    except NoAuthError:
+        raise errors.RegistryError(
+            "ZooKeeper refused access to the registry: check SPARKRING_ZK_AUTH"
+        ) from None
+    except (KazooException, KazooTimeoutError) as exc:
+        raise errors.RegistryError(
+            f"ZooKeeper at {hosts} failed the request ({type(exc).__name__})"
+        ) from None
     finally:
         client.stop()
         client.close()

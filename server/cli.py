@@ -9,9 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from sqlalchemy import exc as sa_exc
 
+from registry import errors as registry_errors
 from resource_center import errors as resource_errors
-from server import cli_db, cli_resource, console
+from scheduler import jobs as job_errors
+from scheduler import ring as ring_errors
+from server import cli_db, cli_job, cli_resource, cli_ring, cli_serve, cli_server, console
 from server import settings as settings_module
 from sql import database
 
@@ -23,6 +27,11 @@ app = typer.Typer(
 )
 app.add_typer(cli_db.app, name="db")
 app.add_typer(cli_resource.app, name="resource")
+app.add_typer(cli_server.app, name="server")
+cli_server.app.command("run")(cli_serve.run)
+cli_server.app.command("drain")(cli_serve.drain)
+app.add_typer(cli_job.app, name="job")
+app.add_typer(cli_ring.app, name="ring")
 
 # Exceptions that end a command with their message as one line. Packages add their
 # own base error here when they grow a CLI.
@@ -30,6 +39,9 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     settings_module.SettingsError,
     database.DatabaseError,
     resource_errors.ResourceError,
+    registry_errors.RegistryError,
+    job_errors.JobError,
+    ring_errors.RingError,
 )
 
 
@@ -52,3 +64,7 @@ def main() -> None:
         app()
     except USER_ERRORS as exc:
         raise SystemExit(console.fail(str(exc)).exit_code) from None
+    except sa_exc.DBAPIError as exc:
+        # A statement failed (schema not migrated, a constraint): one line, no traceback.
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        raise SystemExit(console.fail(f"database error: {reason}").exit_code) from None

@@ -1,0 +1,61 @@
+"""``sparkring server list`` against a live registration, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests import test_registry as helpers
+
+SPARKRING = [sys.executable, "-m", "server"]
+
+
+@pytest.fixture
+def make(zk_hosts: str, zk_root: str) -> Iterator[helpers.Factory]:
+    yield from helpers.registries(zk_hosts, zk_root)
+
+
+def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SPARKRING, *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_server_list_shows_live_servers(
+    make: helpers.Factory, stack_env: dict[str, str], zk_root: str
+) -> None:
+    a, _ = make("a")
+    w, _ = make("w", role="worker")
+    a.start()
+    w.start()
+    env = {**stack_env, "SPARKRING_ZK_ROOT": zk_root}
+
+    listed = _run(env, "server", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["id"]: row for row in json.loads(listed.stdout)}
+    assert set(rows) == {"a", "w"}
+    assert rows["a"]["coordinator"] is True and rows["a"]["term"] == a.term
+    assert rows["w"]["coordinator"] is False and rows["w"]["term"] is None
+    assert rows["a"]["role"] == "both" and rows["w"]["role"] == "worker"
+    assert rows["a"]["capacity"] == 4 and rows["a"]["session_id"] == a.info.session_id
+    assert 0 <= rows["a"]["uptime_s"] < 60
+
+    table = _run(env, "server", "list")
+    assert table.returncode == 0, table.stderr
+    cells = [[c.strip() for c in line.split("│")] for line in table.stdout.splitlines()[2:]]
+    lines = {row[0]: row for row in cells}
+    assert lines["a"][:5] == ["a", "both", "4", "yes", str(a.term)]
+    assert lines["w"][:4] == ["w", "worker", "4", "-"]
+
+
+def test_server_list_with_zookeeper_down_is_one_clear_line(stack_env: dict[str, str]) -> None:
+    result = _run({**stack_env, "SPARKRING_ZK_HOSTS": "127.0.0.1:1"}, "server", "list")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: cannot reach ZooKeeper at 127.0.0.1:1 within 5 s"
+    ]
