@@ -45,7 +45,7 @@ def test_server_list_shows_live_servers(
     assert rows["a"]["capacity"] == 4 and rows["a"]["session_id"] == a.info.session_id
     assert 0 <= rows["a"]["uptime_s"] < 60
 
-    table = _run(env, "server", "list")
+    table = _run({**env, "COLUMNS": "200"}, "server", "list")
     assert table.returncode == 0, table.stderr
     cells = [[c.strip() for c in line.split("│")] for line in table.stdout.splitlines()[2:]]
     lines = {row[0]: row for row in cells}
