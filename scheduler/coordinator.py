@@ -260,7 +260,7 @@ class CoordinatorLoop:
                 # The state store is slow or failing over: retry with backoff, keep the job
                 # set untouched, say so (never silently drop anything).
                 log.warning(
-                    "coordinator cannot reach PostgreSQL; retrying",
+                    "rebalance failed (PostgreSQL unreachable or failing over); retrying",
                     extra={"action": "rebalance_retry", "error": type(exc.orig).__name__},
                 )
                 self._stop.wait(retry)

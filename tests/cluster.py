@@ -1,0 +1,240 @@
+"""A real sparkring cluster for end-to-end and chaos tests: ``sparkring server run``
+subprocesses against the stack's ZooKeeper, PostgreSQL and S3, with real drivers.
+
+Each cluster has its own database, ZooKeeper root, bucket and folders. Timeouts are
+shortened (ZooKeeper session 4 s, lease 8 s) so failover fits in a test; the margins
+keep the same proportions as production. Stopping is part of the harness: ``close()``
+kills every server and every watchdog it left, so no driver outlives a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from scheduler import jobs
+from server import driver
+from sql import database
+from tests import waiting
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "jobs"
+
+FAST_TIMEOUTS = {
+    "SPARKRING_ZK_SESSION_TIMEOUT": "4",
+    "SPARKRING_LEASE_TTL": "8",
+    "SPARKRING_WATCHDOG_MARGIN": "3",
+    "SPARKRING_LEASE_RENEW_INTERVAL": "1",
+    "SPARKRING_POLL_INTERVAL": "1",
+    "SPARKRING_STOP_GRACE": "10",
+    "SPARKRING_RESTART_BACKOFF_BASE": "0.5",
+    "SPARKRING_RESTART_BACKOFF_MAX": "2",
+    "SPARKRING_S3_FETCH_RETRY": "3",
+}
+
+
+class Cluster:
+    def __init__(
+        self,
+        stack_env: dict[str, str],
+        database_url: str,
+        zk_root: str,
+        bucket: str,
+        root: Path,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.root = root
+        self.records = root / "driver-records.jsonl"
+        self.heartbeats = root / "heartbeats.jsonl"
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SPARKRING_")},
+            **{k: v for k, v in stack_env.items() if k.startswith("SPARKRING_")},
+            "SPARKRING_DATABASE_URL": database_url,
+            "SPARKRING_ZK_ROOT": zk_root,
+            "SPARKRING_S3_BUCKET": bucket,
+            "SPARKRING_CHECKPOINT_ROOT": str(root / "checkpoints"),
+            "SPARKRING_DRIVER_RECORDS": str(self.records),
+            "SPARKRING_ADVERTISE_HOST": "127.0.0.1",
+            **FAST_TIMEOUTS,
+            **(extra_env or {}),
+        }
+        self.servers: dict[str, subprocess.Popen[bytes]] = {}
+        self.engine = database.create_engine(database_url, pool_size=2)
+
+    # ------------------------------------------------------------------ servers
+
+    def server_dir(self, server_id: str) -> Path:
+        return self.root / "servers" / server_id
+
+    def start_server(self, server_id: str, capacity: int = 4, role: str = "both") -> None:
+        folder = self.server_dir(server_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        env = {**self.env, "SPARKRING_WORK_DIR": str(folder / "work")}
+        with open(folder / "server.log", "ab") as log:
+            self.servers[server_id] = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "server",
+                    "server",
+                    "run",
+                    "--id",
+                    server_id,
+                    "--capacity",
+                    str(capacity),
+                    "--role",
+                    role,
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def signal(self, server_id: str, sig: signal.Signals) -> None:
+        self.servers[server_id].send_signal(sig)
+
+    def kill(self, server_id: str) -> None:
+        proc = self.servers.pop(server_id)
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def terminate(self, server_id: str, timeout: float = 60) -> int:
+        """SIGTERM (graceful hand-off) and wait; the exit code."""
+        proc = self.servers.pop(server_id)
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=timeout)
+
+    def log(self, server_id: str) -> str:
+        path = self.server_dir(server_id) / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def close(self) -> None:
+        for proc in self.servers.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.servers.clear()
+        # Watchdogs live in their own sessions: kill what is left, by their run folders.
+        for state in self.root.glob("servers/*/work/runs/*/*"):
+            left = driver.adopt(state)
+            if left is not None:
+                left.kill()
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------ CLI + jobs
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "server", *args],
+            env={**self.env, "SPARKRING_WORK_DIR": str(self.root / "cli")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"sparkring {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def job(self, name: str) -> dict[str, Any]:
+        with self.engine.connect() as conn:
+            return jobs.show(conn, name)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            return jobs.events(conn, name, limit=1000)
+
+    def wait_job(
+        self, name: str, predicate: Callable[[dict[str, Any]], bool], timeout: float, what: str
+    ) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+
+        def check() -> bool:
+            seen.update(self.job(name))
+            return predicate(seen)
+
+        waiting.wait_until(check, timeout, interval=0.2, message=lambda: f"{what}; job is {_brief(seen)}")
+        return dict(seen)
+
+    def wait_members(self, count: int, timeout: float = 30) -> None:
+        def check() -> bool:
+            result = self.cli("server", "list", "--json", check=False)
+            return result.returncode == 0 and len(json.loads(result.stdout)) == count
+
+        waiting.wait_until(check, timeout, interval=0.3, message=f"{count} live servers")
+
+    def sql(self, statement: str, **params: Any) -> list[sa.Row]:
+        with self.engine.begin() as conn:
+            result = conn.execute(sa.text(statement), params)
+            return result.all() if result.returns_rows else []
+
+    # ------------------------------------------------------------------ evidence
+
+    def driver_records(self) -> list[dict[str, Any]]:
+        if not self.records.exists():
+            return []
+        return [json.loads(line) for line in self.records.read_text().splitlines() if line]
+
+    def heartbeat_records(self) -> list[dict[str, Any]]:
+        if not self.heartbeats.exists():
+            return []
+        out = []
+        for line in self.heartbeats.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by SIGKILL mid-write
+        return out
+
+
+def _brief(job: dict[str, Any]) -> str:
+    keys = ("state", "desired", "owner", "target", "epoch", "attempt", "restarts", "last_error")
+    return ", ".join(f"{k}={job.get(k)}" for k in keys)
+
+
+def overlaps(records: list[dict[str, Any]], key: str = "job") -> list[tuple[dict, dict]]:
+    """Pairs of driver lifetimes of one job that overlap in time (must be empty: S1).
+
+    ``records`` are watchdog lifetime records: one 'started' and one 'ended' per driver
+    (job, epoch, server, t). A driver with no 'ended' record lives until now.
+    """
+    spans: dict[tuple[str, int, str], list[float]] = {}
+    for r in records:
+        span = spans.setdefault((r[key], r["epoch"], r["server"]), [float("inf"), time.time()])
+        if r["event"] == "started":
+            span[0] = r["t"]
+        elif r["event"] == "ended":
+            span[1] = r["t"]
+    bad = []
+    items = sorted(spans.items(), key=lambda kv: kv[1][0])
+    for i, (ka, (sa_, ea)) in enumerate(items):
+        for kb, (sb, eb) in items[i + 1 :]:
+            if ka[0] == kb[0] and sb < ea and sa_ < eb:
+                bad.append(({"id": ka, "span": (sa_, ea)}, {"id": kb, "span": (sb, eb)}))
+    return bad
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def sigstop(proc_pid: int) -> None:
+    os.kill(proc_pid, signal.SIGSTOP)
+
+
+def sigcont(proc_pid: int) -> None:
+    os.kill(proc_pid, signal.SIGCONT)
