@@ -58,6 +58,8 @@ def test_killing_the_zookeeper_leader_is_ridden_through(
     )
     assert (a.info.session_id, b.info.session_id) == sessions
     for events in (a_events, b_events):
+        # Followers drop their clients when the leader goes: the fault was felt.
+        assert connection.State.SUSPENDED in events.states
         assert connection.State.LOST not in events.states
         helpers.assert_legal(events.states)
     live = {s.id: s.session_id for s in servers.list_servers(zk_hosts, zk_root, timeout=5)}
