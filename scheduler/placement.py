@@ -88,8 +88,8 @@ def place(
     ``jobs`` is a set of names (order and duplicates do not matter). Raises
     :class:`scheduler.ring.RingError` on bad input.
     """
-    placement, _, _ = _place(jobs, servers, epsilon, vnodes, watch=None)
-    return placement
+    result, _, _ = _place(jobs, servers, epsilon, vnodes, watch=None)
+    return result
 
 
 def explain(
@@ -106,10 +106,10 @@ def explain(
     names = set(ring.name_set(jobs, "job"))
     if job not in names:
         raise ring.RingError(f"job {job!r} is not among the jobs being placed")
-    placement, the_ring, load_when_placed = _place(names, servers, epsilon, vnodes, watch=job)
+    result, the_ring, load_when_placed = _place(names, servers, epsilon, vnodes, watch=job)
     at = ring.position(job)
-    target = placement.targets.get(job)
-    bounds = placement.bounds
+    target = result.targets.get(job)
+    bounds = result.bounds
     candidates: list[Candidate] = []
     # Every server the walk passes before the target was full when the job was placed
     # (servers never regain room during a placement), so its load then was its bound.
@@ -120,7 +120,7 @@ def explain(
         candidates.append(Candidate(server, bounds[server], bounds[server]))
     overflowed = target is not None and candidates[0].server != target
     if target is None:
-        reason = placement.pending[job]
+        reason = result.pending[job]
     elif not overflowed:
         reason = (
             f"{target} owns the first vnode clockwise from the job's ring position and "
@@ -205,13 +205,13 @@ def _place(
             index = next_with_room(index + 1)
             heapq.heapreplace(heap, (ring.distance(at, points[index]), name, at, index))
     pending_reason = _pending_reason(capacities)
-    placement = Placement(
+    result = Placement(
         targets=dict(sorted(targets.items())),
         pending={name: pending_reason for name in names if name not in targets},
         loads={server: bound[server] - room[server] for server in capacities},
         bounds=bound,
     )
-    return placement, the_ring, watched_load
+    return result, the_ring, watched_load
 
 
 def _close(skip: list[int], vnode_indices: list[int]) -> None:
