@@ -505,6 +505,7 @@ def settings_env() -> dict[str, str]:
         # Not settings of the server: where the stack's Spark standalone master listens,
         # and the Spark installation, for jobs and tests that use them.
         "SPARKRING_STACK_SPARK_MASTER_URL": spark_master_url(),
+        "SPARKRING_STACK_SPARK_UI_URL": f"http://127.0.0.1:{port('spark_ui')}",
         "SPARKRING_STACK_DIR": str(root),
     }
 

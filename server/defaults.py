@@ -53,8 +53,9 @@ RESTART_BACKOFF_MAX_S = 60.0
 MAX_RESTARTS = 3
 # Bounded-load placement slack: a server takes at most ceil((1 + eps) * average) jobs.
 PLACEMENT_EPSILON = 0.05
-# Virtual nodes per server on the ring.
-RING_VNODES = 160
+# Virtual nodes per server on the ring: 640 keeps moves on a join or leave within
+# 1.10x of the ideal K/(N+1) with bounded loads (160 gives 1.15-1.2x, docs/benchmarks.md).
+RING_VNODES = 640
 
 # HTTP port for /healthz and /metrics; 0 picks a free port.
 HEALTH_PORT = 0

@@ -163,7 +163,12 @@ class Cluster:
             seen.update(self.job(name))
             return predicate(seen)
 
-        waiting.wait_until(check, timeout, interval=0.2, message=lambda: f"{what}; job is {_brief(seen)}")
+        try:
+            waiting.wait_until(check, timeout, interval=0.2)
+        except AssertionError:
+            raise AssertionError(
+                f"{what} not reached in {timeout:g} s; job: {_brief(seen)}"
+            ) from None
         return dict(seen)
 
     def wait_members(self, count: int, timeout: float = 30) -> None:

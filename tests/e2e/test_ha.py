@@ -1,0 +1,281 @@
+"""End-to-end HA: three real servers (``sparkring server run`` subprocesses), the
+stack's ZooKeeper, PostgreSQL and S3, and real drivers started by spark-submit.
+
+Most cases use a light driver (tests/jobs/heartbeat.py: spark-submit, no SparkSession)
+so that many can run on two cores; the streaming case runs real Structured Streaming
+with its executors on the Spark standalone cluster. S1 (never two drivers of one job)
+is proved from the heartbeats the drivers write and the watchdogs' lifetime records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import urllib.request
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import cluster as cluster_module
+from tests import sink, waiting
+from tests.cluster import Cluster
+
+HEARTBEAT_JOB = Path(__file__).resolve().parent.parent / "jobs" / "heartbeat.py"
+SERVERS = ("s1", "s2", "s3")
+
+
+def _start_cluster(c: Cluster, servers: tuple[str, ...] = SERVERS, capacity: int = 4) -> None:
+    for sid in servers:
+        c.start_server(sid, capacity=capacity)
+    c.wait_members(len(servers))
+
+
+def _heartbeat_job(
+    c: Cluster, name: str, *, kind: str = "streaming", extra: list[str] = (), max_restarts: int = 3
+) -> None:
+    if c.cli("resource", "show", "heartbeat", check=False).returncode != 0:
+        c.cli("resource", "upload", "heartbeat", str(HEARTBEAT_JOB))
+    c.cli(
+        "job",
+        "create",
+        name,
+        "--resource",
+        "heartbeat",
+        "--kind",
+        kind,
+        "--max-restarts",
+        str(max_restarts),
+        f"--arg={c.heartbeats}",
+        *(f"--arg={a}" for a in extra),
+    )
+
+
+def _running(job: dict[str, Any]) -> bool:
+    return job["state"] == "running" and job["owner"] is not None
+
+
+def _overlapping_heartbeats(records: list[dict[str, Any]]) -> list[str]:
+    """Two driver processes of one job alive in the same instant (heartbeat spans)."""
+    spans: dict[tuple[str, int], list[float]] = {}
+    for r in records:
+        span = spans.setdefault((r["job"], r["pid"]), [r["t"], r["t"]])
+        span[0], span[1] = min(span[0], r["t"]), max(span[1], r["t"])
+    by_job: dict[str, list[list[float]]] = defaultdict(list)
+    for (job, _), span in spans.items():
+        by_job[job].append(span)
+    problems = []
+    for job, items in by_job.items():
+        items.sort()
+        for before, after in itertools.pairwise(items):
+            if after[0] < before[1]:
+                problems.append(f"{job}: {before} overlaps {after}")
+    return problems
+
+
+def _assert_single_drivers(c: Cluster) -> None:
+    assert _overlapping_heartbeats(c.heartbeat_records()) == []
+    assert cluster_module.overlaps(c.driver_records()) == []
+
+
+def _kinds(c: Cluster, name: str) -> list[str]:
+    return [e["kind"] for e in c.events(name)]
+
+
+def test_sigstop_past_the_session_timeout_never_runs_two_drivers(cluster: Cluster) -> None:
+    """(c) the zombie: paused past the session timeout, then resumed."""
+    _start_cluster(cluster)
+    _heartbeat_job(cluster, "zombie")
+    cluster.cli("job", "start", "zombie")
+    first = cluster.wait_job("zombie", _running, 60, "job running")
+    victim = first["owner"]
+    pid = cluster.servers[victim].pid
+    cluster_module.sigstop(pid)
+    try:
+        moved = cluster.wait_job(
+            "zombie",
+            lambda j: _running(j) and j["owner"] != victim,
+            60,
+            "job running on another server while the owner is paused",
+        )
+    finally:
+        cluster_module.sigcont(pid)
+    assert moved["epoch"] > first["epoch"]
+    # The resumed zombie notices its lost lease and never writes over the new owner.
+    waiting.wait_until(
+        lambda: "lease" in cluster.log(victim) or "no longer ours" in cluster.log(victim),
+        30,
+        message="the resumed server noticed it lost the job",
+    )
+    after = cluster.job("zombie")
+    assert (after["owner"], after["epoch"]) == (moved["owner"], moved["epoch"])
+    _assert_single_drivers(cluster)
+
+
+def test_sigterm_hands_jobs_off_and_none_fail(cluster: Cluster) -> None:
+    """(d) graceful shutdown: jobs move, none FAILED, the server exits 0."""
+    _start_cluster(cluster)
+    names = [f"handoff-{i}" for i in range(3)]
+    for name in names:
+        _heartbeat_job(cluster, name)
+        cluster.cli("job", "start", name)
+    for name in names:
+        cluster.wait_job(name, _running, 90, f"{name} running")
+    owners = {name: cluster.job(name)["owner"] for name in names}
+    victim = max(set(owners.values()), key=lambda s: list(owners.values()).count(s))
+    assert cluster.terminate(victim, timeout=60) == 0
+    for name in names:
+        job = cluster.wait_job(
+            name, lambda j: _running(j) and j["owner"] != victim, 90, f"{name} handed off"
+        )
+        assert job["state"] != "failed"
+    for name in (n for n, o in owners.items() if o == victim):
+        assert "released" in _kinds(cluster, name)
+    _assert_single_drivers(cluster)
+
+
+def test_a_joining_server_moves_only_retargeted_jobs_stop_then_start(cluster: Cluster) -> None:
+    """(b) expansion: jobs whose target did not change keep their driver and epoch."""
+    _start_cluster(cluster, capacity=3)
+    names = [f"grow-{i}" for i in range(6)]
+    for name in names:
+        _heartbeat_job(cluster, name)
+        cluster.cli("job", "start", name)
+    before = {name: cluster.wait_job(name, _running, 120, f"{name} running") for name in names}
+    cluster.start_server("s4", capacity=3)
+    cluster.wait_members(4)
+
+    def settled() -> bool:
+        jobs = {name: cluster.job(name) for name in names}
+        return all(_running(j) and j["owner"] == j["target"] for j in jobs.values())
+
+    waiting.wait_until(settled, 120, interval=0.5, message="jobs settled on their new targets")
+    after = {name: cluster.job(name) for name in names}
+    moved = [n for n in names if after[n]["owner"] != before[n]["owner"]]
+    stayed = [n for n in names if n not in moved]
+    assert moved, "a fourth server took no job"
+    assert all(after[n]["owner"] == "s4" for n in moved)
+    for name in stayed:
+        assert after[name]["epoch"] == before[name]["epoch"], f"{name} restarted needlessly"
+    for name in moved:
+        kinds = _kinds(cluster, name)
+        assert kinds.index("stopping") < kinds.index("released") < len(kinds)
+    _assert_single_drivers(cluster)
+
+
+def test_finished_batch_is_not_rerun_by_failover_or_full_restart(cluster: Cluster) -> None:
+    """(e) S4: FINISHED stays finished across a kill -9 and a full cluster restart."""
+    _start_cluster(cluster)
+    _heartbeat_job(cluster, "once", kind="batch", extra=["--run-for", "1"])
+    cluster.cli("job", "start", "once")
+    done = cluster.wait_job("once", lambda j: j["state"] == "finished", 90, "batch finished")
+    ran_on = [e["server"] for e in cluster.events("once") if e["kind"] == "finished"]
+    cluster.kill(ran_on[0])
+    for sid in list(cluster.servers):
+        cluster.kill(sid)
+    _start_cluster(cluster)
+    # Give the new cluster a full coordinator pass and poll round: it must do nothing.
+    waiting.wait_until(
+        lambda: cluster.sql("SELECT ring_generation FROM coordinator")[0][0] >= 1,
+        30,
+        message="the restarted cluster's coordinator ran",
+    )
+    time.sleep(3)  # a quiet period: nothing is expected to happen, so nothing to poll for
+    after = cluster.job("once")
+    assert (after["state"], after["attempt"], after["epoch"]) == ("finished", 1, done["epoch"])
+    assert _kinds(cluster, "once").count("claimed") == 1
+
+
+def test_crash_looping_job_ends_failed_after_max_restarts(cluster: Cluster) -> None:
+    """(f) a driver that keeps crashing: FAILED with its error after max_restarts."""
+    _start_cluster(cluster, servers=("s1", "s2"))
+    _heartbeat_job(cluster, "crashy", extra=["--run-for", "0", "--exit-code", "3"], max_restarts=2)
+    cluster.cli("job", "start", "crashy")
+    job = cluster.wait_job("crashy", lambda j: j["state"] == "failed", 120, "job failed")
+    assert job["restarts"] == 2
+    assert "exit code 3" in job["last_error"]
+    kinds = _kinds(cluster, "crashy")
+    assert kinds.count("claimed") == 3 and kinds[-1] == "failed"
+
+
+def test_duplicate_concurrent_starts_run_one_driver(cluster: Cluster) -> None:
+    """(g) a double click (or eight): one generation, one claim, one driver."""
+    _start_cluster(cluster)
+    _heartbeat_job(cluster, "clicked")
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(lambda _: cluster.cli("job", "start", "clicked").stdout, range(8)))
+    assert sum("started" in o for o in outcomes) == 1
+    cluster.wait_job("clicked", _running, 60, "job running")
+    assert _kinds(cluster, "clicked").count("claimed") == 1
+    assert cluster.job("clicked")["generation"] == 1
+    starts = [r for r in cluster.driver_records() if r["event"] == "started"]
+    assert len(starts) == 1
+
+
+@pytest.mark.spark
+def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
+    cluster: Cluster, stack_env: dict[str, str]
+) -> None:
+    """(a) + (h): kill -9 the owner of a streaming job whose executors run on the Spark
+    standalone cluster; it runs again elsewhere and resumes from its checkpoint with no
+    micro-batch duplicated or lost."""
+    master = stack_env["SPARKRING_STACK_SPARK_MASTER_URL"]
+    _start_cluster(cluster)
+    output = cluster.root / "stream-out"
+    counter = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "streaming_counter.py"
+    cluster.cli("resource", "upload", "counter", str(counter))
+    cluster.cli(
+        "job", "create", "stream", "--resource", "counter", "--kind", "streaming",
+        "--master", master, "--conf", "spark.cores.max=1", "--conf", "spark.executor.memory=512m",
+        f"--arg={output}", f"--arg=--heartbeats={cluster.heartbeats}",
+    )  # fmt: skip
+    cluster.cli("job", "start", "stream")
+    first = cluster.wait_job("stream", _running, 90, "streaming job running")
+    waiting.wait_until(
+        lambda: sink.committed_batches(output) >= 3, 120, interval=0.5,
+        message="three micro-batches committed",
+    )  # fmt: skip
+    killed_at = time.time()
+    cluster.kill(first["owner"])
+    moved = cluster.wait_job(
+        "stream", lambda j: _running(j) and j["owner"] != first["owner"], 90, "job failed over"
+    )
+    batches_before = sink.committed_batches(output)
+    waiting.wait_until(
+        lambda: sink.committed_batches(output) >= batches_before + 3, 120, interval=0.5,
+        message="the new driver committed three more micro-batches",
+    )  # fmt: skip
+    cluster.cli("job", "stop", "stream")
+    cluster.wait_job("stream", lambda j: j["state"] == "stopped", 60, "job stopped")
+    values = sink.committed_values(output)
+    assert len(values) == len(set(values)), "a value was written twice"
+    assert sorted(values) == list(range(min(values), max(values) + 1)), "a value was lost"
+    assert min(values) == 0
+    assert moved["epoch"] > first["epoch"]
+    heartbeats = cluster.heartbeat_records()
+    new_driver = [h for h in heartbeats if h["epoch"] == str(moved["epoch"])]
+    assert new_driver and min(h["t"] for h in new_driver) > killed_at
+    # The executors ran on the standalone cluster, not in local mode.
+    with urllib.request.urlopen(stack_env["SPARKRING_STACK_SPARK_UI_URL"] + "/json") as reply:
+        apps = json.load(reply)
+    names = {a["name"] for a in apps.get("completedapps", []) + apps.get("activeapps", [])}
+    assert "sparkring-stream" in names
+    _assert_single_drivers(cluster)
+
+
+def test_sigkill_of_a_server_leaves_no_orphan_driver(cluster: Cluster) -> None:
+    """(1) owner killed: its driver dies by its watchdog, the job runs elsewhere once."""
+    _start_cluster(cluster)
+    _heartbeat_job(cluster, "orphan")
+    cluster.cli("job", "start", "orphan")
+    first = cluster.wait_job("orphan", _running, 60, "job running")
+    cluster.kill(first["owner"])
+    cluster.wait_job(
+        "orphan", lambda j: _running(j) and j["owner"] != first["owner"], 60, "job moved"
+    )
+    old = [r for r in cluster.driver_records() if r["epoch"] == first["epoch"]]
+    assert any(r["event"] == "ended" for r in old), "the old driver outlived its lease"
+    _assert_single_drivers(cluster)

@@ -1,0 +1,42 @@
+"""A light driver for end-to-end tests: no SparkSession, but started by spark-submit.
+
+Appends {"job","epoch","server","pid","t"} to HEARTBEATS every 0.2 s until SIGTERM
+(exit 0) or, with --run-for, until that many seconds passed (exit --exit-code). Tests
+use the heartbeats to prove that two drivers of one job never ran at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("heartbeats")
+    parser.add_argument("--run-for", type=float, default=None)
+    parser.add_argument("--exit-code", type=int, default=0)
+    args = parser.parse_args()
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    identity = {k: os.environ.get(f"SPARKRING_{k.upper()}") for k in ("job", "epoch", "server")}
+    started = time.monotonic()
+    while not stopping:
+        line = json.dumps({**identity, "pid": os.getpid(), "t": time.time()}) + "\n"
+        fd = os.open(args.heartbeats, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        if args.run_for is not None and time.monotonic() - started >= args.run_for:
+            return args.exit_code
+        time.sleep(0.2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
