@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -65,12 +66,19 @@ def throwaway_s3(s3_endpoint: str) -> Iterator[ThrowawayS3]:
 
 
 class CountingStore(store.Store):
-    """The real store, counting download attempts."""
+    """The real store, counting download attempts; attempts past ``hold_after`` wait for
+    ``resume``, so a test can restart S3 between two retries without racing them."""
 
-    reads = 0
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads = 0
+        self.hold_after: int | None = None
+        self.resume = threading.Event()
 
     def read(self, key: str):  # type: ignore[override]
         self.reads += 1
+        if self.hold_after is not None and self.reads > self.hold_after:
+            self.resume.wait(30)
         return super().read(key)
 
 
@@ -128,7 +136,7 @@ def test_fetch_rides_out_an_s3_outage(
     path.write_bytes(b"print('survived')\n")
     resource = catalog.upload(engine, s3, name="etl", path=path, max_bytes=2**20)
     throwaway_s3.kill()
-    s3.reads = 0
+    s3.reads, s3.hold_after = 0, 2
     local = cache.Cache(root=tmp_path / "cache", max_bytes=2**20)
     stop = threading.Event()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -136,14 +144,17 @@ def test_fetch_rides_out_an_s3_outage(
             local.fetch, s3, resource, retry_for=60, backoff_base=0.1, backoff_max=0.5, stop=stop
         )
         try:
-            waiting.wait_until(lambda: s3.reads >= 2, 10, message="fetch did not retry")
+            # Two attempts failed against the dead server; the third waits for resume.
+            waiting.wait_until(lambda: s3.reads >= 3, 10, message="fetch did not retry")
             assert not fetching.done()
             # moto keeps objects in memory: the restarted server needs the object again.
             throwaway_s3.start()
             s3.ensure_bucket()
             s3.put(resource.object_key, path, resource.size)
+            s3.resume.set()
             fetched = fetching.result(timeout=30)
         finally:
+            s3.resume.set()
             stop.set()
     assert fetched.read_bytes() == b"print('survived')\n"
-    assert s3.reads >= 3
+    assert s3.reads == 3
