@@ -114,6 +114,8 @@ def _store_verified(
         return False
     sent = bucket.put(key, path, size, progress)
     if sent != sha256:
+        # What was stored is not what the key promises: never leave it under that key.
+        bucket.remove(key)
         raise errors.InvalidResource(f"{path.name} changed while it was being uploaded")
     if bucket.sha256(key) != (sha256, size):
         bucket.remove(key)

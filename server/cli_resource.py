@@ -67,7 +67,7 @@ def _print(resource: catalog.Resource, jobs: list[str] | None = None) -> None:
 def upload(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Resource name; each upload makes its next version."),
-    file: Path = typer.Argument(..., help="A .py, .zip, .egg or .jar file.", dir_okay=False),
+    file: Path = typer.Argument(..., help="A .py, .zip, .egg or .jar file."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Upload FILE as the next version of NAME (identical to the latest: no new version)."""
