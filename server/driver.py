@@ -21,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import math
 import os
 import re
+import select
 import signal
-import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -215,13 +217,19 @@ def _zip_launcher(archive: Path) -> str:
 
 
 class Driver:
-    """Handle on one watchdog (and through it, one driver run)."""
+    """Handle on one watchdog (and through it, one driver run). Thread-safe.
 
-    def __init__(self, run_dir: Path, pid: int, process: subprocess.Popen[bytes] | None) -> None:
+    The watchdog is reaped with ``waitpid`` rather than held in a ``Popen``: a server may
+    drop the handle of a watchdog that outlives it on purpose, without a warning.
+    """
+
+    def __init__(self, run_dir: Path, pid: int, *, is_child: bool) -> None:
         self.run_dir = run_dir
         self.pid = pid  # the watchdog's pid
-        self._process = process  # None when adopted: not our child
+        self._is_child = is_child  # False when adopted: only the start time identifies it
         self._start_ticks = watchdog.process_start_ticks(pid)
+        self._lock = threading.Lock()
+        self._status: int | None = None  # the watchdog's exit status, once reaped
         self._outcome: Outcome | None = None
         self._stop_requested = False
 
@@ -233,11 +241,28 @@ class Driver:
     def log_file(self) -> Path:
         return self.run_dir / LOG_FILE
 
+    @property
+    def watchdog_exit(self) -> int | None:
+        """The watchdog's exit status (``exit_codes.ExitCode``, or minus a signal) when it
+        was our child and has ended; None otherwise."""
+        return self._status
+
     def _watchdog_alive(self) -> bool:
-        if self._process is not None:
-            return self._process.poll() is None
-        ticks = watchdog.process_start_ticks(self.pid)
-        return ticks is not None and ticks == self._start_ticks
+        with self._lock:
+            if self._outcome is not None or self._status is not None:
+                return False
+            if not self._is_child:
+                ticks = watchdog.process_start_ticks(self.pid)
+                return ticks is not None and ticks == self._start_ticks
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: treat like a death without status
+                self._is_child = False
+                return False
+            if pid == 0:
+                return True
+            self._status = os.waitstatus_to_exitcode(status)
+            return False
 
     def poll(self) -> Outcome | None:
         """None while the watchdog runs; then how the run ended."""
@@ -245,8 +270,11 @@ class Driver:
             return self._outcome
         if self._watchdog_alive():
             return None
-        self._outcome = self._read_outcome()
-        return self._outcome
+        outcome = self._read_outcome()
+        with self._lock:
+            if self._outcome is None:
+                self._outcome = outcome
+            return self._outcome
 
     def _read_outcome(self) -> Outcome:
         result = watchdog.read_json(self.run_dir / RESULT_FILE)
@@ -259,8 +287,7 @@ class Driver:
             )
         # No result: the watchdog was SIGKILLed (by kill(), or by SIGTERM before it had
         # installed its handler when a stop was requested right after the launch).
-        status = self._process.returncode if self._process is not None else None
-        stopped = self._stop_requested and status == -signal.SIGTERM
+        stopped = self._stop_requested and self._status == -signal.SIGTERM
         return Outcome(
             exit_code=None,
             reason=watchdog.Reason.STOPPED if stopped else watchdog.Reason.KILLED,
@@ -270,16 +297,27 @@ class Driver:
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         """Block until the run ends (or ``timeout`` seconds pass: then None)."""
-        end = None if timeout is None else time.monotonic() + timeout
-        if self._process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(timeout)
+        end = math.inf if timeout is None else time.monotonic() + timeout
+        if (outcome := self.poll()) is not None:
+            return outcome
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
             return self.poll()
-        while (outcome := self.poll()) is None:
-            if end is not None and time.monotonic() >= end:
-                return None
-            time.sleep(0.05)
-        return outcome
+        try:
+            # The pid may have been recycled between poll() and pidfd_open().
+            if not self._watchdog_alive():
+                return self.poll()
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            while (outcome := self.poll()) is None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                poller.poll(min(left, 1.0) * 1000)
+            return outcome
+        finally:
+            os.close(pidfd)
 
     def confirm(self, deadline: float) -> None:
         """Extend the watchdog's deadline to ``deadline`` (time.monotonic() seconds)."""
@@ -391,30 +429,36 @@ def supervise(
         str(epoch),
         "--server",
         server,
+        "--cwd",
+        str(run_dir),
     ]
     if records is not None:
         argv += ["--records", str(records)]
     if term_only is not None:
         argv += ["--term-only", term_only]
     argv += ["--", *command]
-    with open(run_dir / LOG_FILE, "ab") as log_handle:
-        try:
-            process = subprocess.Popen(
-                argv,
-                env=dict(env),
-                cwd=run_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=log_handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise DriverError(f"job {job}: cannot start the watchdog: {exc}") from exc
+    log_fd = os.open(run_dir / LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        pid = os.posix_spawn(
+            sys.executable,
+            argv,
+            dict(env),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                (os.POSIX_SPAWN_DUP2, log_fd, 2),
+            ],
+            setsid=True,  # its own session: the server's signals and pauses never reach it
+        )
+    except OSError as exc:
+        raise DriverError(f"job {job}: cannot start the watchdog: {exc}") from exc
+    finally:
+        os.close(log_fd)
     log.info(
         "driver launched",
-        extra={"action": "launch", "job": job, "epoch": epoch, "watchdog_pid": process.pid},
+        extra={"action": "launch", "job": job, "epoch": epoch, "watchdog_pid": pid},
     )
-    return Driver(run_dir, process.pid, process)
+    return Driver(run_dir, pid, is_child=True)
 
 
 def launch(
@@ -468,4 +512,4 @@ def adopt(run_dir: Path) -> Driver | None:
         return None
     if watchdog.process_start_ticks(pid) != ticks:
         return None
-    return Driver(run_dir, pid, None)
+    return Driver(run_dir, pid, is_child=False)

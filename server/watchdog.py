@@ -347,6 +347,7 @@ class Watchdog:
             self.driver = subprocess.Popen(
                 self.command,
                 stdin=subprocess.DEVNULL,
+                cwd=self.args.cwd,
                 process_group=0,
                 preexec_fn=_die_with_parent,
             )
@@ -414,6 +415,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--stop-file", type=Path, default=None)
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S)
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
+    parser.add_argument("--cwd", type=Path, default=None, help="working directory of CMD")
     parser.add_argument(
         "--term-only",
         default=None,
@@ -442,6 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO,
         format="%(asctime)s sparkring-watchdog[%(process)d] %(levelname)s %(message)s",
     )
+    # Nothing the launcher leaked (sockets, files) may reach the driver or pin resources.
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     watchdog = Watchdog(args)
     try:
         return watchdog.run()

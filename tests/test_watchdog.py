@@ -10,8 +10,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,7 +71,7 @@ def supervise(
     tmp_path: Path,
     command: list[str],
     deadline: float,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> driver.Driver:
     handle = driver.supervise(
         command,
@@ -81,7 +82,7 @@ def supervise(
         epoch=7,
         server="server-a",
         records=tmp_path / "records.jsonl",
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
     started.append(handle)
     return handle
@@ -91,16 +92,27 @@ def alive(pid: int) -> bool:
     return watchdog.process_start_ticks(pid) is not None
 
 
-def records(tmp_path: Path) -> list[dict[str, object]]:
+def records(tmp_path: Path) -> list[dict[str, Any]]:
     path = tmp_path / "records.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def ended_record(tmp_path: Path) -> dict[str, object]:
+def ended_record(tmp_path: Path) -> dict[str, Any]:
     [ended] = [r for r in records(tmp_path) if r["event"] == "ended"]
     return ended
+
+
+def wait_ended(tmp_path: Path, timeout: float) -> dict[str, Any]:
+    """The watchdog's "ended" record, written once every descendant is reaped."""
+    waiting.wait_until(
+        lambda: any(r["event"] == "ended" for r in records(tmp_path)),
+        timeout,
+        interval=0.01,
+        message="the driver outlived its lease",
+    )
+    return ended_record(tmp_path)
 
 
 def wait_ready(tmp_path: Path, timeout: float = 10) -> int:
@@ -125,12 +137,11 @@ def test_lease_expiry_kills_the_group_at_the_deadline(
     assert outcome.reason == driver.Reason.LEASE_EXPIRED
     assert outcome.exit_code == -signal.SIGKILL
     ended = ended_record(tmp_path)
-    assert deadline <= float(ended["mono"]) <= deadline + KILL_LATENCY_S  # type: ignore[arg-type]
+    assert deadline <= float(ended["mono"]) <= deadline + KILL_LATENCY_S
     assert ended["pid"] == pid and ended["job"] == "j" and ended["epoch"] == 7
     # The grandchild in its group and the one that left the group are gone too.
     assert not alive(pid) and not alive(inner) and not alive(escaped)
-    assert handle._process is not None
-    assert handle._process.returncode == exit_codes.ExitCode.LEASE_EXPIRED
+    assert handle.watchdog_exit == exit_codes.ExitCode.LEASE_EXPIRED
 
 
 def test_confirmations_keep_the_driver_alive(
@@ -170,8 +181,11 @@ PARENT = textwrap.dedent(
 )
 
 
+StartParent = Callable[[str], tuple["subprocess.Popen[str]", int]]
+
+
 @pytest.fixture
-def parent(tmp_path: Path, child: Path) -> Iterator[object]:
+def parent(tmp_path: Path, child: Path) -> Iterator[StartParent]:
     processes: list[subprocess.Popen[str]] = []
 
     def start(mode: str) -> tuple[subprocess.Popen[str], int]:
@@ -197,7 +211,7 @@ def parent(tmp_path: Path, child: Path) -> Iterator[object]:
         handle.kill()
 
 
-def test_a_paused_parent_does_not_pause_the_watchdog(tmp_path: Path, parent) -> None:  # type: ignore[no-untyped-def]
+def test_a_paused_parent_does_not_pause_the_watchdog(tmp_path: Path, parent: StartParent) -> None:
     process, watchdog_pid = parent("never-confirm")
     pid = wait_ready(tmp_path)
     deadline = watchdog.read_lease(tmp_path / "run" / driver.LEASE_FILE)
@@ -205,14 +219,16 @@ def test_a_paused_parent_does_not_pause_the_watchdog(tmp_path: Path, parent) -> 
 
     process.send_signal(signal.SIGSTOP)
 
-    waiting.wait_until(lambda: not alive(pid), 10, message="driver outlived its lease")
-    ended = ended_record(tmp_path)
+    ended = wait_ended(tmp_path, 10)
+    assert not alive(pid)
     assert ended["reason"] == "lease_expired"
-    assert deadline <= float(ended["mono"]) <= deadline + KILL_LATENCY_S  # type: ignore[arg-type]
+    assert deadline <= float(ended["mono"]) <= deadline + KILL_LATENCY_S
     waiting.wait_until(lambda: not alive(watchdog_pid), 5, message="watchdog did not exit")
 
 
-def test_a_killed_parent_s_driver_dies_at_the_deadline_not_before(tmp_path: Path, parent) -> None:  # type: ignore[no-untyped-def]
+def test_a_killed_parent_s_driver_dies_at_the_deadline_not_before(
+    tmp_path: Path, parent: StartParent
+) -> None:
     process, _ = parent("confirm")
     pid = wait_ready(tmp_path)
     lease_file = tmp_path / "run" / driver.LEASE_FILE
@@ -232,10 +248,10 @@ def test_a_killed_parent_s_driver_dies_at_the_deadline_not_before(tmp_path: Path
     while time.monotonic() < deadline - 0.05:
         assert alive(pid), "the driver died before its confirmed deadline"
         time.sleep(0.02)
-    waiting.wait_until(lambda: not alive(pid), 5, interval=0.01, message="driver outlived lease")
-    ended = ended_record(tmp_path)
+    ended = wait_ended(tmp_path, 5)
+    assert not alive(pid)
     assert ended["reason"] == "lease_expired"
-    assert deadline <= float(ended["mono"]) <= deadline + KILL_LATENCY_S  # type: ignore[arg-type]
+    assert deadline <= float(ended["mono"]) <= deadline + KILL_LATENCY_S
 
 
 def test_stop_sends_sigterm_then_sigkill_after_the_grace(
@@ -335,8 +351,7 @@ def test_a_failing_driver_reports_its_exit_code(
     assert outcome is not None
     assert outcome.reason == driver.Reason.EXITED and outcome.exit_code == 3
     assert outcome.started_at is not None and outcome.started_at <= outcome.ended_at
-    assert handle._process is not None
-    assert handle._process.returncode == exit_codes.ExitCode.DRIVER_FAILED
+    assert handle.watchdog_exit == exit_codes.ExitCode.DRIVER_FAILED
     assert [r["event"] for r in records(tmp_path)] == ["started", "ended"]
     assert "driver ended: reason=exited exit_code=3" in handle.log_file.read_text()
 
