@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""The HA demo (``make demo``): a real sparkring cluster on the local stack.
+
+Three servers, a real PySpark streaming job (Structured Streaming with a checkpoint), a
+PySpark batch job and a few light streaming drivers; then one server is killed with -9
+and the recovery is shown, a fourth server joins and the migration is shown, and a
+summary gives the measured times. Everything it started is stopped at the end.
+
+Runs against the stack started by scripts/stack.py, in a database, ZooKeeper root and
+bucket of its own (``sparkring_demo``), so it can be run again and again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import sqlalchemy as sa  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from tests import services, sink, waiting  # noqa: E402
+from tests.cluster import Cluster  # noqa: E402
+
+console = Console()
+JOBS_DIR = REPO / "examples" / "jobs"
+LIGHT_JOB = REPO / "tests" / "jobs" / "heartbeat.py"
+LIGHT_JOBS = [f"ingest-{i}" for i in range(1, 6)]
+
+
+def step(text: str) -> None:
+    console.rule(f"[bold]{text}")
+
+
+def show_jobs(c: Cluster) -> None:
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("job", "kind", "state", "owner", "target", "epoch", "attempt"):
+        table.add_column(column)
+    for name in ["clicks", "daily-sum", *LIGHT_JOBS]:
+        j = c.job(name)
+        table.add_row(
+            name, j["kind"], j["state"], j["owner"] or "-", j["target"] or "-",
+            str(j["epoch"]), str(j["attempt"]),
+        )  # fmt: skip
+    console.print(table)
+
+
+def started_at(c: Cluster, job: str, epoch: int) -> float | None:
+    for r in c.driver_records():
+        if r["job"] == job and r["epoch"] == epoch and r["event"] == "started":
+            return r["t"]
+    return None
+
+
+def ended_at(c: Cluster, job: str, epoch: int) -> float | None:
+    for r in c.driver_records():
+        if r["job"] == job and r["epoch"] == epoch and r["event"] == "ended":
+            return r["t"]
+    return None
+
+
+def running(j: dict[str, Any]) -> bool:
+    return j["state"] == "running" and j["owner"] is not None
+
+
+def fresh_database(stack: dict[str, str]) -> str:
+    url = sa.make_url(stack["SPARKRING_DATABASE_URL"]).set(database="sparkring_demo")
+    admin = services.admin_engine(stack["SPARKRING_DATABASE_URL"])
+    with admin.connect() as conn:
+        conn.execute(sa.text("DROP DATABASE IF EXISTS sparkring_demo WITH (FORCE)"))
+        conn.execute(sa.text("CREATE DATABASE sparkring_demo"))
+    admin.dispose()
+    rendered = url.render_as_string(hide_password=False)
+    from sql import database, migrate
+
+    engine = database.create_engine(rendered, pool_size=1)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return rendered
+
+
+def main() -> int:
+    stack = services.stack_env()
+    root = Path(tempfile.mkdtemp(prefix="sparkring-demo-", dir=stack.get("SPARKRING_STACK_DIR")))
+    c = Cluster(
+        stack,
+        fresh_database(stack),
+        f"/sparkring-demo/{int(time.time())}",
+        "sparkring-demo",
+        root,
+    )
+    interrupted = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    summary: dict[str, str] = {}
+    try:
+        step("1. three servers")
+        for sid in ("s1", "s2", "s3"):
+            c.start_server(sid, capacity=4)
+        c.wait_members(3, timeout=60)
+        console.print(c.cli("server", "list").stdout)
+
+        step("2. upload artifacts, create and start jobs")
+        c.cli("resource", "upload", "clicks", str(JOBS_DIR / "streaming_counter.py"))
+        c.cli("resource", "upload", "daily-sum", str(JOBS_DIR / "batch_sum.py"))
+        c.cli("resource", "upload", "ingest", str(LIGHT_JOB))
+        output = root / "clicks-output"
+        c.cli(
+            "job", "create", "clicks", "--resource", "clicks", "--kind", "streaming",
+            "--conf", "spark.sql.shuffle.partitions=1", f"--arg={output}",
+            f"--arg=--heartbeats={c.heartbeats}",
+        )  # fmt: skip
+        c.cli(
+            "job", "create", "daily-sum", "--resource", "daily-sum", "--kind", "batch",
+            f"--arg={root / 'daily-sum-output'}",
+        )  # fmt: skip
+        for name in LIGHT_JOBS:
+            c.cli("job", "create", name, "--resource", "ingest", f"--arg={root / 'ingest.jsonl'}")
+        t_start = time.time()
+        for name in ["clicks", "daily-sum", *LIGHT_JOBS]:
+            c.cli("job", "start", name)
+        for name in ["clicks", *LIGHT_JOBS]:
+            c.wait_job(name, running, 120, f"{name} running")
+        first = c.job("clicks")
+        spawn = started_at(c, "clicks", first["epoch"])
+        if spawn:
+            summary["job start -> driver spawned (clicks)"] = f"{spawn - t_start:.2f} s"
+        c.wait_job("daily-sum", lambda j: j["state"] == "finished", 180, "batch finished")
+        waiting.wait_until(lambda: sink.committed_batches(output) >= 3, 180, interval=0.5)
+        show_jobs(c)
+        console.print(f"clicks committed {sink.committed_batches(output)} micro-batches so far")
+
+        step(f"3. kill -9 {first['owner']}, the owner of the streaming job 'clicks'")
+        victim = first["owner"]
+        killed_at = time.time()
+        c.kill(victim)
+        moved = c.wait_job(
+            "clicks", lambda j: running(j) and j["owner"] != victim, 120, "clicks failed over"
+        )
+        new_spawn = started_at(c, "clicks", moved["epoch"])
+        old_end = ended_at(c, "clicks", first["epoch"])
+        for name in LIGHT_JOBS:
+            c.wait_job(name, lambda j: running(j) and j["owner"] != victim, 120, f"{name} moved")
+        show_jobs(c)
+        if new_spawn:
+            summary["kill -9 -> new driver spawned"] = f"{new_spawn - killed_at:.2f} s"
+        if old_end:
+            summary["kill -9 -> old driver killed by its watchdog"] = f"{old_end - killed_at:.2f} s"
+        before = sink.committed_batches(output)
+        waiting.wait_until(lambda: sink.committed_batches(output) >= before + 2, 180, interval=0.5)
+        console.print(
+            f"clicks resumed on {moved['owner']} from its checkpoint: "
+            f"{sink.committed_batches(output)} micro-batches committed"
+        )
+
+        step("4. a fourth server joins")
+        owners = {n: c.job(n)["owner"] for n in ["clicks", *LIGHT_JOBS]}
+        epochs = {n: c.job(n)["epoch"] for n in owners}
+        c.start_server("s4", capacity=4)
+        c.wait_members(3, timeout=60)  # s1/s2 or s3 was killed: 3 live again with s4
+
+        def settled() -> bool:
+            jobs = [c.job(n) for n in owners]
+            return all(running(j) and j["owner"] == j["target"] for j in jobs) and any(
+                j["owner"] == "s4" for j in jobs
+            )
+
+        waiting.wait_until(settled, 180, interval=0.5, message="jobs settled after the join")
+        show_jobs(c)
+        moved_jobs = [n for n in owners if c.job(n)["owner"] != owners[n]]
+        gaps = []
+        for n in moved_jobs:
+            new_epoch = c.job(n)["epoch"]
+            end, start = ended_at(c, n, epochs[n]), started_at(c, n, new_epoch)
+            if end and start:
+                gaps.append(start - end)
+        ideal = len(owners) / 3
+        summary["jobs moved on the join (ideal K/(N+1))"] = f"{len(moved_jobs)} ({ideal:.1f})"
+        if gaps:
+            summary["hand-off gap, old driver ended -> new spawned"] = (
+                f"max {max(gaps):.2f} s, mean {sum(gaps) / len(gaps):.2f} s"
+            )
+
+        step("5. stop: exactly-once check of the streaming output, then every server")
+        c.cli("job", "stop", "clicks")
+        c.wait_job("clicks", lambda j: j["state"] == "stopped", 120, "clicks stopped")
+        values = sink.committed_values(output)
+        duplicates = len(values) - len(set(values))
+        missing = (max(values) - min(values) + 1 - len(set(values))) if values else 0
+        summary["streaming output values (duplicates, missing)"] = (
+            f"{len(values)} ({duplicates}, {missing})"
+        )
+        summary["daily-sum (batch) runs"] = str(
+            sum(1 for e in c.events("daily-sum") if e["kind"] == "claimed")
+        )
+        for sid in list(c.servers):
+            code = c.terminate(sid, timeout=90)
+            console.print(f"{sid} stopped with exit code {code}")
+    except (KeyboardInterrupt, AssertionError) as exc:
+        console.print(f"[red]demo stopped: {exc or 'interrupted'}[/]")
+        for sid in ("s1", "s2", "s3", "s4"):
+            log = c.log(sid)
+            if log:
+                console.print(
+                    f"--- last lines of {sid}'s log ---\n" + "\n".join(log.splitlines()[-5:])
+                )
+        return 1
+    finally:
+        c.close()
+    step("summary (measured on this machine)")
+    table = Table(show_edge=False, header_style="bold")
+    table.add_column("what")
+    table.add_column("measured")
+    for key, value in summary.items():
+        table.add_row(key, value)
+    console.print(table)
+    console.print(
+        f"timeouts: ZooKeeper session {c.env['SPARKRING_ZK_SESSION_TIMEOUT']} s, "
+        f"lease {c.env['SPARKRING_LEASE_TTL']} s, "
+        f"watchdog margin {c.env['SPARKRING_WATCHDOG_MARGIN']} s"
+    )
+    console.print(f"logs and outputs: {root}\nstop the local stack with: make down")
+    return 0 if not interrupted else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
