@@ -38,12 +38,16 @@ class DeposedError(Exception):
 
 
 def become(conn: sa.Connection, term: int, server: str) -> None:
-    """Record ``term`` as the current coordinator term (it must be newer than the last)."""
+    """Record ``term`` as the current coordinator term.
+
+    It must be newer than the recorded one, or the same term of the same server: a
+    coordinator that stepped down during a short ZooKeeper disconnection and is elected
+    again with the same election node (same term) resumes its term."""
     recorded = conn.execute(
         sa.text(
             """
             UPDATE coordinator SET term = :term, server = :server, updated_at = now()
-             WHERE id = 1 AND term < :term
+             WHERE id = 1 AND (term < :term OR (term = :term AND server = :server))
             RETURNING term
             """
         ),

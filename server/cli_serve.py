@@ -7,9 +7,8 @@ import typer
 
 from registry import errors as registry_errors
 from scheduler import notify
-from server import console, logs, process, signals
+from server import console, exit_codes, logs, process, signals
 from server import settings as settings_module
-from server.exit_codes import ExitCode
 from sql import database
 
 
@@ -47,7 +46,7 @@ def run(
     except (process.StartupError, registry_errors.RegistryError, database.DatabaseError) as exc:
         server.shutdown()
         console.fail(str(exc))
-        raise typer.Exit(ExitCode.CONFIG_ERROR) from None
+        raise typer.Exit(exit_codes.ExitCode.CONFIG_ERROR) from None
     raise typer.Exit(server.run())
 
 

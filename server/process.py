@@ -26,9 +26,8 @@ import sqlalchemy as sa
 from registry import connection, servers, session
 from resource_center import cache, store
 from scheduler import coordinator, notify
-from server import defaults, health, metrics, runner
+from server import defaults, exit_codes, health, metrics, runner
 from server import settings as settings_module
-from server.exit_codes import ExitCode
 from sql import database, migrate
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ class Server:
         self.runner: runner.Runner | None = None
         self.listener: notify.Listener | None = None
         self.http: health.HealthServer | None = None
-        self.exit_code = ExitCode.OK
+        self.exit_code = exit_codes.ExitCode.OK
 
     # ------------------------------------------------------------------ start
 
@@ -219,7 +218,7 @@ class Server:
         )
         if state == connection.State.REFUSED:
             # Another live server took our id: we must not run anything.
-            self.exit_code = ExitCode.UNHEALTHY
+            self.exit_code = exit_codes.ExitCode.UNHEALTHY
             self.request_stop()
         elif state == connection.State.CONNECTED and self.runner is not None:
             self.runner.wake()
@@ -264,13 +263,13 @@ class Server:
     def request_stop(self) -> None:
         self._stop.set()
 
-    def run(self) -> ExitCode:
+    def run(self) -> exit_codes.ExitCode:
         """Serve until asked to stop, watching the supervised threads; then shut down."""
         try:
             while not self._stop.wait(1.0):
                 if self.runner is not None and not self.runner.threads_alive():
                     log.error("a runner thread died; exiting", extra={"action": "unhealthy"})
-                    self.exit_code = ExitCode.UNHEALTHY
+                    self.exit_code = exit_codes.ExitCode.UNHEALTHY
                     break
         finally:
             self.shutdown()

@@ -404,7 +404,7 @@ class Runner:
     def _ended(self, run: Run, outcome: driver.Outcome) -> None:
         cfg = self.config
         extra = {"job": run.name, "epoch": run.epoch, "exit_code": outcome.exit_code}
-        if outcome.reason == "lease_expired":
+        if outcome.reason in ("lease_expired", "killed"):
             log.error(
                 "watchdog killed the driver: lease lost", extra={"action": "lease_lost", **extra}
             )

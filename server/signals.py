@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from server.exit_codes import ExitCode
+from server import exit_codes
 
 
 def install(request_stop: Callable[[], None]) -> None:
@@ -24,7 +24,7 @@ def install(request_stop: Callable[[], None]) -> None:
             request_stop()
             return
         sys.stderr.write("second signal: exiting now\n")
-        os._exit(ExitCode.KILLED)
+        os._exit(exit_codes.ExitCode.KILLED)
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)

@@ -50,6 +50,16 @@ def test_a_deposed_coordinator_writes_nothing(engine: sa.Engine) -> None:
     assert _targets(engine) == {1: None}
     with pytest.raises(coordinator.DeposedError):
         _become(engine, 6)  # terms only grow
+    with pytest.raises(coordinator.DeposedError):
+        _become(engine, 7, server="a")  # a term belongs to one server
+
+
+def test_the_same_coordinator_may_resume_its_term(engine: sa.Engine) -> None:
+    """Stepped down on a short disconnection, re-elected with the same election node."""
+    factories.job(engine, "j")
+    _become(engine, 5)
+    _become(engine, 5)
+    assert _rebalance(engine, 5).changed == 1
 
 
 def test_stopped_jobs_lose_their_target_and_capacity_limits_hold(engine: sa.Engine) -> None:
