@@ -1,0 +1,113 @@
+"""Operating a live cluster through the CLI: drain, logs, ring, health and metrics,
+start-up refusals. Real servers and light drivers (tests/jobs/heartbeat.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+from tests import waiting
+from tests.cluster import Cluster
+from tests.e2e.test_ha import _heartbeat_job, _running, _start_cluster
+
+
+def _health_url(c: Cluster, server_id: str) -> str:
+    servers = json.loads(c.cli("server", "list", "--json").stdout)
+    return next(s["health_url"] for s in servers if s["id"] == server_id)
+
+
+def test_drain_moves_every_job_off_a_server_and_undo_lets_it_take_jobs(cluster: Cluster) -> None:
+    _start_cluster(cluster, servers=("s1", "s2"))
+    names = [f"d{i}" for i in range(4)]
+    for name in names:
+        _heartbeat_job(cluster, name)
+        cluster.cli("job", "start", name)
+    for name in names:
+        cluster.wait_job(name, _running, 90, f"{name} running")
+    cluster.cli("server", "drain", "s1")
+
+    def all_on_s2() -> bool:
+        return all(cluster.job(n)["owner"] == "s2" and _running(cluster.job(n)) for n in names)
+
+    waiting.wait_until(all_on_s2, 90, interval=0.5, message="every job moved to s2")
+    assert json.loads(cluster.cli("ring", "show", "--json").stdout)["servers"][0] == {
+        "server": "s1",
+        "live": True,
+        "role": "both",
+        "capacity": 4,
+        "placeable": False,
+        "targeted": 0,
+        "owned": 0,
+    }
+    cluster.cli("server", "drain", "s1", "--undo")
+    waiting.wait_until(
+        lambda: any(cluster.job(n)["owner"] == "s1" for n in names),
+        90,
+        interval=0.5,
+        message="s1 takes jobs again",
+    )
+
+
+def test_logs_health_metrics_and_ring_explain_of_a_running_job(cluster: Cluster) -> None:
+    _start_cluster(cluster, servers=("s1", "s2"))
+    _heartbeat_job(cluster, "talker")
+    cluster.cli("job", "start", "talker")
+    job = cluster.wait_job("talker", _running, 90, "job running")
+    # The live log, read from the owner's HTTP endpoint: spark-submit writes there.
+    waiting.wait_until(
+        lambda: cluster.cli("job", "logs", "talker", check=False).stdout.strip() != "",
+        30,
+        message="a live driver log",
+    )
+    url = _health_url(cluster, job["owner"])
+    with urllib.request.urlopen(url + "/healthz", timeout=5) as reply:
+        health = json.load(reply)
+    assert health["jobs"] == ["talker"] and health["zookeeper"] == "connected"
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
+        metrics = reply.read().decode()
+    assert "sparkring_jobs_owned 1" in metrics
+    assert "sparkring_claims_total 1" in metrics
+    explained = json.loads(cluster.cli("ring", "explain", "talker", "--json").stdout)
+    assert explained["target"] == job["target"]
+    # After a stop, the shipped log of the last run is what `job logs` shows.
+    cluster.cli("job", "stop", "talker")
+    cluster.wait_job("talker", lambda j: j["state"] == "stopped", 60, "job stopped")
+    waiting.wait_until(
+        lambda: cluster.cli("job", "logs", "talker", check=False).returncode == 0,
+        30,
+        message="the shipped log",
+    )
+    unknown = cluster.cli("job", "logs", "nope", check=False)
+    assert unknown.returncode == 1 and "no job named 'nope'" in unknown.stderr
+
+
+def test_a_second_server_with_a_live_id_is_refused(cluster: Cluster) -> None:
+    _start_cluster(cluster, servers=("s1",))
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "server", "run", "--id", "s1"],
+        env={**cluster.env, "SPARKRING_WORK_DIR": str(cluster.root / "dup")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 78
+    assert "s1" in result.stderr and "Traceback" not in result.stderr
+    url = _health_url(cluster, "s1")
+    with urllib.request.urlopen(url + "/healthz", timeout=5) as reply:
+        assert reply.status == 200
+
+
+def test_bad_commands_are_one_clear_line(cluster: Cluster) -> None:
+    _start_cluster(cluster, servers=("s1",))
+    cases = [
+        (("job", "create", "x", "--resource", "missing"), "missing"),
+        (("job", "start", "ghost"), "no job named 'ghost'"),
+        (("job", "create", "x", "--resource", "r", "--conf", "nokey"), "is not KEY=VALUE"),
+    ]
+    for args, expected in cases:
+        result = cluster.cli(*args, check=False)
+        assert result.returncode != 0, args
+        assert expected in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
