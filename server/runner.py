@@ -72,7 +72,9 @@ class Run:
     kind: str
     epoch: int
     attempt: int
-    claimed_at: float  # monotonic, just before the claim statement
+    # Monotonic time just after the claim committed: a renewal sent later must include
+    # this job, else the lease was lost.
+    claimed_at: float
     deadline: float  # monotonic time the watchdog kills the driver unless confirmed
     phase: str = "starting"  # starting | running | stopping
     driver: driver.Driver | None = None
@@ -311,7 +313,8 @@ class Runner:
             kind=row.kind,
             epoch=claim.epoch,
             attempt=claim.attempt,
-            claimed_at=t_sent,
+            claimed_at=time.monotonic(),
+            # From the time before the claim was sent: PostgreSQL's lease ends later.
             deadline=t_sent + cfg.lease_ttl - cfg.watchdog_margin,
         )
         with self._lock:
