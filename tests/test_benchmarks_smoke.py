@@ -1,0 +1,92 @@
+"""The PostgreSQL benchmark of the distribution table runs end to end at a tiny size.
+
+It keeps ``benchmarks/distribution_db.py`` from rotting: every figure must still be in
+its JSON, its own checks (each contended job claimed once, renewals and polls returning
+the rows they should) must still pass, and its scratch database must be gone afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import sqlalchemy as sa
+
+from tests import services
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "distribution_db.py"
+PERCENTILES = {"p50_ms", "p99_ms", "max_ms"}
+PLAN = {"seq_scan", "uses_target_index", "uses_owner_index", "seq_scan_jobs", "join", "lines"}
+STEP = {"step", "servers", "changed", "read_s", "place_s", "write_s", "commit_s", "total_s"}
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("distribution_db_benchmark", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bench_databases(url: str) -> set[str]:
+    admin = services.admin_engine(url)
+    try:
+        with admin.connect() as conn:
+            return set(
+                conn.execute(
+                    sa.text("SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_%'")
+                ).scalars()
+            )
+    finally:
+        admin.dispose()
+
+
+def test_distribution_benchmark_reports_every_figure(
+    postgres_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _bench_databases(postgres_url)
+    _script().main(
+        [
+            *("--jobs", "200", "--servers", "5", "--repeat", "1"),
+            *("--renew-calls", "20", "--renew-rounds", "1", "--polls", "20"),
+            *("--database-url", postgres_url, "--json"),
+        ]
+    )
+    figures = json.loads(capsys.readouterr().out)
+
+    assert (figures["jobs"], figures["servers"]) == (200, 5)
+    steps = {step["step"]: step for step in figures["rebalance"]}
+    assert set(steps) == {"first", "steady", "leave", "join"}
+    assert all(STEP <= step.keys() for step in steps.values())
+    assert steps["first"]["changed"] == 200
+    assert steps["steady"]["changed"] == 0
+    assert steps["leave"]["changed"] > 0 and steps["join"]["changed"] > 0
+
+    claims = figures["claims"]
+    assert [c["claimers"] for c in claims["distinct"]] == [1, 4, 8]
+    assert all(c["claims_per_s"] > 0 for c in claims["distinct"])
+    contended = claims["contended"]
+    assert contended["each_claimed_once"] is True
+    assert contended["won"] == claims["block"] == contended["jobs"]
+    assert contended["won"] + contended["rejected"] == contended["attempts"]
+
+    assert [r["requested"] for r in figures["renew"]] == [10, 100, 1000]
+    assert all(PERCENTILES <= r.keys() for r in figures["renew"])
+    load = figures["renew_load"]
+    assert load["servers"] == 5 and load["required_rows_per_s"] == 100
+    assert PERCENTILES <= load["capacity_latency"].keys()
+    assert PERCENTILES <= load["paced_latency"].keys()
+    for key in ("capacity_rows_per_s", "utilisation", "paced_in_flight", "paced_wal_mb_per_s"):
+        assert load[key] >= 0
+
+    poll = figures["poll"]
+    assert poll["table_rows"] == 200 and poll["rows_returned"] == 40
+    assert PERCENTILES <= poll.keys()
+    for plan in (poll["plan"], poll["generic_plan"], poll["ssd_cost"]["plan"]):
+        assert PLAN <= plan.keys() and plan["lines"]
+    assert PERCENTILES <= poll["ssd_cost"].keys() and PERCENTILES <= poll["reap"].keys()
+
+    assert _bench_databases(postgres_url) == before, "the scratch database was left behind"
