@@ -223,13 +223,21 @@ class CoordinatorLoop:
         self._on_deposed = on_deposed
         self._on_rebalance = on_rebalance
         self._wake = threading.Event()
+        self._debounce_lock = threading.Lock()
+        self._next_debounce = debounce
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"coordinator-{term}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def wake(self) -> None:
+    def wake(self, debounce: float | None = None) -> None:
+        """Rebalance soon: after ``debounce`` seconds (default: the loop's), so that a
+        burst of changes gives one pass. Job commands pass a short one: an operator
+        waiting for ``job start`` should not wait for a membership debounce."""
+        with self._debounce_lock:
+            wanted = self._debounce if debounce is None else debounce
+            self._next_debounce = min(self._next_debounce, wanted)
         self._wake.set()
 
     def stop(self) -> None:
@@ -275,7 +283,9 @@ class CoordinatorLoop:
                 return
             # Debounce: let a burst of membership or job changes settle into one pass.
             self._wake.clear()
-            self._stop.wait(self._debounce)
+            with self._debounce_lock:
+                delay, self._next_debounce = self._next_debounce, self._debounce
+            self._stop.wait(delay)
 
     def _cycle(self) -> None:
         with self.engine.begin() as conn:

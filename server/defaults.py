@@ -12,6 +12,8 @@ ZK_ROOT = "/sparkring"
 ZK_SESSION_TIMEOUT_S = 6.0
 # Membership changes within this window are folded into one recomputation, seconds.
 MEMBERSHIP_DEBOUNCE_S = 0.5
+# Job commands (start, stop...) fold into one recomputation within this window, seconds.
+JOB_CHANGE_DEBOUNCE_S = 0.05
 
 S3_BUCKET = "sparkring"
 S3_SECURE = False

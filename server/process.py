@@ -165,7 +165,7 @@ class Server:
         if self.runner is not None:
             self.runner.wake()
         if channel in ("", notify.JOBS_CHANNEL):
-            self._wake_coordinator()
+            self._wake_coordinator(debounce=defaults.JOB_CHANGE_DEBOUNCE_S)
 
     def _members_changed(self, members: dict[str, servers.ServerInfo]) -> None:
         log.info(
@@ -174,10 +174,10 @@ class Server:
         )
         self._wake_coordinator()
 
-    def _wake_coordinator(self) -> None:
+    def _wake_coordinator(self, debounce: float | None = None) -> None:
         loop = self._coordinator
         if loop is not None:
-            loop.wake()
+            loop.wake(debounce)
 
     def _coordinator_changed(self, term: int | None) -> None:
         with self._coordinator_lock:
