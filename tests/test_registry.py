@@ -314,10 +314,14 @@ def test_cut_off_past_the_session_timeout_registers_again_with_a_fresh_session(
 # A server process in a subprocess: registers, reports its states as JSON lines, stops
 # on "stop" from stdin.
 CHILD = """
-import json, os, sys, time
+import json, os, sys, threading, time
 from registry import servers, session
 hosts, root, server_id, host, timeout = sys.argv[1:6]
-say = lambda **kw: print(json.dumps(kw), flush=True)
+lock = threading.Lock()
+def say(**kw):
+    with lock:  # two threads report: one whole line each
+        sys.stdout.write(json.dumps(kw) + "\\n")
+        sys.stdout.flush()
 info = servers.ServerInfo(id=server_id, host=host, pid=os.getpid(), capacity=1, role="both",
                           version="old", started_at=time.time())
 reg = session.Registry(hosts, root, info, session_timeout=float(timeout),
