@@ -40,6 +40,7 @@ import collections
 import contextlib
 import math
 import re
+import statistics
 import sys
 import threading
 import time
@@ -65,8 +66,9 @@ CLAIM_BLOCK = 1_000
 CLAIMERS = (1, 4, 8)
 RENEW_SIZES = (10, 100, 1_000)
 JOINS = ("Nested Loop", "Hash Join", "Merge Join")
-# random_page_cost for storage where a random read costs about a sequential one (SSD).
-SSD_RANDOM_PAGE_COST = 1.1
+# Planner settings that leave it only a nested loop probing jobs' primary key, no
+# parallel workers: what the poll would cost if it joined jobs by index (the proposal).
+INDEX_JOIN = ("enable_hashjoin", "enable_mergejoin", "max_parallel_workers_per_gather")
 
 
 def _server(index: int) -> str:
@@ -453,6 +455,51 @@ def _renew_once(conn: sa.Connection, server: str, expected: int, ttl: float) -> 
     return elapsed
 
 
+def _renew_execution_ms(engine: sa.Engine, server: str, ttl: float, calls: int = 10) -> float:
+    """Median time PostgreSQL itself spends on the renewal (EXPLAIN ANALYZE, rolled back):
+    the database's share of a renewal, without the client and the round trip."""
+    # The very statement distribution.renew_leases runs.
+    sql = f"EXPLAIN (ANALYZE) {distribution._RENEW.text}"
+    times = []
+    with engine.connect() as conn:
+        for _ in range(calls):
+            lines = conn.execute(sa.text(sql), {"server": server, "ttl": ttl}).scalars()
+            times.extend(
+                float(line.split(":")[1].split()[0])
+                for line in lines
+                if line.startswith("Execution Time:")
+            )
+            conn.rollback()
+    return statistics.median(times)
+
+
+def _update_counts(engine: sa.Engine) -> tuple[int, int]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                "WHERE relname = 'distribution'"
+            )
+        ).one()
+    return int(row[0]), int(row[1])
+
+
+def _hot_fraction(engine: sa.Engine, before: tuple[int, int], updates: int) -> dict[str, Any]:
+    """Share of the updates since ``before`` that were HOT (no index entry written).
+
+    A backend flushes its statistics when it exits, so the pooled sessions are closed
+    and the counters polled until they show ``updates`` more (or 5 s pass)."""
+    engine.dispose()
+    deadline = time.monotonic() + 5.0
+    while True:
+        counted, hot = _update_counts(engine)
+        if counted - before[0] >= updates or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    counted, hot = counted - before[0], hot - before[1]
+    return {"updates_counted": counted, "hot_fraction": hot / counted if counted else None}
+
+
 def bench_renew_latency(
     engine: sa.Engine, ids: Sequence[int], calls: int, ttl: float
 ) -> list[dict[str, Any]]:
@@ -472,6 +519,8 @@ def bench_renew_latency(
             figures.append(
                 {"requested": requested, "owned": size, "calls": calls, **_percentiles(samples)}
             )
+    for figure, server in zip(figures, owners, strict=True):
+        figure["server_exec_ms"] = _renew_execution_ms(engine, server, ttl)
     return figures
 
 
@@ -529,6 +578,7 @@ def bench_renew_load(
 ) -> dict[str, Any]:
     interval = defaults.LEASE_RENEW_INTERVAL_S
     rows = sum(owners.values())
+    counts_before = _update_counts(engine)
     results, elapsed = concurrently(engine, _renew_rounds(owners, rounds, None, ttl, workers))
     capacity = [latency for samples in results for latency, _ in samples]
     statements_per_s = len(capacity) / elapsed
@@ -540,6 +590,9 @@ def bench_renew_load(
     wal_bytes = _wal_bytes_since(engine, wal_before)
     paced = [sample for samples in results for sample in samples]
     in_flight = sum(latency for latency, _ in paced)
+    hot = _hot_fraction(engine, counts_before, 2 * rows * rounds)
+    busiest = max(owners, key=owners.__getitem__)
+    server_exec_ms = _renew_execution_ms(engine, busiest, ttl)
     return {
         "servers": len(owners),
         "jobs_per_server": max(owners.values()),
@@ -557,6 +610,10 @@ def bench_renew_load(
         "paced_in_flight": in_flight / paced_elapsed,
         "paced_wal_mb_per_s": wal_bytes / paced_elapsed / 1e6,
         "paced_wal_bytes_per_row": wal_bytes / (rows * rounds),
+        **hot,
+        "server_exec_ms": server_exec_ms,
+        # Cores PostgreSQL spends executing the required renewals (client side excluded).
+        "db_cores_needed": len(owners) / interval * server_exec_ms / 1000,
         "paced_max_late_ms": round(max(late for _, late in paced) * 1000, 3),
     }
 
@@ -622,19 +679,20 @@ def bench_poll(
         generic = _generic_plan(conn, sql, server)
         conn.rollback()
 
-        # The same poll where the planner is told random reads are cheap (SSD): whether
-        # the join to jobs then probes its primary key instead of reading all of jobs.
-        # DEALLOCATE ALL drops psycopg's prepared poll (psycopg notices and forgets it),
-        # so the next calls are planned under the new cost.
-        conn.exec_driver_sql(f"SET random_page_cost = {SSD_RANDOM_PAGE_COST}")
+        # The same poll joined to jobs by its primary key (planner steered by settings,
+        # nothing changed in the schema). DEALLOCATE ALL drops psycopg's prepared poll
+        # (psycopg notices and forgets it), so the next calls are planned afresh.
+        for setting in INDEX_JOIN:
+            conn.exec_driver_sql(f"SET {setting} = 0")
         conn.exec_driver_sql("DEALLOCATE ALL")
         conn.commit()
         try:
-            ssd_samples = _poll_latency(conn, server, expected, calls)
-            ssd_plan = _plan(conn, sql, {"server": server})
+            index_join_samples = _poll_latency(conn, server, expected, calls)
+            index_join_plan = _plan(conn, sql, {"server": server})
         finally:
             conn.rollback()
-            conn.exec_driver_sql("RESET random_page_cost")
+            for setting in INDEX_JOIN:
+                conn.exec_driver_sql(f"RESET {setting}")
             conn.exec_driver_sql("DEALLOCATE ALL")
             conn.commit()
 
@@ -662,10 +720,10 @@ def bench_poll(
         **_percentiles(samples),
         "plan": _plan_summary(custom),
         "generic_plan": _plan_summary(generic),
-        "ssd_cost": {
-            "random_page_cost": SSD_RANDOM_PAGE_COST,
-            **_percentiles(ssd_samples),
-            "plan": _plan_summary(ssd_plan),
+        "index_join": {
+            "settings": {setting: 0 for setting in INDEX_JOIN},
+            **_percentiles(index_join_samples),
+            "plan": _plan_summary(index_join_plan),
         },
         "reap": {"calls": len(reaps), **_percentiles(reaps), "plan": _plan_summary(reap_plan)},
     }
@@ -781,9 +839,13 @@ def print_tables(f: Mapping[str, Any]) -> None:
         f"{contended['each_claimed_once']})",
     )
     console.table(
-        ["leases owned", "calls", "p50 ms", "p99 ms", "max ms"],
-        [[r["owned"], r["calls"], r["p50_ms"], r["p99_ms"], r["max_ms"]] for r in f["renew"]],
-        title="3. distribution.renew_leases, one server (statement + commit)",
+        ["leases owned", "calls", "p50 ms", "p99 ms", "max ms", "in PostgreSQL ms"],
+        [
+            [r["owned"], r["calls"], r["p50_ms"], r["p99_ms"], r["max_ms"], r["server_exec_ms"]]
+            for r in f["renew"]
+        ],
+        title="3. distribution.renew_leases, one server (statement + commit; "
+        "in PostgreSQL: EXPLAIN ANALYZE execution, median)",
     )
     load = f["renew_load"]
     print(
@@ -795,7 +857,9 @@ def print_tables(f: Mapping[str, Any]) -> None:
         f"ms), so the load uses {load['utilisation']:.0%} of that; paced: p50 "
         f"{load['paced_latency']['p50_ms']} ms, p99 {load['paced_latency']['p99_ms']} ms, "
         f"{load['paced_in_flight']:.2f} in flight, latest start {load['paced_max_late_ms']} ms, "
-        f"WAL {load['paced_wal_mb_per_s']:.1f} MB/s ({load['paced_wal_bytes_per_row']:.0f} B/row)"
+        f"WAL {load['paced_wal_mb_per_s']:.1f} MB/s ({load['paced_wal_bytes_per_row']:.0f} B/row); "
+        f"HOT {load['hot_fraction']}; in PostgreSQL {load['server_exec_ms']} ms a renewal = "
+        f"{load['db_cores_needed']:.2f} cores"
     )
     poll = f["poll"]
     print(
@@ -811,11 +875,11 @@ def print_tables(f: Mapping[str, Any]) -> None:
         )
         for line in plan["lines"]:
             print(f"     {line}")
-    ssd = poll["ssd_cost"]
+    index_join = poll["index_join"]
     print(
-        f"   with random_page_cost {ssd['random_page_cost']}: p50 {ssd['p50_ms']} ms, p99 "
-        f"{ssd['p99_ms']} ms; join {ssd['plan']['join']}, seq scan of jobs "
-        f"{ssd['plan']['seq_scan_jobs']}"
+        f"   joined to jobs by primary key ({', '.join(INDEX_JOIN)} = 0): p50 "
+        f"{index_join['p50_ms']} ms, p99 {index_join['p99_ms']} ms; join "
+        f"{index_join['plan']['join']}, seq scan of jobs {index_join['plan']['seq_scan_jobs']}"
     )
     reap = poll["reap"]
     print(

@@ -74,19 +74,27 @@ def test_distribution_benchmark_reports_every_figure(
     assert contended["won"] + contended["rejected"] == contended["attempts"]
 
     assert [r["requested"] for r in figures["renew"]] == [10, 100, 1000]
-    assert all(PERCENTILES <= r.keys() for r in figures["renew"])
+    assert all(PERCENTILES | {"server_exec_ms"} <= r.keys() for r in figures["renew"])
     load = figures["renew_load"]
     assert load["servers"] == 5 and load["required_rows_per_s"] == 100
     assert PERCENTILES <= load["capacity_latency"].keys()
     assert PERCENTILES <= load["paced_latency"].keys()
-    for key in ("capacity_rows_per_s", "utilisation", "paced_in_flight", "paced_wal_mb_per_s"):
+    assert 0 < load["updates_counted"] and 0 <= load["hot_fraction"] <= 1
+    for key in (
+        "capacity_rows_per_s",
+        "utilisation",
+        "paced_in_flight",
+        "paced_wal_mb_per_s",
+        "server_exec_ms",
+        "db_cores_needed",
+    ):
         assert load[key] >= 0
 
     poll = figures["poll"]
     assert poll["table_rows"] == 200 and poll["rows_returned"] == 40
     assert PERCENTILES <= poll.keys()
-    for plan in (poll["plan"], poll["generic_plan"], poll["ssd_cost"]["plan"]):
+    for plan in (poll["plan"], poll["generic_plan"], poll["index_join"]["plan"]):
         assert PLAN <= plan.keys() and plan["lines"]
-    assert PERCENTILES <= poll["ssd_cost"].keys() and PERCENTILES <= poll["reap"].keys()
+    assert PERCENTILES <= poll["index_join"].keys() and PERCENTILES <= poll["reap"].keys()
 
     assert _bench_databases(postgres_url) == before, "the scratch database was left behind"
