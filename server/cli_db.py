@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 import typer
 
-from server import console
-from sql import database, migrate
+from server import clients, console
+from sql import migrate
 
 app = typer.Typer(no_args_is_help=True, help="Migrate the PostgreSQL schema (Alembic).")
 
 
-def _engine(ctx: typer.Context):
-    settings = console.context(ctx).settings()
-    engine = database.create_engine(settings.database_url.get_secret_value(), pool_size=1)
-    database.check(engine)
-    return engine
+def _engine(ctx: typer.Context) -> sa.Engine:
+    return clients.engine(console.context(ctx).settings())
 
 
 @app.command()

@@ -10,20 +10,16 @@ import sqlalchemy as sa
 import typer
 
 from registry import servers
-from resource_center import catalog, errors, store
+from resource_center import catalog, errors
 from scheduler import jobs
 from scheduler.states import JobKind
-from server import console, runner
-from sql import database
+from server import clients, console, runner
 
 app = typer.Typer(no_args_is_help=True, help="Define, start, stop and inspect jobs.")
 
 
 def _engine(ctx: typer.Context) -> sa.Engine:
-    settings = console.context(ctx).settings()
-    engine = database.create_engine(settings.database_url.get_secret_value(), pool_size=1)
-    database.check(engine)
-    return engine
+    return clients.engine(console.context(ctx).settings())
 
 
 @app.command()
@@ -217,14 +213,7 @@ def _live_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
 
 
 def _shipped_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
-    bucket = store.Store(
-        endpoint=settings.s3_endpoint,
-        access_key=settings.s3_access_key.get_secret_value(),
-        secret_key=settings.s3_secret_key.get_secret_value(),
-        bucket=settings.s3_bucket,
-        secure=settings.s3_secure,
-        region=settings.s3_region,
-    )
+    bucket = clients.bucket(settings)
     for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
         key = runner.log_key(job["name"], epoch)
         try:

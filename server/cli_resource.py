@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import sqlalchemy as sa
 import typer
 from rich import progress as rich_progress
 
-from resource_center import catalog, store, validation
-from server import console
+from resource_center import catalog, validation
+from server import clients, console
 from server import settings as settings_module
-from sql import database
 
 app = typer.Typer(
     no_args_is_help=True, help="Artifacts (.py, .zip, .egg, .jar) in the resource center (S3)."
@@ -29,23 +27,6 @@ JSON_OPTION = typer.Option(False, "--json", help="Print JSON.")
 
 def _settings(ctx: typer.Context) -> settings_module.Settings:
     return console.context(ctx).settings()
-
-
-def _engine(settings: settings_module.Settings) -> sa.Engine:
-    engine = database.create_engine(settings.database_url.get_secret_value(), pool_size=1)
-    database.check(engine)
-    return engine
-
-
-def _store(settings: settings_module.Settings) -> store.Store:
-    return store.Store(
-        endpoint=settings.s3_endpoint,
-        access_key=settings.s3_access_key.get_secret_value(),
-        secret_key=settings.s3_secret_key.get_secret_value(),
-        bucket=settings.s3_bucket,
-        secure=settings.s3_secure,
-        region=settings.s3_region,
-    )
 
 
 def _print(resource: catalog.Resource, jobs: list[str] | None = None) -> None:
@@ -75,7 +56,7 @@ def upload(
     # Refuse bad input before touching any service.
     validation.check_name(name)
     size = validation.check_file(file, settings.max_artifact_bytes)
-    engine, bucket = _engine(settings), _store(settings)
+    engine, bucket = clients.engine(settings), clients.bucket(settings)
     bucket.ensure_bucket()
     before = {r.id for r in catalog.list_resources(engine, name)}
     show_bar = size >= PROGRESS_MIN_BYTES and console.err.is_terminal
@@ -116,7 +97,7 @@ def upload(
 @app.command("list")
 def list_(ctx: typer.Context, as_json: bool = JSON_OPTION) -> None:
     """List every version of every resource."""
-    resources = catalog.list_resources(_engine(_settings(ctx)))
+    resources = catalog.list_resources(clients.engine(_settings(ctx)))
     if as_json:
         console.emit_json([resource.to_json() for resource in resources])
         return
@@ -143,7 +124,7 @@ def show(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Show one version and the jobs that use it."""
-    engine = _engine(_settings(ctx))
+    engine = clients.engine(_settings(ctx))
     resource = catalog.resolve(engine, reference)
     jobs = catalog.referencing_jobs(engine, resource)
     if as_json:
@@ -161,7 +142,7 @@ def delete(
     """Delete a version (or all versions of NAME); refused while any job uses one."""
     settings = _settings(ctx)
     validation.parse_reference(reference)
-    deleted = catalog.delete(_engine(settings), _store(settings), reference)
+    deleted = catalog.delete(clients.engine(settings), clients.bucket(settings), reference)
     if as_json:
         console.emit_json([resource.to_json() for resource in deleted])
     else:
@@ -173,7 +154,7 @@ def delete(
 def gc(ctx: typer.Context, as_json: bool = JSON_OPTION) -> None:
     """Remove objects from the bucket that no version points at."""
     settings = _settings(ctx)
-    removed = catalog.gc(_engine(settings), _store(settings))
+    removed = catalog.gc(clients.engine(settings), clients.bucket(settings))
     if as_json:
         console.emit_json({"removed": removed})
     else:

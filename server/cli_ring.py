@@ -9,8 +9,7 @@ import typer
 
 from registry import servers
 from scheduler import coordinator, placement
-from server import console, defaults
-from sql import database
+from server import clients, console, defaults
 
 app = typer.Typer(no_args_is_help=True, help="Inspect job placement on the ring.")
 
@@ -21,8 +20,7 @@ def _inputs(ctx: typer.Context):
     live = servers.list_servers(
         settings.zk_hosts, settings.zk_root, settings.zk_auth.get_secret_value()
     )
-    engine = database.create_engine(settings.database_url.get_secret_value(), pool_size=1)
-    database.check(engine)
+    engine = clients.engine(settings)
     with engine.connect() as conn:
         rows = coordinator.job_rows(conn)
         placeable = coordinator.placeable(conn, {s.id: s.capacity for s in live})

@@ -7,7 +7,7 @@ import typer
 
 from registry import errors as registry_errors
 from scheduler import notify
-from server import console, exit_codes, logs, process, signals
+from server import clients, console, exit_codes, logs, process, signals
 from server import settings as settings_module
 from sql import database
 
@@ -57,8 +57,7 @@ def drain(
 ) -> None:
     """Move every job off a server without stopping it (it stays drained until --undo)."""
     settings = console.context(ctx).settings()
-    engine = database.create_engine(settings.database_url.get_secret_value(), pool_size=1)
-    database.check(engine)
+    engine = clients.engine(settings)
     with engine.begin() as conn:
         if undo:
             conn.execute(sa.text("DELETE FROM drains WHERE server = :s"), {"s": server_id})

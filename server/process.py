@@ -24,11 +24,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from registry import connection, servers, session
-from resource_center import cache, store
+from resource_center import cache
 from scheduler import coordinator, notify
-from server import defaults, exit_codes, health, metrics, runner
+from server import clients, defaults, exit_codes, health, metrics, runner
 from server import settings as settings_module
-from sql import database, migrate
+from sql import migrate
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -56,24 +56,14 @@ class Server:
 
     def start(self) -> None:
         s = self.settings
-        self.engine = database.create_engine(
-            s.database_url.get_secret_value(), pool_size=max(5, s.capacity + 3)
-        )
-        database.check(self.engine)
+        self.engine = clients.engine(s, pool_size=max(5, s.capacity + 3))
         current, heads = migrate.current(self.engine), migrate.heads()
         if current not in heads:
             raise StartupError(
                 f"database schema is at {current or 'base'}, the code needs {', '.join(heads)}: "
                 "run 'sparkring db upgrade'"
             )
-        bucket = store.Store(
-            endpoint=s.s3_endpoint,
-            access_key=s.s3_access_key.get_secret_value(),
-            secret_key=s.s3_secret_key.get_secret_value(),
-            bucket=s.s3_bucket,
-            secure=s.s3_secure,
-            region=s.s3_region,
-        )
+        bucket = clients.bucket(s)
         s.work_dir.mkdir(parents=True, exist_ok=True)
         s.checkpoint_root.mkdir(parents=True, exist_ok=True)
         capacity = 0 if s.role == settings_module.Role.COORDINATOR else s.capacity

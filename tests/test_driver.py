@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from server import driver, watchdog
-from tests import waiting
+from tests import sink, waiting
 
 JOBS = Path(__file__).resolve().parent.parent / "examples" / "jobs"
 SPARK_SUBMIT = Path("/opt/spark/bin/spark-submit")
@@ -306,35 +306,6 @@ def test_batch_sum_runs_to_exit_0_with_the_job_variables(tmp_path: Path) -> None
     assert "batch_sum: sum of range(1000) = 499500" in handle.log_file.read_text()
 
 
-def committed_values(output: Path) -> list[int]:
-    """Values in the files the file sink committed (its _spark_metadata log): what any
-    Spark reader of OUTPUT sees. Files of an interrupted batch are not in the log."""
-    files: set[str] = set()
-    for entry in (output / "_spark_metadata").iterdir():
-        if entry.name.startswith("."):
-            continue  # checksum files
-        lines = entry.read_text().splitlines()
-        assert lines[0] == "v1", f"unknown sink log version in {entry}"
-        for line in lines[1:]:
-            record = json.loads(line)
-            if record["action"] == "add":
-                files.add(record["path"].removeprefix("file://"))
-            else:
-                files.discard(record["path"].removeprefix("file://"))
-    values = []
-    for path in files:
-        with open(path) as handle:
-            values += [json.loads(line)["value"] for line in handle if line.strip()]
-    return values
-
-
-def committed_batches(output: Path) -> int:
-    log_dir = output / "_spark_metadata"
-    if not log_dir.exists():
-        return 0
-    return sum(1 for entry in log_dir.iterdir() if not entry.name.startswith("."))
-
-
 @pytest.mark.spark
 def test_streaming_counter_resumes_exactly_once_after_sigkill(tmp_path: Path) -> None:
     output, heartbeats = tmp_path / "out", tmp_path / "heartbeats.jsonl"
@@ -353,10 +324,10 @@ def test_streaming_counter_resumes_exactly_once_after_sigkill(tmp_path: Path) ->
         records=records,
     )
     try:
-        waiting.wait_until(lambda: committed_batches(output) >= 3, 90, interval=0.2)
+        waiting.wait_until(lambda: sink.committed_batches(output) >= 3, 90, interval=0.2)
     finally:
         first.kill()  # SIGKILL mid-stream: no chance to finish the batch in flight
-    before = committed_values(output)
+    before = sink.committed_values(output)
     assert before, "the first run committed nothing"
 
     second = driver.launch(
@@ -365,15 +336,15 @@ def test_streaming_counter_resumes_exactly_once_after_sigkill(tmp_path: Path) ->
         records=records,
     )
     try:
-        batches = committed_batches(output)
-        waiting.wait_until(lambda: committed_batches(output) >= batches + 3, 90, interval=0.2)
+        batches = sink.committed_batches(output)
+        waiting.wait_until(lambda: sink.committed_batches(output) >= batches + 3, 90, interval=0.2)
     finally:
         outcome = second.stop(grace=20)
     assert outcome.reason == driver.Reason.STOPPED
     assert outcome.exit_code == 0, second.log_file.read_text()[-3000:]
     assert "streaming_counter: stopped on SIGTERM" in second.log_file.read_text()
 
-    values = committed_values(output)
+    values = sink.committed_values(output)
     assert len(values) == len(set(values)), "a value was written twice"
     assert sorted(values) == list(range(max(values) + 1)), "a value is missing"
     assert max(values) > max(before), "the second run added nothing"
