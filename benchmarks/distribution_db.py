@@ -65,6 +65,9 @@ TERM = 1
 CLAIM_BLOCK = 1_000
 CLAIMERS = (1, 4, 8)
 RENEW_SIZES = (10, 100, 1_000)
+# Lease given by the bulk setup, seconds: long, so that a slow setup on a busy machine
+# cannot let leases expire before the first renewal (renewals then use the real TTL).
+SETUP_LEASE_S = 3600.0
 JOINS = ("Nested Loop", "Hash Join", "Merge Join")
 # Planner settings that leave it only a nested loop probing jobs' primary key, no
 # parallel workers: what the poll would cost if it joined jobs by index (the proposal).
@@ -455,7 +458,9 @@ def _renew_once(conn: sa.Connection, server: str, expected: int, ttl: float) -> 
     return elapsed
 
 
-def _renew_execution_ms(engine: sa.Engine, server: str, ttl: float, calls: int = 10) -> float:
+def _renew_execution_ms(
+    engine: sa.Engine, server: str, expected: int, ttl: float, calls: int = 10
+) -> float:
     """Median time PostgreSQL itself spends on the renewal (EXPLAIN ANALYZE, rolled back):
     the database's share of a renewal, without the client and the round trip."""
     # The very statement distribution.renew_leases runs.
@@ -463,13 +468,16 @@ def _renew_execution_ms(engine: sa.Engine, server: str, ttl: float, calls: int =
     times = []
     with engine.connect() as conn:
         for _ in range(calls):
-            lines = conn.execute(sa.text(sql), {"server": server, "ttl": ttl}).scalars()
+            lines = list(conn.execute(sa.text(sql), {"server": server, "ttl": ttl}).scalars())
+            conn.rollback()
+            renewed = re.search(r"actual time=\S+ rows=(\d+)", lines[0])
+            if renewed is None or int(renewed.group(1)) != expected:
+                raise AssertionError(f"EXPLAIN of {server}'s renewal: {lines[0]}")
             times.extend(
                 float(line.split(":")[1].split()[0])
                 for line in lines
                 if line.startswith("Execution Time:")
             )
-            conn.rollback()
     return statistics.median(times)
 
 
@@ -509,7 +517,7 @@ def bench_renew_latency(
     with engine.begin() as conn:
         for requested, size in zip(RENEW_SIZES, sizes, strict=True):
             server = f"owner-{requested}"
-            _own(conn, [next(free) for _ in range(size)], server, ttl)
+            _own(conn, [next(free) for _ in range(size)], server, SETUP_LEASE_S)
             owners[server] = (requested, size)
     _analyze(engine)
     figures = []
@@ -520,7 +528,7 @@ def bench_renew_latency(
                 {"requested": requested, "owned": size, "calls": calls, **_percentiles(samples)}
             )
     for figure, server in zip(figures, owners, strict=True):
-        figure["server_exec_ms"] = _renew_execution_ms(engine, server, ttl)
+        figure["server_exec_ms"] = _renew_execution_ms(engine, server, figure["owned"], ttl)
     return figures
 
 
@@ -591,8 +599,10 @@ def bench_renew_load(
     paced = [sample for samples in results for sample in samples]
     in_flight = sum(latency for latency, _ in paced)
     hot = _hot_fraction(engine, counts_before, 2 * rows * rounds)
+    # After the HOT count (its rolled-back updates would count too), before the leases
+    # renewed last by the paced run expire.
     busiest = max(owners, key=owners.__getitem__)
-    server_exec_ms = _renew_execution_ms(engine, busiest, ttl)
+    server_exec_ms = _renew_execution_ms(engine, busiest, owners[busiest], ttl)
     return {
         "servers": len(owners),
         "jobs_per_server": max(owners.values()),
@@ -766,7 +776,7 @@ def run(
         figures["claims"] = bench_claims(engine, ids, ttl)
         progress("claims done")
         figures["renew"] = bench_renew_latency(engine, ids, renew_calls, ttl)
-        owners = _own_round_robin(engine, servers, ttl)
+        owners = _own_round_robin(engine, servers, SETUP_LEASE_S)
         figures["renew_load"] = bench_renew_load(engine, owners, renew_rounds, renew_workers, ttl)
         progress("renewals done")
         figures["poll"] = bench_poll(engine, _server(0), owners[_server(0)], polls, sorted(owners))
