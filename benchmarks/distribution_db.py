@@ -492,6 +492,22 @@ def _update_counts(engine: sa.Engine) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+def _settled_update_counts(engine: sa.Engine) -> tuple[int, int]:
+    """The counters once every earlier session has flushed its statistics: the pooled
+    sessions are closed (a backend flushes on exit) and the counters read until two
+    reads 0.2 s apart agree (or 5 s pass)."""
+    engine.dispose()
+    deadline = time.monotonic() + 5.0
+    counts = _update_counts(engine)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        again = _update_counts(engine)
+        if again == counts:
+            break
+        counts = again
+    return counts
+
+
 def _hot_fraction(engine: sa.Engine, before: tuple[int, int], updates: int) -> dict[str, Any]:
     """Share of the updates since ``before`` that were HOT (no index entry written).
 
@@ -586,7 +602,7 @@ def bench_renew_load(
 ) -> dict[str, Any]:
     interval = defaults.LEASE_RENEW_INTERVAL_S
     rows = sum(owners.values())
-    counts_before = _update_counts(engine)
+    counts_before = _settled_update_counts(engine)
     results, elapsed = concurrently(engine, _renew_rounds(owners, rounds, None, ttl, workers))
     capacity = [latency for samples in results for latency, _ in samples]
     statements_per_s = len(capacity) / elapsed
