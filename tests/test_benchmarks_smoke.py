@@ -93,8 +93,14 @@ def test_distribution_benchmark_reports_every_figure(
     poll = figures["poll"]
     assert poll["table_rows"] == 200 and poll["rows_returned"] == 40
     assert PERCENTILES <= poll.keys()
-    for plan in (poll["plan"], poll["generic_plan"], poll["index_join"]["plan"]):
+    for plan in (
+        poll["plan"],
+        poll["generic_plan"],
+        poll["index_join"]["plan"],
+        poll["proposed"]["plan"],
+    ):
         assert PLAN <= plan.keys() and plan["lines"]
-    assert PERCENTILES <= poll["index_join"].keys() and PERCENTILES <= poll["reap"].keys()
+    for figure in (poll["index_join"], poll["proposed"], poll["reap"]):
+        assert PERCENTILES <= figure.keys()
 
     assert _bench_databases(postgres_url) == before, "the scratch database was left behind"
