@@ -25,8 +25,10 @@ pending) and measures, with the statements of ``scheduler/``:
    ``LEASE_RENEW_INTERVAL_S`` (the production load).
 4. ``distribution.poll`` at the full table size: p50/p99 over ``--polls`` calls, and the
    EXPLAIN ANALYZE plan (custom and generic), with whether the target and owner indexes
-   are used; plus ``distribution.reap`` with nothing to reap, which the coordinator runs
-   every cycle over the whole table.
+   are used and how ``jobs`` is joined; the same poll with the planner steered to join
+   ``jobs`` by primary key, and a proposed rewrite that does so by itself
+   (:data:`PROPOSED_POLL`); plus ``distribution.reap`` with nothing to reap, which the
+   coordinator runs every cycle over the whole table.
 
 Counts scale with ``--jobs``: claim blocks hold min(1,000, jobs / 14) jobs and the renew
 sizes are capped at jobs / 4, so a small run (``--jobs 200 --servers 5``) exercises
