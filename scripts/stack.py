@@ -564,7 +564,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="start every service (idempotent)")
-    p_up.add_argument("--zk-nodes", type=int, choices=(1, 3), default=1)
+    p_up.add_argument(
+        "--zk-nodes",
+        type=int,
+        choices=(1, 3),
+        default=None,
+        help="ZooKeeper nodes (default: as configured already, else 1)",
+    )
     p_up.add_argument("--no-spark", action="store_true", help="skip the Spark standalone cluster")
     sub.add_parser("down", help="stop every service, leaving no process behind")
     p_status = sub.add_parser("status", help="report each service")
@@ -578,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
-            up(args.zk_nodes, spark=not args.no_spark)
+            up(args.zk_nodes or zk_nodes_configured() or 1, spark=not args.no_spark)
             print("".join(f"export {k}={v}\n" for k, v in settings_env().items()), end="")
         elif args.command == "down":
             down()
