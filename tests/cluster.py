@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +75,24 @@ class Cluster:
     def server_dir(self, server_id: str) -> Path:
         return self.root / "servers" / server_id
 
-    def start_server(self, server_id: str, capacity: int = 4, role: str = "both") -> None:
+    def start_server(
+        self,
+        server_id: str,
+        capacity: int = 4,
+        role: str = "both",
+        *,
+        wrapper: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Start ``sparkring server run``; ``wrapper`` prefixes the argv (for example
+        ``ip netns exec NS``) and ``env`` overrides this server's environment."""
         folder = self.server_dir(server_id)
         folder.mkdir(parents=True, exist_ok=True)
-        env = {**self.env, "SPARKRING_WORK_DIR": str(folder / "work")}
+        env = {**self.env, "SPARKRING_WORK_DIR": str(folder / "work"), **(env or {})}
         with open(folder / "server.log", "ab") as log:
             self.servers[server_id] = subprocess.Popen(
                 [
+                    *wrapper,
                     sys.executable,
                     "-m",
                     "server",
@@ -100,6 +111,9 @@ class Cluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+
+    def pid(self, server_id: str) -> int:
+        return self.servers[server_id].pid
 
     def signal(self, server_id: str, sig: signal.Signals) -> None:
         self.servers[server_id].send_signal(sig)

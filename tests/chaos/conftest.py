@@ -1,0 +1,152 @@
+"""The chaos campaign's fixtures, its rounds and its summary.
+
+- ``CHAOS_ROUNDS=N`` runs every fault case N times (default 1: the short campaign).
+- ``trial`` gives each case its own cluster (database, ZooKeeper root, bucket, folders)
+  and puts the case's :class:`~tests.chaos.trial.Outcome` into the campaign's results,
+  whatever the case's own result.
+- ``stack`` restores ZooKeeper and PostgreSQL after every case that stops them.
+- At the end, a table of every case (faults injected, double runs, stale writes
+  accepted, lost jobs, resurrected jobs, corrupt starts, recovery time) and the totals
+  is printed; ``CHAOS_RESULTS=path.json`` also writes them as JSON.
+
+Every test under ``tests/chaos`` is marked ``chaos``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import faults
+from tests.chaos.trial import Outcome, Trial
+
+RESULTS = pytest.StashKey[list[Outcome]]()
+
+
+def _rounds() -> int:
+    value = os.environ.get("CHAOS_ROUNDS", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise pytest.UsageError(f"CHAOS_ROUNDS={value!r} must be a whole number of rounds >= 1")
+    return int(value)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[RESULTS] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.chaos)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "chaos_round" in metafunc.fixturenames:
+        rounds = _rounds()
+        metafunc.parametrize("chaos_round", range(1, rounds + 1), ids=lambda r: f"round{r}")
+
+
+@pytest.fixture
+def stack(stack_env: dict[str, str], zk_hosts: str, postgres_url: str) -> Iterator[faults.Stack]:
+    control = faults.Stack(stack_env)
+    yield control
+    control.restore()
+
+
+@pytest.fixture
+def trial(
+    request: pytest.FixtureRequest,
+    chaos_round: int,
+    stack_env: dict[str, str],
+    database_url: str,
+    zk_root: str,
+    s3_bucket: str,
+    zk_hosts: str,
+    tmp_path: Path,
+) -> Iterator[Trial]:
+    fault = request.node.originalname.removeprefix("test_").replace("_", " ")
+    variant = re.sub(r"-?round\d+-?", "", request.node.callspec.id)
+    if variant:
+        fault += f" ({variant})"
+    t = Trial(fault, chaos_round, stack_env, database_url, zk_root, s3_bucket, tmp_path)
+    try:
+        yield t
+    finally:
+        outcome = t.outcome
+        call = getattr(request.node, "chaos_call", None)
+        if call is not None and call.skipped:
+            outcome.skipped = str(call.longrepr[2]) if isinstance(call.longrepr, tuple) else "skip"
+        elif call is not None and call.failed and not outcome.violations:
+            crash = getattr(call.longrepr, "reprcrash", None)
+            message = crash.message if crash is not None else str(call.longrepr)
+            outcome.error = message.strip().splitlines()[0][:200]
+        request.config.stash[RESULTS].append(outcome)
+        t.close()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    report = yield
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        item.chaos_call = report  # type: ignore[attr-defined]
+    return report
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    results = config.stash.get(RESULTS, [])
+    if not results:
+        return
+    tr = terminalreporter
+    tr.section("chaos campaign")
+    header = (
+        f"{'fault':<52} {'rnd':>3} {'inj':>3} {'jobs':>4} {'double':>6} {'stale':>5} "
+        f"{'lost':>4} {'resur':>5} {'corrupt':>7} {'restarts':>8} {'recovery s':>10}  result"
+    )
+    tr.write_line(header)
+    tr.write_line("-" * len(header))
+    for o in results:
+        tr.write_line(
+            f"{o.fault[:52]:<52} {o.round:>3} {o.injected:>3} {o.jobs:>4} {o.double_runs:>6} "
+            f"{o.stale_writes:>5} {o.lost:>4} {o.resurrected:>5} {o.corrupt_starts:>7} "
+            f"{o.restarts:>8} {_fmt(o.recovery_s):>10}  {o.verdict}"
+        )
+        for problem in o.problems[:5]:
+            tr.write_line(f"    {problem}")
+        if o.error:
+            tr.write_line(f"    error: {o.error}")
+        if o.skipped:
+            tr.write_line(f"    skipped: {o.skipped}")
+    ran = [o for o in results if not o.skipped]
+    recoveries = [o.recovery_s for o in ran if o.recovery_s is not None]
+    totals = {
+        "cases": len(results),
+        "skipped": len(results) - len(ran),
+        "faults_injected": sum(o.injected for o in ran),
+        "double_runs": sum(o.double_runs for o in ran),
+        "stale_writes_accepted": sum(o.stale_writes for o in ran),
+        "lost_jobs": sum(o.lost for o in ran),
+        "resurrected_jobs": sum(o.resurrected for o in ran),
+        "corrupt_starts": sum(o.corrupt_starts for o in ran),
+        "worst_recovery_s": max(recoveries) if recoveries else None,
+    }
+    tr.write_line("-" * len(header))
+    tr.write_line("totals: " + ", ".join(f"{k} {v}" for k, v in totals.items()))
+    path = os.environ.get("CHAOS_RESULTS")
+    if path:
+        payload = {
+            "totals": totals,
+            "cases": [{**dataclasses.asdict(o), "verdict": o.verdict} for o in results],
+        }
+        Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+        tr.write_line(f"results written to {path}")

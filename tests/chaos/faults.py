@@ -1,0 +1,263 @@
+"""Fault injectors of the chaos campaign: the stack's ZooKeeper and PostgreSQL stopped and
+started (``scripts/stack.py``), a server cut off from ZooKeeper alone (a network
+namespace, a veth pair and iptables), and a throwaway S3 server a test may kill.
+
+Stopping ZooKeeper or PostgreSQL affects everything that uses the stack at that moment:
+the chaos suite runs alone, after every other test (``scripts/test.sh``). Every
+injector restores what it broke in ``restore()`` / ``close()``, which the fixtures call
+in their teardown whatever the test's outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from tests import services, waiting
+
+REPO = Path(__file__).resolve().parents[2]
+STACK = REPO / "scripts" / "stack.py"
+MOTO_SERVER = Path(sys.executable).with_name("moto_server")
+
+
+class FaultError(Exception):
+    """A fault could not be injected or undone; the message says which and why."""
+
+
+def _run(argv: Sequence[str], env: dict[str, str] | None = None, timeout: float = 120) -> str:
+    result = subprocess.run(
+        list(argv), env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if result.returncode != 0:
+        raise FaultError(f"{' '.join(argv)} failed: {result.stderr.strip() or result.stdout}")
+    return result.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# ---------------------------------------------------------------- the stack
+
+
+class Stack:
+    """``scripts/stack.py zk|pg`` against the stack the tests use (its folder and ports
+    are taken from the stack's environment, so a private stack works the same)."""
+
+    def __init__(self, stack_env: dict[str, str]) -> None:
+        zk_first = stack_env["SPARKRING_ZK_HOSTS"].split(",")[0]
+        pg_port = sa.make_url(stack_env["SPARKRING_DATABASE_URL"]).port
+        self.zk_ports = [
+            int(h.rsplit(":", 1)[1]) for h in stack_env["SPARKRING_ZK_HOSTS"].split(",")
+        ]
+        self.pg_port = int(pg_port or 5432)
+        self.s3_port = int(stack_env["SPARKRING_S3_ENDPOINT"].rsplit(":", 1)[1])
+        self.env = {
+            **os.environ,
+            "SPARKRING_STACK_DIR": stack_env.get(
+                "SPARKRING_STACK_DIR", str(services.REPO / ".stack")
+            ),
+            "SPARKRING_STACK_ZK_PORT": zk_first.rsplit(":", 1)[1],
+            "SPARKRING_STACK_PG_PORT": str(self.pg_port),
+        }
+
+    def _stack(self, *args: str) -> str:
+        return _run([sys.executable, str(STACK), *args], env=self.env)
+
+    def zk_kill_leader(self) -> int:
+        """SIGKILL the ensemble's leader; its node number."""
+        out = self._stack("zk", "kill", "-1").split()
+        if not out:
+            raise FaultError("no ZooKeeper leader to kill")
+        return int(out[0])
+
+    def zk_stop(self) -> None:
+        self._stack("zk", "stop")
+
+    def zk_start(self, node: int = 0) -> None:
+        """Start ``node`` (0: every stopped node) and wait until the ensemble serves."""
+        self._stack("zk", "start", str(node))
+
+    def pg_stop(self) -> None:
+        self._stack("pg", "stop")
+
+    def pg_start(self) -> None:
+        if not services.reachable(f"127.0.0.1:{self.pg_port}"):
+            self._stack("pg", "start")
+
+    def restore(self) -> None:
+        """Every ZooKeeper node and PostgreSQL running again (idempotent)."""
+        self.zk_start()
+        self.pg_start()
+
+
+# ---------------------------------------------------------------- partition
+
+
+class Partition:
+    """A network namespace joined to the root namespace by a veth pair.
+
+    The stack listens on 127.0.0.1 of the root namespace only, so the namespace reaches
+    it through the host end of the veth: each forwarded port is DNAT-ed to 127.0.0.1
+    (``route_localnet`` allows that on the veth) and the source is rewritten to
+    127.0.0.1 (PostgreSQL's pg_hba trusts loopback only). ``cut(ports)`` drops what the
+    namespace sends to those ports (a silent partition: no RST, the ZooKeeper session
+    expires); ``heal()`` removes the drop. Every rule carries a comment naming this
+    partition, so ``close()`` removes exactly ours.
+    """
+
+    def __init__(self, ports: Sequence[int]) -> None:
+        self.index = random.randint(1, 250)
+        self.name = f"srchaos{self.index}"
+        self.host_if = f"{self.name}h"
+        self.ns_if = f"{self.name}n"
+        self.host = f"10.231.{self.index}.1"
+        self.peer = f"10.231.{self.index}.2"
+        self.ports = list(ports)
+        self.tag = f"sparkring-chaos-{self.name}"
+        self._created = False
+
+    @property
+    def wrapper(self) -> list[str]:
+        """argv prefix that runs a command inside the namespace."""
+        return ["ip", "netns", "exec", self.name]
+
+    def address(self, port: int) -> str:
+        return f"{self.host}:{port}"
+
+    def create(self) -> None:
+        _run(["ip", "netns", "add", self.name])
+        self._created = True
+        ns = self.wrapper
+        for argv in (
+            ["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if],
+            ["ip", "link", "set", self.ns_if, "netns", self.name],
+            ["ip", "addr", "add", f"{self.host}/30", "dev", self.host_if],
+            ["ip", "link", "set", self.host_if, "up"],
+            [*ns, "ip", "addr", "add", f"{self.peer}/30", "dev", self.ns_if],
+            [*ns, "ip", "link", "set", self.ns_if, "up"],
+            [*ns, "ip", "link", "set", "lo", "up"],
+            ["sysctl", "-qw", f"net.ipv4.conf.{self.host_if}.route_localnet=1"],
+        ):
+            _run(argv)
+        comment = ["-m", "comment", "--comment", self.tag]
+        for port in self.ports:
+            _run(
+                ["iptables", "-t", "nat", "-A", "PREROUTING", "-i", self.host_if, "-p", "tcp",
+                 "-d", self.host, "--dport", str(port), *comment,
+                 "-j", "DNAT", "--to-destination", f"127.0.0.1:{port}"]
+            )  # fmt: skip
+        _run(
+            ["iptables", "-t", "nat", "-A", "INPUT", "-s", self.peer, "-d", "127.0.0.1",
+             *comment, "-j", "SNAT", "--to-source", "127.0.0.1"]
+        )  # fmt: skip
+
+    def cut(self, ports: Sequence[int]) -> None:
+        dports = ",".join(str(p) for p in ports)
+        _run(
+            ["iptables", "-I", "INPUT", "-i", self.host_if, "-p", "tcp", "-m", "multiport",
+             "--dports", dports, "-m", "comment", "--comment", self.tag, "-j", "DROP"]
+        )  # fmt: skip
+
+    def heal(self) -> None:
+        self._delete_rules("filter")
+
+    def _delete_rules(self, table: str) -> None:
+        listing = _run(["iptables", "-t", table, "-S"])
+        for line in listing.splitlines():
+            if self.tag in line and line.startswith("-A "):
+                _run(["iptables", "-t", table, "-D", *_split_rule(line[3:])])
+
+    def close(self) -> None:
+        if not self._created:
+            return
+        for table in ("filter", "nat"):
+            try:
+                self._delete_rules(table)
+            except FaultError:
+                pass
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
+        self._created = False
+
+
+def _split_rule(rule: str) -> list[str]:
+    """``iptables -S`` output back to argv (comments are quoted when they have spaces;
+    ours have none)."""
+    return [part.strip('"') for part in rule.split()]
+
+
+def namespaces_unavailable() -> str | None:
+    """Why a network namespace partition cannot be built here, or None if it can."""
+    if os.geteuid() != 0:
+        return "network namespaces and iptables need root (CAP_NET_ADMIN)"
+    probe = f"srchaosprobe{os.getpid()}"
+    for argv in (["ip", "netns", "add", probe], ["iptables", "-S"]):
+        try:
+            _run(argv, timeout=10)
+        except (FaultError, FileNotFoundError) as exc:
+            return f"cannot partition with namespaces here: {exc}"
+        finally:
+            if argv[0] == "ip":
+                subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+    return None
+
+
+# ---------------------------------------------------------------- S3
+
+
+class ThrowawayS3:
+    """A moto S3 server of one test's own on a free port (the stack's S3 is shared and is
+    never stopped). moto keeps objects in memory only, so an outage is made with
+    ``block()`` (iptables rejects connections to its port) rather than by restarting it,
+    which would lose what a real S3 keeps."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if not MOTO_SERVER.exists():
+            raise FaultError(f"{MOTO_SERVER} not found: install the test extras")
+        self.process = subprocess.Popen(
+            [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        waiting.wait_until(
+            lambda: services.reachable(self.endpoint), 30, message="moto_server did not start"
+        )
+
+    def block(self) -> None:
+        """Refuse every connection to the server (it keeps running, with its objects)."""
+        _run(
+            ["iptables", "-I", "INPUT", "-i", "lo", "-p", "tcp", "--dport", str(self.port),
+             "-m", "comment", "--comment", self._tag, "-j", "REJECT",
+             "--reject-with", "tcp-reset"]
+        )  # fmt: skip
+
+    def unblock(self) -> None:
+        listing = _run(["iptables", "-S"])
+        for line in listing.splitlines():
+            if self._tag in line and line.startswith("-A "):
+                _run(["iptables", "-D", *_split_rule(line[3:])])
+
+    @property
+    def _tag(self) -> str:
+        return f"sparkring-chaos-s3-{self.port}"
+
+    def kill(self) -> None:
+        self.unblock()
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)

@@ -1,0 +1,336 @@
+"""The chaos campaign: every fault of the fault model (DESIGN.md) against a real cluster
+of ``sparkring server run`` processes with light heartbeat drivers, and the verdict on
+S1-S5 for each (``tests/chaos/trial.py``). ``docs/chaos.md`` describes each case.
+
+Run alone, after every other test: some cases stop the stack's ZooKeeper or PostgreSQL.
+
+    .venv/bin/pytest tests/chaos                    # the short campaign (one round)
+    CHAOS_ROUNDS=5 .venv/bin/pytest tests/chaos     # the long one
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from scheduler import jobs
+from tests import waiting
+from tests.chaos import faults
+from tests.chaos.trial import HEARTBEAT_JOB, Outcome, Trial
+
+pytestmark = pytest.mark.chaos
+
+SERVERS = ("s1", "s2", "s3")
+# Harness timeouts (tests/cluster.py): ZooKeeper session 4 s, lease 8 s.
+SESSION_S = 4.0
+LEASE_S = 8.0
+
+
+def _distinct_copy(folder: Path, name: str) -> Path:
+    """The heartbeat job with bytes of its own: an artifact no server has cached yet."""
+    copy = folder / f"{name}.py"
+    shutil.copy(HEARTBEAT_JOB, copy)
+    with copy.open("a") as f:
+        f.write(f"# {name}: distinct bytes, so no server has it cached\n")
+    return copy
+
+
+def _assert_safe(outcome: Outcome) -> None:
+    assert outcome.problems == [], "\n".join(outcome.problems)
+    assert outcome.recovery_s is not None, "the cluster did not recover within the bound"
+
+
+# ---------------------------------------------------------------- servers
+
+
+def test_kill_9_of_a_server(trial: Trial) -> None:
+    """The owner of running jobs is SIGKILLed: its drivers die by their watchdogs and
+    its jobs run again on the survivors, exactly once."""
+    trial.start(SERVERS)
+    trial.populate()
+    victim = trial.busiest_owner()
+    trial.inject(lambda: trial.cluster.kill(victim))
+    outcome = trial.verify()
+    assert outcome.restarts >= 1, "the victim owned a job: it must have been claimed again"
+    _assert_safe(outcome)
+
+
+def test_sigstop_past_the_session_timeout_then_sigcont(trial: Trial) -> None:
+    """The zombie: paused until its jobs run elsewhere, then resumed. It must not write
+    over the new owners and no second driver may appear."""
+    c = trial.start(SERVERS)
+    trial.populate()
+    victim = trial.busiest_owner()
+    owned = [n for n, o in trial.owners().items() if o == victim]
+    trial.inject(lambda: c.signal(victim, signal.SIGSTOP))
+    trial.paused.add(victim)
+    try:
+        waiting.wait_until(
+            lambda: (
+                all(trial.owners()[n] not in (None, victim) for n in owned)
+                and trial.members() == set(SERVERS) - {victim}
+            ),
+            60,
+            interval=0.2,
+            message="the paused server's jobs claimed by others",
+        )
+    finally:
+        c.signal(victim, signal.SIGCONT)
+        trial.paused.discard(victim)
+    # Recovery is timed from the SIGSTOP: failover happens while the fault lasts.
+    outcome = trial.verify()
+    _assert_safe(outcome)
+
+
+def test_server_cut_off_from_zookeeper_but_not_postgresql(
+    trial: Trial, stack_env: dict[str, str]
+) -> None:
+    """A server in its own network namespace loses ZooKeeper (silently dropped packets)
+    but keeps PostgreSQL: the others see it leave, its jobs are retargeted, it hands
+    them over (stop, release) before the new owners claim; then the partition heals."""
+    reason = faults.namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    control = faults.Stack(stack_env)
+    partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
+    try:
+        partition.create()
+        netns_env = {
+            "SPARKRING_ZK_HOSTS": ",".join(partition.address(p) for p in control.zk_ports),
+            "SPARKRING_DATABASE_URL": trial.database_url.replace(
+                f"127.0.0.1:{control.pg_port}", partition.address(control.pg_port)
+            ),
+            "SPARKRING_S3_ENDPOINT": partition.address(control.s3_port),
+        }
+        # s1 first: it becomes the coordinator, so the cut-off server is a plain member.
+        trial.start(["s1"])
+        trial.start(["s2", "p3"], special={"p3": {"wrapper": partition.wrapper, "env": netns_env}})
+        trial.populate()
+        owned = [n for n, o in trial.owners().items() if o == "p3"]
+        assert owned, "the cut-off server must own a job"
+        trial.inject(lambda: partition.cut(control.zk_ports))
+        waiting.wait_until(
+            lambda: all(trial.owners()[n] not in (None, "p3") for n in owned),
+            60,
+            interval=0.2,
+            message="the cut-off server's jobs taken over",
+        )
+        kinds = [e["kind"] for n in owned for e in trial.cluster.events(n)]
+        assert "released" in kinds, "the cut-off server should hand its jobs over"
+        partition.heal()
+        trial.healed()
+        trial.wait_members(set(trial.cluster.servers), timeout=60)
+        outcome = trial.verify()
+    finally:
+        partition.close()
+    _assert_safe(outcome)
+
+
+def test_server_restarted_with_the_same_id(trial: Trial) -> None:
+    """kill -9 and an immediate restart with the same id, before the old session
+    expired: the new incarnation waits for the old node, cleans up what the old one
+    left and runs its jobs again, once."""
+    c = trial.start(SERVERS)
+    trial.populate()
+    victim = trial.busiest_owner()
+
+    def restart() -> None:
+        c.kill(victim)
+        c.start_server(victim)
+
+    trial.inject(restart)
+    trial.wait_members(set(SERVERS), timeout=60)
+    outcome = trial.verify()
+    assert outcome.restarts >= 1
+    _assert_safe(outcome)
+
+
+def test_full_cluster_restart(trial: Trial) -> None:
+    """Every server SIGKILLed and started again: every running job is adopted once,
+    the finished and stopped sentinels stay as they are."""
+    c = trial.start(SERVERS)
+    trial.populate()
+
+    def restart_all() -> None:
+        for sid in SERVERS:
+            c.kill(sid)
+        for sid in SERVERS:
+            c.start_server(sid)
+
+    trial.inject(restart_all)
+    trial.wait_members(set(SERVERS), timeout=60)
+    _assert_safe(trial.verify())
+
+
+def test_coordinator_killed_mid_rebalance(trial: Trial) -> None:
+    """A burst of job starts, and the coordinator SIGKILLed right after: the next
+    coordinator recomputes the same answer; no job is left without an owner."""
+    trial.start(SERVERS)
+    trial.populate()
+    coordinator = trial.coordinator()
+    burst = [f"burst-{i}" for i in range(5)]
+    for name in burst:
+        trial.create(name, start=False)
+
+    def start_burst_and_kill() -> None:
+        with trial.cluster.engine.begin() as conn:
+            for name in burst:
+                jobs.start(conn, name)
+        trial.cluster.kill(coordinator)
+
+    trial.inject(start_burst_and_kill)
+    trial.live_jobs += burst
+    outcome = trial.verify()
+    assert trial.coordinator() != coordinator
+    _assert_safe(outcome)
+
+
+def test_duplicate_and_concurrent_commands(trial: Trial) -> None:
+    """Double clicks through the CLI: eight concurrent starts make one generation and
+    one driver; a storm of starts and restarts on a running job leaves one driver; four
+    concurrent stops stop it."""
+    c = trial.start(SERVERS)
+    trial.populate(sentinels=True)
+    trial.create("clicked", start=False)
+    target = trial.live_jobs[0]
+
+    def storm() -> None:
+        with ThreadPoolExecutor(8) as pool:
+            starts = list(pool.map(lambda _: c.cli("job", "start", "clicked").stdout, range(8)))
+        assert sum("started" in o for o in starts) == 1, starts
+        commands = ["start", "restart", "start", "restart", "start", "restart"]
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda cmd: c.cli("job", cmd, target), commands))
+
+    trial.inject(storm)
+    trial.live_jobs.append("clicked")
+    outcome = trial.verify()
+    assert c.job("clicked")["generation"] == 1
+    assert [e["kind"] for e in c.events("clicked")].count("claimed") == 1
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: c.cli("job", "stop", target), range(4)))
+    trial.wait_state(target, "stopped", 60)
+    lives = [r for r in c.driver_records() if r["job"] == target]
+    started = {r["epoch"] for r in lives if r["event"] == "started"}
+    ended = {r["epoch"] for r in lives if r["event"] == "ended"}
+    assert started == ended, "a driver of the stopped job is still alive"
+    _assert_safe(outcome)
+
+
+# ---------------------------------------------------------------- ZooKeeper
+
+
+def test_zookeeper_leader_killed(trial: Trial, stack: faults.Stack) -> None:
+    """The ensemble's leader SIGKILLed and restarted: sessions ride through the
+    re-election, nothing is lost or run twice."""
+    trial.start(SERVERS)
+    trial.populate()
+    node = trial.inject(stack.zk_kill_leader)
+    time.sleep(SESSION_S)  # the fault lasts a full session timeout: nothing to poll for
+    stack.zk_start(node)
+    trial.healed()
+    _assert_safe(trial.verify())
+
+
+@pytest.mark.parametrize("down_s", [SESSION_S / 2, SESSION_S + LEASE_S], ids=["shorter", "longer"])
+def test_zookeeper_down(trial: Trial, stack: faults.Stack, down_s: float) -> None:
+    """Every ZooKeeper node stopped for less, then more, than the session timeout (the
+    longer outage also outlasts a lease). Leases live in PostgreSQL: drivers keep
+    running, nobody is retargeted while nobody can see membership."""
+    trial.start(SERVERS)
+    trial.populate()
+    before = trial.owners()
+    trial.inject(stack.zk_stop)
+    time.sleep(down_s)  # the outage itself is the fault
+    assert trial.owners() == before, "a job changed owner while ZooKeeper was down"
+    stack.zk_start()
+    trial.healed()
+    _assert_safe(trial.verify())
+
+
+# ---------------------------------------------------------------- PostgreSQL, S3
+
+
+@pytest.mark.parametrize("down_s", [2.0, LEASE_S + 2], ids=["restart", "past-the-lease"])
+def test_postgresql_down(trial: Trial, stack: faults.Stack, down_s: float) -> None:
+    """PostgreSQL stopped and started again, once within the watchdogs' margin and once
+    past the lease: renewals fail meanwhile, a driver whose lease deadline passes dies
+    by its watchdog (never outliving its lease), and every job runs again, once."""
+    trial.start(SERVERS)
+    trial.populate()
+    trial.inject(stack.pg_stop)
+    time.sleep(down_s)  # the outage itself is the fault
+    stack.pg_start()
+    trial.healed()
+    outcome = trial.verify()
+    if down_s > LEASE_S:
+        assert outcome.restarts >= len(trial.live_jobs), "drivers outlived their leases"
+    _assert_safe(outcome)
+
+
+def test_s3_down_while_a_job_starts(trial: Trial, tmp_path: Path) -> None:
+    """S3 refuses connections when a job starts (an iptables REJECT in front of a
+    throwaway S3 server that keeps its objects): the job waits in backoff with the
+    reason, never FAILED; when S3 is back the job runs."""
+    reason = faults.namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    s3 = faults.ThrowawayS3()
+    s3.start()
+    try:
+        trial.start(SERVERS, extra_env={"SPARKRING_S3_ENDPOINT": s3.endpoint})
+        trial.populate(sentinels=False)
+        late = trial.upload("late", _distinct_copy(tmp_path, "late"))
+        trial.create("late", resource=late, start=False)
+        trial.inject(s3.block)
+        trial.command(jobs.start, "late")
+        trial.live_jobs.append("late")
+        waiting.wait_until(
+            lambda: "artifact unavailable" in (trial.cluster.job("late")["last_error"] or ""),
+            60,
+            interval=0.2,
+            message="the start deferred for S3",
+        )
+        assert trial.cluster.job("late")["state"] in ("backoff", "pending", "starting")
+        s3.unblock()
+        trial.healed()
+        outcome = trial.verify()
+    finally:
+        s3.kill()
+    assert "failed" not in [e["kind"] for e in trial.cluster.events("late")]
+    _assert_safe(outcome)
+
+
+def test_artifact_corrupted_or_deleted_in_the_bucket(trial: Trial, tmp_path: Path) -> None:
+    """An object overwritten with other bytes, another deleted, behind the catalog's
+    back: neither job's driver is ever started (S5), both are FAILED with the reason;
+    a referenced artifact cannot be deleted through the catalog."""
+    c = trial.start(SERVERS)
+    trial.populate(sentinels=False)
+    refused = c.cli("resource", "delete", "heartbeat", check=False)
+    assert refused.returncode != 0 and "job" in refused.stderr
+    variants = {}
+    for name in ("corrupt", "gone"):
+        variants[name] = trial.upload(name, _distinct_copy(tmp_path, name))
+        trial.create(name, resource=variants[name], start=False)
+    trial.broken_artifacts += list(variants)
+
+    def break_them() -> None:
+        bucket = trial.bucket()
+        garbage = tmp_path / "garbage"
+        garbage.write_bytes(b"print('not the uploaded artifact')\n")
+        bucket.put(variants["corrupt"].object_key, garbage, garbage.stat().st_size)
+        bucket.remove(variants["gone"].object_key)
+
+    trial.inject(break_them)
+    for name in variants:
+        trial.command(jobs.start, name)
+    for name in variants:
+        job = trial.wait_state(name, "failed", 60)
+        assert "artifact" in job["last_error"], job["last_error"]
+    _assert_safe(trial.verify())

@@ -1,0 +1,451 @@
+"""One fault case of the chaos campaign: a real cluster, a set of jobs, the fault, and
+the verdict on S1-S5 with the recovery time.
+
+A :class:`Trial` starts servers (``tests/cluster.py``), populates light heartbeat jobs
+whose names are chosen so that every server owns one, plus two *sentinels* (a batch job
+that finished and a streaming job that was stopped: S4 says no fault may start them
+again), injects the fault, waits for the cluster to settle and checks the invariants.
+Its :class:`Outcome` goes to the campaign's summary (``tests/chaos/conftest.py``).
+
+Recovery time is measured from the moment the fault healed (for a kill, the kill
+itself) until every job wanted running is running on a live server that is also its
+target (the cluster is quiet again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from kazoo.client import KazooClient
+
+from resource_center import catalog, store
+from scheduler import distribution, jobs, placement
+from scheduler.states import JobKind
+from server import defaults
+from tests import waiting
+from tests.chaos import invariants
+from tests.cluster import Cluster
+
+HEARTBEAT_JOB = Path(__file__).resolve().parents[1] / "jobs" / "heartbeat.py"
+# Every wanted job must be running again this long after the fault healed (fast timeouts:
+# session 4 s, lease 8 s; a light driver starts in ~2-5 s on a busy 2-core machine).
+RECOVERY_BOUND_S = 90.0
+SENTINELS = ("done", "halted")
+# The cluster counts as recovered once it stayed settled this long: more than a poll
+# interval (1 s) plus the coordinator's debounce (0.5 s), so no pending move is missed.
+STABLE_S = 2.5
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One row of the campaign summary."""
+
+    fault: str
+    round: int
+    injected: int = 0
+    jobs: int = 0
+    double_runs: int = 0
+    stale_writes: int = 0
+    lost: int = 0
+    resurrected: int = 0
+    corrupt_starts: int = 0
+    restarts: int = 0  # claims after the fault: drivers (re)started by the recovery
+    recovery_s: float | None = None
+    problems: list[str] = dataclasses.field(default_factory=list)
+    skipped: str | None = None
+    error: str | None = None
+
+    @property
+    def violations(self) -> int:
+        return (
+            self.double_runs + self.stale_writes + self.lost + self.resurrected
+            + self.corrupt_starts
+        )  # fmt: skip
+
+    @property
+    def verdict(self) -> str:
+        if self.skipped:
+            return "skipped"
+        if self.error or self.violations:
+            return "FAIL"
+        return "ok"
+
+
+class Trial:
+    def __init__(
+        self,
+        fault: str,
+        round_: int,
+        stack_env: dict[str, str],
+        database_url: str,
+        zk_root: str,
+        bucket: str,
+        root: Path,
+    ) -> None:
+        self.outcome = Outcome(fault=fault, round=round_)
+        self._args = (stack_env, database_url, zk_root, bucket, root)
+        self.stack_env = stack_env
+        self.zk_root = zk_root
+        self._cluster: Cluster | None = None
+        self._zk: KazooClient | None = None
+        self.live_jobs: list[str] = []
+        self.sentinels: dict[str, dict[str, Any]] = {}
+        self.broken_artifacts: list[str] = []  # jobs whose artifact is corrupt or gone
+        self.paused: set[str] = set()  # servers under SIGSTOP: not live
+        self._event_mark = 0
+        self._t_fault: float | None = None
+        self._t_healed: float | None = None
+        self.resource: catalog.Resource | None = None
+
+    # ------------------------------------------------------------------ cluster
+
+    @property
+    def database_url(self) -> str:
+        return self._args[1]
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            raise RuntimeError("start() the trial's cluster first")
+        return self._cluster
+
+    def start(
+        self,
+        servers: Sequence[str],
+        capacity: int = 4,
+        extra_env: dict[str, str] | None = None,
+        special: dict[str, dict[str, Any]] | None = None,
+    ) -> Cluster:
+        """Start ``servers`` (``special[id]`` holds start_server keyword arguments for one
+        of them) and wait until all are registered."""
+        if self._cluster is None:
+            self._cluster = Cluster(*self._args, extra_env=extra_env)
+        for sid in servers:
+            self._cluster.start_server(sid, capacity=capacity, **(special or {}).get(sid, {}))
+        self.wait_members(set(self._cluster.servers))
+        return self._cluster
+
+    def members(self) -> set[str]:
+        if self._zk is None:
+            self._zk = KazooClient(hosts=self.stack_env["SPARKRING_ZK_HOSTS"], timeout=5)
+            self._zk.start(timeout=15)
+        path = f"{self.zk_root}/servers"
+        return set(self._zk.get_children(path)) if self._zk.exists(path) else set()
+
+    def wait_members(self, expected: set[str], timeout: float = 45) -> None:
+        waiting.wait_until(
+            lambda: self.members() == expected,
+            timeout,
+            interval=0.2,
+            message=f"registered servers {sorted(expected)}",
+        )
+
+    def live_servers(self) -> set[str]:
+        return {
+            sid for sid, proc in self.cluster.servers.items() if proc.poll() is None
+        } - self.paused
+
+    def close(self) -> None:
+        if self._zk is not None:
+            try:
+                self._zk.stop()
+                self._zk.close()
+            except Exception:  # ZooKeeper may be the thing a failed test left down
+                pass
+        if self._cluster is not None:
+            self._cluster.close()
+
+    # ------------------------------------------------------------------ jobs
+
+    def bucket(self) -> store.Store:
+        env = self.cluster.env
+        return store.Store(
+            endpoint=env["SPARKRING_S3_ENDPOINT"],
+            access_key=env["SPARKRING_S3_ACCESS_KEY"],
+            secret_key=env["SPARKRING_S3_SECRET_KEY"],
+            bucket=env["SPARKRING_S3_BUCKET"],
+        )
+
+    def upload(self, name: str, path: Path) -> catalog.Resource:
+        bucket = self.bucket()
+        bucket.ensure_bucket()
+        return catalog.upload(
+            self.cluster.engine,
+            bucket,
+            name=name,
+            path=path,
+            max_bytes=defaults.MAX_ARTIFACT_BYTES,
+        )
+
+    def create(
+        self,
+        name: str,
+        *,
+        kind: JobKind = JobKind.STREAMING,
+        extra: Sequence[str] = (),
+        resource: catalog.Resource | None = None,
+        start: bool = True,
+    ) -> None:
+        """Define a heartbeat job (and start it) through the job catalog: the same
+        statements the CLI runs, without a process start per command."""
+        if resource is None:
+            if self.resource is None:
+                self.resource = self.upload("heartbeat", HEARTBEAT_JOB)
+            resource = self.resource
+        with self.cluster.engine.begin() as conn:
+            jobs.create(
+                conn,
+                jobs.JobSpec(
+                    name=name,
+                    kind=kind,
+                    resource_id=resource.id,
+                    args=[str(self.cluster.heartbeats), *extra],
+                    max_restarts=3,
+                ),
+            )
+            if start:
+                jobs.start(conn, name)
+
+    def command(self, action: Callable[[sa.Connection, str], str], name: str) -> str:
+        with self.cluster.engine.begin() as conn:
+            return action(conn, name)
+
+    def populate(
+        self, live: int | None = None, *, sentinels: bool = True, prefix: str = "job"
+    ) -> list[str]:
+        """Start ``live`` streaming heartbeat jobs (default: one per server), each server
+        the target of at least one, and the sentinels; wait until the live jobs run, the
+        batch sentinel finished and the streaming one was stopped."""
+        servers = sorted(self.live_servers())
+        names = covering_names(prefix, servers, live or len(servers), sentinels)
+        for name in names:
+            self.create(name)
+        if sentinels:
+            self.create("done", kind=JobKind.BATCH, extra=["--run-for", "0.5"])
+            self.create("halted")
+        self.live_jobs += names
+        self.wait_running(names, 90)
+        if sentinels:
+            self.wait_state("halted", "running", 90)
+            self.command(jobs.stop, "halted")
+            self.wait_state("halted", "stopped", 60)
+            self.wait_state("done", "finished", 90)
+            self.sentinels = {name: self.cluster.job(name) for name in SENTINELS}
+        self.wait_settled(60)
+        return names
+
+    def job_rows(self) -> list[dict[str, Any]]:
+        rows = self.cluster.sql(
+            """
+            SELECT j.name, j.desired, d.state, d.owner, d.target, d.epoch, d.last_error,
+                   j.generation = d.generation AS current
+              FROM jobs j JOIN distribution d ON d.job_id = j.id ORDER BY j.name
+            """
+        )
+        return [dict(r._mapping) for r in rows]
+
+    def wait_state(self, name: str, state: str, timeout: float) -> dict[str, Any]:
+        return self.cluster.wait_job(name, lambda j: j["state"] == state, timeout, state)
+
+    def wait_running(self, names: Iterable[str], timeout: float) -> None:
+        names = set(names)
+
+        def running() -> bool:
+            rows = [r for r in self.job_rows() if r["name"] in names]
+            return len(rows) == len(names) and all(
+                r["state"] == "running" and r["owner"] is not None for r in rows
+            )
+
+        waiting.wait_until(running, timeout, interval=0.2, message=f"{sorted(names)} running")
+
+    def settled(self) -> bool:
+        """Every job wanted running runs on a live server that is its target; others
+        (finished, failed with a reason, stopped) are at rest."""
+        live = self.live_servers()
+        drivers = self.live_drivers()
+        for r in self.job_rows():
+            if r["desired"] == "running" and r["state"] not in ("finished", "failed"):
+                at_home = r["owner"] == r["target"] and r["owner"] in live
+                alive = (r["name"], r["epoch"], r["owner"]) in drivers
+                if not (r["state"] == "running" and at_home and r["current"] and alive):
+                    return False
+            elif r["desired"] == "stopped" and r["state"] != "stopped":
+                return False
+        return True
+
+    def live_drivers(self) -> set[tuple[str, int, str]]:
+        """(job, epoch, server) of every driver that runs under the current process of its
+        server: its watchdog recorded its start and not its end, and the watchdog is a
+        child of that server process. A row saying 'running' is not enough: after a
+        restart with the same id, the old incarnation's driver lives on (until its lease
+        deadline) while the new incarnation has yet to replace it."""
+        started: dict[tuple[str, int, str], int] = {}
+        for r in self.cluster.driver_records():
+            key = (r["job"], int(r["epoch"]), r["server"])
+            if r["event"] == "started":
+                started[key] = r["pid"]
+            elif r["event"] == "ended":
+                started.pop(key, None)
+        servers = self.cluster.servers
+        return {
+            key
+            for key, pid in started.items()
+            if key[2] in servers and _parent(_parent(pid)) == servers[key[2]].pid
+        }
+
+    def wait_stable(self, start: float, bound: float) -> float | None:
+        """Seconds from ``start`` to the beginning of the first period of STABLE_S in
+        which the cluster stayed settled (a single look can catch the instant before a
+        rebalance), or None if that did not happen within ``bound``."""
+        streak: float | None = None
+        deadline = start + bound + STABLE_S
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            if self.settled():
+                streak = now if streak is None else streak
+                if now - streak >= STABLE_S:
+                    return round(streak - start, 2)
+            else:
+                streak = None
+            time.sleep(0.2)
+        return None
+
+    def wait_settled(self, timeout: float) -> None:
+        waiting.wait_until(
+            self.settled,
+            timeout,
+            interval=0.2,
+            message=f"cluster settled; jobs: {self.job_rows()}",
+        )
+
+    def coordinator(self) -> str:
+        return self.cluster.sql("SELECT server FROM coordinator WHERE id = 1")[0][0]
+
+    def owners(self) -> dict[str, str | None]:
+        return {r["name"]: r["owner"] for r in self.job_rows()}
+
+    def busiest_owner(self) -> str:
+        owned = [o for n, o in self.owners().items() if n in self.live_jobs and o]
+        return max(sorted(set(owned)), key=owned.count)
+
+    # ------------------------------------------------------------------ the fault
+
+    def _max_event_id(self) -> int:
+        return self.cluster.sql("SELECT coalesce(max(id), 0) FROM job_events")[0][0]
+
+    def inject(self, action: Callable[[], object]) -> object:
+        """Run the fault; the recovery clock starts here unless ``healed()`` is called."""
+        if self._t_fault is None:
+            self._event_mark = self._max_event_id()
+            self._t_fault = time.monotonic()
+        self.outcome.injected += 1
+        return action()
+
+    def healed(self) -> None:
+        self._t_healed = time.monotonic()
+
+    # ------------------------------------------------------------------ the verdict
+
+    def verify(self, bound: float = RECOVERY_BOUND_S) -> Outcome:
+        """Wait for recovery (up to ``bound`` s), check S1-S5, fill in the outcome."""
+        o = self.outcome
+        start = self._t_healed or self._t_fault or time.monotonic()
+        o.recovery_s = self.wait_stable(start, bound)
+        c = self.cluster
+        rows = self.job_rows()
+        o.jobs = len(rows)
+        events = [
+            dict(r._mapping)
+            for r in c.sql("SELECT id, job_name, kind, server, epoch FROM job_events ORDER BY id")
+        ]
+        since = [e for e in events if e["id"] > self._event_mark]
+        lifetimes = c.driver_records()
+        checks = {
+            "S1": invariants.double_runs(c.heartbeat_records(), lifetimes),
+            "S2": invariants.stale_writes(events) + probe_stale_writes(c.engine, events),
+            "S3": invariants.lost_jobs(rows, self.live_servers()),
+            "S4": invariants.resurrections(
+                self.sentinels, {n: c.job(n) for n in self.sentinels}, since
+            ),
+            "S5": invariants.corrupt_starts(self.broken_artifacts, lifetimes, events),
+        }
+        o.double_runs = len(checks["S1"])
+        o.stale_writes = len(checks["S2"])
+        o.lost = len(checks["S3"])
+        o.resurrected = len(checks["S4"])
+        o.corrupt_starts = len(checks["S5"])
+        o.restarts = sum(1 for e in since if e["kind"] == "claimed")
+        o.problems = [f"{k} {p}" for k, items in checks.items() for p in items]
+        return o
+
+
+def covering_names(
+    prefix: str, servers: Sequence[str], count: int, sentinels: bool, tries: int = 500
+) -> list[str]:
+    """``count`` job names that the coordinator's placement spreads over every server
+    (as evenly as possible), and to the same servers whether or not the sentinels are
+    active, so that populating never moves a job."""
+    capacities = {sid: 4 for sid in servers}
+
+    def place(names: list[str]) -> dict[str, str]:
+        return placement.place(
+            names, capacities, epsilon=defaults.PLACEMENT_EPSILON, vnodes=defaults.RING_VNODES
+        ).targets
+
+    for seed in range(tries):
+        names = [f"{prefix}{seed}-{i}" for i in range(count)]
+        alone = place(names)
+        loads = [list(alone.values()).count(s) for s in servers]
+        if max(loads) - min(loads) > 1 or (min(loads) == 0 and count >= len(servers)):
+            continue
+        if sentinels:
+            together = place([*names, *SENTINELS])
+            if any(together[n] != alone[n] for n in names):
+                continue
+        return names
+    raise AssertionError(f"no {count} names over {servers} found in {tries} tries")
+
+
+def probe_stale_writes(engine: sa.Engine, events: Sequence[dict[str, Any]]) -> list[str]:
+    """S2, actively: replay a write as every past owner of every job, with its old
+    epoch, inside a transaction that is rolled back. PostgreSQL must reject each one."""
+    claims: dict[str, list[tuple[int, str]]] = {}
+    for e in events:
+        if e["kind"] == "claimed":
+            claims.setdefault(e["job_name"], []).append((e["epoch"], e["server"]))
+    accepted = []
+    with engine.connect() as conn:
+        ids = dict(conn.execute(sa.text("SELECT name, id FROM jobs")).all())
+        conn.rollback()
+        for name, items in claims.items():
+            if name not in ids:
+                continue
+            newest = max(epoch for epoch, _ in items)
+            for epoch, server in items:
+                if epoch == newest:
+                    continue
+                tx = conn.begin()
+                try:
+                    distribution.begin_stop(conn, ids[name], server, epoch, "chaos probe")
+                    accepted.append(f"{name}: stale write by {server} at epoch {epoch} accepted")
+                except distribution.FencedError:
+                    pass
+                finally:
+                    tx.rollback()
+    return accepted
+
+
+def _parent(pid: int | None) -> int | None:
+    """The parent of a live process (None if it is gone)."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
