@@ -50,9 +50,14 @@ def kill_plot(runs: list[dict[str, Any]], out: Path) -> None:
         _cdf(axes, samples, name, colour)
         axes.axvline(run["session_timeout_s"], color=colour, linestyle=":", linewidth=1)
         axes.axvline(run["lease_ttl_s"], color=colour, linestyle="--", linewidth=1)
+        axes.axvline(run["session_timeout_s"] + 2, color=colour, linestyle="-.", linewidth=1)
     axes.set_xlabel("kill -9 of the owner -> new driver started elsewhere (s)")
     axes.set_ylabel("fraction of failovers")
-    axes.set_title("Failover time (dotted: ZooKeeper session timeout, dashed: lease TTL)")
+    axes.set_title(
+        "Failover time (dotted: session timeout, dash-dot: L1 target session + 2 s,\n"
+        "dashed: lease TTL)",
+        fontsize=10,
+    )
     axes.set_ylim(0, 1.02)
     axes.grid(alpha=0.3)
     axes.legend(loc="lower right", fontsize=8)
@@ -65,7 +70,11 @@ def handoff_plot(run: dict[str, Any], out: Path) -> None:
     series = [
         ("server joins: old driver ended -> new started", run["raw"].get("join_gap", [])),
         ("server leaves (SIGTERM): ended -> started", run["raw"].get("leave_gap", [])),
-        ("job start command returned -> driver started", run["raw"].get("start_from_return", [])),
+        ("job start committed -> driver started", run["raw"].get("start_from_commit", [])),
+        (
+            "'sparkring job start' invoked -> driver started",
+            run["raw"].get("start_from_invocation", []),
+        ),
     ]
     series = [(label, samples) for label, samples in series if samples]
     figure, axes = pyplot.subplots(figsize=(7, 4))

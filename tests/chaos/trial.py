@@ -316,12 +316,10 @@ class Trial:
         return None
 
     def wait_settled(self, timeout: float) -> None:
-        waiting.wait_until(
-            self.settled,
-            timeout,
-            interval=0.2,
-            message=f"cluster settled; jobs: {self.job_rows()}",
-        )
+        """Wait until the cluster stayed settled for STABLE_S (a coordinator whose
+        membership view lags a join may settle jobs once, then move them)."""
+        if self.wait_stable(time.monotonic(), timeout) is None:
+            raise AssertionError(f"cluster not settled in {timeout:g} s; jobs: {self.job_rows()}")
 
     def coordinator(self) -> str:
         return self.cluster.sql("SELECT server FROM coordinator WHERE id = 1")[0][0]
