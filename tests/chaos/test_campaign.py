@@ -210,6 +210,7 @@ def test_duplicate_and_concurrent_commands(trial: Trial) -> None:
             list(pool.map(lambda cmd: c.cli("job", cmd, target), commands))
 
     trial.inject(storm)
+    trial.healed()  # recovery is timed from the last command's return
     trial.live_jobs.append("clicked")
     outcome = trial.verify()
     assert c.job("clicked")["generation"] == 1
