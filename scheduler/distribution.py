@@ -61,6 +61,9 @@ class Row:
     restarts: int
     lease_expired: bool
     claimable_now: bool
+    # Seconds until the job may become claimable by time alone (another owner's lease
+    # expires, or a backoff ends); None when no such time applies.
+    due_in: float | None = None
 
 
 def _event_cte(kind: str) -> str:
@@ -416,7 +419,11 @@ _POLL = sa.text(
            j.max_restarts, d.target, d.owner, d.epoch, d.state, d.generation,
            d.restarts,
            (d.lease_until IS NOT NULL AND d.lease_until < now()) AS lease_expired,
-           (d.not_before IS NULL OR d.not_before <= now()) AS claimable_now
+           (d.not_before IS NULL OR d.not_before <= now()) AS claimable_now,
+           CAST(EXTRACT(EPOCH FROM CASE
+               WHEN d.owner IS NOT NULL AND d.owner <> :server THEN d.lease_until - now()
+               WHEN d.owner IS NULL THEN d.not_before - now()
+           END) AS double precision) AS due_in
       FROM mine d
       JOIN jobs j ON j.id = d.job_id
      WHERE j.id = ANY(ARRAY(SELECT job_id FROM mine))
@@ -443,6 +450,7 @@ def poll(conn: sa.Connection, server: str) -> list[Row]:
             restarts=r.restarts,
             lease_expired=r.lease_expired,
             claimable_now=r.claimable_now,
+            due_in=r.due_in,
         )
         for r in conn.execute(_POLL, {"server": server})
     ]

@@ -41,10 +41,12 @@ ROLE = "both"
 
 # Lease length, seconds. A driver's watchdog kills it when renewals stop for longer
 # than LEASE_TTL_S - WATCHDOG_MARGIN_S, so it is dead before another server may claim.
-LEASE_TTL_S = 10.0
+# Failover after a crash takes about one TTL (docs/benchmarks.md): 8 s keeps it within
+# the ZooKeeper session timeout + 2 s while three renewals fit before the deadline.
+LEASE_TTL_S = 8.0
 WATCHDOG_MARGIN_S = 3.0
 # How often leases are renewed, seconds (several renewals fit in one TTL).
-LEASE_RENEW_INTERVAL_S = 2.0
+LEASE_RENEW_INTERVAL_S = 1.5
 # Fallback poll interval of the distribution table when no NOTIFY arrives, seconds.
 POLL_INTERVAL_S = 2.0
 # Graceful stop of a driver: SIGTERM, then SIGKILL after this grace, seconds.

@@ -43,6 +43,9 @@ from server import driver, metrics
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 8
+# Look again this long after a lease or backoff is due: PostgreSQL's clock must have
+# passed the instant when the claim statement runs.
+DUE_SLACK_S = 0.05
 
 
 @dataclass
@@ -237,13 +240,15 @@ class Runner:
     # ------------------------------------------------------------------ poll
 
     def _poll_loop(self) -> None:
+        wait = self.config.poll_interval
         while not self._stop.is_set():
-            self._wake.wait(self.config.poll_interval)
+            self._wake.wait(wait)
             self._wake.clear()
             if self._stop.is_set():
                 return
+            wait = self.config.poll_interval
             try:
-                self.poll_once()
+                wait = min(wait, self.poll_once())
             except DBAPIError as exc:
                 log.warning(
                     "poll failed; retrying",
@@ -252,7 +257,10 @@ class Runner:
             except Exception:  # a bug must not kill the loop that stops drivers
                 log.exception("poll failed unexpectedly", extra={"action": "poll_failed"})
 
-    def poll_once(self) -> None:
+    def poll_once(self) -> float:
+        """Reconcile once. Returns how soon to look again: just after the earliest time a
+        job targeted here becomes claimable (a dead owner's lease expires, a backoff
+        ends), since nothing NOTIFYs those moments."""
         cfg = self.config
         with self.engine.connect() as conn:
             rows = {row.job_id: row for row in distribution.poll(conn, cfg.server)}
@@ -274,6 +282,12 @@ class Runner:
                 self._tasks.submit(self._clean_orphan, row)
             elif self._claimable(row):
                 self._claim(row)
+        due = [
+            row.due_in
+            for row in rows.values()
+            if row.target == cfg.server and row.due_in is not None and row.due_in > 0
+        ]
+        return min(due, default=cfg.poll_interval) + DUE_SLACK_S
 
     def _stop_reason(self, row: distribution.Row) -> str | None:
         if row.desired != "running":
