@@ -9,7 +9,8 @@
   accepted, lost jobs, resurrected jobs, corrupt starts, recovery time) and the totals
   is printed; ``CHAOS_RESULTS=path.json`` also writes them as JSON.
 
-Every test under ``tests/chaos`` is marked ``chaos``.
+Every test under ``tests/chaos`` is marked ``chaos``, and skipped unless the command line
+names ``tests/chaos``: a plain ``pytest`` over ``tests/`` never stops shared services.
 """
 
 from __future__ import annotations
@@ -40,11 +41,30 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS] = []
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _asked_for(config: pytest.Config) -> bool:
+    """True when the command line names tests/chaos (or something inside it)."""
+    here = Path(__file__).parent.resolve()
+    for arg in config.args:
+        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if path == here or here in path.parents:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
+    # The campaign stops the shared ZooKeeper and PostgreSQL: a plain 'pytest' over
+    # tests/ must not run it in the middle of other tests.
+    alone = pytest.mark.skip(
+        reason="the chaos campaign stops shared services: run it alone, "
+        "'pytest tests/chaos' (scripts/test.sh does, after the other tests)"
+    )
+    asked = _asked_for(config)
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.chaos)
+            if not asked:
+                item.add_marker(alone)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
