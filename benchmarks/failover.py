@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from scheduler import jobs  # noqa: E402
 from scheduler.states import JobKind  # noqa: E402
+from server import defaults  # noqa: E402
 from sql import migrate  # noqa: E402
 from tests import cluster as cluster_module  # noqa: E402
 from tests import services, sink, waiting  # noqa: E402
@@ -62,16 +63,16 @@ TIMEOUTS = {
         "lease": float(cluster_module.FAST_TIMEOUTS["SPARKRING_LEASE_TTL"]),
         "env": {},
     },
-    # server/defaults.py.
+    # server/defaults.py, whatever they are today.
     "production": {
-        "session": 6.0,
-        "lease": 10.0,
+        "session": defaults.ZK_SESSION_TIMEOUT_S,
+        "lease": defaults.LEASE_TTL_S,
         "env": {
-            "SPARKRING_ZK_SESSION_TIMEOUT": "6",
-            "SPARKRING_LEASE_TTL": "10",
-            "SPARKRING_WATCHDOG_MARGIN": "3",
-            "SPARKRING_LEASE_RENEW_INTERVAL": "2",
-            "SPARKRING_POLL_INTERVAL": "2",
+            "SPARKRING_ZK_SESSION_TIMEOUT": str(defaults.ZK_SESSION_TIMEOUT_S),
+            "SPARKRING_LEASE_TTL": str(defaults.LEASE_TTL_S),
+            "SPARKRING_WATCHDOG_MARGIN": str(defaults.WATCHDOG_MARGIN_S),
+            "SPARKRING_LEASE_RENEW_INTERVAL": str(defaults.LEASE_RENEW_INTERVAL_S),
+            "SPARKRING_POLL_INTERVAL": str(defaults.POLL_INTERVAL_S),
         },
     },
 }
@@ -383,6 +384,7 @@ def main() -> None:
         "timeouts": args.timeouts,
         "session_timeout_s": timeouts["session"],
         "lease_ttl_s": timeouts["lease"],
+        "env": timeouts["env"],
         "trials": args.trials,
         "raw": {},
     }

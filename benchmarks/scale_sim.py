@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from kazoo.client import KazooClient
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
@@ -131,7 +132,7 @@ class Simulation:
         self.sims: dict[str, SimServer] = {}
         self.stop = threading.Event()
         self.loop: coordinator.CoordinatorLoop | None = None
-        self.rebalances: list[coordinator.Rebalance] = []
+        self.rebalances: list[tuple[float, coordinator.Rebalance]] = []
         self.victim: subprocess.Popen[str] | None = None
         self.engine: sa.Engine | None = None
 
@@ -201,7 +202,7 @@ class Simulation:
 
     def _rebalanced(self, result: coordinator.Rebalance) -> None:
         if result.changed:
-            self.rebalances.append(result)
+            self.rebalances.append((time.monotonic(), result))
 
     def _wake(self, _view: Any) -> None:
         if self.loop is not None:
@@ -335,6 +336,14 @@ class Simulation:
         log(f"steady state: {result['steady_state']}")
         owned = self._owned_by("victim")
         self.rebalances.clear()
+        # A plain client watches the victim's node: when ZooKeeper itself expired it.
+        watcher = KazooClient(hosts=self.hosts, timeout=10)
+        watcher.start(timeout=30)
+        node_gone: list[float] = []
+        watcher.exists(
+            f"{self.root}/servers/victim", watch=lambda _event: node_gone.append(time.monotonic())
+        )
+        killed = time.monotonic()
         self.victim.send_signal(signal.SIGKILL)
         self.victim.wait()
         self.sims["victim"].alive = False
@@ -352,8 +361,14 @@ class Simulation:
 
         result["victim_jobs"] = len(owned)
         result["converge_after_loss_s"] = round(self.wait(converged, 300, "convergence"), 1)
-        result["rebalance_s"] = [round(r.seconds, 3) for r in self.rebalances]
-        result["moved_by_rebalance"] = [r.changed for r in self.rebalances]
+        # When the coordinator retargeted the victim's jobs (the session expired, the
+        # membership view changed, the debounces passed): the rest is lease expiry + claims.
+        result["node_expired_after_s"] = round(node_gone[0] - killed, 1) if node_gone else None
+        watcher.stop()
+        watcher.close()
+        result["retargeted_after_s"] = [round(at - killed, 1) for at, _ in self.rebalances]
+        result["rebalance_s"] = [round(r.seconds, 3) for _, r in self.rebalances]
+        result["moved_by_rebalance"] = [r.changed for _, r in self.rebalances]
         log(
             f"lost a server with {len(owned)} jobs: "
             f"converged in {result['converge_after_loss_s']} s"
