@@ -147,6 +147,13 @@ def test_a_joining_server_moves_only_retargeted_jobs_stop_then_start(cluster: Cl
     before = {name: cluster.wait_job(name, _running, 120, f"{name} running") for name in names}
     cluster.start_server("s4", capacity=3)
     cluster.wait_members(4)
+    # The coordinator retargets after its debounce; until then everything looks settled.
+    waiting.wait_until(
+        lambda: any(cluster.job(n)["target"] == "s4" for n in names),
+        60,
+        interval=0.2,
+        message="the coordinator targeted jobs at the new server",
+    )
 
     def settled() -> bool:
         jobs = {name: cluster.job(name) for name in names}
