@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -17,8 +19,10 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from sql import migrate
+from tests import waiting
 
 REPO = Path(__file__).resolve().parent.parent
+MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 TEMPLATE_DATABASE = "sparkring_template"
 
 
@@ -80,3 +84,34 @@ def drop_database(database_url: str) -> None:
 
 def unique_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class ThrowawayS3:
+    """A moto S3 server of one test's own on a free port, which the test may kill: the
+    stack's S3 is shared and is never stopped. moto keeps objects in memory only."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        waiting.wait_until(
+            lambda: reachable(self.endpoint), 30, message="moto_server did not start"
+        )
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)

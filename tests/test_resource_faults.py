@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,44 +19,12 @@ import sqlalchemy as sa
 from resource_center import cache, catalog, errors, store
 from tests import services, waiting
 
-MOTO_SERVER = Path(sys.executable).with_name("moto_server")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class ThrowawayS3:
-    """A moto S3 server on a free port that a test may kill and start again."""
-
-    def __init__(self) -> None:
-        self.port = _free_port()
-        self.endpoint = f"127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        waiting.wait_until(
-            lambda: services.reachable(self.endpoint), 30, message="moto_server did not start"
-        )
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
 
 @pytest.fixture
-def throwaway_s3(s3_endpoint: str) -> Iterator[ThrowawayS3]:
-    if not MOTO_SERVER.exists():
-        pytest.skip(f"{MOTO_SERVER} is not installed")
-    server = ThrowawayS3()
+def throwaway_s3(s3_endpoint: str) -> Iterator[services.ThrowawayS3]:
+    if not services.MOTO_SERVER.exists():
+        pytest.skip(f"{services.MOTO_SERVER} is not installed")
+    server = services.ThrowawayS3()
     server.start()
     yield server
     server.kill()
@@ -95,7 +60,7 @@ def _store(stack_env: dict[str, str], endpoint: str, bucket: str) -> CountingSto
 
 def test_s3_killed_during_upload_leaves_no_version(
     engine: sa.Engine,
-    throwaway_s3: ThrowawayS3,
+    throwaway_s3: services.ThrowawayS3,
     stack_env: dict[str, str],
     s3_endpoint: str,
     s3_bucket: str,
@@ -126,7 +91,7 @@ def test_s3_killed_during_upload_leaves_no_version(
 
 def test_fetch_rides_out_an_s3_outage(
     engine: sa.Engine,
-    throwaway_s3: ThrowawayS3,
+    throwaway_s3: services.ThrowawayS3,
     stack_env: dict[str, str],
     s3_bucket: str,
     tmp_path: Path,

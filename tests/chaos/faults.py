@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -20,11 +19,10 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from tests import services, waiting
+from tests import services
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "scripts" / "stack.py"
-MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 
 
 class FaultError(Exception):
@@ -38,12 +36,6 @@ def _run(argv: Sequence[str], env: dict[str, str] | None = None, timeout: float 
     if result.returncode != 0:
         raise FaultError(f"{' '.join(argv)} failed: {result.stderr.strip() or result.stdout}")
     return result.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 # ---------------------------------------------------------------- the stack
@@ -215,28 +207,10 @@ def namespaces_unavailable() -> str | None:
 # ---------------------------------------------------------------- S3
 
 
-class ThrowawayS3:
-    """A moto S3 server of one test's own on a free port (the stack's S3 is shared and is
-    never stopped). moto keeps objects in memory only, so an outage is made with
-    ``block()`` (iptables rejects connections to its port) rather than by restarting it,
-    which would lose what a real S3 keeps."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.endpoint = f"127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        if not MOTO_SERVER.exists():
-            raise FaultError(f"{MOTO_SERVER} not found: install the test extras")
-        self.process = subprocess.Popen(
-            [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        waiting.wait_until(
-            lambda: services.reachable(self.endpoint), 30, message="moto_server did not start"
-        )
+class ThrowawayS3(services.ThrowawayS3):
+    """The tests' throwaway S3 server, made unreachable with ``block()`` (iptables
+    rejects connections to its port) rather than by restarting it: a restarted moto
+    would lose the objects a real S3 keeps."""
 
     def block(self) -> None:
         """Refuse every connection to the server (it keeps running, with its objects)."""
@@ -258,6 +232,4 @@ class ThrowawayS3:
 
     def kill(self) -> None:
         self.unblock()
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        super().kill()
