@@ -15,7 +15,7 @@ from registry import errors as registry_errors
 from resource_center import errors as resource_errors
 from scheduler import jobs as job_errors
 from scheduler import ring as ring_errors
-from server import cli_db, cli_job, cli_resource, cli_ring, cli_serve, cli_server, console
+from server import cli_db, cli_job, cli_resource, cli_ring, cli_server, console
 from server import settings as settings_module
 from sql import database
 
@@ -28,8 +28,6 @@ app = typer.Typer(
 app.add_typer(cli_db.app, name="db")
 app.add_typer(cli_resource.app, name="resource")
 app.add_typer(cli_server.app, name="server")
-cli_server.app.command("run")(cli_serve.run)
-cli_server.app.command("drain")(cli_serve.drain)
 app.add_typer(cli_job.app, name="job")
 app.add_typer(cli_ring.app, name="ring")
 
