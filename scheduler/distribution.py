@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 
 import sqlalchemy as sa
 
@@ -465,7 +464,3 @@ def lease_remaining(conn: sa.Connection, job_id: int) -> float | None:
         {"j": job_id},
     ).scalar_one_or_none()
     return None if value is None else float(value)
-
-
-def now(conn: sa.Connection) -> datetime:
-    return conn.execute(sa.select(sa.func.now())).scalar_one()

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sqlalchemy as sa
 import typer
 
-from server import clients, console
+from server import console
 from sql import migrate
 
 app = typer.Typer(no_args_is_help=True, help="Migrate the PostgreSQL schema (Alembic).")
-
-
-def _engine(ctx: typer.Context) -> sa.Engine:
-    return clients.engine(console.context(ctx).settings())
 
 
 @app.command()
@@ -21,7 +16,7 @@ def upgrade(
     revision: str = typer.Argument("head", help="Target revision."),
 ) -> None:
     """Upgrade the schema to REVISION (default: head). Safe to run from several servers."""
-    engine = _engine(ctx)
+    engine = console.engine(ctx)
     migrate.upgrade(engine, revision)
     console.out.print(f"database at revision {migrate.current(engine)}")
 
@@ -32,7 +27,7 @@ def downgrade(
     revision: str = typer.Argument(..., help="Target revision, or 'base' to drop everything."),
 ) -> None:
     """Downgrade the schema to REVISION ('base' removes every sparkring table)."""
-    engine = _engine(ctx)
+    engine = console.engine(ctx)
     migrate.downgrade(engine, revision)
     console.out.print(f"database at revision {migrate.current(engine) or 'base'}")
 
@@ -43,7 +38,7 @@ def current(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show the database's revision and the code's head."""
-    engine = _engine(ctx)
+    engine = console.engine(ctx)
     revision, heads = migrate.current(engine), migrate.heads()
     if as_json:
         console.emit_json({"current": revision, "heads": heads, "up_to_date": revision in heads})

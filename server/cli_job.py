@@ -6,7 +6,6 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-import sqlalchemy as sa
 import typer
 
 from registry import servers
@@ -16,10 +15,6 @@ from scheduler.states import JobKind
 from server import clients, console, runner
 
 app = typer.Typer(no_args_is_help=True, help="Define, start, stop and inspect jobs.")
-
-
-def _engine(ctx: typer.Context) -> sa.Engine:
-    return clients.engine(console.context(ctx).settings())
 
 
 @app.command()
@@ -46,7 +41,7 @@ def create(
 ) -> None:
     """Define a job (stopped). Artifact versions are pinned at creation."""
     conf_map = jobs.parse_conf(conf)
-    engine = _engine(ctx)
+    engine = console.engine(ctx)
     main = catalog.resolve(engine, resource)
     extra = [catalog.resolve(engine, ref) for ref in py_files]
     with engine.begin() as conn:
@@ -70,7 +65,7 @@ def create(
 
 
 def _command(ctx: typer.Context, name: str, action) -> None:
-    engine = _engine(ctx)
+    engine = console.engine(ctx)
     with engine.begin() as conn:
         outcome = action(conn, name)
     console.out.print(f"job {name}: {outcome}")
@@ -97,7 +92,7 @@ def restart(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
 @app.command()
 def delete(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
     """Delete a stopped job (its events and checkpoints are kept)."""
-    engine = _engine(ctx)
+    engine = console.engine(ctx)
     with engine.begin() as conn:
         jobs.delete(conn, name)
     console.out.print(f"job {name}: deleted")
@@ -108,7 +103,7 @@ def list_(
     ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")
 ) -> None:
     """Every job with its desired and actual state, owner and target."""
-    engine = _engine(ctx)
+    engine = console.engine(ctx)
     with engine.connect() as conn:
         rows = jobs.list_jobs(conn)
     if as_json:
@@ -140,7 +135,7 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """One job in full."""
-    engine = _engine(ctx)
+    engine = console.engine(ctx)
     with engine.connect() as conn:
         job = jobs.show(conn, name)
     if as_json:
@@ -160,7 +155,7 @@ def events(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The job's history: created, claimed, started, stopped, retargeted, reaped..."""
-    engine = _engine(ctx)
+    engine = console.engine(ctx)
     with engine.connect() as conn:
         rows = jobs.events(conn, name, limit)
     if as_json:
@@ -180,7 +175,7 @@ def logs(
 ) -> None:
     """The driver log of the current run (from its server) or of the last run (from S3)."""
     settings = console.context(ctx).settings()
-    engine = _engine(ctx)
+    engine = console.engine(ctx)
     with engine.connect() as conn:
         job = jobs.show(conn, name)
     text = _live_log(settings, job, lines) if job["owner"] else None

@@ -10,10 +10,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from server import clients
 from server import settings as settings_module
 
 out = Console()
@@ -32,6 +34,11 @@ class Context:
         if self._settings is None:
             self._settings = settings_module.load(self.config, **self.overrides)
         return self._settings
+
+
+def engine(ctx: typer.Context) -> sa.Engine:
+    """A checked engine from this invocation's settings (one connection is plenty)."""
+    return clients.engine(context(ctx).settings())
 
 
 def context(ctx: typer.Context) -> Context:

@@ -181,7 +181,7 @@ class Server:
                 self.engine,
                 self.id,
                 term,
-                servers=self._placeable_servers,
+                servers=self._server_capacities,
                 live=lambda: list(self.registry.members()) if self.registry else [],
                 epsilon=s.placement_epsilon,
                 vnodes=defaults.RING_VNODES,
@@ -197,9 +197,11 @@ class Server:
         with self._coordinator_lock:
             self._coordinator = None
 
-    def _placeable_servers(self) -> dict[str, int]:
+    def _server_capacities(self) -> dict[str, int]:
+        """Live servers and their capacity; the coordinator drops full-time coordinators
+        (capacity 0) and drained servers itself (``coordinator.placeable``)."""
         members = self.registry.members() if self.registry else {}
-        return {sid: info.capacity for sid, info in members.items() if info.capacity > 0}
+        return {sid: info.capacity for sid, info in members.items()}
 
     def _state_changed(self, state: connection.State) -> None:
         log.warning(

@@ -234,7 +234,7 @@ class Runner:
             )
             if run.driver is not None:
                 run.driver.kill()
-        if {job for job in renewed} - set(self.runs()):
+        if set(renewed) - set(self.runs()):
             self.wake()  # leases of a previous incarnation: the poll loop cleans them up
 
     # ------------------------------------------------------------------ poll

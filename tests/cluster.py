@@ -28,6 +28,8 @@ from tests import waiting
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "jobs"
+# The light driver of the end-to-end and chaos tests (spark-submit, no SparkSession).
+HEARTBEAT_JOB = REPO / "tests" / "jobs" / "heartbeat.py"
 
 FAST_TIMEOUTS = {
     "SPARKRING_ZK_SESSION_TIMEOUT": "4",
@@ -241,14 +243,6 @@ def overlaps(records: list[dict[str, Any]], key: str = "job") -> list[tuple[dict
             if ka[0] == kb[0] and sb < ea and sa_ < eb:
                 bad.append(({"id": ka, "span": (sa_, ea)}, {"id": kb, "span": (sb, eb)}))
     return bad
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def sigstop(proc_pid: int) -> None:

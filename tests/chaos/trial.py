@@ -29,9 +29,8 @@ from scheduler.states import JobKind
 from server import defaults
 from tests import waiting
 from tests.chaos import invariants
-from tests.cluster import Cluster
+from tests.cluster import HEARTBEAT_JOB, Cluster
 
-HEARTBEAT_JOB = Path(__file__).resolve().parents[1] / "jobs" / "heartbeat.py"
 # Every wanted job must be running again this long after the fault healed (fast timeouts:
 # session 4 s, lease 8 s; a light driver starts in ~2-5 s on a busy 2-core machine).
 RECOVERY_BOUND_S = 90.0

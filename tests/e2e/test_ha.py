@@ -23,39 +23,7 @@ import pytest
 from tests import cluster as cluster_module
 from tests import sink, waiting
 from tests.cluster import Cluster
-
-HEARTBEAT_JOB = Path(__file__).resolve().parent.parent / "jobs" / "heartbeat.py"
-SERVERS = ("s1", "s2", "s3")
-
-
-def _start_cluster(c: Cluster, servers: tuple[str, ...] = SERVERS, capacity: int = 4) -> None:
-    for sid in servers:
-        c.start_server(sid, capacity=capacity)
-    c.wait_members(len(servers))
-
-
-def _heartbeat_job(
-    c: Cluster, name: str, *, kind: str = "streaming", extra: list[str] = (), max_restarts: int = 3
-) -> None:
-    if c.cli("resource", "show", "heartbeat", check=False).returncode != 0:
-        c.cli("resource", "upload", "heartbeat", str(HEARTBEAT_JOB))
-    c.cli(
-        "job",
-        "create",
-        name,
-        "--resource",
-        "heartbeat",
-        "--kind",
-        kind,
-        "--max-restarts",
-        str(max_restarts),
-        f"--arg={c.heartbeats}",
-        *(f"--arg={a}" for a in extra),
-    )
-
-
-def _running(job: dict[str, Any]) -> bool:
-    return job["state"] == "running" and job["owner"] is not None
+from tests.e2e import helpers
 
 
 def _overlapping_heartbeats(records: list[dict[str, Any]]) -> list[str]:
@@ -87,17 +55,17 @@ def _kinds(c: Cluster, name: str) -> list[str]:
 
 def test_sigstop_past_the_session_timeout_never_runs_two_drivers(cluster: Cluster) -> None:
     """(c) the zombie: paused past the session timeout, then resumed."""
-    _start_cluster(cluster)
-    _heartbeat_job(cluster, "zombie")
+    helpers.start_cluster(cluster)
+    helpers.heartbeat_job(cluster, "zombie")
     cluster.cli("job", "start", "zombie")
-    first = cluster.wait_job("zombie", _running, 60, "job running")
+    first = cluster.wait_job("zombie", helpers.running, 60, "job running")
     victim = first["owner"]
     pid = cluster.servers[victim].pid
     cluster_module.sigstop(pid)
     try:
         moved = cluster.wait_job(
             "zombie",
-            lambda j: _running(j) and j["owner"] != victim,
+            lambda j: helpers.running(j) and j["owner"] != victim,
             60,
             "job running on another server while the owner is paused",
         )
@@ -117,19 +85,15 @@ def test_sigstop_past_the_session_timeout_never_runs_two_drivers(cluster: Cluste
 
 def test_sigterm_hands_jobs_off_and_none_fail(cluster: Cluster) -> None:
     """(d) graceful shutdown: jobs move, none FAILED, the server exits 0."""
-    _start_cluster(cluster)
+    helpers.start_cluster(cluster)
     names = [f"handoff-{i}" for i in range(3)]
-    for name in names:
-        _heartbeat_job(cluster, name)
-        cluster.cli("job", "start", name)
-    for name in names:
-        cluster.wait_job(name, _running, 90, f"{name} running")
+    helpers.start_running(cluster, names, timeout=90)
     owners = {name: cluster.job(name)["owner"] for name in names}
     victim = max(set(owners.values()), key=lambda s: list(owners.values()).count(s))
     assert cluster.terminate(victim, timeout=60) == 0
     for name in names:
         job = cluster.wait_job(
-            name, lambda j: _running(j) and j["owner"] != victim, 90, f"{name} handed off"
+            name, lambda j: helpers.running(j) and j["owner"] != victim, 90, f"{name} handed off"
         )
         assert job["state"] != "failed"
     for name in (n for n, o in owners.items() if o == victim):
@@ -139,12 +103,9 @@ def test_sigterm_hands_jobs_off_and_none_fail(cluster: Cluster) -> None:
 
 def test_a_joining_server_moves_only_retargeted_jobs_stop_then_start(cluster: Cluster) -> None:
     """(b) expansion: jobs whose target did not change keep their driver and epoch."""
-    _start_cluster(cluster, capacity=3)
+    helpers.start_cluster(cluster, capacity=3)
     names = [f"grow-{i}" for i in range(6)]
-    for name in names:
-        _heartbeat_job(cluster, name)
-        cluster.cli("job", "start", name)
-    before = {name: cluster.wait_job(name, _running, 120, f"{name} running") for name in names}
+    before = helpers.start_running(cluster, names)
     cluster.start_server("s4", capacity=3)
     cluster.wait_members(4)
     # The coordinator retargets after its debounce; until then everything looks settled.
@@ -157,7 +118,7 @@ def test_a_joining_server_moves_only_retargeted_jobs_stop_then_start(cluster: Cl
 
     def settled() -> bool:
         jobs = {name: cluster.job(name) for name in names}
-        return all(_running(j) and j["owner"] == j["target"] for j in jobs.values())
+        return all(helpers.running(j) and j["owner"] == j["target"] for j in jobs.values())
 
     waiting.wait_until(settled, 120, interval=0.5, message="jobs settled on their new targets")
     after = {name: cluster.job(name) for name in names}
@@ -175,15 +136,15 @@ def test_a_joining_server_moves_only_retargeted_jobs_stop_then_start(cluster: Cl
 
 def test_finished_batch_is_not_rerun_by_failover_or_full_restart(cluster: Cluster) -> None:
     """(e) S4: FINISHED stays finished across a kill -9 and a full cluster restart."""
-    _start_cluster(cluster)
-    _heartbeat_job(cluster, "once", kind="batch", extra=["--run-for", "1"])
+    helpers.start_cluster(cluster)
+    helpers.heartbeat_job(cluster, "once", kind="batch", extra=["--run-for", "1"])
     cluster.cli("job", "start", "once")
     done = cluster.wait_job("once", lambda j: j["state"] == "finished", 90, "batch finished")
     ran_on = [e["server"] for e in cluster.events("once") if e["kind"] == "finished"]
     cluster.kill(ran_on[0])
     for sid in list(cluster.servers):
         cluster.kill(sid)
-    _start_cluster(cluster)
+    helpers.start_cluster(cluster)
     # Give the new cluster a full coordinator pass and poll round: it must do nothing.
     waiting.wait_until(
         lambda: cluster.sql("SELECT ring_generation FROM coordinator")[0][0] >= 1,
@@ -198,8 +159,9 @@ def test_finished_batch_is_not_rerun_by_failover_or_full_restart(cluster: Cluste
 
 def test_crash_looping_job_ends_failed_after_max_restarts(cluster: Cluster) -> None:
     """(f) a driver that keeps crashing: FAILED with its error after max_restarts."""
-    _start_cluster(cluster, servers=("s1", "s2"))
-    _heartbeat_job(cluster, "crashy", extra=["--run-for", "0", "--exit-code", "3"], max_restarts=2)
+    helpers.start_cluster(cluster, servers=("s1", "s2"))
+    crash = ["--run-for", "0", "--exit-code", "3"]
+    helpers.heartbeat_job(cluster, "crashy", extra=crash, max_restarts=2)
     cluster.cli("job", "start", "crashy")
     job = cluster.wait_job("crashy", lambda j: j["state"] == "failed", 120, "job failed")
     assert job["restarts"] == 2
@@ -210,12 +172,12 @@ def test_crash_looping_job_ends_failed_after_max_restarts(cluster: Cluster) -> N
 
 def test_duplicate_concurrent_starts_run_one_driver(cluster: Cluster) -> None:
     """(g) a double click (or eight): one generation, one claim, one driver."""
-    _start_cluster(cluster)
-    _heartbeat_job(cluster, "clicked")
+    helpers.start_cluster(cluster)
+    helpers.heartbeat_job(cluster, "clicked")
     with ThreadPoolExecutor(8) as pool:
         outcomes = list(pool.map(lambda _: cluster.cli("job", "start", "clicked").stdout, range(8)))
     assert sum("started" in o for o in outcomes) == 1
-    cluster.wait_job("clicked", _running, 60, "job running")
+    cluster.wait_job("clicked", helpers.running, 60, "job running")
     assert _kinds(cluster, "clicked").count("claimed") == 1
     assert cluster.job("clicked")["generation"] == 1
     starts = [r for r in cluster.driver_records() if r["event"] == "started"]
@@ -231,7 +193,7 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
     micro-batch duplicated or lost."""
     master = stack_env["SPARKRING_STACK_SPARK_MASTER_URL"]
     test_started_ms = time.time() * 1000
-    _start_cluster(cluster)
+    helpers.start_cluster(cluster)
     output = cluster.root / "stream-out"
     counter = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "streaming_counter.py"
     cluster.cli("resource", "upload", "counter", str(counter))
@@ -241,7 +203,7 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
         f"--arg={output}", f"--arg=--heartbeats={cluster.heartbeats}",
     )  # fmt: skip
     cluster.cli("job", "start", "stream")
-    first = cluster.wait_job("stream", _running, 90, "streaming job running")
+    first = cluster.wait_job("stream", helpers.running, 90, "streaming job running")
     waiting.wait_until(
         lambda: sink.committed_batches(output) >= 3, 120, interval=0.5,
         message="three micro-batches committed",
@@ -249,7 +211,10 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
     killed_at = time.time()
     cluster.kill(first["owner"])
     moved = cluster.wait_job(
-        "stream", lambda j: _running(j) and j["owner"] != first["owner"], 90, "job failed over"
+        "stream",
+        lambda j: helpers.running(j) and j["owner"] != first["owner"],
+        90,
+        "job failed over",
     )
     batches_before = sink.committed_batches(output)
     waiting.wait_until(
@@ -281,13 +246,13 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
 
 def test_sigkill_of_a_server_leaves_no_orphan_driver(cluster: Cluster) -> None:
     """(1) owner killed: its driver dies by its watchdog, the job runs elsewhere once."""
-    _start_cluster(cluster)
-    _heartbeat_job(cluster, "orphan")
+    helpers.start_cluster(cluster)
+    helpers.heartbeat_job(cluster, "orphan")
     cluster.cli("job", "start", "orphan")
-    first = cluster.wait_job("orphan", _running, 60, "job running")
+    first = cluster.wait_job("orphan", helpers.running, 60, "job running")
     cluster.kill(first["owner"])
     cluster.wait_job(
-        "orphan", lambda j: _running(j) and j["owner"] != first["owner"], 60, "job moved"
+        "orphan", lambda j: helpers.running(j) and j["owner"] != first["owner"], 60, "job moved"
     )
     old = [r for r in cluster.driver_records() if r["epoch"] == first["epoch"]]
     assert any(r["event"] == "ended" for r in old), "the old driver outlived its lease"

@@ -10,7 +10,7 @@ import urllib.request
 
 from tests import waiting
 from tests.cluster import Cluster
-from tests.e2e.test_ha import _heartbeat_job, _running, _start_cluster
+from tests.e2e import helpers
 
 
 def _health_url(c: Cluster, server_id: str) -> str:
@@ -19,17 +19,14 @@ def _health_url(c: Cluster, server_id: str) -> str:
 
 
 def test_drain_moves_every_job_off_a_server_and_undo_lets_it_take_jobs(cluster: Cluster) -> None:
-    _start_cluster(cluster, servers=("s1", "s2"))
+    helpers.start_cluster(cluster, servers=("s1", "s2"))
     names = [f"d{i}" for i in range(4)]
-    for name in names:
-        _heartbeat_job(cluster, name)
-        cluster.cli("job", "start", name)
-    for name in names:
-        cluster.wait_job(name, _running, 90, f"{name} running")
+    helpers.start_running(cluster, names, timeout=90)
     cluster.cli("server", "drain", "s1")
 
     def all_on_s2() -> bool:
-        return all(cluster.job(n)["owner"] == "s2" and _running(cluster.job(n)) for n in names)
+        jobs = [cluster.job(n) for n in names]
+        return all(j["owner"] == "s2" and helpers.running(j) for j in jobs)
 
     waiting.wait_until(all_on_s2, 90, interval=0.5, message="every job moved to s2")
     assert json.loads(cluster.cli("ring", "show", "--json").stdout)["servers"][0] == {
@@ -51,10 +48,10 @@ def test_drain_moves_every_job_off_a_server_and_undo_lets_it_take_jobs(cluster: 
 
 
 def test_logs_health_metrics_and_ring_explain_of_a_running_job(cluster: Cluster) -> None:
-    _start_cluster(cluster, servers=("s1", "s2"))
-    _heartbeat_job(cluster, "talker")
+    helpers.start_cluster(cluster, servers=("s1", "s2"))
+    helpers.heartbeat_job(cluster, "talker")
     cluster.cli("job", "start", "talker")
-    job = cluster.wait_job("talker", _running, 90, "job running")
+    job = cluster.wait_job("talker", helpers.running, 90, "job running")
     # The live log, read from the owner's HTTP endpoint: spark-submit writes there.
     waiting.wait_until(
         lambda: cluster.cli("job", "logs", "talker", check=False).stdout.strip() != "",
@@ -84,7 +81,7 @@ def test_logs_health_metrics_and_ring_explain_of_a_running_job(cluster: Cluster)
 
 
 def test_a_second_server_with_a_live_id_is_refused(cluster: Cluster) -> None:
-    _start_cluster(cluster, servers=("s1",))
+    helpers.start_cluster(cluster, servers=("s1",))
     result = subprocess.run(
         [sys.executable, "-m", "server", "server", "run", "--id", "s1"],
         env={**cluster.env, "SPARKRING_WORK_DIR": str(cluster.root / "dup")},
@@ -100,7 +97,7 @@ def test_a_second_server_with_a_live_id_is_refused(cluster: Cluster) -> None:
 
 
 def test_bad_commands_are_one_clear_line(cluster: Cluster) -> None:
-    _start_cluster(cluster, servers=("s1",))
+    helpers.start_cluster(cluster, servers=("s1",))
     cases = [
         (("job", "create", "x", "--resource", "missing"), "missing"),
         (("job", "start", "ghost"), "no job named 'ghost'"),
