@@ -34,7 +34,7 @@ def stack_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def postgres_url(stack_env: dict[str, str]) -> str:
+def postgres_url(stack_env: dict[str, str]) -> Iterator[str]:
     url = stack_env.get("SPARKRING_DATABASE_URL")
     if not url:
         _missing("PostgreSQL")
@@ -46,7 +46,8 @@ def postgres_url(stack_env: dict[str, str]) -> str:
     finally:
         engine.dispose()
     services.create_template(url)
-    return url
+    yield url
+    services.drop_template(url)
 
 
 @pytest.fixture

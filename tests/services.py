@@ -23,7 +23,9 @@ from tests import waiting
 
 REPO = Path(__file__).resolve().parent.parent
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
-TEMPLATE_DATABASE = "sparkring_template"
+# One template per test process: concurrent pytest runs (two checkouts sharing one local
+# stack) must not drop each other's template while copying from it.
+TEMPLATE_DATABASE = f"sparkring_template_{os.getpid()}"
 
 
 def stack_env() -> dict[str, str]:
@@ -72,6 +74,14 @@ def create_test_database(database_url: str, prefix: str = "t") -> str:
         connection.execute(sa.text(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DATABASE}"))
     admin.dispose()
     return sa.make_url(database_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_template(database_url: str) -> None:
+    drop_database(
+        sa.make_url(database_url).set(database=TEMPLATE_DATABASE).render_as_string(
+            hide_password=False
+        )
+    )
 
 
 def drop_database(database_url: str) -> None:
