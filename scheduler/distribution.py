@@ -11,6 +11,18 @@ machines. A lease is ``lease_until = now() + ttl``; a claim succeeds only on a r
 targeted at the caller whose lease is free or expired, and it increments ``epoch``, so
 every later write of a previous owner (which carries the old epoch) matches no row.
 
+An owner is one *incarnation* of a server (:class:`Owner`): its id and a token drawn
+when the process starts. Claims record both; renewals and every owner write match both,
+so two processes with one server id (a restart before the old ZooKeeper session
+expired, two hosts with one name) never renew or write each other's leases.
+
+Lock order: a statement that reads the job's ``desired`` or ``generation`` to decide a
+row's next state locks the job row first (``FOR SHARE``), as every operator command in
+``scheduler/jobs.py`` does (``FOR UPDATE``) before it touches the distribution row. So
+an owner ending a run and a concurrent ``job start``/``restart`` serialize: the release
+sees the command, or the command sees the release, never neither (a job is never left
+``stopped`` or ``finished`` while a newer start or restart wants it running).
+
 Callers pass a ``sqlalchemy.Connection`` inside a transaction (``engine.begin()``).
 """
 
@@ -34,6 +46,17 @@ class NotClaimable(Exception):
 
 
 @dataclass(frozen=True)
+class Owner:
+    """One incarnation of a server: who holds a lease."""
+
+    server: str  # the server id (ZooKeeper member name, the row's ``owner``)
+    incarnation: str  # drawn once per process start (``owner_incarnation``)
+
+    def params(self) -> dict[str, str]:
+        return {"server": self.server, "incarnation": self.incarnation}
+
+
+@dataclass(frozen=True)
 class Claim:
     job_id: int
     name: str
@@ -54,6 +77,7 @@ class Row:
     max_restarts: int
     target: str | None
     owner: str | None
+    owner_incarnation: str | None
     epoch: int
     state: RunState
     generation: int
@@ -77,9 +101,12 @@ def _event_cte(kind: str) -> str:
 
 _CLAIM = sa.text(
     """
-    WITH changed AS (
+    WITH j AS (
+        SELECT id, name, desired, generation, max_restarts FROM jobs WHERE id = :job_id FOR SHARE
+    ), changed AS (
         UPDATE distribution d
            SET owner = :server,
+               owner_incarnation = :incarnation,
                epoch = d.epoch + 1,
                lease_until = now() + make_interval(secs => :ttl),
                state = 'starting',
@@ -88,9 +115,8 @@ _CLAIM = sa.text(
                started_at = now(),
                not_before = NULL,
                updated_at = now()
-          FROM jobs j
-         WHERE d.job_id = :job_id
-           AND j.id = d.job_id
+          FROM j
+         WHERE d.job_id = j.id
            AND d.target = :server
            AND j.desired = 'running'
            AND d.state = ANY(:sources)
@@ -108,7 +134,7 @@ _CLAIM = sa.text(
 )
 
 
-def claim(conn: sa.Connection, job_id: int, server: str, ttl: float) -> Claim:
+def claim(conn: sa.Connection, job_id: int, owner: Owner, ttl: float) -> Claim:
     """Take the job: ``epoch + 1`` and a lease from PostgreSQL's clock.
 
     Succeeds only when the job is targeted at ``server``, desired running, and either
@@ -119,14 +145,14 @@ def claim(conn: sa.Connection, job_id: int, server: str, ttl: float) -> Claim:
         _CLAIM,
         {
             "job_id": job_id,
-            "server": server,
+            **owner.params(),
             "ttl": ttl,
             "sources": list(states.sources(RunState.STARTING)),
             "claimable": sorted(states.CLAIMABLE),
         },
     ).one_or_none()
     if row is None:
-        raise NotClaimable(f"job {job_id} is not claimable by {server}")
+        raise NotClaimable(f"job {job_id} is not claimable by {owner.server}")
     return Claim(row.job_id, row.name, row.epoch, row.attempt, row.generation)
 
 
@@ -135,20 +161,27 @@ _RENEW = sa.text(
     UPDATE distribution
        SET lease_until = now() + make_interval(secs => :ttl)
      WHERE owner = :server
+       AND owner_incarnation = :incarnation
        AND lease_until > now()
     RETURNING job_id, epoch
     """
 )
 
 
-def renew_leases(conn: sa.Connection, server: str, ttl: float) -> dict[int, int]:
-    """Extend every unexpired lease of ``server`` in one statement.
+def renew_leases(conn: sa.Connection, owner: Owner, ttl: float) -> dict[int, int]:
+    """Extend every unexpired lease of this incarnation of a server in one statement.
 
     Returns job id -> epoch of the leases renewed. A lease that had already expired is
     not renewed: another server may claim it, and the local watchdog has killed (or is
     about to kill) its driver.
     """
-    return {row.job_id: row.epoch for row in conn.execute(_RENEW, {"server": server, "ttl": ttl})}
+    rows = conn.execute(_RENEW, {**owner.params(), "ttl": ttl})
+    return {row.job_id: row.epoch for row in rows}
+
+
+# The state an ended run leaves the job in when a restart was requested meanwhile (the
+# job's generation moved past the run's): pending, so the new generation runs.
+_RESTART_WINS = "CASE WHEN j.desired = 'running' AND j.generation <> d.generation THEN 'pending' "
 
 
 def _transition(
@@ -159,20 +192,28 @@ def _transition(
     release: bool,
     detail: str = "jsonb_build_object()",
     guard: str = "",
+    state: str | None = None,
 ) -> sa.TextClause:
-    owner_reset = "owner = NULL, lease_until = NULL," if release else ""
+    """One fenced owner write: ``owner``, ``owner_incarnation`` and ``epoch`` must match.
+
+    ``state``: an SQL expression for the new state when it depends on the job row
+    (default: ``target``). The job row is locked first (see the module docstring)."""
+    owner_reset = "owner = NULL, owner_incarnation = NULL, lease_until = NULL," if release else ""
+    new_state = state or f"'{target.value}'"
     return sa.text(
         f"""
-        WITH changed AS (
+        WITH j AS (
+            SELECT id, name, desired, generation, max_restarts FROM jobs WHERE id = :job_id FOR SHARE
+        ), changed AS (
             UPDATE distribution d
                SET {owner_reset}
-                   state = '{target.value}',
+                   state = {new_state},
                    {set_clause}
                    updated_at = now()
-              FROM jobs j
-             WHERE d.job_id = :job_id
-               AND j.id = d.job_id
+              FROM j
+             WHERE d.job_id = j.id
                AND d.owner = :server
+               AND d.owner_incarnation = :incarnation
                AND d.epoch = :epoch
                AND d.state = ANY(:sources)
                {guard}
@@ -189,7 +230,7 @@ def _fenced(
     statement: sa.TextClause,
     target: RunState,
     job_id: int,
-    server: str,
+    owner: Owner,
     epoch: int,
     **params: object,
 ) -> sa.Row:
@@ -197,7 +238,7 @@ def _fenced(
         statement,
         {
             "job_id": job_id,
-            "server": server,
+            **owner.params(),
             "epoch": epoch,
             "sources": list(states.sources(target)),
             **params,
@@ -205,7 +246,7 @@ def _fenced(
     ).one_or_none()
     if row is None:
         raise FencedError(
-            f"job {job_id}: {server} at epoch {epoch} may not move it to {target.value}"
+            f"job {job_id}: {owner.server} at epoch {epoch} may not move it to {target.value}"
         )
     return row
 
@@ -219,9 +260,9 @@ _MARK_RUNNING = _transition(
 )
 
 
-def mark_running(conn: sa.Connection, job_id: int, server: str, epoch: int, pid: int) -> None:
+def mark_running(conn: sa.Connection, job_id: int, owner: Owner, epoch: int, pid: int) -> None:
     """The owner spawned the driver (its watchdog's pid is recorded in the event)."""
-    _fenced(conn, _MARK_RUNNING, RunState.RUNNING, job_id, server, epoch, pid=pid)
+    _fenced(conn, _MARK_RUNNING, RunState.RUNNING, job_id, owner, epoch, pid=pid)
 
 
 _BEGIN_STOP = _transition(
@@ -233,48 +274,38 @@ _BEGIN_STOP = _transition(
 )
 
 
-def begin_stop(conn: sa.Connection, job_id: int, server: str, epoch: int, reason: str) -> None:
+def begin_stop(conn: sa.Connection, job_id: int, owner: Owner, epoch: int, reason: str) -> None:
     """The owner starts stopping its driver (migration, stop or restart command)."""
-    _fenced(conn, _BEGIN_STOP, RunState.STOPPING, job_id, server, epoch, reason=reason)
+    _fenced(conn, _BEGIN_STOP, RunState.STOPPING, job_id, owner, epoch, reason=reason)
 
 
-_RELEASE = sa.text(
-    """
-    WITH changed AS (
-        UPDATE distribution d
-           SET owner = NULL, lease_until = NULL,
-               state = CASE WHEN j.desired = 'running' THEN 'pending' ELSE 'stopped' END,
-               updated_at = now()
-          FROM jobs j
-         WHERE d.job_id = :job_id
-           AND j.id = d.job_id
-           AND d.owner = :server
-           AND d.epoch = :epoch
-           AND d.state = ANY(:sources)
-        RETURNING d.job_id, j.name, d.epoch, d.state,
-                  jsonb_build_object('state', d.state) AS detail
-    )
-    """
-    + _event_cte("released")
-    + "SELECT job_id, state FROM changed"
+_RELEASE = _transition(
+    "released",
+    RunState.PENDING,
+    "",
+    release=True,
+    state="CASE WHEN j.desired = 'running' THEN 'pending' ELSE 'stopped' END",
+    detail="jsonb_build_object('state', CASE WHEN j.desired = 'running' "
+    "THEN 'pending' ELSE 'stopped' END)",
 )
 
 
-def release(conn: sa.Connection, job_id: int, server: str, epoch: int) -> RunState:
+def release(conn: sa.Connection, job_id: int, owner: Owner, epoch: int) -> RunState:
     """Give the job up after its driver ended: ``pending`` if it is still wanted running
     (handoff, restart, lost lease), else ``stopped``. Decided in SQL from the job's
-    desired state at this instant, so a start racing with a stop is never lost."""
+    desired state, read under the job row's lock, so a start racing with a stop is
+    never lost."""
     row = conn.execute(
         _RELEASE,
         {
             "job_id": job_id,
-            "server": server,
+            **owner.params(),
             "epoch": epoch,
             "sources": sorted(states.OWNED),
         },
     ).one_or_none()
     if row is None:
-        raise FencedError(f"job {job_id}: {server} at epoch {epoch} may not release it")
+        raise FencedError(f"job {job_id}: {owner.server} at epoch {epoch} may not release it")
     return RunState(row.state)
 
 
@@ -289,11 +320,12 @@ _DEFER = _transition(
 
 
 def defer(
-    conn: sa.Connection, job_id: int, server: str, epoch: int, error: str, delay: float
+    conn: sa.Connection, job_id: int, owner: Owner, epoch: int, error: str, delay: float
 ) -> None:
-    """The driver could not be started for a passing reason (S3 unreachable): release the
-    job for ``delay`` seconds without counting a restart. Never FAILED for this."""
-    _fenced(conn, _DEFER, RunState.BACKOFF, job_id, server, epoch, error=error[-2000:], delay=delay)
+    """The driver could not be started for a passing reason (S3 unreachable, PostgreSQL
+    restarting, no memory for a process): release the job for ``delay`` seconds
+    without counting a restart. Never FAILED for this."""
+    _fenced(conn, _DEFER, RunState.BACKOFF, job_id, owner, epoch, error=error[-2000:], delay=delay)
 
 
 _FINISH = _transition(
@@ -301,13 +333,17 @@ _FINISH = _transition(
     RunState.FINISHED,
     "last_error = NULL,",
     release=True,
+    state=_RESTART_WINS + "ELSE 'finished' END",
     detail="jsonb_build_object('exit_code', 0)",
 )
 
 
-def finish(conn: sa.Connection, job_id: int, server: str, epoch: int) -> None:
-    """A batch driver exited 0: the job is done and is never run again by failover."""
-    _fenced(conn, _FINISH, RunState.FINISHED, job_id, server, epoch)
+def finish(conn: sa.Connection, job_id: int, owner: Owner, epoch: int) -> RunState:
+    """A batch driver exited 0: the job is done and is never run again by failover.
+
+    Returns ``finished``, or ``pending`` when a restart was requested while the driver
+    ran (the restart's new generation runs)."""
+    return RunState(_fenced(conn, _FINISH, RunState.FINISHED, job_id, owner, epoch).state)
 
 
 _CRASH_BACKOFF = _transition(
@@ -326,46 +362,51 @@ _CRASH_FAILED = _transition(
     RunState.FAILED,
     "last_error = :error,",
     release=True,
-    detail="jsonb_build_object('error', CAST(:error AS text))",
+    state=_RESTART_WINS + "ELSE 'failed' END",
+    detail="jsonb_build_object('error', CAST(:error AS text), 'cause', CAST(:cause AS text))",
 )
 
 
 def record_crash(
     conn: sa.Connection,
     job_id: int,
-    server: str,
+    owner: Owner,
     epoch: int,
     error: str,
     *,
     retry: bool,
     backoff_base: float,
     backoff_max: float,
+    cause: str = "driver",
 ) -> RunState:
-    """A driver exited abnormally or could not start; release the job.
+    """A driver exited abnormally, or the job cannot be started (``cause`` says which:
+    ``driver`` or ``invalid``); release the job.
 
     With ``retry`` and restarts left (``restarts < max_restarts``) the job goes to
     ``backoff`` for ``min(backoff_max, backoff_base * 2**restarts)`` seconds, else to
-    ``failed`` with ``last_error``. The choice is made in SQL from the row itself.
+    ``failed`` with ``last_error`` (``pending`` if a restart was requested meanwhile).
+    The choice is made in SQL from the row itself.
     """
     params = {"error": error[-2000:], "backoff_base": backoff_base, "backoff_max": backoff_max}
     if retry:
         try:
             conn.execute(sa.text("SAVEPOINT crash"))
-            _fenced(
-                conn,
-                _CRASH_BACKOFF,
-                RunState.BACKOFF,
-                job_id,
-                server,
-                epoch,
-                **params,
-            )
+            _fenced(conn, _CRASH_BACKOFF, RunState.BACKOFF, job_id, owner, epoch, **params)
             conn.execute(sa.text("RELEASE SAVEPOINT crash"))
             return RunState.BACKOFF
         except FencedError:
             conn.execute(sa.text("ROLLBACK TO SAVEPOINT crash"))
-    _fenced(conn, _CRASH_FAILED, RunState.FAILED, job_id, server, epoch, error=params["error"])
-    return RunState.FAILED
+    row = _fenced(
+        conn,
+        _CRASH_FAILED,
+        RunState.FAILED,
+        job_id,
+        owner,
+        epoch,
+        error=params["error"],
+        cause=cause,
+    )
+    return RunState(row.state)
 
 
 _REAP = sa.text(
@@ -373,14 +414,17 @@ _REAP = sa.text(
     WITH lost AS (
         SELECT job_id, owner FROM distribution
          WHERE owner IS NOT NULL AND NOT (owner = ANY(:live)) AND lease_until < now()
-           FOR UPDATE
+    ), j AS (
+        SELECT id, name, desired FROM jobs
+         WHERE id IN (SELECT job_id FROM lost) ORDER BY id FOR SHARE
     ), changed AS (
         UPDATE distribution d
            SET owner = NULL,
+               owner_incarnation = NULL,
                lease_until = NULL,
                state = CASE WHEN j.desired = 'running' THEN 'pending' ELSE 'stopped' END,
                updated_at = now()
-          FROM jobs j, lost
+          FROM j, lost
          WHERE j.id = d.job_id
            AND d.job_id = lost.job_id
            AND d.owner = lost.owner
@@ -401,7 +445,8 @@ def reap(conn: sa.Connection, live: Iterable[str], server: str) -> list[tuple[in
     """Clear the owner of jobs whose owner left the registry and whose lease expired.
 
     ``server`` is the reaper (the coordinator), recorded in the events. Returns
-    (job id, former owner, epoch) of every row reaped.
+    (job id, former owner, epoch) of every row reaped. The job rows are locked first
+    (module docstring), so a command committed meanwhile decides pending or stopped.
     """
     rows = conn.execute(_REAP, {"live": sorted(set(live)), "server": server})
     return [(row.job_id, row.owner, row.epoch) for row in rows]
@@ -415,12 +460,15 @@ _POLL = sa.text(
         SELECT * FROM distribution WHERE target = :server OR owner = :server
     )
     SELECT d.job_id, j.name, j.kind, j.desired, j.generation AS job_generation,
-           j.max_restarts, d.target, d.owner, d.epoch, d.state, d.generation,
+           j.max_restarts, d.target, d.owner, d.owner_incarnation, d.epoch, d.state,
+           d.generation,
            d.restarts,
            (d.lease_until IS NOT NULL AND d.lease_until < now()) AS lease_expired,
            (d.not_before IS NULL OR d.not_before <= now()) AS claimable_now,
            CAST(EXTRACT(EPOCH FROM CASE
-               WHEN d.owner IS NOT NULL AND d.owner <> :server THEN d.lease_until - now()
+               WHEN d.owner IS NOT NULL
+                    AND (d.owner <> :server OR d.owner_incarnation <> :incarnation)
+                   THEN d.lease_until - now()
                WHEN d.owner IS NULL THEN d.not_before - now()
            END) AS double precision) AS due_in
       FROM mine d
@@ -431,8 +479,10 @@ _POLL = sa.text(
 )
 
 
-def poll(conn: sa.Connection, server: str) -> list[Row]:
-    """Every job targeted at or owned by ``server``: what its poll loop acts on."""
+def poll(conn: sa.Connection, owner: Owner) -> list[Row]:
+    """Every job targeted at or owned by the server (any incarnation of it): what its
+    poll loop acts on. ``due_in`` counts down another owner's lease, a previous
+    incarnation's included."""
     return [
         Row(
             job_id=r.job_id,
@@ -443,6 +493,7 @@ def poll(conn: sa.Connection, server: str) -> list[Row]:
             max_restarts=r.max_restarts,
             target=r.target,
             owner=r.owner,
+            owner_incarnation=r.owner_incarnation,
             epoch=r.epoch,
             state=RunState(r.state),
             generation=r.generation,
@@ -451,7 +502,7 @@ def poll(conn: sa.Connection, server: str) -> list[Row]:
             claimable_now=r.claimable_now,
             due_in=r.due_in,
         )
-        for r in conn.execute(_POLL, {"server": server})
+        for r in conn.execute(_POLL, owner.params())
     ]
 
 

@@ -58,10 +58,18 @@ def _event(conn: sa.Connection, job_id: int, name: str, kind: str, detail: dict[
     )
 
 
-def _job_id(conn: sa.Connection, name: str) -> int:
-    job_id = conn.execute(
-        sa.select(tables.jobs.c.id).where(tables.jobs.c.name == name)
-    ).scalar_one_or_none()
+def _job_id(conn: sa.Connection, name: str, *, lock: bool = False) -> int:
+    """The job's id. ``lock``: hold its row until the transaction ends.
+
+    Every command locks the job row before it touches the distribution row, and so
+    does every owner write that reads ``desired`` (``scheduler/distribution.py``): the
+    two serialize on the job row, in one order, so an owner releasing a job always sees
+    a command committed before it, and a command always sees the release (no job left
+    ``stopped`` while wanted running)."""
+    query = sa.select(tables.jobs.c.id).where(tables.jobs.c.name == name)
+    if lock:
+        query = query.with_for_update()
+    job_id = conn.execute(query).scalar_one_or_none()
     if job_id is None:
         raise JobError(f"no job named {name!r}")
     return job_id
@@ -144,7 +152,7 @@ def start(conn: sa.Connection, name: str) -> str:
     to pending instead of stopped). A job already wanted running is left alone, which is
     what makes a double click harmless.
     """
-    job_id = _job_id(conn, name)
+    job_id = _job_id(conn, name, lock=True)
     if (generation := _rerun(conn, job_id)) is not None:
         outcome, detail = "started", {"generation": generation}
     elif conn.execute(
@@ -166,7 +174,7 @@ def stop(conn: sa.Connection, name: str) -> str:
     Without an owner the run state goes straight to stopped; with one, the owner stops
     its driver gracefully and releases the job as stopped.
     """
-    job_id = _job_id(conn, name)
+    job_id = _job_id(conn, name, lock=True)
     changed = conn.execute(
         sa.update(tables.jobs)
         .where(tables.jobs.c.id == job_id, tables.jobs.c.desired == "running")
@@ -191,7 +199,7 @@ def stop(conn: sa.Connection, name: str) -> str:
 def restart(conn: sa.Connection, name: str) -> str:
     """Run the job again with a new generation: its owner stops the current driver and
     the job is claimed afresh (possibly elsewhere). Returns 'started' or 'restarting'."""
-    job_id = _job_id(conn, name)
+    job_id = _job_id(conn, name, lock=True)
     if (generation := _rerun(conn, job_id)) is not None:
         outcome = "started"
     else:
@@ -213,7 +221,7 @@ def restart(conn: sa.Connection, name: str) -> str:
 
 def delete(conn: sa.Connection, name: str) -> None:
     """Remove a stopped job that no server owns (its events stay)."""
-    job_id = _job_id(conn, name)
+    job_id = _job_id(conn, name, lock=True)
     deleted = conn.execute(
         sa.text(
             """

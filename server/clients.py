@@ -10,11 +10,28 @@ from server import settings as settings_module
 from sql import database
 
 
-def engine(settings: settings_module.Settings, pool_size: int = 1) -> sa.Engine:
-    """A checked engine: a clear one-line DatabaseError if PostgreSQL is unreachable."""
-    result = database.create_engine(settings.database_url.get_secret_value(), pool_size=pool_size)
+def engine(
+    settings: settings_module.Settings, pool_size: int = 1, *, server: bool = False
+) -> sa.Engine:
+    """A checked engine: a clear one-line DatabaseError if PostgreSQL is unreachable.
+
+    ``server``: the engine of a server process, whose sessions get the lock and
+    idle-transaction limits that keep every wait inside a lease (SessionLimits)."""
+    result = database.create_engine(
+        settings.database_url.get_secret_value(),
+        pool_size=pool_size,
+        limits=server_limits(settings) if server else None,
+    )
     database.check(result)
     return result
+
+
+def server_limits(settings: settings_module.Settings) -> database.SessionLimits:
+    return database.SessionLimits(
+        lock_timeout=settings.db_lock_timeout,
+        idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout,
+        statement_timeout=settings.db_statement_timeout,
+    )
 
 
 def bucket(settings: settings_module.Settings) -> store.Store:

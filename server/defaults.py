@@ -47,6 +47,15 @@ LEASE_TTL_S = 8.0
 WATCHDOG_MARGIN_S = 3.0
 # How often leases are renewed, seconds (several renewals fit in one TTL).
 LEASE_RENEW_INTERVAL_S = 1.5
+# PostgreSQL session limits of a server process, seconds (sql/database.SessionLimits):
+# a wait for a row lock gives up after DB_LOCK_TIMEOUT_S (a renewal then retries at
+# once), and a transaction left idle (its holder paused) is ended after
+# DB_IDLE_IN_TRANSACTION_TIMEOUT_S, both well inside LEASE_TTL_S - WATCHDOG_MARGIN_S so
+# that a stuck lock never outlives a driver's deadline. DB_STATEMENT_TIMEOUT_S is a
+# backstop for runaway statements (a rebalance of 100,000 jobs takes ~6 s).
+DB_LOCK_TIMEOUT_S = 1.0
+DB_IDLE_IN_TRANSACTION_TIMEOUT_S = 3.0
+DB_STATEMENT_TIMEOUT_S = 60.0
 # Fallback poll interval of the distribution table when no NOTIFY arrives, seconds.
 POLL_INTERVAL_S = 2.0
 # Graceful stop of a driver: SIGTERM, then SIGKILL after this grace, seconds.

@@ -347,43 +347,60 @@ class Driver:
         return outcome
 
     def kill(self) -> None:
-        """SIGKILL the watchdog and the driver group now; return once the group is gone.
+        """Kill the run now: the driver, its group and every descendant, escaped ones
+        (own session or group) included; return once none is left.
 
-        The watchdog goes first so that it writes no misleading result; the driver's
-        leader dies with it (death signal), and the whole group is killed anyway.
-        """
+        The watchdog does it (SIGUSR1): it is the subreaper of the run, so descendants
+        that left the group are its children once their parents die. Killing the
+        watchdog instead would hand them to init. If the watchdog does not answer (it
+        died, or was SIGSTOPped), it is SIGKILLed and the run's processes are found by
+        the mark in their environment (``watchdog.marked_processes``) and killed."""
+        if self._watchdog_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGUSR1)
+            self.wait(_WATCHDOG_SLACK_S)
         if self._watchdog_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-        self.wait(_WATCHDOG_SLACK_S)
-        # Read only now: the watchdog may have spawned the driver until it died.
-        state = watchdog.read_json(self.run_dir / STATE_FILE) or {}
-        pgid = state.get("driver_pgid")
-        if not isinstance(pgid, int) or pgid <= 1:
-            return
-        end = time.monotonic() + _WATCHDOG_SLACK_S
-        while watchdog.group_members(pgid) and time.monotonic() < end:
+            self.wait(_WATCHDOG_SLACK_S)
+        sweep(self.run_dir)
+
+
+def sweep(run_dir: Path) -> None:
+    """SIGKILL every process left of the run in ``run_dir`` (its driver group and any
+    process carrying its mark) until none is left; record the end if nobody did."""
+    # Read only now: the watchdog may have spawned the driver until it died.
+    state = watchdog.read_json(run_dir / STATE_FILE) or {}
+    pgid = state.get("driver_pgid")
+    end = time.monotonic() + _WATCHDOG_SLACK_S
+    while time.monotonic() < end:
+        left = watchdog.marked_processes(run_dir)
+        if isinstance(pgid, int) and pgid > 1:
+            left += list(watchdog.group_members(pgid))
+        if not left:
+            break
+        for pid in left:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            time.sleep(0.01)
-        records = state.get("records")
-        if records and not (self.run_dir / RESULT_FILE).exists():
-            # The watchdog died before writing its own "ended" record: write it for it,
-            # after the group is gone, so that lifetime records stay complete.
-            watchdog.append_record(
-                Path(records),
-                {
-                    "job": state.get("job"),
-                    "epoch": state.get("epoch"),
-                    "server": state.get("server"),
-                    "event": "ended",
-                    "pid": state.get("driver_pid"),
-                    "t": time.time(),
-                    "mono": time.monotonic(),
-                    "reason": str(watchdog.Reason.KILLED),
-                    "exit_code": None,
-                },
-            )
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+    records = state.get("records")
+    if records and not (run_dir / RESULT_FILE).exists():
+        # The watchdog died before writing its own "ended" record: write it for it,
+        # after everything is gone, so that lifetime records stay complete.
+        watchdog.append_record(
+            Path(records),
+            {
+                "job": state.get("job"),
+                "epoch": state.get("epoch"),
+                "server": state.get("server"),
+                "event": "ended",
+                "pid": state.get("driver_pid"),
+                "t": time.time(),
+                "mono": time.monotonic(),
+                "reason": str(watchdog.Reason.KILLED),
+                "exit_code": None,
+            },
+        )
 
 
 def supervise(
@@ -442,7 +459,7 @@ def supervise(
         pid = os.posix_spawn(
             sys.executable,
             argv,
-            dict(env),
+            {**env, watchdog.RUN_MARK_VARIABLE: str(run_dir)},
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, log_fd, 1),

@@ -21,6 +21,8 @@ class ExitCode(IntEnum):
     STOPPED = 12
     # Watchdog: the driver command could not be started (not found, not executable).
     SPAWN_FAILED = 13
+    # Watchdog: asked to kill at once (SIGUSR1): every descendant was SIGKILLed.
+    KILL_REQUESTED = 14
     # Server: start-up refused (bad settings, schema not migrated, id taken).
     CONFIG_ERROR = 78  # sysexits' EX_CONFIG
     # Server: a second SIGTERM/SIGINT during shutdown; drivers left to their watchdogs.

@@ -56,7 +56,7 @@ class Server:
 
     def start(self) -> None:
         s = self.settings
-        self.engine = clients.engine(s, pool_size=max(5, s.capacity + 3))
+        self.engine = clients.engine(s, pool_size=max(5, s.capacity + 3), server=True)
         current, heads = migrate.current(self.engine), migrate.heads()
         if current not in heads:
             raise StartupError(

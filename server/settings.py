@@ -17,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server import defaults
@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     watchdog_margin: float = Field(defaults.WATCHDOG_MARGIN_S, gt=0)
     lease_renew_interval: float = Field(defaults.LEASE_RENEW_INTERVAL_S, gt=0)
     poll_interval: float = Field(defaults.POLL_INTERVAL_S, gt=0)
+    db_lock_timeout: float = Field(defaults.DB_LOCK_TIMEOUT_S, gt=0)
+    db_idle_in_transaction_timeout: float = Field(defaults.DB_IDLE_IN_TRANSACTION_TIMEOUT_S, gt=0)
+    db_statement_timeout: float = Field(defaults.DB_STATEMENT_TIMEOUT_S, gt=0)
     stop_grace: float = Field(defaults.STOP_GRACE_S, ge=0)
     restart_backoff_base: float = Field(defaults.RESTART_BACKOFF_BASE_S, ge=0)
     restart_backoff_max: float = Field(defaults.RESTART_BACKOFF_MAX_S, ge=0)
@@ -94,6 +97,32 @@ class Settings(BaseSettings):
             raise ValueError("must be 1-64 characters of letters, digits, '-', '_' or '.'")
         return value
 
+    @model_validator(mode="after")
+    def _timings_fit_the_lease(self) -> Settings:
+        """The timing assumptions of the lease protocol (docs/drivers.md), checked once.
+
+        A driver may live ``lease_guard`` = TTL - margin after the renewal that
+        confirmed it; renewals, and the longest a renewal can be held up by a lock
+        held in a paused transaction, must fit inside it."""
+        p = ENV_PREFIX
+        if self.watchdog_margin >= self.lease_ttl:
+            raise ValueError(
+                f"{p}WATCHDOG_MARGIN ({self.watchdog_margin} s) must be below "
+                f"{p}LEASE_TTL ({self.lease_ttl} s)"
+            )
+        if self.lease_renew_interval >= self.lease_guard:
+            raise ValueError(
+                f"{p}LEASE_RENEW_INTERVAL ({self.lease_renew_interval} s) must be below "
+                f"{p}LEASE_TTL - {p}WATCHDOG_MARGIN ({self.lease_guard} s)"
+            )
+        held = self.db_idle_in_transaction_timeout + self.db_lock_timeout
+        if held >= self.lease_guard:
+            raise ValueError(
+                f"{p}DB_IDLE_IN_TRANSACTION_TIMEOUT + {p}DB_LOCK_TIMEOUT ({held} s) must be "
+                f"below {p}LEASE_TTL - {p}WATCHDOG_MARGIN ({self.lease_guard} s)"
+            )
+        return self
+
     @property
     def lease_guard(self) -> float:
         """Seconds a driver may live without a confirmed renewal (watchdog deadline)."""
@@ -118,6 +147,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _describe(error: dict[str, Any]) -> str:
+    if not error["loc"]:  # a rule across several keys: its message names them
+        return str(error["msg"]).removeprefix("Value error, ")
     key = ENV_PREFIX + "_".join(str(part) for part in error["loc"]).upper()
     if error["type"] == "missing":
         return f"{key} is not set"

@@ -12,6 +12,12 @@ signal to the server's process group nor a SIGSTOP of the server reaches it. It 
 - the driver's **process group**: CMD starts as the leader of a new group; the watchdog
   is a child subreaper, so descendants that leave the group are re-parented to it and
   killed too. The run ends only when every descendant is gone.
+- the **kill request**: SIGUSR1 to the watchdog → SIGKILL to the group and every
+  descendant, re-parented ones included (it is their subreaper), then the result
+  ``killed``. This is how the server kills a run: killing the watchdog itself would
+  orphan descendants that left the group to init. Every process of the run also
+  carries ``SPARKRING_RUN_DIR`` in its environment, so that a run whose watchdog
+  died anyway can still be swept (:func:`marked_processes`).
 - the **stop sequence**: SIGTERM (or SIGINT) to the watchdog → SIGTERM to the driver
   (with ``--term-only ARG``, only to the group's processes other than its leader with
   ARG in their argv, i.e. the Python driver, so that it stops its query while the JVM
@@ -28,8 +34,8 @@ signal to the server's process group nor a SIGSTOP of the server reaches it. It 
 
 Run reasons (``Reason``) and the watchdog's exit code for each:
 ``exited`` (OK or DRIVER_FAILED), ``lease_expired`` (LEASE_EXPIRED), ``stopped``
-(STOPPED), ``spawn_failed`` (SPAWN_FAILED). ``killed`` is never written by the watchdog:
-it is what a reader concludes when the watchdog died without a result (SIGKILL).
+(STOPPED), ``spawn_failed`` (SPAWN_FAILED), ``killed`` (KILL_REQUESTED; also what a
+reader concludes when the watchdog died without a result).
 """
 
 from __future__ import annotations
@@ -69,14 +75,18 @@ class Reason(StrEnum):
     LEASE_EXPIRED = "lease_expired"  # the lease confirmation was overdue: group killed
     STOPPED = "stopped"  # a stop was requested: SIGTERM, then SIGKILL after the grace
     SPAWN_FAILED = "spawn_failed"  # the command could not be started
-    KILLED = "killed"  # the watchdog died without a result (SIGKILL): inferred by readers
+    KILLED = "killed"  # killed on request (SIGUSR1), or the watchdog died without a result
 
 
 EXIT_CODE_OF_REASON = {
     Reason.LEASE_EXPIRED: exit_codes.ExitCode.LEASE_EXPIRED,
     Reason.STOPPED: exit_codes.ExitCode.STOPPED,
     Reason.SPAWN_FAILED: exit_codes.ExitCode.SPAWN_FAILED,
+    Reason.KILLED: exit_codes.ExitCode.KILL_REQUESTED,
 }
+# Every process of a run inherits this variable (the run directory): the mark by which a
+# run's processes are found once nothing else links them (their watchdog is gone).
+RUN_MARK_VARIABLE = "SPARKRING_RUN_DIR"
 
 
 # --- files shared with server/driver.py -------------------------------------------------
@@ -174,6 +184,22 @@ def group_members(pgid: int) -> dict[int, list[str]]:
     return members
 
 
+def marked_processes(run_dir: Path) -> list[int]:
+    """Live processes whose environment carries ``SPARKRING_RUN_DIR=<run_dir>``."""
+    mark = f"{RUN_MARK_VARIABLE}={run_dir}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes()
+        except OSError:
+            continue  # exited, or not ours to read
+        if mark in environ.split(b"\0") and process_start_ticks(int(entry.name)) is not None:
+            found.append(int(entry.name))
+    return found
+
+
 def _children() -> list[int]:
     pid = os.getpid()
     try:
@@ -192,6 +218,7 @@ class Watchdog:
         self.lease_file: Path = args.lease_file
         self.deadline = -math.inf
         self.stop_requested = False
+        self.kill_requested = False
         self.driver: subprocess.Popen[bytes] | None = None
         self.driver_status: int | None = None
         self.started_at: float | None = None
@@ -199,6 +226,9 @@ class Watchdog:
     # signals arrive through the wake-up pipe; the handler only records the request
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_requested = True
+
+    def _on_kill_signal(self, signum: int, frame: object) -> None:
+        self.kill_requested = True
 
     def _read_deadline(self) -> None:
         deadline = read_lease(self.lease_file)
@@ -330,6 +360,7 @@ class Watchdog:
         signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGUSR1, self._on_kill_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         self._write_state()
@@ -338,6 +369,8 @@ class Watchdog:
         if time.monotonic() >= self.deadline:
             log.error("lease deadline already passed or unreadable: driver not started")
             return self._finish(Reason.LEASE_EXPIRED, None, time.time())
+        if self.kill_requested:
+            return self._finish(Reason.KILLED, None, time.time())
         if self.stop_requested:
             return self._finish(Reason.STOPPED, None, time.time())
 
@@ -377,6 +410,9 @@ class Watchdog:
         while True:
             self._read_deadline()
             now = time.monotonic()
+            if self.kill_requested:
+                log.warning("kill requested: killing the driver group and its descendants")
+                return Reason.KILLED
             if now >= self.deadline:
                 log.error(
                     "lease confirmation overdue by %.3f s: killing driver group",

@@ -126,6 +126,10 @@ distribution = sa.Table(
     ),
     sa.Column("target", sa.Text, nullable=True),
     sa.Column("owner", sa.Text, nullable=True),
+    # The owning process: a token each server process draws at start-up, so that two
+    # incarnations of one server id (a quick restart, two hosts with one name) never
+    # renew or write each other's leases.
+    sa.Column("owner_incarnation", sa.Text, nullable=True),
     sa.Column("epoch", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
     sa.Column("state", sa.Text, nullable=False, server_default="stopped"),
@@ -143,6 +147,9 @@ distribution = sa.Table(
     _timestamp("updated_at"),
     sa.CheckConstraint(_in("state", RUN_STATES), name="state_known"),
     sa.CheckConstraint("(owner IS NULL) = (lease_until IS NULL)", name="lease_needs_owner"),
+    sa.CheckConstraint(
+        "(owner IS NULL) = (owner_incarnation IS NULL)", name="incarnation_needs_owner"
+    ),
     sa.CheckConstraint(
         "epoch >= 0 AND attempt >= 0 AND restarts >= 0", name="counters_not_negative"
     ),

@@ -6,7 +6,7 @@ import hashlib
 
 import sqlalchemy as sa
 
-from scheduler import jobs
+from scheduler import distribution, jobs
 from scheduler.states import JobKind
 from sql import tables
 
@@ -79,3 +79,8 @@ def row(engine: sa.Engine, job_id: int) -> sa.Row:
         return conn.execute(
             sa.select(tables.distribution).where(tables.distribution.c.job_id == job_id)
         ).one()
+
+
+def owner(server: str, incarnation: str = "") -> distribution.Owner:
+    """An incarnation of ``server`` for owner-side calls (one per server id by default)."""
+    return distribution.Owner(server, incarnation or f"{server}-incarnation")

@@ -10,13 +10,14 @@ import sqlalchemy as sa
 from scheduler import distribution, jobs
 from scheduler.states import JobKind, RunState
 from tests import factories
+from tests.factories import owner
 
 TTL = 10.0
 
 
 def _claim(engine: sa.Engine, job_id: int, server: str) -> distribution.Claim:
     with engine.begin() as conn:
-        return distribution.claim(conn, job_id, server, TTL)
+        return distribution.claim(conn, job_id, owner(server), TTL)
 
 
 def test_claim_takes_a_lease_and_bumps_the_epoch(engine: sa.Engine) -> None:
@@ -75,12 +76,12 @@ def test_stale_epoch_writes_are_rejected(engine: sa.Engine) -> None:
     new = _claim(engine, job_id, "s2")
     assert new.epoch == old.epoch + 1
     with engine.begin() as conn, pytest.raises(distribution.FencedError):
-        distribution.mark_running(conn, job_id, "s1", old.epoch, pid=1)
+        distribution.mark_running(conn, job_id, owner("s1"), old.epoch, pid=1)
     with engine.begin() as conn, pytest.raises(distribution.FencedError):
-        distribution.release(conn, job_id, "s1", old.epoch)
+        distribution.release(conn, job_id, owner("s1"), old.epoch)
     with engine.begin() as conn:
-        assert distribution.renew_leases(conn, "s1", TTL) == {}
-        distribution.mark_running(conn, job_id, "s2", new.epoch, pid=2)
+        assert distribution.renew_leases(conn, owner("s1"), TTL) == {}
+        distribution.mark_running(conn, job_id, owner("s2"), new.epoch, pid=2)
     row = factories.row(engine, job_id)
     assert (row.owner, row.state, row.epoch) == ("s2", "running", new.epoch)
 
@@ -92,7 +93,7 @@ def test_renew_extends_every_live_lease_of_one_server_in_one_statement(engine: s
         _claim(engine, job_id, "s1")
     factories.expire_lease(engine, ids[0])
     with engine.begin() as conn:
-        renewed = distribution.renew_leases(conn, "s1", TTL)
+        renewed = distribution.renew_leases(conn, owner("s1"), TTL)
     assert set(renewed) == set(ids[1:])
     assert all(epoch == 1 for epoch in renewed.values())
 
@@ -119,7 +120,7 @@ def test_claim_over_an_expired_lease_reruns_a_batch_job(engine: sa.Engine) -> No
     factories.target(engine, job_id, "s1")
     first = _claim(engine, job_id, "s1")
     with engine.begin() as conn:
-        distribution.mark_running(conn, job_id, "s1", first.epoch, pid=1)
+        distribution.mark_running(conn, job_id, owner("s1"), first.epoch, pid=1)
     factories.expire_lease(engine, job_id)
     factories.target(engine, job_id, "s2")
     second = _claim(engine, job_id, "s2")
@@ -131,8 +132,8 @@ def test_finished_job_is_never_claimed_again(engine: sa.Engine) -> None:
     factories.target(engine, job_id, "s1")
     claim = _claim(engine, job_id, "s1")
     with engine.begin() as conn:
-        distribution.mark_running(conn, job_id, "s1", claim.epoch, pid=1)
-        distribution.finish(conn, job_id, "s1", claim.epoch)
+        distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=1)
+        distribution.finish(conn, job_id, owner("s1"), claim.epoch)
     with pytest.raises(distribution.NotClaimable):
         _claim(engine, job_id, "s1")
     assert factories.row(engine, job_id).state == "finished"
@@ -147,12 +148,12 @@ def test_crash_backs_off_then_fails_after_max_restarts(engine: sa.Engine) -> Non
             conn.execute(sa.text("UPDATE distribution SET not_before = NULL"))
         claim = _claim(engine, job_id, "s1")
         with engine.begin() as conn:
-            distribution.mark_running(conn, job_id, "s1", claim.epoch, pid=1)
+            distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=1)
             outcomes.append(
                 distribution.record_crash(
                     conn,
                     job_id,
-                    "s1",
+                    owner("s1"),
                     claim.epoch,
                     "exit 3: boom",
                     retry=True,
@@ -171,7 +172,7 @@ def test_backoff_is_not_claimable_before_not_before(engine: sa.Engine) -> None:
     claim = _claim(engine, job_id, "s1")
     with engine.begin() as conn:
         distribution.record_crash(
-            conn, job_id, "s1", claim.epoch, "x", retry=True, backoff_base=60, backoff_max=60
+            conn, job_id, owner("s1"), claim.epoch, "x", retry=True, backoff_base=60, backoff_max=60
         )
     with pytest.raises(distribution.NotClaimable):
         _claim(engine, job_id, "s1")
@@ -185,6 +186,34 @@ def test_poll_lists_targeted_and_owned_jobs(engine: sa.Engine) -> None:
     _claim(engine, b, "s1")
     factories.target(engine, b, "s2")  # moved away, still owned by s1
     with engine.connect() as conn:
-        rows = {r.name: r for r in distribution.poll(conn, "s1")}
+        rows = {r.name: r for r in distribution.poll(conn, owner("s1"))}
     assert set(rows) == {"a", "b"}
     assert rows["b"].owner == "s1" and rows["b"].target == "s2"
+
+
+def test_another_incarnation_of_the_same_server_id_can_neither_renew_nor_write(
+    engine: sa.Engine,
+) -> None:
+    job_id = factories.job(engine, "a")
+    factories.target(engine, job_id, "s1")
+    first = owner("s1", "first")
+    second = owner("s1", "second")  # the same id restarted, or a second host of one name
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, first, TTL)
+    with engine.begin() as conn:
+        assert distribution.renew_leases(conn, second, TTL) == {}
+    for write in (
+        lambda conn: distribution.mark_running(conn, job_id, second, claim.epoch, pid=1),
+        lambda conn: distribution.release(conn, job_id, second, claim.epoch),
+        lambda conn: distribution.finish(conn, job_id, second, claim.epoch),
+    ):
+        with engine.begin() as conn, pytest.raises(distribution.FencedError):
+            write(conn)
+    # The lease stays the first incarnation's until it expires; then the second claims.
+    with pytest.raises(distribution.NotClaimable), engine.begin() as conn:
+        distribution.claim(conn, job_id, second, TTL)
+    factories.expire_lease(engine, job_id)
+    with engine.begin() as conn:
+        assert distribution.claim(conn, job_id, second, TTL).epoch == claim.epoch + 1
+    row = factories.row(engine, job_id)
+    assert (row.owner, row.owner_incarnation) == ("s1", "second")

@@ -17,18 +17,26 @@ from sqlalchemy.exc import DBAPIError
 
 from scheduler import distribution, jobs
 from scheduler.states import JobKind, RunState
+from server import defaults
 from sql import database
 from tests import factories
+from tests.factories import owner
 
 TTL = 10.0
+# What a server process's engine gets (server/clients.server_limits).
+SERVER_LIMITS = database.SessionLimits(
+    lock_timeout=defaults.DB_LOCK_TIMEOUT_S,
+    idle_in_transaction_timeout=defaults.DB_IDLE_IN_TRANSACTION_TIMEOUT_S,
+    statement_timeout=defaults.DB_STATEMENT_TIMEOUT_S,
+)
 
 
 def _owned(engine: sa.Engine, name: str, server: str = "s1", **kind: JobKind) -> tuple[int, int]:
     job_id = factories.job(engine, name, **kind)
     factories.target(engine, job_id, server)
     with engine.begin() as conn:
-        claim = distribution.claim(conn, job_id, server, TTL)
-        distribution.mark_running(conn, job_id, server, claim.epoch, pid=1)
+        claim = distribution.claim(conn, job_id, owner(server), TTL)
+        distribution.mark_running(conn, job_id, owner(server), claim.epoch, pid=1)
     return job_id, claim.epoch
 
 
@@ -52,7 +60,7 @@ def test_start_committed_while_the_owner_releases_a_stopping_job_is_not_lost(
     job_id, epoch = _owned(engine, "a")
     with engine.begin() as conn:
         jobs.stop(conn, "a")
-        distribution.begin_stop(conn, job_id, "s1", epoch, "stop requested")
+        distribution.begin_stop(conn, job_id, owner("s1"), epoch, "stop requested")
     # The operator starts the job again while its owner is releasing it.
     with engine.connect() as starter:
         starter.begin()
@@ -60,7 +68,7 @@ def test_start_committed_while_the_owner_releases_a_stopping_job_is_not_lost(
 
         def release() -> None:
             with engine.begin() as conn:
-                distribution.release(conn, job_id, "s1", epoch)
+                distribution.release(conn, job_id, owner("s1"), epoch)
 
         thread, errors = _in_thread(release)
         thread.join(0.5)  # the release either waits for the start or decides without it
@@ -107,7 +115,7 @@ def test_restart_committed_while_a_batch_driver_finishes_runs_the_job_again(
 
         def finish() -> None:
             with engine.begin() as conn:
-                distribution.finish(conn, job_id, "s1", epoch)
+                distribution.finish(conn, job_id, owner("s1"), epoch)
 
         thread, errors = _in_thread(finish)
         thread.join(0.5)
@@ -126,14 +134,14 @@ def test_a_batch_driver_that_ended_before_running_was_recorded_can_finish(
     job_id = factories.job(engine, "b", kind=JobKind.BATCH)
     factories.target(engine, job_id, "s1")
     with engine.begin() as conn:
-        claim = distribution.claim(conn, job_id, "s1", TTL)
+        claim = distribution.claim(conn, job_id, owner("s1"), TTL)
     with engine.begin() as conn:
-        distribution.finish(conn, job_id, "s1", claim.epoch)
+        distribution.finish(conn, job_id, owner("s1"), claim.epoch)
     assert factories.row(engine, job_id).state == RunState.FINISHED
 
 
 def test_a_held_row_lock_cannot_stall_a_lease_renewal(database_url: str) -> None:
-    engine = database.create_engine(database_url)
+    engine = database.create_engine(database_url, limits=SERVER_LIMITS)
     try:
         job_id, _ = _owned(engine, "a")
         with engine.connect() as holder:
@@ -148,7 +156,7 @@ def test_a_held_row_lock_cannot_stall_a_lease_renewal(database_url: str) -> None
             def renew() -> None:
                 try:
                     with engine.begin() as conn:
-                        outcome.append(distribution.renew_leases(conn, "s1", TTL))
+                        outcome.append(distribution.renew_leases(conn, owner("s1"), TTL))
                 except DBAPIError as exc:
                     outcome.append(exc)
 
@@ -165,11 +173,39 @@ def test_a_held_row_lock_cannot_stall_a_lease_renewal(database_url: str) -> None
 
 
 @pytest.mark.parametrize("setting", ["lock_timeout", "idle_in_transaction_session_timeout"])
-def test_engine_sessions_have_timeouts_below_the_lease(database_url: str, setting: str) -> None:
-    engine = database.create_engine(database_url)
+def test_server_sessions_have_timeouts_below_the_lease(database_url: str, setting: str) -> None:
+    engine = database.create_engine(database_url, limits=SERVER_LIMITS)
     try:
         with engine.connect() as conn:
             value = conn.execute(sa.text(f"SHOW {setting}")).scalar_one()
     finally:
         engine.dispose()
     assert value not in ("0", "0ms"), f"{setting} is not set"
+
+
+def test_a_paused_transaction_holding_a_row_is_ended_so_renewals_resume(
+    database_url: str,
+) -> None:
+    engine = database.create_engine(database_url, limits=SERVER_LIMITS)
+    try:
+        _owned(engine, "a")
+        holder = engine.connect()
+        holder.begin()
+        holder.execute(sa.text("UPDATE distribution SET ring_generation = ring_generation + 1"))
+        # The holder now sits idle in its transaction, as a paused coordinator would.
+        deadline = time.monotonic() + TTL
+        renewed: dict[int, int] = {}
+        while not renewed and time.monotonic() < deadline:
+            try:
+                with engine.begin() as conn:
+                    renewed = distribution.renew_leases(conn, owner("s1"), TTL)
+            except DBAPIError:
+                pass
+        waited = TTL - (deadline - time.monotonic())
+        assert renewed, "renewals stayed blocked behind the idle transaction"
+        assert waited < defaults.LEASE_TTL_S - defaults.WATCHDOG_MARGIN_S, waited
+        with pytest.raises(DBAPIError):
+            holder.execute(sa.text("SELECT 1"))  # PostgreSQL ended the idle transaction
+        holder.close()
+    finally:
+        engine.dispose()

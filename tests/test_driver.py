@@ -300,6 +300,7 @@ def test_batch_sum_runs_to_exit_0_with_the_job_variables(tmp_path: Path) -> None
         "SPARKRING_ATTEMPT",
         "SPARKRING_EPOCH",
         "SPARKRING_JOB",
+        "SPARKRING_RUN_DIR",  # the run's mark: every process of the run carries it
         "SPARKRING_SERVER",
     ]
     assert not set(SECRETS) & set(result["secret_names"])

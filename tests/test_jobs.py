@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from scheduler import distribution, jobs
 from scheduler.states import JobKind, RunState
 from tests import factories
+from tests.factories import owner
 
 
 def _do(engine: sa.Engine, command, name: str):
@@ -49,7 +50,7 @@ def test_stop_with_owner_leaves_the_driver_to_its_owner(engine: sa.Engine) -> No
     job_id = factories.job(engine, "etl")
     factories.target(engine, job_id, "s1")
     with engine.begin() as conn:
-        distribution.claim(conn, job_id, "s1", 10)
+        distribution.claim(conn, job_id, owner("s1"), 10)
     assert _do(engine, jobs.stop, "etl") == "stopping"
     row = factories.row(engine, job_id)
     assert (row.owner, row.state) == ("s1", "starting")
@@ -59,9 +60,9 @@ def test_start_reruns_a_finished_job_with_a_new_generation(engine: sa.Engine) ->
     job_id = factories.job(engine, "b", kind=JobKind.BATCH)
     factories.target(engine, job_id, "s1")
     with engine.begin() as conn:
-        claim = distribution.claim(conn, job_id, "s1", 10)
-        distribution.mark_running(conn, job_id, "s1", claim.epoch, pid=1)
-        distribution.finish(conn, job_id, "s1", claim.epoch)
+        claim = distribution.claim(conn, job_id, owner("s1"), 10)
+        distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=1)
+        distribution.finish(conn, job_id, owner("s1"), claim.epoch)
     assert _do(engine, jobs.start, "b") == "started"
     with engine.connect() as conn:
         shown = jobs.show(conn, "b")
@@ -72,10 +73,10 @@ def test_restart_of_an_owned_job_bumps_the_generation(engine: sa.Engine) -> None
     job_id = factories.job(engine, "s")
     factories.target(engine, job_id, "s1")
     with engine.begin() as conn:
-        distribution.claim(conn, job_id, "s1", 10)
+        distribution.claim(conn, job_id, owner("s1"), 10)
     assert _do(engine, jobs.restart, "s") == "restarting"
     with engine.connect() as conn:
-        (row,) = distribution.poll(conn, "s1")
+        (row,) = distribution.poll(conn, owner("s1"))
     assert row.job_generation == row.generation + 1
 
 

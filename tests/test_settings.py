@@ -86,3 +86,23 @@ def test_invalid_toml_is_refused(tmp_path: Path) -> None:
     config.write_text("capacity = = 3\n")
     with pytest.raises(settings_module.SettingsError, match="not valid TOML"):
         settings_module.load(config)
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"SPARKRING_LEASE_TTL": "4", "SPARKRING_WATCHDOG_MARGIN": "4"}, "WATCHDOG_MARGIN"),
+        (
+            {"SPARKRING_LEASE_TTL": "8", "SPARKRING_LEASE_RENEW_INTERVAL": "6"},
+            "LEASE_RENEW_INTERVAL",
+        ),
+        ({"SPARKRING_DB_IDLE_IN_TRANSACTION_TIMEOUT": "5"}, "DB_IDLE_IN_TRANSACTION_TIMEOUT"),
+    ],
+)
+def test_timings_that_break_the_lease_protocol_are_refused(
+    monkeypatch: pytest.MonkeyPatch, values: dict[str, str], named: str
+) -> None:
+    for key, value in {**REQUIRED, **values}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(settings_module.SettingsError, match=named):
+        settings_module.load()

@@ -388,9 +388,12 @@ def test_kill_ends_watchdog_and_group_and_records_the_end(
         time.monotonic() + 60,
     )
     pid = wait_ready(tmp_path)
-    inner, _ = map(int, (tmp_path / "family").read_text().split())
+    inner, escaped = map(int, (tmp_path / "family").read_text().split())
     handle.kill()
+    # The escaped descendant (own session, as PySpark's daemon or anything a job starts
+    # with setsid) dies too: a kill that leaves it running is a double run waiting.
     assert not alive(pid) and not alive(inner) and not alive(handle.pid)
+    assert not alive(escaped)
     outcome = handle.poll()
     assert outcome is not None and outcome.reason == driver.Reason.KILLED
     assert ended_record(tmp_path)["reason"] == "killed"
