@@ -76,6 +76,11 @@ JOINS = ("Nested Loop", "Hash Join", "Merge Join")
 INDEX_JOIN = ("enable_hashjoin", "enable_mergejoin", "max_parallel_workers_per_gather")
 
 
+def _owner(server: str) -> distribution.Owner:
+    """The one incarnation each simulated server has."""
+    return distribution.Owner(server, f"{server}-bench")
+
+
 def _server(index: int) -> str:
     return f"server-{index:03d}"
 
@@ -360,7 +365,7 @@ def _claimer(
         for job_id in job_ids:
             try:
                 with conn.begin():
-                    distribution.claim(conn, job_id, server, ttl)
+                    distribution.claim(conn, job_id, _owner(server), ttl)
             except distribution.NotClaimable:
                 continue
             won.append(job_id)
@@ -453,7 +458,7 @@ def bench_claims(engine: sa.Engine, ids: Sequence[int], ttl: float) -> dict[str,
 def _renew_once(conn: sa.Connection, server: str, expected: int, ttl: float) -> float:
     started = time.perf_counter()
     with conn.begin():
-        renewed = distribution.renew_leases(conn, server, ttl)
+        renewed = distribution.renew_leases(conn, _owner(server), ttl)
     elapsed = time.perf_counter() - started
     if len(renewed) != expected:
         raise AssertionError(f"{server} renewed {len(renewed)} leases, expected {expected}")
@@ -721,7 +726,7 @@ def _poll_latency(conn: sa.Connection, server: str, expected: int, calls: int) -
     samples = []
     for _ in range(calls):
         started = time.perf_counter()
-        rows = distribution.poll(conn, server)
+        rows = distribution.poll(conn, _owner(server))
         conn.commit()
         samples.append(time.perf_counter() - started)
         if len(rows) != expected:
@@ -758,7 +763,7 @@ def bench_poll(
             conn.commit()
 
         proposed_samples, proposed_plan = _proposed_poll(
-            conn, server, distribution.poll(conn, server), calls
+            conn, server, distribution.poll(conn, _owner(server)), calls
         )
         conn.rollback()
 

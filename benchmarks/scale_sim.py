@@ -82,19 +82,20 @@ class SimServer:
     def __init__(self, engine: sa.Engine, server_id: str, ttl: float) -> None:
         self.engine = engine
         self.id = server_id
+        self.owner = distribution.Owner(server_id, f"{server_id}-sim")
         self.ttl = ttl
         self.runs: dict[int, int] = {}  # job id -> epoch
         self.alive = True
 
     def renew(self) -> None:
         with self.engine.begin() as conn:
-            renewed = distribution.renew_leases(conn, self.id, self.ttl)
+            renewed = distribution.renew_leases(conn, self.owner, self.ttl)
         for job_id in [j for j, e in self.runs.items() if renewed.get(j) != e]:
             del self.runs[job_id]  # lease lost: the driver would be killed
 
     def poll(self, may_claim: bool) -> None:
         with self.engine.connect() as conn:
-            rows = distribution.poll(conn, self.id)
+            rows = distribution.poll(conn, self.owner)
         for row in rows:
             mine = self.runs.get(row.job_id)
             if mine is not None:
@@ -102,8 +103,8 @@ class SimServer:
                     del self.runs[row.job_id]
                 elif row.target != self.id or row.desired != "running":
                     with self.engine.begin() as conn:
-                        distribution.begin_stop(conn, row.job_id, self.id, mine, "moved")
-                        distribution.release(conn, row.job_id, self.id, mine)
+                        distribution.begin_stop(conn, row.job_id, self.owner, mine, "moved")
+                        distribution.release(conn, row.job_id, self.owner, mine)
                     del self.runs[row.job_id]
                 continue
             claimable = (
@@ -112,8 +113,8 @@ class SimServer:
             if may_claim and row.target == self.id and row.desired == "running" and claimable:
                 try:
                     with self.engine.begin() as conn:
-                        claim = distribution.claim(conn, row.job_id, self.id, self.ttl)
-                        distribution.mark_running(conn, row.job_id, self.id, claim.epoch, 0)
+                        claim = distribution.claim(conn, row.job_id, self.owner, self.ttl)
+                        distribution.mark_running(conn, row.job_id, self.owner, claim.epoch, 0)
                 except distribution.NotClaimable:
                     continue
                 self.runs[row.job_id] = claim.epoch

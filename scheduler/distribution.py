@@ -203,7 +203,8 @@ def _transition(
     return sa.text(
         f"""
         WITH j AS (
-            SELECT id, name, desired, generation, max_restarts FROM jobs WHERE id = :job_id FOR SHARE
+            SELECT id, name, desired, generation, max_restarts
+              FROM jobs WHERE id = :job_id FOR SHARE
         ), changed AS (
             UPDATE distribution d
                SET {owner_reset}

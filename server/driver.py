@@ -65,7 +65,14 @@ _WATCHDOG_SLACK_S = 10.0
 
 
 class DriverError(Exception):
-    """A driver cannot be built or launched; the message names the job and the problem."""
+    """A driver cannot be built or launched; the message names the job and the problem.
+
+    Launch problems (an artifact gone from the cache, no process could be spawned) may
+    pass; :class:`SpecError` is the kind that never does."""
+
+
+class SpecError(DriverError):
+    """The job's spec is invalid (bad main, conf, args): no retry can start it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,29 +120,27 @@ def _is_jar(spec: DriverSpec) -> bool:
 
 def _check(spec: DriverSpec) -> None:
     if not spec.job:
-        raise DriverError("driver spec has an empty job name")
+        raise SpecError("driver spec has an empty job name")
     if spec.kind not in KINDS:
-        raise DriverError(
-            f"job {spec.job}: unknown kind {spec.kind!r} (expected streaming or batch)"
-        )
+        raise SpecError(f"job {spec.job}: unknown kind {spec.kind!r} (expected streaming or batch)")
     for name, path in (("main artifact", spec.main), ("run directory", spec.run_dir)):
         if not path.is_absolute():
-            raise DriverError(f"job {spec.job}: {name} {path} must be an absolute path")
+            raise SpecError(f"job {spec.job}: {name} {path} must be an absolute path")
     suffix = spec.main.suffix.lower()
     if suffix != ".jar" and suffix not in PYTHON_SUFFIXES:
-        raise DriverError(
+        raise SpecError(
             f"job {spec.job}: main artifact {spec.main.name!r} must be a .py, .zip, .egg or .jar"
         )
     if spec.kind == "streaming" and spec.checkpoint_dir is None:
-        raise DriverError(f"job {spec.job}: a streaming job needs a checkpoint directory")
+        raise SpecError(f"job {spec.job}: a streaming job needs a checkpoint directory")
     for key, value in spec.conf.items():
         if not key or "=" in key or any(c.isspace() for c in key):
-            raise DriverError(f"job {spec.job}: invalid Spark conf key {key!r}")
+            raise SpecError(f"job {spec.job}: invalid Spark conf key {key!r}")
         if "\n" in value or "\x00" in value:
-            raise DriverError(f"job {spec.job}: conf {key} has a newline or NUL in its value")
+            raise SpecError(f"job {spec.job}: conf {key} has a newline or NUL in its value")
     for argument in spec.args:
         if "\x00" in argument:
-            raise DriverError(f"job {spec.job}: an argument contains a NUL byte")
+            raise SpecError(f"job {spec.job}: an argument contains a NUL byte")
 
 
 def build_argv(spec: DriverSpec) -> list[str]:
@@ -157,11 +162,11 @@ def build_argv(spec: DriverSpec) -> list[str]:
     if _is_jar(spec):
         main_class = spec.conf.get(MAIN_CLASS_CONF, "").strip()
         if not main_class:
-            raise DriverError(
+            raise SpecError(
                 f"job {spec.job}: a .jar main needs its class: --conf {MAIN_CLASS_CONF}=<class>"
             )
         if py_files:
-            raise DriverError(f"job {spec.job}: --py-files apply to Python mains, not a .jar")
+            raise SpecError(f"job {spec.job}: --py-files apply to Python mains, not a .jar")
         argv += ["--class", main_class]
         main = str(spec.main)
     elif spec.main.suffix.lower() == ".py":
@@ -276,8 +281,11 @@ class Driver:
                 self._outcome = outcome
             return self._outcome
 
-    def _read_outcome(self) -> Outcome:
-        result = watchdog.read_json(self.run_dir / RESULT_FILE)
+    @staticmethod
+    def outcome_of(run_dir: Path) -> Outcome:
+        """How the run in ``run_dir`` ended, from its result file (``killed`` when the
+        watchdog left none: it was SIGKILLed)."""
+        result = watchdog.read_json(run_dir / RESULT_FILE)
         if result is not None and result.get("reason") in set(watchdog.Reason):
             return Outcome(
                 exit_code=result.get("exit_code"),
@@ -285,6 +293,11 @@ class Driver:
                 started_at=result.get("started_at"),
                 ended_at=float(result.get("ended_at") or time.time()),
             )
+        return Outcome(None, watchdog.Reason.KILLED, None, time.time())
+
+    def _read_outcome(self) -> Outcome:
+        if (self.run_dir / RESULT_FILE).exists():
+            return self.outcome_of(self.run_dir)
         # No result: the watchdog was SIGKILLed (by kill(), or by SIGTERM before it had
         # installed its handler when a stop was requested right after the launch).
         stopped = self._stop_requested and self._status == -signal.SIGTERM

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,9 @@ class Server:
             cache.Cache(root=s.work_dir / "cache", max_bytes=s.cache_max_bytes),
             runner.RunnerConfig(
                 server=self.id,
+                # This process's incarnation: its leases are its own, never those of an
+                # earlier process with the same id (distribution.Owner).
+                incarnation=uuid.uuid4().hex,
                 capacity=capacity,
                 work_dir=s.work_dir,
                 checkpoint_root=s.checkpoint_root,
@@ -119,8 +123,10 @@ class Server:
             self._notified,
         )
         self.listener.start()
-        self.runner.start()
+        # Registration first: until ZooKeeper has accepted this id (a live server with
+        # the same id refuses us), the runner must not touch a single lease.
         self.registry.start(timeout=max(10.0, s.zk_session_timeout * 2))
+        self.runner.start()
         log.info(
             "server started",
             extra={

@@ -15,9 +15,16 @@ Two named threads and a small pool:
   them (SIGTERM, grace, SIGKILL, then release), so a slow stop or download never delays
   renewals or other jobs.
 
-Every database write is fenced by this server's id and the run's epoch
+Every database write is fenced by this server's id, its incarnation and the run's epoch
 (``scheduler/distribution.py``); a write that matches no row means the job is no longer
 ours, and the local driver is killed.
+
+How a run ends is kept until PostgreSQL has recorded it: a write that fails (PostgreSQL
+restarting) is retried by every poll, the lease being renewed meanwhile, so a batch
+driver that exited 0 ends ``finished`` and is never run again (S4). A lease held by a
+previous incarnation of this server id is released early only when its driver is
+provably dead on this host (its run directory shows a result, or its watchdog was
+found and killed); otherwise it is left to expire (S1).
 """
 
 from __future__ import annotations
@@ -46,11 +53,17 @@ LOG_TAIL_LINES = 8
 # Look again this long after a lease or backoff is due: PostgreSQL's clock must have
 # passed the instant when the claim statement runs.
 DUE_SLACK_S = 0.05
+# After a failed renewal, try again this soon (seconds): a lock wait that gave up
+# (lock_timeout) must not cost a whole renew interval of the watchdog's margin.
+RENEW_RETRY_S = 0.25
+# How soon an unrecorded run outcome is written again (seconds).
+RECORD_RETRY_S = 0.5
 
 
 @dataclass
 class RunnerConfig:
     server: str
+    incarnation: str  # drawn once per process start (distribution.Owner)
     capacity: int
     work_dir: Path
     checkpoint_root: Path
@@ -79,8 +92,12 @@ class Run:
     # this job, else the lease was lost.
     claimed_at: float
     deadline: float  # monotonic time the watchdog kills the driver unless confirmed
-    phase: str = "starting"  # starting | running | stopping
+    owner: distribution.Owner  # this incarnation, or a previous one whose run ended here
+    phase: str = "starting"  # starting | running | stopping | ended
     driver: driver.Driver | None = None
+    # How the run ended, not yet recorded in PostgreSQL (retried until it is).
+    unrecorded: Callable[[sa.Connection], object] | None = None
+    recording: bool = False  # a thread is writing ``unrecorded`` now
 
 
 def run_dir(work_dir: Path, job: str, epoch: int) -> Path:
@@ -118,7 +135,9 @@ class Runner:
         self.cache = cache
         self.config = config
         self._may_claim = may_claim
+        self.owner = distribution.Owner(config.server, config.incarnation)
         self._runs: dict[int, Run] = {}
+        self._orphans: set[int] = set()  # jobs whose previous-incarnation lease is handled
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -196,29 +215,31 @@ class Runner:
 
     def _renew_loop(self) -> None:
         while not self._stop.is_set():
-            self.renew_once()
-            self._stop.wait(self.config.renew_interval)
+            ok = self.renew_once()
+            self._stop.wait(self.config.renew_interval if ok else RENEW_RETRY_S)
 
-    def renew_once(self) -> None:
+    def renew_once(self) -> bool:
         cfg = self.config
         t_sent = time.monotonic()
         started = time.perf_counter()
         try:
             with self.engine.begin() as conn:
-                renewed = distribution.renew_leases(conn, cfg.server, cfg.lease_ttl)
+                renewed = distribution.renew_leases(conn, self.owner, cfg.lease_ttl)
         except DBAPIError as exc:
             metrics.REGISTRY.inc("sparkring_lease_renew_errors_total")
             log.warning(
                 "lease renewal failed; drivers die at their deadline unless it recovers",
                 extra={"action": "renew_failed", "error": type(exc.orig).__name__},
             )
-            return
+            return False
         metrics.REGISTRY.observe("sparkring_lease_renew_seconds", time.perf_counter() - started)
         self.last_renew_ok = time.monotonic()
         deadline = t_sent + cfg.lease_ttl - cfg.watchdog_margin
         lost: list[Run] = []
         with self._lock:
             for run in self._runs.values():
+                if run.phase == "ended" or run.owner != self.owner:
+                    continue  # its driver is gone; only its outcome is left to record
                 if renewed.get(run.job_id) == run.epoch:
                     run.deadline = deadline
                     if run.driver is not None:
@@ -234,8 +255,7 @@ class Runner:
             )
             if run.driver is not None:
                 run.driver.kill()
-        if set(renewed) - set(self.runs()):
-            self.wake()  # leases of a previous incarnation: the poll loop cleans them up
+        return True
 
     # ------------------------------------------------------------------ poll
 
@@ -263,23 +283,32 @@ class Runner:
         ends), since nothing NOTIFYs those moments."""
         cfg = self.config
         with self.engine.connect() as conn:
-            rows = {row.job_id: row for row in distribution.poll(conn, cfg.server)}
+            rows = {row.job_id: row for row in distribution.poll(conn, self.owner)}
         self._reap_ended()
+        wait = cfg.poll_interval
         for job_id, run in self.runs().items():
             row = rows.get(job_id)
+            if run.unrecorded is not None:
+                self._tasks.submit(self._record, run)
+                wait = min(wait, RECORD_RETRY_S)
+                continue
             if run.phase != "running":
                 continue
-            if row is None or row.owner != cfg.server or row.epoch != run.epoch:
+            if row is None or not self._holds(row, run.owner, run.epoch):
                 self._drop_lost(run, "the job is no longer ours")
                 continue
             reason = self._stop_reason(row)
             if reason:
                 self._begin_stop(run, reason)
+            elif row.state == states.RunState.STARTING:
+                self._tasks.submit(self._mark_running, run)  # its first record failed
         for row in rows.values():
             if row.job_id in self._runs:
                 continue
-            if row.owner == cfg.server:
-                self._tasks.submit(self._clean_orphan, row)
+            if row.owner == cfg.server and row.lease_expired is False:
+                if row.job_id not in self._orphans:
+                    self._orphans.add(row.job_id)
+                    self._tasks.submit(self._clean_orphan, row)
             elif self._claimable(row):
                 self._claim(row)
         due = [
@@ -287,7 +316,19 @@ class Runner:
             for row in rows.values()
             if row.target == cfg.server and row.due_in is not None and row.due_in > 0
         ]
-        return min(due, default=cfg.poll_interval) + DUE_SLACK_S
+        # Forget handled orphans once their rows moved on (released, expired, claimed).
+        self._orphans &= {
+            row.job_id for row in rows.values() if row.owner == cfg.server and not row.lease_expired
+        }
+        return min(min(due, default=wait) + DUE_SLACK_S, wait + DUE_SLACK_S)
+
+    @staticmethod
+    def _holds(row: distribution.Row, owner: distribution.Owner, epoch: int) -> bool:
+        return (row.owner, row.owner_incarnation, row.epoch) == (
+            owner.server,
+            owner.incarnation,
+            epoch,
+        )
 
     def _stop_reason(self, row: distribution.Row) -> str | None:
         if row.desired != "running":
@@ -308,7 +349,7 @@ class Runner:
                 return False
         if row.owner is None:
             return row.state in states.CLAIMABLE and row.claimable_now
-        return row.lease_expired
+        return bool(row.lease_expired)
 
     # ------------------------------------------------------------------ claim + start
 
@@ -317,7 +358,7 @@ class Runner:
         t_sent = time.monotonic()
         try:
             with self.engine.begin() as conn:
-                claim = distribution.claim(conn, row.job_id, cfg.server, cfg.lease_ttl)
+                claim = distribution.claim(conn, row.job_id, self.owner, cfg.lease_ttl)
         except distribution.NotClaimable:
             return
         metrics.REGISTRY.inc("sparkring_claims_total")
@@ -330,6 +371,7 @@ class Runner:
             claimed_at=time.monotonic(),
             # From the time before the claim was sent: PostgreSQL's lease ends later.
             deadline=t_sent + cfg.lease_ttl - cfg.watchdog_margin,
+            owner=self.owner,
         )
         with self._lock:
             self._runs[run.job_id] = run
@@ -369,38 +411,53 @@ class Runner:
             if time.monotonic() >= deadline:
                 raise driver.DriverError("lease deadline passed while preparing the driver")
             handle = driver.launch(spec, deadline, records=cfg.records)
+        # FAILED means only: the job's own driver failed past its budget, or its
+        # artifact or spec is invalid. Anything that may pass defers with backoff.
         except (errors.IntegrityError, errors.MissingObject) as exc:
-            self._after_failure(run, f"artifact refused: {exc}", fail=True)
+            self._after_failure(run, f"artifact refused: {exc}", fail=True, cause="invalid")
+            return
+        except driver.SpecError as exc:
+            self._after_failure(run, f"invalid job spec: {exc}", fail=True, cause="invalid")
             return
         except errors.ResourceError as exc:
             self._defer(run, f"artifact unavailable: {exc}")
             return
         except driver.DriverError as exc:
-            self._after_failure(run, str(exc), fail=True)
+            self._defer(run, f"driver not started: {exc}")
+            return
+        except DBAPIError as exc:
+            self._defer(run, f"PostgreSQL unavailable while preparing: {type(exc.orig).__name__}")
             return
         except Exception as exc:
             log.exception("driver start failed", extra={"action": "start", "job": run.name})
-            self._after_failure(run, f"start failed: {type(exc).__name__}: {exc}", fail=True)
+            self._defer(run, f"start failed: {type(exc).__name__}: {exc}")
             return
         with self._lock:
             run.driver = handle
             run.driver.confirm(run.deadline)
-        try:
-            with self.engine.begin() as conn:
-                distribution.mark_running(conn, run.job_id, cfg.server, run.epoch, handle.pid)
-        except distribution.FencedError:
-            self._drop_lost(run, "lease lost while starting")
-            return
-        except DBAPIError:
-            pass  # the driver runs; the next poll sees 'starting' and the renewals go on
-        with self._lock:
             run.phase = "running"
         log.info(
             "driver started",
             extra={"action": "driver_started", "job": run.name, "epoch": run.epoch},
         )
         metrics.REGISTRY.inc("sparkring_driver_starts_total")
+        self._mark_running(run)
         self.wake()
+
+    def _mark_running(self, run: Run) -> None:
+        """Record that the driver runs. If PostgreSQL is unreachable the row stays
+        ``starting`` (every ending is legal from there) and the next poll tries again."""
+        assert run.driver is not None
+        try:
+            with self.engine.begin() as conn:
+                distribution.mark_running(conn, run.job_id, run.owner, run.epoch, run.driver.pid)
+        except distribution.FencedError:
+            self._drop_lost(run, "lease lost while starting")
+        except DBAPIError as exc:
+            log.warning(
+                "could not record the driver start; retrying",
+                extra={"action": "write_failed", "job": run.name, "error": type(exc).__name__},
+            )
 
     def _fetch(self, resource_id: int) -> Path:
         resource = catalog.get(self.engine, resource_id)
@@ -419,67 +476,91 @@ class Runner:
                 self._ended(run, outcome)
 
     def _ended(self, run: Run, outcome: driver.Outcome) -> None:
-        cfg = self.config
         extra = {"job": run.name, "epoch": run.epoch, "exit_code": outcome.exit_code}
         if outcome.reason in ("lease_expired", "killed"):
             log.error(
                 "watchdog killed the driver: lease lost", extra={"action": "lease_lost", **extra}
             )
-            self._release(run)
         elif outcome.reason == "exited" and outcome.exit_code == 0:
             log.info("driver finished", extra={"action": "finished", **extra})
-            self._write(
-                run, lambda conn: distribution.finish(conn, run.job_id, cfg.server, run.epoch)
-            )
-        else:
-            tail = _tail(run.driver.log_file) if run.driver else ""
-            error = f"driver {outcome.reason} with exit code {outcome.exit_code}"
-            if tail:
-                error += f": {tail}"
-            self._after_failure(run, error, fail=run.kind == states.JobKind.BATCH)
+        self._end(run, self._outcome_write(run, outcome))
         self._tasks.submit(self._ship_log, run)
 
-    def _after_failure(self, run: Run, error: str, *, fail: bool) -> None:
+    def _outcome_write(
+        self, run: Run, outcome: driver.Outcome
+    ) -> Callable[[sa.Connection], object]:
+        """The fenced write that records how ``run`` ended."""
+        cfg = self.config
+        if outcome.reason in ("lease_expired", "killed", "stopped"):
+            return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)
+        if outcome.reason == "exited" and outcome.exit_code == 0:
+            return lambda conn: distribution.finish(conn, run.job_id, run.owner, run.epoch)
+        tail = _tail(run_dir(cfg.work_dir, run.name, run.epoch) / driver.LOG_FILE)
+        error = f"driver {outcome.reason} with exit code {outcome.exit_code}"
+        if tail:
+            error += f": {tail}"
+        return self._failure_write(run, error, fail=run.kind == states.JobKind.BATCH)
+
+    def _failure_write(
+        self, run: Run, error: str, *, fail: bool, cause: str = "driver"
+    ) -> Callable[[sa.Connection], object]:
         cfg = self.config
 
         def write(conn: sa.Connection) -> None:
             state = distribution.record_crash(
                 conn,
                 run.job_id,
-                cfg.server,
+                run.owner,
                 run.epoch,
                 error,
                 retry=not fail,
                 backoff_base=cfg.backoff_base,
                 backoff_max=cfg.backoff_max,
+                cause=cause,
             )
             log.warning(
                 "driver failed",
                 extra={"action": "crashed", "job": run.name, "epoch": run.epoch, "state": state},
             )
 
-        self._write(run, write)
+        return write
+
+    def _after_failure(self, run: Run, error: str, *, fail: bool, cause: str = "driver") -> None:
+        self._end(run, self._failure_write(run, error, fail=fail, cause=cause))
 
     def _defer(self, run: Run, error: str) -> None:
         cfg = self.config
         log.warning(error, extra={"action": "deferred", "job": run.name, "epoch": run.epoch})
-        self._write(
+        self._end(
             run,
             lambda conn: distribution.defer(
-                conn, run.job_id, cfg.server, run.epoch, error, cfg.backoff_base
+                conn, run.job_id, run.owner, run.epoch, error, cfg.backoff_base
             ),
         )
 
     def _release(self, run: Run) -> None:
-        self._write(
-            run, lambda conn: distribution.release(conn, run.job_id, self.config.server, run.epoch)
-        )
+        self._end(run, lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch))
 
-    def _write(self, run: Run, action: Callable[[sa.Connection], object]) -> None:
-        """A fenced write ending a run; then the run is forgotten and peers are woken."""
+    def _end(self, run: Run, write: Callable[[sa.Connection], object]) -> None:
+        """The run's driver is gone: keep its outcome until PostgreSQL records it."""
+        with self._lock:
+            run.phase = "ended"
+            run.unrecorded = write
+        self._record(run)
+
+    def _record(self, run: Run) -> None:
+        """Write the run's outcome (fenced); forget the run once it is recorded or fenced.
+
+        A failure to reach PostgreSQL keeps the outcome: the poll loop retries it, and
+        the lease, still renewed meanwhile, keeps the job from being claimed again."""
+        with self._lock:
+            write = run.unrecorded
+            if write is None or run.recording:
+                return
+            run.recording = True
         try:
             with self.engine.begin() as conn:
-                action(conn)
+                write(conn)
                 notify.notify(conn, notify.TARGETS_CHANNEL, run.name)
         except distribution.FencedError:
             log.warning(
@@ -487,12 +568,16 @@ class Runner:
                 extra={"action": "fenced", "job": run.name, "epoch": run.epoch},
             )
         except DBAPIError as exc:
-            # Keep nothing local: the lease expires and another owner (or we) reclaim.
             log.warning(
-                "could not record the end of a run",
-                extra={"action": "write_failed", "job": run.name, "error": type(exc.orig).__name__},
+                "could not record the end of a run; keeping it to retry",
+                extra={"action": "write_failed", "job": run.name, "error": type(exc).__name__},
             )
+            with self._lock:
+                run.recording = False
+            return
         with self._lock:
+            run.recording = False
+            run.unrecorded = None
             if self._runs.get(run.job_id) is run:
                 del self._runs[run.job_id]
         self.wake()
@@ -512,12 +597,12 @@ class Runner:
 
     def _begin_stop(self, run: Run, reason: str) -> None:
         with self._lock:
-            if run.phase == "stopping":
+            if run.phase != "running":
                 return
             run.phase = "stopping"
         try:
             with self.engine.begin() as conn:
-                distribution.begin_stop(conn, run.job_id, self.config.server, run.epoch, reason)
+                distribution.begin_stop(conn, run.job_id, run.owner, run.epoch, reason)
         except distribution.FencedError:
             self._drop_lost(run, "the job is no longer ours")
             return
@@ -535,26 +620,61 @@ class Runner:
         self._ship_log(run)
 
     def _clean_orphan(self, row: distribution.Row) -> None:
-        """A lease this server holds without a local run: left by a previous incarnation
-        of this server id. Kill any driver it left (its watchdog is still alive only if
-        the lease deadline has not passed), then release the job."""
+        """A live lease of this server id without a local run: left by a previous
+        incarnation (a restart), or a run this process gave up. It is ended early only
+        when its driver is provably dead on this host, and then its outcome is what
+        gets recorded (a batch driver that exited 0 ends ``finished``, never re-run):
+
+        - its watchdog still runs here: kill the run (the watchdog kills every
+          descendant), then release the job;
+        - its run directory holds a result: record that outcome;
+        - its watchdog died without a result: sweep what is left, then release;
+        - nothing of it here (another host, a fresh work dir): leave the lease to
+          expire. Its watchdog, wherever it is, kills the driver before that.
+        """
+        previous = distribution.Owner(self.config.server, row.owner_incarnation or "")
+        path = run_dir(self.config.work_dir, row.name, row.epoch)
+        run = Run(
+            job_id=row.job_id,
+            name=row.name,
+            kind=row.kind,
+            epoch=row.epoch,
+            attempt=0,
+            claimed_at=time.monotonic(),
+            deadline=0.0,
+            owner=previous,
+            phase="ended",
+        )
+        old = driver.adopt(path)
+        if old is not None:
+            old.kill()
+            write: Callable[[sa.Connection], object] = lambda conn: distribution.release(  # noqa: E731
+                conn, row.job_id, previous, row.epoch
+            )
+        elif (path / driver.RESULT_FILE).exists():
+            outcome = driver.Driver.outcome_of(path)
+            write = self._outcome_write(run, outcome)
+        elif (path / driver.STATE_FILE).exists():
+            driver.sweep(path)
+            write = lambda conn: distribution.release(  # noqa: E731
+                conn, row.job_id, previous, row.epoch
+            )
+        else:
+            log.warning(
+                "a lease of this server id with no trace of its driver here: left to expire",
+                extra={"action": "orphan_left", "job": row.name, "epoch": row.epoch},
+            )
+            return
         with self._lock:
             if row.job_id in self._runs:
                 return
-        old = driver.adopt(run_dir(self.config.work_dir, row.name, row.epoch))
-        if old is not None:
-            old.kill()
-        try:
-            with self.engine.begin() as conn:
-                distribution.release(conn, row.job_id, self.config.server, row.epoch)
-                notify.notify(conn, notify.TARGETS_CHANNEL, row.name)
-            log.info(
-                "released a lease of a previous incarnation",
-                extra={"action": "orphan_released", "job": row.name, "epoch": row.epoch},
-            )
-        except (distribution.FencedError, DBAPIError):
-            pass
-        self.wake()
+            run.unrecorded = write
+            self._runs[row.job_id] = run
+        log.info(
+            "recording the end of a previous incarnation's run",
+            extra={"action": "orphan_released", "job": row.name, "epoch": row.epoch},
+        )
+        self._record(run)
 
     # ------------------------------------------------------------------ logs
 

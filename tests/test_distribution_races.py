@@ -84,7 +84,7 @@ def test_start_committed_while_the_owner_releases_a_stopping_job_is_not_lost(
 
 
 def test_start_committed_while_a_departed_owner_is_reaped_is_not_lost(engine: sa.Engine) -> None:
-    job_id, epoch = _owned(engine, "a")
+    job_id, _ = _owned(engine, "a")
     with engine.begin() as conn:
         jobs.stop(conn, "a")
     factories.expire_lease(engine, job_id)

@@ -428,7 +428,14 @@ def probe_stale_writes(engine: sa.Engine, events: Sequence[dict[str, Any]]) -> l
                     continue
                 tx = conn.begin()
                 try:
-                    distribution.begin_stop(conn, ids[name], server, epoch, "chaos probe")
+                    # Whatever incarnation the probe names: a stale epoch must be refused
+                    # on the epoch alone, so use the row's current one (the strongest).
+                    incarnation = conn.execute(
+                        sa.text("SELECT owner_incarnation FROM distribution WHERE job_id = :j"),
+                        {"j": ids[name]},
+                    ).scalar_one()
+                    owner = distribution.Owner(server, incarnation or "")
+                    distribution.begin_stop(conn, ids[name], owner, epoch, "chaos probe")
                     accepted.append(f"{name}: stale write by {server} at epoch {epoch} accepted")
                 except distribution.FencedError:
                     pass
