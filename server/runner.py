@@ -282,9 +282,9 @@ class Runner:
         job targeted here becomes claimable (a dead owner's lease expires, a backoff
         ends), since nothing NOTIFYs those moments."""
         cfg = self.config
+        self._reap_ended()  # first: a driver's end is noticed even with PostgreSQL away
         with self.engine.connect() as conn:
             rows = {row.job_id: row for row in distribution.poll(conn, self.owner)}
-        self._reap_ended()
         wait = cfg.poll_interval
         for job_id, run in self.runs().items():
             row = rows.get(job_id)

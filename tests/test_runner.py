@@ -1,0 +1,221 @@
+"""The runner against real PostgreSQL, S3 and spark-submit, with faults timed into the
+windows where a run ends or starts (issue "Run once, never lost, never resurrected").
+
+One runner, no coordinator: a test targets its job at the runner's server itself. The
+driver is a tiny PySpark-free Python main run by the real spark-submit, gated on files,
+so every step happens when the test says. PostgreSQL is made unreachable for this test's
+database only (``ALLOW_CONNECTIONS false`` and its sessions terminated): the shared
+server stays up for every other test.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from resource_center import cache, catalog, store
+from scheduler import jobs
+from scheduler.states import JobKind
+from server import runner
+from server import settings as settings_module
+from sql import database
+from tests import factories, services, waiting
+
+# The driver: records its start, waits for a "go" file, then exits with the code in it.
+GATED_MAIN = textwrap.dedent(
+    """
+    import os, sys, time
+    here = sys.argv[1]
+    with open(os.path.join(here, "starts"), "a") as f:
+        f.write(os.environ["SPARKRING_EPOCH"] + "\\n")
+    while not os.path.exists(os.path.join(here, "go")):
+        time.sleep(0.05)
+    sys.exit(int(open(os.path.join(here, "go")).read() or 0))
+    """
+)
+SPARK_START_S = 90  # spark-submit of a plain Python main on a busy 2-core machine
+TTL = 8.0
+
+
+@pytest.fixture
+def stage(tmp_path: Path) -> Path:
+    folder = tmp_path / "stage"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def bucket(settings: settings_module.Settings) -> store.Store:
+    bucket = store.Store(
+        endpoint=settings.s3_endpoint,
+        access_key=settings.s3_access_key.get_secret_value(),
+        secret_key=settings.s3_secret_key.get_secret_value(),
+        bucket=settings.s3_bucket,
+        secure=False,
+        region="us-east-1",
+    )
+    bucket.ensure_bucket()
+    return bucket
+
+
+@pytest.fixture
+def margin() -> float:
+    """The runner's watchdog margin (a test overrides it to squeeze the deadline)."""
+    return 3.0
+
+
+@pytest.fixture
+def the_runner(
+    engine: sa.Engine,
+    bucket: store.Store,
+    settings: settings_module.Settings,
+    tmp_path: Path,
+    margin: float,
+) -> Iterator[runner.Runner]:
+    the_runner = runner.Runner(
+        engine,
+        bucket,
+        cache.Cache(root=tmp_path / "cache", max_bytes=1 << 30),
+        runner.RunnerConfig(
+            server="s1",
+            incarnation=uuid.uuid4().hex,
+            capacity=2,
+            work_dir=tmp_path / "work",
+            checkpoint_root=tmp_path / "checkpoints",
+            spark_master="local[1]",
+            lease_ttl=TTL,
+            watchdog_margin=margin,
+            renew_interval=1.0,
+            poll_interval=0.5,
+            stop_grace=5.0,
+            backoff_base=0.5,
+            backoff_max=2.0,
+            fetch_retry=3.0,
+            records=tmp_path / "records.jsonl",
+        ),
+    )
+    the_runner.start()
+    yield the_runner
+    the_runner.hand_off(timeout=20)
+    the_runner.stop()
+
+
+def _batch_job(engine: sa.Engine, bucket: store.Store, stage: Path, tmp_path: Path) -> int:
+    main = tmp_path / "gated.py"
+    main.write_text(GATED_MAIN)
+    resource = catalog.upload(engine, bucket, name="gated", path=main, max_bytes=1 << 20)
+    with engine.begin() as conn:
+        job_id = jobs.create(
+            conn,
+            jobs.JobSpec(name="b", kind=JobKind.BATCH, resource_id=resource.id, args=[str(stage)]),
+        )
+        jobs.start(conn, "b")
+    factories.target(engine, job_id, "s1")
+    return job_id
+
+
+def _set_connections(database_url: str, allowed: bool) -> None:
+    """Open or close this test's database to new sessions; closing ends the open ones."""
+    name = sa.make_url(database_url).database
+    admin = services.admin_engine(database_url)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {allowed}'))
+        if not allowed:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+    admin.dispose()
+
+
+def _kinds(database_url: str) -> list[str]:
+    engine = database.create_engine(database_url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            return [e["kind"] for e in jobs.events(conn, "b")]
+    finally:
+        engine.dispose()
+
+
+def _starts(tmp_path: Path) -> list[dict[str, object]]:
+    path = tmp_path / "records.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r for r in map(json.loads, lines) if r["event"] == "started"]
+
+
+def test_a_batch_driver_exiting_0_while_postgresql_is_away_ends_finished_and_runs_once(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    the_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    the_runner.wake()
+    # The main itself runs (not only its spark-submit): from here it exits at "go".
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "running" and (stage / "starts").exists(),
+        SPARK_START_S,
+        message="the batch driver did not start",
+    )
+    _set_connections(database_url, allowed=False)
+    try:
+        (stage / "go").write_text("0")  # the driver exits 0 while PostgreSQL is away
+        run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+        waiting.wait_until(
+            lambda: (
+                (run_dir / "result.json").exists()
+                and (job_id not in the_runner.runs() or the_runner.runs()[job_id].phase == "ended")
+            ),
+            SPARK_START_S,
+            message="the driver's exit was not noticed",
+        )
+    finally:
+        _set_connections(database_url, allowed=True)
+    engine.dispose()  # drop the pool's terminated sessions
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "finished" and not the_runner.runs(),
+        SPARK_START_S,
+        message="the finished batch job was not recorded",
+    )
+    kinds = _kinds(database_url)
+    result = (tmp_path / "work" / "runs" / "b" / "1" / "result.json").read_text()
+    assert kinds.count("claimed") == 1, (kinds, result)
+    assert (stage / "starts").read_text().split() == ["1"]
+    assert len(_starts(tmp_path)) == 1
+    row = factories.row(engine, job_id)
+    assert (row.state, row.owner, row.epoch) == ("finished", None, 1)
+
+
+@pytest.mark.parametrize("margin", [TTL - 0.001])
+def test_a_lease_deadline_passing_while_the_driver_is_prepared_defers_never_fails(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    the_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    # The watchdog deadline is 1 ms after the claim: it passes while the artifact is
+    # fetched, as it would in a stall or a PostgreSQL restart of a few seconds.
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    the_runner.wake()
+    waiting.wait_until(
+        lambda: "deferred" in _kinds(database_url) or "failed" in _kinds(database_url),
+        SPARK_START_S,
+        message="the start was neither deferred nor failed",
+    )
+    kinds = _kinds(database_url)
+    assert "failed" not in kinds, kinds
+    assert factories.row(engine, job_id).state in ("backoff", "starting", "pending")
+    assert not (stage / "starts").exists()  # no driver ran past its deadline
