@@ -64,6 +64,9 @@ class Membership:
         )
         self._thread.start()
 
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def current(self) -> dict[str, servers.ServerInfo]:
         with self._lock:
             return dict(self._current)

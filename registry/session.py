@@ -171,6 +171,11 @@ class Registry:
         )
         self._thread.start()
 
+    def threads_alive(self) -> bool:
+        """The session loop and the membership watcher both run (after ``start``)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive() and self._membership.is_alive()
+
     def stop(self) -> None:
         """Leave the election, delete our node, close the session. Idempotent.
 

@@ -118,6 +118,15 @@ def run(
     raise typer.Exit(server.run())
 
 
+def _live_ids(settings: settings_module.Settings) -> set[str]:
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL + 1)
+    root = servers.validate_root(settings.zk_root)
+    with connection.opened(
+        settings.zk_hosts, settings.zk_auth.get_secret_value(), timeout=5.0
+    ) as client:
+        return set(servers.read_all(client, root))
+
+
 @app.command()
 def drain(
     ctx: typer.Context,
@@ -127,17 +136,35 @@ def drain(
     """Move every job off a server without stopping it (it stays drained until --undo)."""
     settings = console.context(ctx).settings()
     engine = clients.engine(settings)
+    live = set() if undo else _live_ids(settings)
     with engine.begin() as conn:
         if undo:
-            conn.execute(sa.text("DELETE FROM drains WHERE server = :s"), {"s": server_id})
+            undone = conn.execute(
+                sa.text("DELETE FROM drains WHERE server = :s"), {"s": server_id}
+            ).rowcount
+            if not undone:
+                raise console.fail(f"server {server_id!r} is not drained")
         else:
-            try:
-                conn.execute(
-                    sa.text("INSERT INTO drains (server) VALUES (:s) ON CONFLICT DO NOTHING"),
+            # A typo must not be accepted as a drain of nothing: the server must be live
+            # or still hold or be the target of a job (a server that is down may be
+            # drained so that it takes nothing when it comes back).
+            known = (
+                server_id in live
+                or conn.execute(
+                    sa.text(
+                        "SELECT EXISTS (SELECT 1 FROM distribution WHERE owner = :s OR target = :s)"
+                    ),
                     {"s": server_id},
+                ).scalar_one()
+            )
+            if not known:
+                raise console.fail(
+                    f"no server {server_id!r} (live: {', '.join(sorted(live)) or 'none'})"
                 )
-            except sa.exc.IntegrityError:
-                raise console.fail(f"{server_id!r} is not a server id") from None
+            conn.execute(
+                sa.text("INSERT INTO drains (server) VALUES (:s) ON CONFLICT DO NOTHING"),
+                {"s": server_id},
+            )
         notify.notify(conn, notify.JOBS_CHANNEL, f"drain:{server_id}")
     console.out.print(
         f"server {server_id}: " + ("takes jobs again" if undo else "draining (jobs move off it)")

@@ -10,7 +10,8 @@ Process tree (see docs/drivers.md)::
 Files of one run, all in ``DriverSpec.run_dir``: ``driver.log`` (the driver's stdout and
 stderr, and the watchdog's own lines), ``lease.json`` (the confirmed monotonic
 deadline), ``watchdog.json`` (pids, for ``adopt``), ``stop.json`` (the grace of a
-requested stop) and ``result.json`` (how the run ended).
+requested stop) and ``result.json`` (how the run ended). The driver itself runs in
+``cwd/`` below it, so that nothing it writes to its working directory can touch them.
 
 This module never reads ``os.environ`` itself: the server passes the base environment
 to :func:`build_env`.
@@ -44,6 +45,7 @@ LEASE_FILE = "lease.json"
 STATE_FILE = "watchdog.json"
 STOP_FILE = "stop.json"
 RESULT_FILE = "result.json"
+WORKING_DIR = "cwd"  # the driver's working directory, below the run directory
 # Generated launcher for a .zip/.egg main: spark-submit only runs a .py as a Python main.
 ZIP_LAUNCHER_FILE = "sparkring_main.py"
 
@@ -416,6 +418,15 @@ def sweep(run_dir: Path) -> None:
         )
 
 
+def _working_dir(run_dir: Path) -> Path:
+    """The driver's working directory: a folder of its own inside the run directory, so
+    that the job cannot overwrite the watchdog's control files (lease, state, stop,
+    result) and switch off its own fencing by writing to its current directory."""
+    path = run_dir / WORKING_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def supervise(
     command: Sequence[str],
     *,
@@ -460,7 +471,7 @@ def supervise(
         "--server",
         server,
         "--cwd",
-        str(run_dir),
+        str(_working_dir(run_dir)),
     ]
     if records is not None:
         argv += ["--records", str(records)]

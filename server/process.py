@@ -265,13 +265,34 @@ class Server:
         """Serve until asked to stop, watching the supervised threads; then shut down."""
         try:
             while not self._stop.wait(1.0):
-                if self.runner is not None and not self.runner.threads_alive():
-                    log.error("a runner thread died; exiting", extra={"action": "unhealthy"})
+                dead = self.dead_component()
+                if dead is not None:
+                    # Half-alive is worse than dead: a server that renews leases but no
+                    # longer polls (or coordinates) holds jobs it does not run. Exit with
+                    # a named code so the supervisor restarts it.
+                    log.error(
+                        f"the {dead} thread died; exiting",
+                        extra={"action": "unhealthy", "component": dead},
+                    )
                     self.exit_code = exit_codes.ExitCode.UNHEALTHY
                     break
         finally:
             self.shutdown()
         return self.exit_code
+
+    def dead_component(self) -> str | None:
+        """The name of a supervised side thread that died, if any."""
+        if self.runner is not None and not self.runner.threads_alive():
+            return "runner"
+        if self.listener is not None and not self.listener.is_alive():
+            return "NOTIFY listener"
+        if self.registry is not None and not self._stop.is_set():
+            if not self.registry.threads_alive():
+                return "registry"
+        loop = self._coordinator
+        if loop is not None and not loop.is_alive():
+            return "coordinator"
+        return None
 
     def shutdown(self) -> None:
         """Ordered, idempotent: stop claiming, leave, hand off, release, close."""

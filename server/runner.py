@@ -56,6 +56,8 @@ DUE_SLACK_S = 0.05
 # After a failed renewal, try again this soon (seconds): a lock wait that gave up
 # (lock_timeout) must not cost a whole renew interval of the watchdog's margin.
 RENEW_RETRY_S = 0.25
+# Exit codes of a driver ended by SIGTERM: killed by the signal, or the JVM's 128 + 15.
+SIGTERM_EXITS = frozenset({-15, 143})
 # How soon an unrecorded run outcome is written again (seconds).
 RECORD_RETRY_S = 0.5
 
@@ -495,6 +497,11 @@ class Runner:
             return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)
         if outcome.reason == "exited" and outcome.exit_code == 0:
             return lambda conn: distribution.finish(conn, run.job_id, run.owner, run.epoch)
+        if outcome.exit_code in SIGTERM_EXITS and not self._claiming.is_set():
+            # The service manager sent SIGTERM to every process of the server's unit
+            # (systemd's default KillMode=control-group) while we shut down: a hand-off,
+            # not a crash of the job's own code (docs/operations.md: use KillMode=mixed).
+            return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)
         tail = _tail(run_dir(cfg.work_dir, run.name, run.epoch) / driver.LOG_FILE)
         error = f"driver {outcome.reason} with exit code {outcome.exit_code}"
         if tail:

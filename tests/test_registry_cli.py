@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 
 from tests import test_registry as helpers
 
@@ -59,3 +60,23 @@ def test_server_list_with_zookeeper_down_is_one_clear_line(stack_env: dict[str, 
     assert result.stderr.strip().splitlines() == [
         "error: cannot reach ZooKeeper at 127.0.0.1:1 within 5 s"
     ]
+
+
+def test_drain_of_an_unknown_server_is_refused_and_writes_nothing(
+    make: helpers.Factory, stack_env: dict[str, str], zk_root: str, database_url: str
+) -> None:
+    a, _ = make("a")
+    a.start()
+    env = {**stack_env, "SPARKRING_ZK_ROOT": zk_root, "SPARKRING_DATABASE_URL": database_url}
+    typo = _run(env, "server", "drain", "nosuch")
+    assert typo.returncode == 1
+    assert "no server 'nosuch'" in typo.stderr and "live: a" in typo.stderr, typo.stderr
+    undo = _run(env, "server", "drain", "a", "--undo")
+    assert undo.returncode == 1 and "server 'a' is not drained" in undo.stderr, undo.stderr
+    drained = _run(env, "server", "drain", "a")
+    assert drained.returncode == 0, drained.stderr
+    assert "draining" in drained.stdout
+    engine = sa.create_engine(sa.make_url(database_url).set(drivername="postgresql+psycopg"))
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT server FROM drains")).scalars().all() == ["a"]
+    engine.dispose()

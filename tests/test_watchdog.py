@@ -39,6 +39,10 @@ CHILD = textwrap.dedent(
         inner = subprocess.Popen(["sleep", "300"])
         escaped = subprocess.Popen(["sleep", "301"], start_new_session=True)
         open(os.path.join(here, "family"), "w").write("%d %d" % (inner.pid, escaped.pid))
+    if mode == "forge-lease":
+        # A job writing to its working directory: it must not reach the lease file.
+        for name in ("lease.json", "stop.json", "result.json", "watchdog.json"):
+            open(name, "w").write('{"deadline": 1e12}')
     open(os.path.join(here, "ready"), "w").write(str(os.getpid()))
     if mode == "exit-now":
         sys.exit(0)
@@ -442,3 +446,19 @@ def test_watchdog_usage_errors_exit_2(tmp_path: Path) -> None:
     )
     assert result.returncode == exit_codes.ExitCode.USAGE
     assert "no command given" in result.stderr
+
+
+def test_a_driver_cannot_forge_its_own_lease_from_its_working_directory(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    deadline = time.monotonic() + 2.0
+    supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path), "forge-lease"],
+        deadline,
+    )
+    wait_ready(tmp_path)
+    ended = wait_ended(tmp_path, timeout=2.0 + 5.0)
+    assert ended["reason"] == "lease_expired"
+    assert ended["mono"] < deadline + KILL_LATENCY_S
