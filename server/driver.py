@@ -208,7 +208,8 @@ def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
 
 
 def confirm_lease(lease_file: Path, deadline: float) -> None:
-    """Atomically record that the lease is confirmed until ``deadline`` (time.monotonic())."""
+    """Atomically record that the lease is confirmed until ``deadline`` (on
+    ``watchdog.lease_clock()``)."""
     watchdog.write_lease(lease_file, deadline)
 
 
@@ -335,7 +336,7 @@ class Driver:
             os.close(pidfd)
 
     def confirm(self, deadline: float) -> None:
-        """Extend the watchdog's deadline to ``deadline`` (time.monotonic() seconds)."""
+        """Extend the watchdog's deadline to ``deadline`` (``watchdog.lease_clock()``)."""
         confirm_lease(self.lease_file, deadline)
 
     def stop(self, grace: float) -> Outcome:
@@ -411,7 +412,7 @@ def sweep(run_dir: Path) -> None:
                 "event": "ended",
                 "pid": state.get("driver_pid"),
                 "t": time.time(),
-                "mono": time.monotonic(),
+                "mono": watchdog.lease_clock(),
                 "reason": str(watchdog.Reason.KILLED),
                 "exit_code": None,
             },

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from registry import connection, servers, session
 from resource_center import cache
 from scheduler import coordinator, notify
-from server import clients, defaults, exit_codes, health, metrics, runner
+from server import clients, defaults, exit_codes, health, metrics, runner, watchdog
 from server import settings as settings_module
 from sql import migrate
 
@@ -228,7 +228,7 @@ class Server:
         runs = self.runner.runs() if self.runner else {}
         state = self.registry.state if self.registry else connection.State.CONNECTING
         last_renew = self.runner.last_renew_ok if self.runner else None
-        renew_age = None if last_renew is None else time.monotonic() - last_renew
+        renew_age = None if last_renew is None else watchdog.lease_clock() - last_renew
         loops_alive = bool(self.runner and self.runner.threads_alive())
         listener_alive = bool(self.listener and self.listener.is_alive())
         healthy = (

@@ -8,7 +8,7 @@ Two named threads and a small pool:
   ended (finished, crashed, lease lost).
 - ``runner-renew`` renews every lease of this server in one statement every
   ``renew_interval`` and confirms each renewed driver's watchdog with the deadline
-  ``t_sent + ttl - margin`` (``t_sent``: monotonic time just before the statement), so
+  ``t_sent + ttl - margin`` (``t_sent``: lease-clock time just before the statement), so
   a driver is dead before its lease can expire in PostgreSQL. A driver whose lease was
   not renewed is killed at once.
 - ``runner-task-*`` threads start drivers (fetch and verify artifacts, spawn) and stop
@@ -45,7 +45,7 @@ from resource_center import cache as cache_module
 from resource_center import catalog, errors, store
 from scheduler import distribution, notify, states
 from scheduler import jobs as job_catalog
-from server import driver, metrics
+from server import driver, metrics, watchdog
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,10 @@ class Run:
     kind: str
     epoch: int
     attempt: int
-    # Monotonic time just after the claim committed: a renewal sent later must include
-    # this job, else the lease was lost.
+    # Lease-clock time (watchdog.lease_clock) just after the claim committed: a renewal
+    # sent later must include this job, else the lease was lost.
     claimed_at: float
-    deadline: float  # monotonic time the watchdog kills the driver unless confirmed
+    deadline: float  # lease-clock time the watchdog kills the driver unless confirmed
     owner: distribution.Owner  # this incarnation, or a previous one whose run ended here
     phase: str = "starting"  # starting | running | stopping | ended
     driver: driver.Driver | None = None
@@ -184,8 +184,8 @@ class Runner:
         leases keep being renewed until this returns.
         """
         self.stop_claiming()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = watchdog.lease_clock() + timeout
+        while watchdog.lease_clock() < deadline:
             with self._lock:
                 if not self._runs:
                     return
@@ -222,7 +222,7 @@ class Runner:
 
     def renew_once(self) -> bool:
         cfg = self.config
-        t_sent = time.monotonic()
+        t_sent = watchdog.lease_clock()
         started = time.perf_counter()
         try:
             with self.engine.begin() as conn:
@@ -235,7 +235,7 @@ class Runner:
             )
             return False
         metrics.REGISTRY.observe("sparkring_lease_renew_seconds", time.perf_counter() - started)
-        self.last_renew_ok = time.monotonic()
+        self.last_renew_ok = watchdog.lease_clock()
         deadline = t_sent + cfg.lease_ttl - cfg.watchdog_margin
         lost: list[Run] = []
         with self._lock:
@@ -357,7 +357,7 @@ class Runner:
 
     def _claim(self, row: distribution.Row) -> None:
         cfg = self.config
-        t_sent = time.monotonic()
+        t_sent = watchdog.lease_clock()
         try:
             with self.engine.begin() as conn:
                 claim = distribution.claim(conn, row.job_id, self.owner, cfg.lease_ttl)
@@ -370,7 +370,7 @@ class Runner:
             kind=row.kind,
             epoch=claim.epoch,
             attempt=claim.attempt,
-            claimed_at=time.monotonic(),
+            claimed_at=watchdog.lease_clock(),
             # From the time before the claim was sent: PostgreSQL's lease ends later.
             deadline=t_sent + cfg.lease_ttl - cfg.watchdog_margin,
             owner=self.owner,
@@ -410,7 +410,7 @@ class Runner:
             )
             with self._lock:
                 deadline = run.deadline
-            if time.monotonic() >= deadline:
+            if watchdog.lease_clock() >= deadline:
                 raise driver.DriverError("lease deadline passed while preparing the driver")
             handle = driver.launch(spec, deadline, records=cfg.records)
         # FAILED means only: the job's own driver failed past its budget, or its
@@ -619,10 +619,10 @@ class Runner:
         self._tasks.submit(self._stop_driver, run)
 
     def _stop_driver(self, run: Run) -> None:
-        started = time.monotonic()
+        started = watchdog.lease_clock()
         if run.driver is not None:
             run.driver.stop(self.config.stop_grace)
-        metrics.REGISTRY.observe("sparkring_driver_stop_seconds", time.monotonic() - started)
+        metrics.REGISTRY.observe("sparkring_driver_stop_seconds", watchdog.lease_clock() - started)
         self._release(run)
         self._ship_log(run)
 
@@ -647,7 +647,7 @@ class Runner:
             kind=row.kind,
             epoch=row.epoch,
             attempt=0,
-            claimed_at=time.monotonic(),
+            claimed_at=watchdog.lease_clock(),
             deadline=0.0,
             owner=previous,
             phase="ended",

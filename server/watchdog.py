@@ -5,9 +5,12 @@ server starts it in a session of its own (``start_new_session=True``), so neithe
 signal to the server's process group nor a SIGSTOP of the server reaches it. It owns:
 
 - the **lease file**: the server atomically rewrites ``{"deadline": D}`` after each
-  successful lease renewal, D on the system-wide CLOCK_MONOTONIC (``time.monotonic()``).
+  successful lease renewal, D on the system-wide CLOCK_BOOTTIME (:func:`lease_clock`).
   The watchdog re-reads it at least every ``--interval`` seconds and wakes exactly at D;
-  when ``time.monotonic() >= D`` it SIGKILLs the driver's process group. A missing or
+  when ``lease_clock() >= D`` it SIGKILLs the driver's process group. BOOTTIME, unlike
+  MONOTONIC, keeps counting while the host is suspended (a laptop lid, a paused VM):
+  PostgreSQL's clock does, so a deadline must too, or a driver would outlive its lease
+  by the length of the suspension. A missing or
   unreadable file never extends the last deadline it read.
 - the driver's **process group**: CMD starts as the leader of a new group; the watchdog
   is a child subreaper, so descendants that leave the group are re-parented to it and
@@ -60,6 +63,12 @@ from typing import Any
 from server import exit_codes
 
 log = logging.getLogger("sparkring.watchdog")
+
+
+def lease_clock() -> float:
+    """Seconds on CLOCK_BOOTTIME: the clock of every lease deadline (see above)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
 
 # How often the lease file is re-read when nothing else wakes the watchdog, seconds.
 DEFAULT_INTERVAL_S = 0.1
@@ -366,7 +375,7 @@ class Watchdog:
         self._write_state()
 
         self._read_deadline()
-        if time.monotonic() >= self.deadline:
+        if lease_clock() >= self.deadline:
             log.error("lease deadline already passed or unreadable: driver not started")
             return self._finish(Reason.LEASE_EXPIRED, None, time.time())
         if self.kill_requested:
@@ -375,7 +384,7 @@ class Watchdog:
             return self._finish(Reason.STOPPED, None, time.time())
 
         # Taken before the spawn: a record never claims a start later than the real one.
-        self.started_at, started_mono = time.time(), time.monotonic()
+        self.started_at, started_mono = time.time(), lease_clock()
         try:
             self.driver = subprocess.Popen(
                 self.command,
@@ -394,7 +403,7 @@ class Watchdog:
         reason = self._supervise(os.pidfd_open(self.driver.pid), wake_read)
         self.kill_everything()
         # Every descendant is reaped: a record never claims an end earlier than the real one.
-        ended_at, ended_mono = time.time(), time.monotonic()
+        ended_at, ended_mono = time.time(), lease_clock()
         self._record(
             "ended", ended_at, ended_mono, reason=str(reason), exit_code=self.driver_status
         )
@@ -409,7 +418,7 @@ class Watchdog:
         kill_at = math.inf  # SIGKILL time of a stop in progress
         while True:
             self._read_deadline()
-            now = time.monotonic()
+            now = lease_clock()
             if self.kill_requested:
                 log.warning("kill requested: killing the driver group and its descendants")
                 return Reason.KILLED

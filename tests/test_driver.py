@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -252,7 +251,7 @@ def test_launch_refuses_a_missing_artifact(tmp_path: Path) -> None:
         spark_submit=Path(sys.executable),
     )
     with pytest.raises(driver.DriverError, match=r"gone\.py is missing"):
-        driver.launch(spec, time.monotonic() + 10)
+        driver.launch(spec, watchdog.lease_clock() + 10)
     assert not (tmp_path / "run").exists()  # nothing started
 
 
@@ -280,7 +279,7 @@ def spark_spec(tmp_path: Path, **changes: Any) -> driver.DriverSpec:
 def test_batch_sum_runs_to_exit_0_with_the_job_variables(tmp_path: Path) -> None:
     output = tmp_path / "sum.json"
     spec = spark_spec(tmp_path, main=JOBS / "batch_sum.py", args=[str(output), "--n", "1000"])
-    handle = driver.launch(spec, time.monotonic() + 120, base_env={**os.environ, **SECRETS})
+    handle = driver.launch(spec, watchdog.lease_clock() + 120, base_env={**os.environ, **SECRETS})
     outcome = handle.wait(120)
     assert outcome is not None, "batch_sum did not finish in 120 s"
     assert outcome.reason == driver.Reason.EXITED and outcome.exit_code == 0, (
@@ -321,7 +320,7 @@ def test_streaming_counter_resumes_exactly_once_after_sigkill(tmp_path: Path) ->
 
     first = driver.launch(
         dataclasses.replace(base, epoch=1, run_dir=tmp_path / "run1"),
-        time.monotonic() + 120,
+        watchdog.lease_clock() + 120,
         records=records,
     )
     try:
@@ -333,7 +332,7 @@ def test_streaming_counter_resumes_exactly_once_after_sigkill(tmp_path: Path) ->
 
     second = driver.launch(
         dataclasses.replace(base, epoch=2, run_dir=tmp_path / "run2"),
-        time.monotonic() + 120,
+        watchdog.lease_clock() + 120,
         records=records,
     )
     try:

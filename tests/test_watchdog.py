@@ -127,7 +127,7 @@ def wait_ready(tmp_path: Path, timeout: float = 10) -> int:
 def test_lease_expiry_kills_the_group_at_the_deadline(
     tmp_path: Path, child: Path, started: list[driver.Driver]
 ) -> None:
-    deadline = time.monotonic() + 1.5
+    deadline = watchdog.lease_clock() + 1.5
     handle = supervise(
         started, tmp_path, [sys.executable, str(child), str(tmp_path), "family"], deadline
     )
@@ -152,11 +152,11 @@ def test_confirmations_keep_the_driver_alive(
     tmp_path: Path, child: Path, started: list[driver.Driver]
 ) -> None:
     handle = supervise(
-        started, tmp_path, [sys.executable, str(child), str(tmp_path)], time.monotonic() + 0.5
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], watchdog.lease_clock() + 0.5
     )
-    end = time.monotonic() + 2.0  # four times the confirmed window
-    while time.monotonic() < end:
-        handle.confirm(time.monotonic() + 0.5)
+    end = watchdog.lease_clock() + 2.0  # four times the confirmed window
+    while watchdog.lease_clock() < end:
+        handle.confirm(watchdog.lease_clock() + 0.5)
         assert handle.poll() is None
         time.sleep(0.1)  # the renewal period of this simulated server
     outcome = handle.wait(5)
@@ -169,17 +169,17 @@ PARENT = textwrap.dedent(
     """
     import json, os, sys, time
     from pathlib import Path
-    from server import driver
+    from server import driver, watchdog
     here, child, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     handle = driver.supervise(
         [sys.executable, child, str(here)], env=dict(os.environ), run_dir=here / "run",
-        lease_deadline=time.monotonic() + 1.5, job="j", epoch=1, server="parent",
+        lease_deadline=watchdog.lease_clock() + 1.5, job="j", epoch=1, server="parent",
         records=here / "records.jsonl",
     )
     print(json.dumps({"watchdog": handle.pid}), flush=True)
     while True:
         if mode == "confirm":
-            handle.confirm(time.monotonic() + 1.0)
+            handle.confirm(watchdog.lease_clock() + 1.0)
         time.sleep(0.1)
     """
 )
@@ -219,7 +219,7 @@ def test_a_paused_parent_does_not_pause_the_watchdog(tmp_path: Path, parent: Sta
     process, watchdog_pid = parent("never-confirm")
     pid = wait_ready(tmp_path)
     deadline = watchdog.read_lease(tmp_path / "run" / driver.LEASE_FILE)
-    assert deadline is not None and time.monotonic() < deadline
+    assert deadline is not None and watchdog.lease_clock() < deadline
 
     process.send_signal(signal.SIGSTOP)
 
@@ -249,7 +249,7 @@ def test_a_killed_parent_s_driver_dies_at_the_deadline_not_before(
     deadline = watchdog.read_lease(lease_file)
     assert deadline is not None
 
-    while time.monotonic() < deadline - 0.05:
+    while watchdog.lease_clock() < deadline - 0.05:
         assert alive(pid), "the driver died before its confirmed deadline"
         time.sleep(0.02)
     ended = wait_ended(tmp_path, 5)
@@ -265,13 +265,13 @@ def test_stop_sends_sigterm_then_sigkill_after_the_grace(
         started,
         tmp_path,
         [sys.executable, str(child), str(tmp_path), "ignore-term"],
-        time.monotonic() + 60,
+        watchdog.lease_clock() + 60,
     )
     pid = wait_ready(tmp_path)
 
-    begin = time.monotonic()
+    begin = watchdog.lease_clock()
     outcome = handle.stop(grace=1.0)
-    elapsed = time.monotonic() - begin
+    elapsed = watchdog.lease_clock() - begin
 
     assert outcome.reason == driver.Reason.STOPPED
     assert outcome.exit_code == -signal.SIGKILL
@@ -284,12 +284,12 @@ def test_stop_of_a_driver_that_honours_sigterm_returns_at_once(
     tmp_path: Path, child: Path, started: list[driver.Driver]
 ) -> None:
     handle = supervise(
-        started, tmp_path, [sys.executable, str(child), str(tmp_path)], time.monotonic() + 60
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], watchdog.lease_clock() + 60
     )
     wait_ready(tmp_path)
-    begin = time.monotonic()
+    begin = watchdog.lease_clock()
     outcome = handle.stop(grace=30)
-    assert time.monotonic() - begin < 5
+    assert watchdog.lease_clock() - begin < 5
     assert outcome.reason == driver.Reason.STOPPED and outcome.exit_code == 0
     assert handle.stop(grace=30) == outcome  # idempotent
 
@@ -313,7 +313,7 @@ def test_stop_with_term_only_asks_just_the_python_driver(
         started,
         tmp_path,
         [sys.executable, "-c", LEADER, str(tmp_path), str(child)],
-        time.monotonic() + 60,
+        watchdog.lease_clock() + 60,
         term_only=str(child),
     )
     pid = wait_ready(tmp_path)
@@ -330,7 +330,7 @@ def test_descendants_die_with_a_driver_that_exits(
         started,
         tmp_path,
         [sys.executable, str(child), str(tmp_path), "family"],
-        time.monotonic() + 60,
+        watchdog.lease_clock() + 60,
     )
     wait_ready(tmp_path)
     inner, escaped = map(int, (tmp_path / "family").read_text().split())
@@ -349,7 +349,7 @@ def test_a_failing_driver_reports_its_exit_code(
         started,
         tmp_path,
         [sys.executable, str(child), str(tmp_path), "exit-3"],
-        time.monotonic() + 60,
+        watchdog.lease_clock() + 60,
     )
     outcome = handle.wait(10)
     assert outcome is not None
@@ -363,7 +363,9 @@ def test_a_failing_driver_reports_its_exit_code(
 def test_a_command_that_cannot_start_is_spawn_failed(
     tmp_path: Path, started: list[driver.Driver]
 ) -> None:
-    handle = supervise(started, tmp_path, [str(tmp_path / "no-such-binary")], time.monotonic() + 60)
+    handle = supervise(
+        started, tmp_path, [str(tmp_path / "no-such-binary")], watchdog.lease_clock() + 60
+    )
     outcome = handle.wait(10)
     assert outcome is not None
     assert outcome.reason == driver.Reason.SPAWN_FAILED and outcome.exit_code is None
@@ -374,7 +376,7 @@ def test_an_expired_lease_never_starts_the_driver(
     tmp_path: Path, child: Path, started: list[driver.Driver]
 ) -> None:
     handle = supervise(
-        started, tmp_path, [sys.executable, str(child), str(tmp_path)], time.monotonic() - 0.1
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], watchdog.lease_clock() - 0.1
     )
     outcome = handle.wait(10)
     assert outcome is not None
@@ -389,7 +391,7 @@ def test_kill_ends_watchdog_and_group_and_records_the_end(
         started,
         tmp_path,
         [sys.executable, str(child), str(tmp_path), "family"],
-        time.monotonic() + 60,
+        watchdog.lease_clock() + 60,
     )
     pid = wait_ready(tmp_path)
     inner, escaped = map(int, (tmp_path / "family").read_text().split())
@@ -407,14 +409,14 @@ def test_adopt_reattaches_to_a_live_watchdog(
     tmp_path: Path, child: Path, started: list[driver.Driver]
 ) -> None:
     handle = supervise(
-        started, tmp_path, [sys.executable, str(child), str(tmp_path)], time.monotonic() + 60
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], watchdog.lease_clock() + 60
     )
     pid = wait_ready(tmp_path)
     adopted = driver.adopt(tmp_path / "run")
     assert adopted is not None and adopted.pid == handle.pid
     assert adopted.poll() is None
 
-    adopted.confirm(time.monotonic() + 60)
+    adopted.confirm(watchdog.lease_clock() + 60)
     outcome = adopted.stop(grace=5)
 
     assert outcome.reason == driver.Reason.STOPPED and not alive(pid)
@@ -451,7 +453,7 @@ def test_watchdog_usage_errors_exit_2(tmp_path: Path) -> None:
 def test_a_driver_cannot_forge_its_own_lease_from_its_working_directory(
     tmp_path: Path, child: Path, started: list[driver.Driver]
 ) -> None:
-    deadline = time.monotonic() + 2.0
+    deadline = watchdog.lease_clock() + 2.0
     supervise(
         started,
         tmp_path,
