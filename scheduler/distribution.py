@@ -310,6 +310,61 @@ def release(conn: sa.Connection, job_id: int, owner: Owner, epoch: int) -> RunSt
     return RunState(row.state)
 
 
+_ADOPT = sa.text(
+    """
+    WITH j AS (
+        SELECT id, name FROM jobs WHERE id = :job_id FOR SHARE
+    ), changed AS (
+        UPDATE distribution d
+           SET owner_incarnation = :new_incarnation,
+               lease_until = now() + make_interval(secs => :ttl),
+               updated_at = now()
+          FROM j
+         WHERE d.job_id = j.id
+           AND d.owner = :server
+           AND d.owner_incarnation = :incarnation
+           AND d.epoch = :epoch
+           AND d.lease_until > now()
+           AND d.state = ANY(:sources)
+        RETURNING d.job_id, j.name, d.epoch, d.state,
+                  jsonb_build_object('from_incarnation', CAST(:incarnation AS text)) AS detail
+    )
+    """
+    + _event_cte("adopted")
+    + "SELECT job_id, state FROM changed"
+)
+
+
+def adopt(
+    conn: sa.Connection, job_id: int, previous: Owner, successor: Owner, epoch: int, ttl: float
+) -> RunState:
+    """Hand a live lease of ``previous`` to ``successor``, another incarnation of the same
+    server (a restart on the same host that found the run's watchdog alive): the driver
+    keeps running, nothing is claimed again, the epoch stays. Only a lease still held by
+    ``previous`` at ``epoch`` and not expired can be adopted: an expired lease may have
+    been claimed elsewhere, and its driver is dead by then (its watchdog's deadline).
+    Returns the job's state (``starting``, ``running`` or ``stopping``)."""
+    if previous.server != successor.server:
+        raise ValueError("a lease is adopted only by another incarnation of the same server")
+    row = conn.execute(
+        _ADOPT,
+        {
+            "job_id": job_id,
+            **previous.params(),
+            "new_incarnation": successor.incarnation,
+            "epoch": epoch,
+            "ttl": ttl,
+            "sources": sorted(states.OWNED),
+        },
+    ).one_or_none()
+    if row is None:
+        raise FencedError(
+            f"job {job_id}: the lease at epoch {epoch} is no longer {previous.server}'s "
+            f"incarnation {previous.incarnation} (expired or taken)"
+        )
+    return RunState(row.state)
+
+
 _DEFER = _transition(
     "deferred",
     RunState.BACKOFF,

@@ -96,6 +96,9 @@ def run(
     """Run a server: register, take part in the election, claim and run its jobs.
 
     SIGTERM or Ctrl-C hands its jobs off gracefully; a second signal exits at once.
+    With SPARKRING_HANDOVER_WINDOW > 0, SIGTERM is a planned restart instead: the drivers
+    keep running and the next server started with the same id and work dir adopts them.
+    A server restarted after a crash adopts the drivers still running in its work dir.
     """
     context = console.context(ctx)
     context.overrides.update(
@@ -108,10 +111,17 @@ def run(
     settings = context.settings()
     logs.configure(log_level.upper())
     server = process.Server(settings)
-    signals.install(server.request_stop)
+    signals.install(
+        server.request_stop,
+        on_term=server.request_hand_over if settings.handover_window > 0 else None,
+    )
     try:
         server.start()
-    except (process.StartupError, registry_errors.RegistryError, database.DatabaseError) as exc:
+    except (
+        process.StartupError,
+        registry_errors.RegistryError,
+        database.DatabaseError,
+    ) as exc:
         server.shutdown()
         console.fail(str(exc))
         raise typer.Exit(exit_codes.ExitCode.CONFIG_ERROR) from None

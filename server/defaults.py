@@ -56,6 +56,14 @@ LEASE_RENEW_INTERVAL_S = 1.5
 DB_LOCK_TIMEOUT_S = 1.0
 DB_IDLE_IN_TRANSACTION_TIMEOUT_S = 3.0
 DB_STATEMENT_TIMEOUT_S = 60.0
+# Planned restart (SIGTERM with a window above 0): leases are extended by this many
+# seconds and the drivers left running for the successor on the same host and work dir
+# to adopt; 0 = SIGTERM stops the drivers and hands the jobs to other servers, seconds.
+HANDOVER_WINDOW_S = 0.0
+# After a restarted server is a member again, how long a driver it adopted is kept even
+# if its target still names another server: the coordinator needs a membership debounce
+# and a rebalance to give the job back, seconds.
+ADOPTION_SETTLE_S = 3.0
 # Fallback poll interval of the distribution table when no NOTIFY arrives, seconds.
 POLL_INTERVAL_S = 2.0
 # Graceful stop of a driver: SIGTERM, then SIGKILL after this grace, seconds.

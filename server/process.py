@@ -20,14 +20,23 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import sqlalchemy as sa
 
 from registry import connection, servers, session
 from resource_center import cache
 from scheduler import coordinator, notify
-from server import clients, defaults, exit_codes, health, metrics, runner, watchdog
+from server import (
+    clients,
+    defaults,
+    exit_codes,
+    health,
+    metrics,
+    runner,
+    watchdog,
+    workdir,
+)
 from server import settings as settings_module
 from sql import migrate
 
@@ -52,6 +61,8 @@ class Server:
         self.listener: notify.Listener | None = None
         self.http: health.HealthServer | None = None
         self.exit_code = exit_codes.ExitCode.OK
+        self._work_dir_lock: IO[str] | None = None
+        self._handing_over = False
 
     # ------------------------------------------------------------------ start
 
@@ -65,7 +76,10 @@ class Server:
                 "run 'sparkring db upgrade'"
             )
         bucket = clients.bucket(s)
-        s.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._work_dir_lock = workdir.lock(s.work_dir)
+        except workdir.WorkDirInUse as exc:
+            raise StartupError(str(exc)) from None
         s.checkpoint_root.mkdir(parents=True, exist_ok=True)
         capacity = 0 if s.role == settings_module.Role.COORDINATOR else s.capacity
         self.runner = runner.Runner(
@@ -123,10 +137,14 @@ class Server:
             self._notified,
         )
         self.listener.start()
-        # Registration first: until ZooKeeper has accepted this id (a live server with
-        # the same id refuses us), the runner must not touch a single lease.
-        self.registry.start(timeout=max(10.0, s.zk_session_timeout * 2))
+        # The runner starts before registration, which may wait a whole session timeout
+        # for our previous incarnation's node to go: it adopts the drivers that
+        # incarnation left in our work dir (a proof that is local: the work-dir lock and
+        # a live watchdog there) and renews their leases, so they outlive the wait. It
+        # claims nothing, and migrates nothing, until ZooKeeper has accepted our id.
         self.runner.start()
+        self.registry.start(timeout=max(10.0, s.zk_session_timeout * 2))
+        self.runner.registered(settle=defaults.ADOPTION_SETTLE_S)
         log.info(
             "server started",
             extra={
@@ -261,6 +279,11 @@ class Server:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def request_hand_over(self) -> None:
+        """Stop for a restart: leave the drivers running for the successor to adopt."""
+        self._handing_over = True
+        self._stop.set()
+
     def run(self) -> exit_codes.ExitCode:
         """Serve until asked to stop, watching the supervised threads; then shut down."""
         try:
@@ -303,9 +326,14 @@ class Server:
             if self._coordinator is not None:
                 self._coordinator.stop()
                 self._coordinator = None
+        if self._handing_over and self.runner is not None:
+            # Loops first (a renewal must not shorten the extended leases), then extend
+            # the leases and the watchdogs' deadlines, then leave ZooKeeper.
+            self.runner.stop()
+            self.runner.hand_over(self.settings.handover_window)
         if self.registry is not None:
             self.registry.stop()
-        if self.runner is not None:
+        if self.runner is not None and not self._handing_over:
             self.runner.hand_off(timeout=self.settings.stop_grace + 10)
             self.runner.stop()
         if self.listener is not None:
@@ -314,4 +342,7 @@ class Server:
             self.http.stop()
         if self.engine is not None:
             self.engine.dispose()
+        if self._work_dir_lock is not None:
+            self._work_dir_lock.close()
+            self._work_dir_lock = None
         log.info("server stopped", extra={"action": "stopped", "server": self.id})

@@ -30,6 +30,7 @@ found and killed); otherwise it is left to expire (S1).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -145,6 +146,13 @@ class Runner:
         self._stop = threading.Event()
         self._claiming = threading.Event()
         self._claiming.set()
+        # Set once ZooKeeper accepted this server id: no claim before (a second process
+        # with a live server's id must not take a single job while it waits to be
+        # refused). Until then, and for a settle time after, a run adopted from the
+        # previous incarnation is not migrated: the coordinator retargeted its jobs when
+        # the old session expired and gives them back once we are a member again.
+        self._registered = threading.Event()
+        self._migrate_after = math.inf
         self._tasks = ThreadPoolExecutor(
             max_workers=max(4, 2 * config.capacity), thread_name_prefix="runner-task"
         )
@@ -172,6 +180,43 @@ class Runner:
 
     def stop_claiming(self) -> None:
         self._claiming.clear()
+
+    def registered(self, settle: float) -> None:
+        """ZooKeeper accepted our id: claims may begin; migrations after ``settle`` s."""
+        self._migrate_after = watchdog.lease_clock() + settle
+        self._registered.set()
+        self.wake()
+
+    def hand_over(self, window: float) -> list[str]:
+        """A planned restart: extend every lease of this incarnation to ``window``
+        seconds and give each watchdog the matching deadline, then leave the drivers
+        running for the successor to adopt (:meth:`_clean_orphan`). Call after
+        :meth:`stop` (a renewal must not shorten the extended leases again). Returns
+        the jobs handed over; if PostgreSQL cannot be reached, nothing is extended and
+        the drivers die at their current deadlines (then fail over as after a crash)."""
+        cfg = self.config
+        t_sent = watchdog.lease_clock()
+        try:
+            with self.engine.begin() as conn:
+                extended = distribution.renew_leases(conn, self.owner, window)
+        except DBAPIError as exc:
+            log.error(
+                "hand-over failed: PostgreSQL unreachable; drivers die at their deadlines",
+                extra={"action": "hand_over", "error": type(exc.orig).__name__},
+            )
+            return []
+        deadline = t_sent + window - cfg.watchdog_margin
+        handed = []
+        with self._lock:
+            for run in self._runs.values():
+                if run.driver is not None and extended.get(run.job_id) == run.epoch:
+                    run.driver.confirm(deadline)
+                    handed.append(run.name)
+        log.info(
+            "leases handed over to the next incarnation",
+            extra={"action": "hand_over", "jobs": sorted(handed), "window": window},
+        )
+        return sorted(handed)
 
     def resume_claiming(self) -> None:
         self._claiming.set()
@@ -337,14 +382,14 @@ class Runner:
             return "stop requested"
         if row.job_generation != row.generation:
             return "restart requested"
-        if row.target != self.config.server:
+        if row.target != self.config.server and watchdog.lease_clock() >= self._migrate_after:
             return f"migrating to {row.target or 'no server'}"
         return None
 
     def _claimable(self, row: distribution.Row) -> bool:
         if row.target != self.config.server or row.desired != "running":
             return False
-        if not (self._claiming.is_set() and self._may_claim()):
+        if not (self._registered.is_set() and self._claiming.is_set() and self._may_claim()):
             return False
         with self._lock:
             if len(self._runs) >= self.config.capacity:
@@ -632,8 +677,10 @@ class Runner:
         when its driver is provably dead on this host, and then its outcome is what
         gets recorded (a batch driver that exited 0 ends ``finished``, never re-run):
 
-        - its watchdog still runs here: kill the run (the watchdog kills every
-          descendant), then release the job;
+        - its watchdog still runs here: adopt the run (:meth:`_adopt`: the lease moves
+          to this incarnation, the driver keeps running); if the lease cannot be
+          proven ours any more, kill the run (the watchdog kills every descendant)
+          and release the job;
         - its run directory holds a result: record that outcome;
         - its watchdog died without a result: sweep what is left, then release;
         - nothing of it here (another host, a fresh work dir): leave the lease to
@@ -654,6 +701,8 @@ class Runner:
         )
         old = driver.adopt(path)
         if old is not None:
+            if self._adopt(row, previous, old):
+                return
             old.kill()
             write: Callable[[sa.Connection], object] = lambda conn: distribution.release(  # noqa: E731
                 conn, row.job_id, previous, row.epoch
@@ -682,6 +731,54 @@ class Runner:
             extra={"action": "orphan_released", "job": row.name, "epoch": row.epoch},
         )
         self._record(run)
+
+    def _adopt(
+        self, row: distribution.Row, previous: distribution.Owner, old: driver.Driver
+    ) -> bool:
+        """Take over a run whose watchdog the previous incarnation left alive here: move
+        its live lease to this incarnation (fenced on the previous one, the epoch and
+        the lease not expired) and supervise the driver as if we had started it. No
+        driver restart, no gap. False when the lease is not provably ours (expired or
+        taken): the caller kills the run."""
+        cfg = self.config
+        t_sent = watchdog.lease_clock()
+        try:
+            with self.engine.begin() as conn:
+                state = distribution.adopt(
+                    conn, row.job_id, previous, self.owner, row.epoch, cfg.lease_ttl
+                )
+        except distribution.FencedError:
+            return False
+        except DBAPIError:
+            # Unknown: leave the run alone (its watchdog keeps its deadline), look again.
+            with self._lock:
+                self._orphans.discard(row.job_id)
+            return True
+        deadline = t_sent + cfg.lease_ttl - cfg.watchdog_margin
+        old.confirm(deadline)
+        stopping = state == states.RunState.STOPPING
+        run = Run(
+            job_id=row.job_id,
+            name=row.name,
+            kind=row.kind,
+            epoch=row.epoch,
+            attempt=0,
+            claimed_at=watchdog.lease_clock(),
+            deadline=deadline,
+            owner=self.owner,
+            phase="stopping" if stopping else "running",
+            driver=old,
+        )
+        with self._lock:
+            self._runs[row.job_id] = run
+        log.info(
+            "adopted a running driver of the previous incarnation",
+            extra={"action": "adopted", "job": row.name, "epoch": row.epoch},
+        )
+        if stopping:  # it was being stopped when its server went: finish the stop
+            self._tasks.submit(self._stop_driver, run)
+        self.wake()
+        return True
 
     # ------------------------------------------------------------------ logs
 

@@ -64,6 +64,7 @@ class Settings(BaseSettings):
     watchdog_margin: float = Field(defaults.WATCHDOG_MARGIN_S, gt=0)
     lease_renew_interval: float = Field(defaults.LEASE_RENEW_INTERVAL_S, gt=0)
     poll_interval: float = Field(defaults.POLL_INTERVAL_S, gt=0)
+    handover_window: float = Field(defaults.HANDOVER_WINDOW_S, ge=0)
     db_lock_timeout: float = Field(defaults.DB_LOCK_TIMEOUT_S, gt=0)
     db_idle_in_transaction_timeout: float = Field(defaults.DB_IDLE_IN_TRANSACTION_TIMEOUT_S, gt=0)
     db_statement_timeout: float = Field(defaults.DB_STATEMENT_TIMEOUT_S, gt=0)

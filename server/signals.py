@@ -3,6 +3,10 @@
 The first SIGTERM or SIGINT asks for a graceful shutdown (stop claiming, hand jobs off,
 release, leave); a second one exits at once with ``ExitCode.KILLED`` (drivers are then
 left to their watchdogs, which kill them before their leases expire).
+
+With ``on_term`` given (a server configured with a hand-over window), SIGTERM calls it
+instead: a planned restart that leaves the drivers running for the successor. SIGINT
+(Ctrl-C) always hands the jobs off to other servers.
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ from collections.abc import Callable
 from server import exit_codes
 
 
-def install(request_stop: Callable[[], None]) -> None:
+def install(request_stop: Callable[[], None], on_term: Callable[[], None] | None = None) -> None:
     received: list[int] = []
 
     def handle(signum: int, _frame: object) -> None:
         received.append(signum)
         if len(received) == 1:
-            request_stop()
+            if signum == signal.SIGTERM and on_term is not None:
+                on_term()
+            else:
+                request_stop()
             return
         sys.stderr.write("second signal: exiting now\n")
         os._exit(exit_codes.ExitCode.KILLED)

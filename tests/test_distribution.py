@@ -217,3 +217,28 @@ def test_another_incarnation_of_the_same_server_id_can_neither_renew_nor_write(
         assert distribution.claim(conn, job_id, second, TTL).epoch == claim.epoch + 1
     row = factories.row(engine, job_id)
     assert (row.owner, row.owner_incarnation) == ("s1", "second")
+
+
+def test_a_successor_adopts_a_live_lease_of_its_previous_incarnation_only(
+    engine: sa.Engine,
+) -> None:
+    job_id = factories.job(engine, "a")
+    factories.target(engine, job_id, "s1")
+    before, after = owner("s1", "before"), owner("s1", "after")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, before, TTL)
+        distribution.mark_running(conn, job_id, before, claim.epoch, pid=1)
+    with engine.begin() as conn, pytest.raises(distribution.FencedError):
+        distribution.adopt(conn, job_id, before, after, claim.epoch + 1, TTL)  # wrong epoch
+    with engine.begin() as conn:
+        assert distribution.adopt(conn, job_id, before, after, claim.epoch, TTL) == "running"
+    row = factories.row(engine, job_id)
+    assert (row.owner, row.owner_incarnation, row.epoch) == ("s1", "after", claim.epoch)
+    with engine.begin() as conn:  # the previous incarnation has lost it for good
+        assert distribution.renew_leases(conn, before, TTL) == {}
+        assert distribution.renew_leases(conn, after, TTL) == {job_id: claim.epoch}
+    factories.expire_lease(engine, job_id)
+    with engine.begin() as conn, pytest.raises(distribution.FencedError):
+        distribution.adopt(conn, job_id, after, owner("s1", "third"), claim.epoch, TTL)
+    with engine.connect() as conn:
+        assert [e["kind"] for e in jobs.events(conn, "a")][-1] == "adopted"
