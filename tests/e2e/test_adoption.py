@@ -1,0 +1,106 @@
+"""Drivers outlive their server: a server restarted with the same id and work dir adopts
+the drivers its previous incarnation left running (after kill -9, or a planned restart
+with a hand-over window). Nothing is claimed again, no driver is replaced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from tests import waiting
+from tests.cluster import Cluster
+from tests.e2e.helpers import start_cluster, start_running
+
+JOBS = ["a1", "a2", "a3", "a4"]
+# The harness's lease guard (TTL 8 s - margin 3 s): a driver whose heartbeats stop for
+# longer was not kept alive by anyone.
+LEASE_GUARD_S = 5.0
+
+
+def _victim_jobs(rows: dict[str, dict[str, Any]]) -> tuple[str, list[str]]:
+    """The server owning the most jobs, and those jobs."""
+    owners: dict[str, list[str]] = {}
+    for name, row in rows.items():
+        owners.setdefault(row["owner"], []).append(name)
+    victim = max(sorted(owners), key=lambda server: len(owners[server]))
+    return victim, sorted(owners[victim])
+
+
+def _beats(c: Cluster, job: str, since: float) -> list[dict[str, Any]]:
+    return sorted(
+        (r for r in c.heartbeat_records() if r["job"] == job and r["t"] >= since),
+        key=lambda r: r["t"],
+    )
+
+
+def _registered_again(c: Cluster, server: str, logs_before: int) -> bool:
+    return "action=started" in c.log(server)[logs_before:]
+
+
+def _check_adopted(
+    c: Cluster, victim: str, jobs: list[str], before: dict[str, dict[str, Any]], since: float
+) -> None:
+    for name in jobs:
+        now = c.job(name)
+        assert (now["state"], now["owner"], now["epoch"]) == (
+            "running",
+            victim,
+            before[name]["epoch"],
+        ), now
+        kinds = [e["kind"] for e in c.events(name) if e["at"].timestamp() >= since]
+        assert "adopted" in kinds, kinds
+        assert "claimed" not in kinds and "stopping" not in kinds, kinds
+        beats = _beats(c, name, since)
+        assert {b["pid"] for b in beats} == {before[name]["pid"]}, "the driver was replaced"
+        gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(beats)]
+        assert max(gaps, default=0.0) < LEASE_GUARD_S, gaps
+
+
+def _adopt_after(c: Cluster, stop_server: str) -> None:
+    start_cluster(c, ("s1", "s2"))
+    rows = start_running(c, JOBS)
+    victim, jobs = _victim_jobs(rows)
+    for name in jobs:  # "running" is recorded at the spawn: wait for the main itself
+        waiting.wait_until(lambda n=name: _beats(c, n, 0.0), 120, message=f"{name} beats")
+        rows[name]["pid"] = _beats(c, name, 0.0)[-1]["pid"]
+    since = time.time()
+    logs_before = len(c.log(victim))
+    if stop_server == "kill":
+        c.kill(victim)
+    else:
+        assert c.terminate(victim) == 0
+    c.start_server(victim)
+    waiting.wait_until(
+        lambda: _registered_again(c, victim, logs_before),
+        60,
+        interval=0.2,
+        message=f"{victim} did not register again",
+    )
+    # The coordinator retargeted the jobs when the old session went, and gives them back
+    # now that the id is a member again: wait until every target names the victim.
+    for name in jobs:
+        c.wait_job(name, lambda j: j["target"] == victim, 60, f"{name} targeted back")
+    _check_adopted(c, victim, jobs, rows, since)
+
+
+def test_a_server_restarted_after_kill_9_adopts_its_running_drivers(cluster: Cluster) -> None:
+    _adopt_after(cluster, "kill")
+
+
+def test_a_planned_restart_hands_its_leases_to_the_successor(cluster: Cluster) -> None:
+    cluster.env["SPARKRING_HANDOVER_WINDOW"] = "30"
+    _adopt_after(cluster, "terminate")
+
+
+def test_a_second_process_on_a_live_server_s_work_dir_is_refused(cluster: Cluster) -> None:
+    start_cluster(cluster, ("s1",))
+    start_running(cluster, ["w1"])
+    before = cluster.job("w1")
+    shared = str(cluster.server_dir("s1") / "work")
+    cluster.start_server("s1-twin", env={"SPARKRING_WORK_DIR": shared})
+    assert cluster.servers.pop("s1-twin").wait(timeout=60) == 78
+    assert "is in use by another sparkring server" in cluster.log("s1-twin")
+    after = cluster.job("w1")
+    assert (after["state"], after["owner"], after["epoch"]) == ("running", "s1", before["epoch"])
