@@ -46,7 +46,7 @@ from resource_center import cache as cache_module
 from resource_center import catalog, errors, store
 from scheduler import distribution, notify, states
 from scheduler import jobs as job_catalog
-from server import driver, metrics, watchdog
+from server import driver, metrics, reconcile, watchdog
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Run:
     claimed_at: float
     deadline: float  # lease-clock time the watchdog kills the driver unless confirmed
     owner: distribution.Owner  # this incarnation, or a previous one whose run ended here
-    phase: str = "starting"  # starting | running | stopping | ended
+    phase: reconcile.Phase = reconcile.Phase.STARTING
     driver: driver.Driver | None = None
     # How the run ended, not yet recorded in PostgreSQL (retried until it is).
     unrecorded: Callable[[sa.Connection], object] | None = None
@@ -234,7 +234,9 @@ class Runner:
             with self._lock:
                 if not self._runs:
                     return
-                running = [run for run in self._runs.values() if run.phase == "running"]
+                running = [
+                    run for run in self._runs.values() if run.phase is reconcile.Phase.RUNNING
+                ]
             # Runs still starting become running (or end) soon; stop them then.
             for run in running:
                 self._begin_stop(run, "server shutting down")
@@ -285,7 +287,7 @@ class Runner:
         lost: list[Run] = []
         with self._lock:
             for run in self._runs.values():
-                if run.phase == "ended" or run.owner != self.owner:
+                if run.phase is reconcile.Phase.ENDED or run.owner != self.owner:
                     continue  # its driver is gone; only its outcome is left to record
                 if renewed.get(run.job_id) == run.epoch:
                     run.deadline = deadline
@@ -325,80 +327,45 @@ class Runner:
                 log.exception("poll failed unexpectedly", extra={"action": "poll_failed"})
 
     def poll_once(self) -> float:
-        """Reconcile once. Returns how soon to look again: just after the earliest time a
-        job targeted here becomes claimable (a dead owner's lease expires, a backoff
-        ends), since nothing NOTIFYs those moments."""
+        """Reconcile once (the decisions are ``server/reconcile.decide``). Returns how
+        soon to look again: just after the earliest time a job targeted here becomes
+        claimable, or sooner while an outcome waits to be recorded."""
         cfg = self.config
         self._reap_ended()  # first: a driver's end is noticed even with PostgreSQL away
         with self.engine.connect() as conn:
             rows = {row.job_id: row for row in distribution.poll(conn, self.owner)}
-        wait = cfg.poll_interval
-        for job_id, run in self.runs().items():
-            row = rows.get(job_id)
-            if run.unrecorded is not None:
-                self._tasks.submit(self._record, run)
-                wait = min(wait, RECORD_RETRY_S)
-                continue
-            if run.phase != "running":
-                continue
-            if row is None or not self._holds(row, run.owner, run.epoch):
-                self._drop_lost(run, "the job is no longer ours")
-                continue
-            reason = self._stop_reason(row)
-            if reason:
-                self._begin_stop(run, reason)
-            elif row.state == states.RunState.STARTING:
-                self._tasks.submit(self._mark_running, run)  # its first record failed
-        for row in rows.values():
-            if row.job_id in self._runs:
-                continue
-            if row.owner == cfg.server and row.lease_expired is False:
-                if row.job_id not in self._orphans:
-                    self._orphans.add(row.job_id)
-                    self._tasks.submit(self._clean_orphan, row)
-            elif self._claimable(row):
-                self._claim(row)
-        due = [
-            row.due_in
-            for row in rows.values()
-            if row.target == cfg.server and row.due_in is not None and row.due_in > 0
-        ]
-        # Forget handled orphans once their rows moved on (released, expired, claimed).
-        self._orphans &= {
-            row.job_id for row in rows.values() if row.owner == cfg.server and not row.lease_expired
-        }
-        return min(min(due, default=wait) + DUE_SLACK_S, wait + DUE_SLACK_S)
-
-    @staticmethod
-    def _holds(row: distribution.Row, owner: distribution.Owner, epoch: int) -> bool:
-        return (row.owner, row.owner_incarnation, row.epoch) == (
-            owner.server,
-            owner.incarnation,
-            epoch,
+        runs = self.runs()
+        conditions = reconcile.Conditions(
+            me=self.owner,
+            capacity=cfg.capacity,
+            may_claim=self._registered.is_set() and self._claiming.is_set() and self._may_claim(),
+            may_migrate=watchdog.lease_clock() >= self._migrate_after,
         )
-
-    def _stop_reason(self, row: distribution.Row) -> str | None:
-        if row.desired != "running":
-            return "stop requested"
-        if row.job_generation != row.generation:
-            return "restart requested"
-        if row.target != self.config.server and watchdog.lease_clock() >= self._migrate_after:
-            return f"migrating to {row.target or 'no server'}"
-        return None
-
-    def _claimable(self, row: distribution.Row) -> bool:
-        if row.target != self.config.server or row.desired != "running":
-            return False
-        if not (self._registered.is_set() and self._claiming.is_set() and self._may_claim()):
-            return False
-        with self._lock:
-            if len(self._runs) >= self.config.capacity:
-                return False
-        if row.owner is None:
-            return row.state in states.CLAIMABLE and row.claimable_now
-        return bool(row.lease_expired)
-
-    # ------------------------------------------------------------------ claim + start
+        local = {
+            job_id: reconcile.LocalRun(
+                job_id, run.epoch, run.owner, run.phase, run.unrecorded is not None
+            )
+            for job_id, run in runs.items()
+        }
+        wait = cfg.poll_interval
+        for action in reconcile.decide(rows, local, conditions, self._orphans):
+            match action:
+                case reconcile.Record(job_id):
+                    self._tasks.submit(self._record, runs[job_id])
+                    wait = min(wait, RECORD_RETRY_S)
+                case reconcile.Drop(job_id, why):
+                    self._drop_lost(runs[job_id], why)
+                case reconcile.Stop(job_id, reason):
+                    self._begin_stop(runs[job_id], reason)
+                case reconcile.MarkRunning(job_id):
+                    self._tasks.submit(self._mark_running, runs[job_id])
+                case reconcile.HandleOrphan(job_id):
+                    self._orphans.add(job_id)
+                    self._tasks.submit(self._clean_orphan, rows[job_id])
+                case reconcile.Claim(job_id):
+                    self._claim(rows[job_id])
+        self._orphans &= reconcile.live_orphans(rows.values(), cfg.server)
+        return reconcile.next_look(rows.values(), cfg.server, wait) + DUE_SLACK_S
 
     def _claim(self, row: distribution.Row) -> None:
         cfg = self.config
@@ -482,7 +449,7 @@ class Runner:
         with self._lock:
             run.driver = handle
             run.driver.confirm(run.deadline)
-            run.phase = "running"
+            run.phase = reconcile.Phase.RUNNING
         log.info(
             "driver started",
             extra={"action": "driver_started", "job": run.name, "epoch": run.epoch},
@@ -516,7 +483,7 @@ class Runner:
 
     def _reap_ended(self) -> None:
         for run in self.runs().values():
-            if run.phase != "running" or run.driver is None:
+            if run.phase is not reconcile.Phase.RUNNING or run.driver is None:
                 continue
             outcome = run.driver.poll()
             if outcome is not None:
@@ -596,7 +563,7 @@ class Runner:
     def _end(self, run: Run, write: Callable[[sa.Connection], object]) -> None:
         """The run's driver is gone: keep its outcome until PostgreSQL records it."""
         with self._lock:
-            run.phase = "ended"
+            run.phase = reconcile.Phase.ENDED
             run.unrecorded = write
         self._record(run)
 
@@ -649,9 +616,9 @@ class Runner:
 
     def _begin_stop(self, run: Run, reason: str) -> None:
         with self._lock:
-            if run.phase != "running":
+            if run.phase is not reconcile.Phase.RUNNING:
                 return
-            run.phase = "stopping"
+            run.phase = reconcile.Phase.STOPPING
         try:
             with self.engine.begin() as conn:
                 distribution.begin_stop(conn, run.job_id, run.owner, run.epoch, reason)
@@ -697,7 +664,7 @@ class Runner:
             claimed_at=watchdog.lease_clock(),
             deadline=0.0,
             owner=previous,
-            phase="ended",
+            phase=reconcile.Phase.ENDED,
         )
         old = driver.adopt(path)
         if old is not None:
@@ -766,7 +733,7 @@ class Runner:
             claimed_at=watchdog.lease_clock(),
             deadline=deadline,
             owner=self.owner,
-            phase="stopping" if stopping else "running",
+            phase=reconcile.Phase.STOPPING if stopping else reconcile.Phase.RUNNING,
             driver=old,
         )
         with self._lock:

@@ -1,0 +1,201 @@
+"""The runner's decisions, as a pure function: what to do with each job this server sees.
+
+:func:`decide` takes the distribution rows targeted at or owned by this server (one
+poll), the local runs, and what the server may do now (:class:`Conditions`), and returns
+the actions the runner carries out (``server/runner.py``). No I/O, no clock, no threads:
+every branch is unit-tested without services (``tests/test_reconcile.py``), and
+``benchmarks/scale_sim.py`` drives simulated servers with the same function.
+
+A local run moves through :class:`Phase` (declared once, with its legal transitions in
+:data:`PHASE_TRANSITIONS`)::
+
+    starting -> running    the driver was spawned
+    starting -> ended      it could not be started (deferred, failed)
+    running  -> stopping   a stop, restart or migration began
+    running  -> ended      the driver exited, or its lease was lost
+    stopping -> ended      the driver stopped
+    ended                  its outcome waits to be recorded in PostgreSQL
+
+The decisions, per job, in order:
+
+- a run whose outcome is not recorded yet: :class:`Record` it (again);
+- a running run whose row no longer names this incarnation and epoch: :class:`Drop`
+  (kill the driver; the job is someone else's);
+- a running run whose job is wanted stopped, restarted (new generation) or targeted
+  elsewhere (once migrations are allowed): :class:`Stop` it, with the reason;
+- a running run whose row still says ``starting`` (that record failed):
+  :class:`MarkRunning` again;
+- a row with a live lease of this server id but no local run (a previous incarnation's,
+  or one this process gave up): :class:`HandleOrphan` (adopt it, record its outcome, or
+  leave it to expire: see the runner), once;
+- a row targeted here that is free (unowned and claimable, or its lease expired) while
+  this server is registered, claiming and below capacity: :class:`Claim`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from scheduler import distribution, states
+
+
+class Phase(StrEnum):
+    STARTING = "starting"  # claimed; the driver is being prepared and spawned
+    RUNNING = "running"  # the driver process runs under its watchdog
+    STOPPING = "stopping"  # the driver is being stopped (SIGTERM, grace, SIGKILL)
+    ENDED = "ended"  # the driver is gone; its outcome waits to be recorded
+
+
+# target phase -> the phases it may be entered from.
+PHASE_TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.RUNNING: frozenset({Phase.STARTING}),
+    Phase.STOPPING: frozenset({Phase.RUNNING}),
+    Phase.ENDED: frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING}),
+}
+
+
+def may_enter(current: Phase, target: Phase) -> bool:
+    return current in PHASE_TRANSITIONS.get(target, frozenset())
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """What the decisions need to know of one local run."""
+
+    job_id: int
+    epoch: int
+    owner: distribution.Owner
+    phase: Phase
+    unrecorded: bool  # its outcome is not recorded in PostgreSQL yet
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What this server may do now."""
+
+    me: distribution.Owner
+    capacity: int
+    may_claim: bool  # registered, claiming (not shutting down), not in safe mode
+    may_migrate: bool  # past the settle time after registering (adopted runs stay)
+
+
+@dataclass(frozen=True)
+class Record:
+    job_id: int
+
+
+@dataclass(frozen=True)
+class Drop:
+    job_id: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    job_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class MarkRunning:
+    job_id: int
+
+
+@dataclass(frozen=True)
+class HandleOrphan:
+    job_id: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    job_id: int
+
+
+Action = Record | Drop | Stop | MarkRunning | HandleOrphan | Claim
+
+
+def holds(row: distribution.Row, owner: distribution.Owner, epoch: int) -> bool:
+    """The row names this incarnation as owner at this epoch."""
+    return (row.owner, row.owner_incarnation, row.epoch) == (
+        owner.server,
+        owner.incarnation,
+        epoch,
+    )
+
+
+def stop_reason(row: distribution.Row, me: str, may_migrate: bool) -> str | None:
+    """Why a running driver of this row must stop, or None."""
+    if row.desired != states.Desired.RUNNING:
+        return "stop requested"
+    if row.job_generation != row.generation:
+        return "restart requested"
+    if row.target != me and may_migrate:
+        return f"migrating to {row.target or 'no server'}"
+    return None
+
+
+def claimable(row: distribution.Row, me: str) -> bool:
+    """The row is targeted here, wanted running and free to claim now."""
+    if row.target != me or row.desired != states.Desired.RUNNING:
+        return False
+    if row.owner is None:
+        return row.state in states.CLAIMABLE and row.claimable_now
+    return bool(row.lease_expired)
+
+
+def orphaned(row: distribution.Row, me: str) -> bool:
+    """A live lease of this server id (any incarnation) with no local run."""
+    return row.owner == me and row.lease_expired is False
+
+
+def decide(
+    rows: Mapping[int, distribution.Row],
+    runs: Mapping[int, LocalRun],
+    conditions: Conditions,
+    handled_orphans: Iterable[int] = (),
+) -> list[Action]:
+    """The actions for one poll (see the module docstring), in a stable order."""
+    me = conditions.me.server
+    actions: list[Action] = []
+    for job_id in sorted(runs):
+        run, row = runs[job_id], rows.get(job_id)
+        if run.unrecorded:
+            actions.append(Record(job_id))
+        elif run.phase is not Phase.RUNNING:
+            continue
+        elif row is None or not holds(row, run.owner, run.epoch):
+            actions.append(Drop(job_id, "the job is no longer ours"))
+        elif reason := stop_reason(row, me, conditions.may_migrate):
+            actions.append(Stop(job_id, reason))
+        elif row.state == states.RunState.STARTING:
+            actions.append(MarkRunning(job_id))
+    handled = set(handled_orphans)
+    room = conditions.capacity - len(runs)
+    for job_id in sorted(rows):
+        row = rows[job_id]
+        if job_id in runs:
+            continue
+        if orphaned(row, me):
+            if job_id not in handled:
+                actions.append(HandleOrphan(job_id))
+        elif conditions.may_claim and room > 0 and claimable(row, me):
+            actions.append(Claim(job_id))
+            room -= 1
+    return actions
+
+
+def next_look(rows: Iterable[distribution.Row], me: str, default: float) -> float:
+    """Seconds until a job targeted here may become claimable by time alone (another
+    owner's lease expires, a backoff ends), else ``default``: nothing NOTIFYs those."""
+    due = [
+        row.due_in for row in rows if row.target == me and row.due_in is not None and row.due_in > 0
+    ]
+    return min(min(due, default=default), default)
+
+
+def live_orphans(rows: Iterable[distribution.Row], me: str) -> set[int]:
+    """Jobs whose rows still hold a live lease of this server id (orphans stay handled
+    until their rows move on: released, expired or claimed)."""
+    return {row.job_id for row in rows if orphaned(row, me)}

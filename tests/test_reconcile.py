@@ -1,0 +1,257 @@
+"""The runner's decisions (server/reconcile.py), every branch, without services."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler import distribution
+from scheduler.states import OWNED, RunState
+from server import reconcile
+from server.reconcile import Phase
+
+ME = distribution.Owner("s1", "now")
+BEFORE = distribution.Owner("s1", "before")  # the previous incarnation of s1
+
+
+def row(job_id: int = 1, **changes: object) -> distribution.Row:
+    base = distribution.Row(
+        job_id=job_id,
+        name=f"j{job_id}",
+        kind="streaming",
+        desired="running",
+        job_generation=1,
+        max_restarts=3,
+        target="s1",
+        owner=None,
+        owner_incarnation=None,
+        epoch=0,
+        state=RunState.PENDING,
+        generation=1,
+        restarts=0,
+        lease_expired=False,
+        claimable_now=True,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def mine(job_id: int = 1, epoch: int = 3, **changes: object) -> distribution.Row:
+    """A row this incarnation owns and runs."""
+    values = {
+        "owner": ME.server,
+        "owner_incarnation": ME.incarnation,
+        "epoch": epoch,
+        "state": RunState.RUNNING,
+        **changes,
+    }
+    return row(job_id, **values)
+
+
+def run(job_id: int = 1, epoch: int = 3, **changes: object) -> reconcile.LocalRun:
+    base = reconcile.LocalRun(job_id, epoch, ME, Phase.RUNNING, unrecorded=False)
+    return dataclasses.replace(base, **changes)
+
+
+def decide(
+    rows: list[distribution.Row],
+    runs: list[reconcile.LocalRun] = (),  # type: ignore[assignment]
+    *,
+    capacity: int = 4,
+    may_claim: bool = True,
+    may_migrate: bool = True,
+    handled: tuple[int, ...] = (),
+) -> list[reconcile.Action]:
+    return reconcile.decide(
+        {r.job_id: r for r in rows},
+        {r.job_id: r for r in runs},
+        reconcile.Conditions(ME, capacity, may_claim=may_claim, may_migrate=may_migrate),
+        handled,
+    )
+
+
+# ------------------------------------------------------------------ local runs
+
+
+def test_an_unrecorded_outcome_is_recorded_again_whatever_the_row_says() -> None:
+    ended = run(phase=Phase.ENDED, unrecorded=True)
+    assert decide([mine()], [ended]) == [reconcile.Record(1)]
+    assert decide([], [ended]) == [reconcile.Record(1)]  # PostgreSQL shows nothing
+
+
+def test_a_running_run_whose_row_moved_on_is_dropped() -> None:
+    taken = mine(epoch=4, owner="s2", owner_incarnation="x")
+    assert decide([taken], [run()]) == [reconcile.Drop(1, "the job is no longer ours")]
+    assert decide([], [run()]) == [reconcile.Drop(1, "the job is no longer ours")]
+    other_incarnation = mine(owner_incarnation="someone-else")
+    assert decide([other_incarnation], [run()])[0] == reconcile.Drop(1, "the job is no longer ours")
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"desired": "stopped"}, "stop requested"),
+        ({"job_generation": 2}, "restart requested"),
+        ({"target": "s2"}, "migrating to s2"),
+        ({"target": None}, "migrating to no server"),
+    ],
+)
+def test_a_running_run_is_stopped_for_stop_restart_or_migration(
+    changes: dict[str, object], reason: str
+) -> None:
+    assert decide([mine(**changes)], [run()]) == [reconcile.Stop(1, reason)]
+
+
+def test_no_migration_before_the_settle_time_but_stops_still_apply() -> None:
+    moved = mine(target="s2")
+    assert decide([moved], [run()], may_migrate=False) == []
+    stopped = mine(target="s2", desired="stopped")
+    assert decide([stopped], [run()], may_migrate=False) == [reconcile.Stop(1, "stop requested")]
+
+
+def test_a_running_run_still_recorded_as_starting_is_marked_running_again() -> None:
+    assert decide([mine(state=RunState.STARTING)], [run()]) == [reconcile.MarkRunning(1)]
+
+
+def test_runs_starting_or_stopping_are_left_to_their_tasks() -> None:
+    for phase in (Phase.STARTING, Phase.STOPPING):
+        assert decide([mine(desired="stopped")], [run(phase=phase)]) == []
+
+
+def test_a_healthy_run_needs_nothing() -> None:
+    assert decide([mine()], [run()]) == []
+
+
+# ------------------------------------------------------------------ rows without a run
+
+
+def test_a_live_lease_of_this_server_id_without_a_run_is_an_orphan_handled_once() -> None:
+    left = row(owner="s1", owner_incarnation=BEFORE.incarnation, epoch=2, state=RunState.RUNNING)
+    assert decide([left]) == [reconcile.HandleOrphan(1)]
+    assert decide([left], handled=(1,)) == []
+    # Even when not targeted here, and even while claims are not allowed (adoption
+    # happens before registration: its proof is local).
+    assert decide([dataclasses.replace(left, target="s2")], may_claim=False) == [
+        reconcile.HandleOrphan(1)
+    ]
+
+
+def test_an_expired_lease_is_no_orphan_but_claimable_when_targeted_here() -> None:
+    expired = row(
+        owner="s1",
+        owner_incarnation=BEFORE.incarnation,
+        epoch=2,
+        state=RunState.RUNNING,
+        lease_expired=True,
+    )
+    assert decide([expired]) == [reconcile.Claim(1)]
+    assert decide([dataclasses.replace(expired, target="s2")]) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "claims"),
+    [
+        ({}, True),
+        ({"state": RunState.BACKOFF}, True),
+        ({"state": RunState.BACKOFF, "claimable_now": False}, False),
+        ({"state": RunState.STOPPED}, False),
+        ({"state": RunState.FINISHED}, False),
+        ({"state": RunState.FAILED}, False),
+        ({"desired": "stopped"}, False),
+        ({"target": "s2"}, False),
+        ({"target": None}, False),
+        ({"owner": "s2", "owner_incarnation": "x", "state": RunState.RUNNING}, False),
+        (
+            {
+                "owner": "s2",
+                "owner_incarnation": "x",
+                "state": RunState.RUNNING,
+                "lease_expired": True,
+            },
+            True,
+        ),
+    ],
+)
+def test_claims_only_free_rows_targeted_here(changes: dict[str, object], claims: bool) -> None:
+    assert (decide([row(**changes)]) == [reconcile.Claim(1)]) is claims
+
+
+def test_no_claim_unless_allowed() -> None:
+    assert decide([row()], may_claim=False) == []
+
+
+def test_claims_stop_at_capacity_counting_local_runs() -> None:
+    free = [row(job_id) for job_id in range(10, 15)]
+    assert decide(free, capacity=3) == [
+        reconcile.Claim(10),
+        reconcile.Claim(11),
+        reconcile.Claim(12),
+    ]
+    running = [mine(job_id) for job_id in (1, 2)]
+    runs = [run(job_id) for job_id in (1, 2)]
+    assert decide(running + free, runs, capacity=3) == [reconcile.Claim(10)]
+
+
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "state": st.sampled_from(list(RunState)),
+                "desired": st.sampled_from(["running", "stopped"]),
+                "target": st.sampled_from(["s1", "s2", None]),
+                "owner": st.sampled_from([None, "s1", "s2"]),
+                "lease_expired": st.booleans(),
+                "claimable_now": st.booleans(),
+            }
+        ),
+        max_size=12,
+    ),
+    st.integers(min_value=0, max_value=6),
+)
+def test_never_more_claims_than_room_and_never_a_job_twice(
+    specs: list[dict[str, object]], capacity: int
+) -> None:
+    rows = []
+    for job_id, spec in enumerate(specs, start=1):
+        owned = spec["owner"] is not None
+        values = {
+            **spec,
+            # Only the owned states have an owner (the protocol never leaves another).
+            "state": spec["state"] if not owned or spec["state"] in OWNED else RunState.RUNNING,
+            "owner_incarnation": "someone" if owned else None,
+            "lease_expired": bool(spec["lease_expired"]) and owned,
+        }
+        rows.append(row(job_id, **values))
+    actions = decide(rows, capacity=capacity)
+    claims = [a for a in actions if isinstance(a, reconcile.Claim)]
+    assert len(claims) <= capacity
+    assert len({a.job_id for a in actions}) == len(actions)
+    for claim in claims:
+        claimed = rows[claim.job_id - 1]
+        assert claimed.target == "s1" and claimed.desired == "running"
+        assert claimed.state not in (RunState.FINISHED, RunState.FAILED, RunState.STOPPED)
+
+
+# ------------------------------------------------------------------ phases and timing
+
+
+def test_phase_transitions_are_declared_once() -> None:
+    assert reconcile.may_enter(Phase.STARTING, Phase.RUNNING)
+    assert reconcile.may_enter(Phase.RUNNING, Phase.STOPPING)
+    assert reconcile.may_enter(Phase.STOPPING, Phase.ENDED)
+    assert not reconcile.may_enter(Phase.ENDED, Phase.RUNNING)
+    assert not reconcile.may_enter(Phase.STOPPING, Phase.RUNNING)
+
+
+def test_next_look_is_the_earliest_due_row_targeted_here() -> None:
+    rows = [
+        row(1, due_in=3.0),
+        row(2, due_in=0.7),
+        row(3, target="s2", due_in=0.1),  # not ours to claim
+        row(4, due_in=-1.0),  # already due: the claim was tried now
+    ]
+    assert reconcile.next_look(rows, "s1", default=2.0) == 0.7
+    assert reconcile.next_look([], "s1", default=2.0) == 2.0
+    assert reconcile.next_look([row(1, due_in=9.0)], "s1", default=2.0) == 2.0
