@@ -60,7 +60,7 @@ def test_a_fourth_server_takes_about_a_quarter_and_nothing_moves_between_the_fir
     assert {owner for owner, _ in before.values()} <= set(helpers.SERVERS)
 
     cluster.start_server("s4", capacity=4)
-    cluster.wait_members(4)
+    cluster.wait_members(4, timeout=120)
 
     def joiner_has_its_share() -> bool:
         owners = [cluster.job(name) for name in names]
