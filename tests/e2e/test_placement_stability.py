@@ -7,6 +7,7 @@ the proof that it stayed put.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tests import waiting
@@ -75,7 +76,32 @@ def test_a_fourth_server_takes_about_a_quarter_and_nothing_moves_between_the_fir
     )
     after = _snapshot(cluster, names)
     moved = {name for name in names if after[name] != before[name]}
+    stayed = sorted(set(names) - moved)
+    explained = json.loads(cluster.cli("ring", "explain", stayed[0], "--json").stdout)
+    assert explained["decision"] == "kept" and explained["target"] == after[stayed[0]][0]
+    dry = json.loads(cluster.cli("ring", "rebalance", "--dry-run", "--json").stdout)
+    assert dry["dry_run"] is True and dry["applied"] is None
+    assert {m["kind"] for m in dry["moves"]} <= {"streaming"}
+    assert _snapshot(cluster, names) == after  # a dry run changes nothing
     # Every job that moved went to the joiner; none moved between s1, s2 and s3.
     assert all(after[name][0] == "s4" for name in moved), (before, after)
     # About a quarter of 8: the ideal is 2; bounded loads allow up to ceil(1.05 * 8 / 4).
     assert 1 <= len(moved) <= 3, (before, after)
+
+
+def test_a_full_cluster_keeps_the_running_job_and_queues_the_new_one(cluster: Cluster) -> None:
+    helpers.start_cluster(cluster, servers=("s1",), capacity=1)
+    first = helpers.start_running(cluster, ["first"], timeout=TIMEOUT)["first"]
+    helpers.heartbeat_job(cluster, "second")
+    started = cluster.cli("job", "start", "second").stdout
+    assert "pending: cluster full" in started, started
+    second = cluster.wait_job(
+        "second", lambda j: (j["pending_reason"] or "").startswith("cluster full"), 30, "queued"
+    )
+    assert second["target"] is None
+    assert (cluster.job("first")["owner"], cluster.job("first")["epoch"]) == (
+        first["owner"],
+        first["epoch"],
+    )
+    cluster.cli("job", "stop", "first")
+    cluster.wait_job("second", helpers.running, TIMEOUT, "second runs once first stopped")
