@@ -8,8 +8,10 @@ the proof that it stayed put.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
+from scheduler import jobs as job_catalog
 from tests import waiting
 from tests.cluster import Cluster
 from tests.e2e import helpers
@@ -105,3 +107,31 @@ def test_a_full_cluster_keeps_the_running_job_and_queues_the_new_one(cluster: Cl
     )
     cluster.cli("job", "stop", "first")
     cluster.wait_job("second", helpers.running, TIMEOUT, "second runs once first stopped")
+
+
+def test_servers_starting_a_second_apart_claim_every_job_exactly_once(cluster: Cluster) -> None:
+    """Cluster start: s1, s2, s3 start 1 s apart; 6 jobs are started at once, right after
+    the first server. No job may hop while membership settles (one claim each)."""
+    names = [f"boot-{i}" for i in range(6)]
+    for name in names:
+        helpers.heartbeat_job(cluster, name)
+    for number, sid in enumerate(helpers.SERVERS):
+        if number:
+            time.sleep(1)  # the scenario's spacing, not a synchronisation
+        cluster.start_server(sid, capacity=4)
+    waiting.wait_until(
+        lambda: json.loads(cluster.cli("server", "list", "--json").stdout),
+        120,
+        interval=0.2,
+        message="a first live server",
+    )
+    with cluster.engine.begin() as conn:  # "at once": one transaction
+        for name in names:
+            job_catalog.start(conn, name)
+    cluster.wait_members(3, timeout=120)
+    for name in names:
+        cluster.wait_job(name, helpers.running, TIMEOUT, f"{name} running")
+    claims = {name: [e for e in cluster.events(name) if e["kind"] == "claimed"] for name in names}
+    assert {name: len(found) for name, found in claims.items()} == dict.fromkeys(names, 1)
+    owners = {cluster.job(name)["owner"] for name in names}
+    assert len(owners) >= 2, "the jobs should spread over the servers once they settled"
