@@ -120,7 +120,10 @@ def test_servers_starting_a_second_apart_claim_every_job_exactly_once(cluster: C
             time.sleep(1)  # the scenario's spacing, not a synchronisation
         cluster.start_server(sid, capacity=4)
     waiting.wait_until(
-        lambda: json.loads(cluster.cli("server", "list", "--json").stdout),
+        lambda: (
+            (found := cluster.cli("server", "list", "--json", check=False)).returncode == 0
+            and json.loads(found.stdout)
+        ),
         120,
         interval=0.2,
         message="a first live server",
