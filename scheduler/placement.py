@@ -277,8 +277,10 @@ def stick(
        a server has more such jobs than its capacity, it keeps batch jobs before
        streaming ones, then earlier start requests, then names; the rest are shed.
     2. Each streaming job whose ideal target (:func:`place` over every job and server)
-       is one of ``joined`` moves there, while that server is below its bound. Nothing
-       moves between other servers; batch jobs never move for balance.
+       is one of ``joined`` moves there, while that server is below its bound; if that
+       leaves the joiner below its fair share ``floor(K / N)`` (few jobs per server),
+       it also takes streaming jobs from the most loaded servers. Nothing moves
+       between other servers; batch jobs never move for balance.
     3. With ``rebalance`` (the operator's explicit request), every streaming job is
        placed again from scratch around the batch jobs, which stay.
     4. The remaining jobs (new, orphaned, shed) are placed by the bounded-load walk on
@@ -338,6 +340,7 @@ def stick(
                 load[targets[name]] -= 1
                 load[to] += 1
                 targets[name], why[name] = to, Why.JOINED
+        _top_up(joiners, targets, why, load, bound, infos, len(names), len(usable))
 
     pending: dict[str, str] = {}
     if hold_new is not None:
@@ -353,12 +356,12 @@ def stick(
     # First up to each server's bound, then (only if that is short) up to its capacity.
     room = {s: max(0, min(bound[s], usable[s]) - load[s]) for s in usable}
     placed, _ = _walk(admitted, the_ring, room)
-    for name, server in placed.items():
+    for server in placed.values():
         load[server] += 1
     rest = [name for name in admitted if name not in placed]
     if rest:
         more, _ = _walk(rest, the_ring, {s: usable[s] - load[s] for s in usable})
-        for name, server in more.items():
+        for server in more.values():
             load[server] += 1
         placed.update(more)
     for name, server in placed.items():
@@ -376,6 +379,46 @@ def stick(
         why=dict(sorted(why.items())),
         ideal=ideal,
     )
+
+
+def _top_up(
+    joiners: set[str],
+    targets: dict[str, str],
+    why: dict[str, Why],
+    load: dict[str, int],
+    bound: Mapping[str, int],
+    infos: Mapping[str, Job],
+    jobs: int,
+    servers: int,
+) -> None:
+    """Give each joiner at least its fair share ``floor(K / N)`` (within its bound).
+
+    With few jobs per server the ring's arcs are uneven and the jobs whose ideal target
+    is the joiner can be far fewer than its share (8 jobs on 4 servers: none at all for
+    one name set in ten). The joiner then also takes kept streaming jobs from the most
+    loaded servers, while they hold at least two more than it: from each, the job
+    nearest to the joiner on the ring. Still only moves *to* a joiner.
+    """
+    for joiner in sorted(joiners):
+        share = min(jobs // servers, bound[joiner])
+        near = ring.build([joiner], 1)
+        movable: dict[str, list[tuple[int, str]]] = {}
+        for name, server in targets.items():
+            if server not in joiners and why.get(name) == Why.KEPT and infos[name].streaming:
+                at = ring.position(name)
+                gap = ring.distance(at, near.points[ring.successor(near, at)])
+                movable.setdefault(server, []).append((gap, name))
+        for candidates in movable.values():
+            candidates.sort(reverse=True)  # nearest last: pop() takes it
+        while load[joiner] < share:
+            donors = [s for s in movable if movable[s] and load[s] >= load[joiner] + 2]
+            if not donors:
+                break
+            donor = max(donors, key=lambda s: (load[s], s))
+            _, name = movable[donor].pop()
+            load[donor] -= 1
+            load[joiner] += 1
+            targets[name], why[name] = joiner, Why.JOINED
 
 
 def _job(name: str, job: object) -> Job:
