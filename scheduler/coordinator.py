@@ -1,4 +1,4 @@
-"""The coordinator: recomputes job targets and writes the ones that changed.
+"""The coordinator: decides job targets and writes the ones that changed.
 
 One server at a time is coordinator, elected through ZooKeeper with a *term* that only
 grows (``registry``). Before its first write it records that term in the one-row
@@ -6,15 +6,33 @@ grows (``registry``). Before its first write it records that term in the one-row
 term, so a deposed coordinator (a newer term was recorded) writes nothing: PostgreSQL
 rejects it with :class:`DeposedError`.
 
-A rebalance is idempotent and resumable: it reads every job's current target, computes
-the placement from scratch (``scheduler/placement.py``) and writes only the rows whose
-target or pending reason differ, in one transaction with a new ring generation. A
-coordinator that dies halfway commits nothing; the next one recomputes the same answer.
-Targets are the only thing it writes (plus reaping departed owners' expired leases):
-owners and epochs belong to the servers.
+A rebalance is idempotent and resumable: it reads every job's current target and owner,
+computes a *sticky* placement (``placement.stick``: a job stays where it is unless its
+server left, drains or lost capacity, or a server joined and the streaming job belongs
+to it) and writes only the rows whose target or pending reason differ, in one
+transaction with a new ring generation. A coordinator that dies halfway commits
+nothing; the next one recomputes the same answer. Targets are the only thing it writes
+about jobs (plus reaping departed owners' expired leases): owners and epochs belong to
+the servers.
+
+Membership memory lives in PostgreSQL (``ring_members``), so a new coordinator after a
+failover tells joiners from known servers exactly as the old one did:
+
+    unknown -> member (settling)   first seen placeable; joined_at = now()
+    settling -> settled            joined_at + settle window passed: the streaming jobs
+                                   whose ideal target it is move to it, in that rebalance
+    member -> left                 no longer placeable (left, drained, capacity 0):
+                                   left_at = now(); its jobs are placed elsewhere at once
+    left -> member (unchanged)     back within the settle window: a flap, nothing moves
+    left -> member (settling)      back later: a fresh join
+
+While any member is settling, *new* jobs wait (orphaned jobs never wait), so that
+servers starting seconds apart do not make a job hop. ``sparkring ring rebalance`` sets
+``coordinator.rebalance_requested_at``; the next rebalance moves every streaming job to
+a freshly balanced target and clears it.
 
 :class:`CoordinatorLoop` runs rebalances on a named thread, woken by membership or job
-changes (debounced) and by a periodic timer as a fallback.
+changes (debounced), when a settle window ends, and by a periodic timer as a fallback.
 """
 
 from __future__ import annotations
@@ -67,11 +85,16 @@ def _fence(conn: sa.Connection, term: int) -> None:
 
 
 def job_rows(conn: sa.Connection) -> list[sa.Row]:
-    """Every job with what placement needs: name, desired, state, target, owner."""
+    """Every job with what placement needs: name, kind, desired, state, target, owner, and
+    its start request time (``jobs.updated_at``, set by the start command) for FIFO."""
     return conn.execute(
         sa.text(
             """
-            SELECT d.job_id, j.name, j.desired, d.state, d.target, d.owner, d.pending_reason
+            SELECT d.job_id, j.name, j.kind, j.desired, d.state, d.target, d.owner,
+                   d.pending_reason,
+                   CAST(EXTRACT(EPOCH FROM d.lease_until - now()) AS double precision)
+                       AS lease_left,
+                   CAST(EXTRACT(EPOCH FROM j.updated_at) AS double precision) AS queued_at
               FROM distribution d JOIN jobs j ON j.id = d.job_id
             """
         )
@@ -90,6 +113,111 @@ def placeable(conn: sa.Connection, servers: Mapping[str, int]) -> dict[str, int]
     return {sid: cap for sid, cap in servers.items() if cap > 0 and sid not in drained}
 
 
+def current(row: sa.Row, usable: Mapping[str, int]) -> str | None:
+    """Where a job is now: its target while that is placeable (a move already decided
+    stands), else its owner while that is placeable (it still runs there), else the
+    target or owner it had (gone: the job is orphaned), else None (a new job)."""
+    for server in (row.target, row.owner):
+        if server is not None and server in usable:
+            return server
+    return row.target or row.owner
+
+
+def held(rows: Iterable[sa.Row], live: Iterable[str]) -> dict[str, float]:
+    """Jobs whose owner left the registry but still holds a live lease: job -> seconds
+    until that lease expires. Their targets are left as they are until then.
+
+    The owner may be a server restarting on the same host, whose successor adopts the
+    running drivers and renews their leases (``server/runner.py``): retargeting its jobs
+    when its old ZooKeeper session expires would make the successor migrate drivers it
+    just adopted. Nobody else could claim them before the lease expires anyway, so
+    holding the target costs a crashed server's failover nothing but the wake-up of the
+    coordinator at the expiry (``Rebalance.held_due``)."""
+    alive = set(live)
+    return {
+        r.name: r.lease_left
+        for r in rows
+        if r.owner is not None
+        and r.owner not in alive
+        and r.lease_left is not None
+        and r.lease_left > 0
+        and r.state in states.OWNED
+    }
+
+
+@dataclass(frozen=True)
+class Members:
+    """The coordinator's view of membership for one rebalance."""
+
+    joined: tuple[str, ...]  # settle window over, join not yet acted on: take jobs now
+    settling: tuple[str, ...]  # joined less than a settle window ago
+    due_in: float | None  # seconds until the first settling member's window ends
+
+
+def members(conn: sa.Connection, usable: Iterable[str], settle: float) -> Members:
+    """Record arrivals and departures of placeable servers in ``ring_members``.
+
+    Must run after :func:`_fence` (the coordinator row lock serialises coordinators).
+    """
+    live = sorted(set(usable))
+    params = {"live": live, "settle": settle}
+    conn.execute(
+        sa.text(
+            "UPDATE ring_members SET left_at = now() "
+            "WHERE left_at IS NULL AND NOT (server = ANY(:live))"
+        ),
+        params,
+    )
+    conn.execute(
+        sa.text(
+            """
+            INSERT INTO ring_members (server)
+            SELECT unnest(CAST(:live AS text[]))
+            ON CONFLICT (server) DO UPDATE
+               SET joined_at = CASE
+                       WHEN ring_members.left_at < now() - make_interval(secs => :settle)
+                       THEN now() ELSE ring_members.joined_at END,
+                   settled = ring_members.settled AND NOT (
+                       ring_members.left_at < now() - make_interval(secs => :settle)),
+                   left_at = NULL
+             WHERE ring_members.left_at IS NOT NULL
+            """
+        ),
+        params,
+    )
+    rows = conn.execute(
+        sa.text(
+            """
+            SELECT server, CAST(EXTRACT(EPOCH FROM joined_at
+                       + make_interval(secs => :settle) - now()) AS double precision) AS due_in
+              FROM ring_members
+             WHERE server = ANY(:live) AND NOT settled
+             ORDER BY server
+            """
+        ),
+        params,
+    ).all()
+    joined = tuple(r.server for r in rows if r.due_in <= 0)
+    settling = tuple(r.server for r in rows if r.due_in > 0)
+    due = min((r.due_in for r in rows if r.due_in > 0), default=None)
+    return Members(joined=joined, settling=settling, due_in=due)
+
+
+def settling_reason(settling: Iterable[str], settle: float) -> str:
+    names = sorted(settling)
+    return (
+        f"membership settling: new jobs wait until {', '.join(names)} "
+        f"{'has' if len(names) == 1 else 'have'} been up for the settle window ({settle:g} s)"
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    rows: list[sa.Row]  # the jobs placed (those held by a departed owner left out)
+    placement: placement.Sticky
+    held: dict[str, float]  # job -> seconds until its departed owner's lease expires
+
+
 @dataclass(frozen=True)
 class Rebalance:
     ring_generation: int | None  # None when nothing changed
@@ -97,6 +225,9 @@ class Rebalance:
     active: int
     pending: int
     seconds: float
+    moved: int = 0  # jobs whose target changed from one server to another
+    settle_due: float | None = None  # seconds until a settling member's window ends
+    held_due: float | None = None  # seconds until a departed owner's live lease expires
 
 
 _UPDATE_TARGETS = sa.text(
@@ -113,11 +244,55 @@ _RETARGET_EVENTS = sa.text(
     """
     INSERT INTO job_events (job_id, job_name, kind, server, detail)
     SELECT v.job_id, v.name, 'retargeted', :server,
-           jsonb_build_object('from', v.old, 'to', v.new, 'ring_generation', :generation)
+           jsonb_build_object('from', v.old, 'to', v.new, 'ring_generation', :generation,
+                              'why', v.why)
       FROM unnest(CAST(:job_ids AS bigint[]), CAST(:names AS text[]),
-                  CAST(:olds AS text[]), CAST(:news AS text[])) AS v(job_id, name, old, new)
+                  CAST(:olds AS text[]), CAST(:news AS text[]), CAST(:whys AS text[]))
+           AS v(job_id, name, old, new, why)
     """
 )
+
+
+def plan(
+    conn: sa.Connection,
+    servers: Mapping[str, int],
+    *,
+    epsilon: float,
+    vnodes: int,
+    joined: Iterable[str] = (),
+    hold_new: str | None = None,
+    full: bool = False,
+) -> Plan:
+    """The job rows and their sticky placement on the live ``servers``; reads only.
+
+    ``full`` is the operator's explicit rebalance (every streaming job placed afresh).
+    ``sparkring ring rebalance --dry-run`` and ``ring explain`` call this too. Jobs
+    :func:`held` by a departed owner's live lease are left out (their targets stay).
+    """
+    usable = placeable(conn, servers)
+    rows = job_rows(conn)
+    keep = held(rows, servers)
+    rows = [r for r in rows if r.name not in keep]
+    wanted = set(active_jobs(rows))
+    jobs = {
+        r.name: placement.Job(
+            current=current(r, usable),
+            streaming=r.kind == states.JobKind.STREAMING,
+            queued_at=r.queued_at,
+        )
+        for r in rows
+        if r.name in wanted
+    }
+    result = placement.stick(
+        jobs,
+        usable,
+        joined=joined,
+        hold_new=hold_new,
+        rebalance=full,
+        epsilon=epsilon,
+        vnodes=vnodes,
+    )
+    return Plan(rows, result, keep)
 
 
 def rebalance(
@@ -128,26 +303,46 @@ def rebalance(
     *,
     epsilon: float,
     vnodes: int,
+    settle: float = 0.0,
 ) -> Rebalance:
-    """Recompute every target for the live ``servers`` (id -> capacity) and write changes.
+    """Decide every target for the live ``servers`` (id -> capacity) and write changes.
 
-    Jobs wanted running and not finished or failed are placed; the others get no
-    target. Must run inside a transaction; raises :class:`DeposedError` when ``term`` is
-    no longer the recorded one.
+    Jobs wanted running and not finished or failed are placed (sticky: see the module
+    docstring); the others get no target. ``settle`` is the settle window in seconds.
+    Must run inside a transaction; raises :class:`DeposedError` when ``term`` is no
+    longer the recorded one.
     """
     started = time.perf_counter()
     _fence(conn, term)
-    rows = job_rows(conn)
-    active = active_jobs(rows)
-    plan = placement.place(active, placeable(conn, servers), epsilon=epsilon, vnodes=vnodes)
-    wanted = set(active)
+    view = members(conn, placeable(conn, servers), settle)
+    full = conn.execute(
+        sa.text("SELECT rebalance_requested_at IS NOT NULL FROM coordinator WHERE id = 1")
+    ).scalar_one()
+    planned = plan(
+        conn,
+        servers,
+        epsilon=epsilon,
+        vnodes=vnodes,
+        joined=view.joined,
+        hold_new=settling_reason(view.settling, settle) if view.settling else None,
+        full=full,
+    )
+    rows, result = planned.rows, planned.placement
     changes = []
     for r in rows:
-        target = plan.targets.get(r.name) if r.name in wanted else None
-        reason = plan.pending.get(r.name) if r.name in wanted else None
+        target = result.targets.get(r.name)
+        reason = result.pending.get(r.name)
         if (target, reason) != (r.target, r.pending_reason):
             changes.append((r, target, reason))
+    if view.joined:
+        conn.execute(
+            sa.text("UPDATE ring_members SET settled = true WHERE server = ANY(:joined)"),
+            {"joined": list(view.joined)},
+        )
+    if full:
+        conn.execute(sa.text("UPDATE coordinator SET rebalance_requested_at = NULL WHERE id = 1"))
     generation = None
+    moved = [(r, t) for r, t, _ in changes if t != r.target]
     if changes:
         generation = conn.execute(
             sa.text(
@@ -164,7 +359,6 @@ def rebalance(
                 "reasons": [reason for _, _, reason in changes],
             },
         )
-        moved = [(r, t) for r, t, _ in changes if t != r.target]
         if moved:
             conn.execute(
                 _RETARGET_EVENTS,
@@ -175,15 +369,34 @@ def rebalance(
                     "names": [r.name for r, _ in moved],
                     "olds": [r.target for r, _ in moved],
                     "news": [t for _, t in moved],
+                    "whys": [str(result.why.get(r.name, "not wanted running")) for r, _ in moved],
                 },
             )
         notify.notify(conn, notify.TARGETS_CHANNEL, str(generation))
     return Rebalance(
         ring_generation=generation,
         changed=len(changes),
-        active=len(active),
-        pending=len(plan.pending),
+        active=len(result.targets) + len(result.pending),
+        pending=len(result.pending),
         seconds=time.perf_counter() - started,
+        moved=sum(1 for r, t in moved if r.target is not None and t is not None),
+        settle_due=view.due_in,
+        held_due=min(planned.held.values(), default=None),
+    )
+
+
+def request_rebalance(conn: sa.Connection) -> None:
+    """Ask the coordinator for a full rebalance (``sparkring ring rebalance``)."""
+    conn.execute(sa.text("UPDATE coordinator SET rebalance_requested_at = now() WHERE id = 1"))
+    notify.notify(conn, notify.JOBS_CHANNEL, "rebalance")
+
+
+def rebalance_pending(conn: sa.Connection) -> bool:
+    """Whether a requested full rebalance has not been carried out yet."""
+    return bool(
+        conn.execute(
+            sa.text("SELECT rebalance_requested_at IS NOT NULL FROM coordinator WHERE id = 1")
+        ).scalar_one()
     )
 
 
@@ -208,6 +421,7 @@ class CoordinatorLoop:
         vnodes: int,
         debounce: float,
         interval: float,
+        settle: float = 0.0,
         on_deposed: Callable[[], None] = lambda: None,
         on_rebalance: Callable[[Rebalance], None] = lambda _: None,
     ) -> None:
@@ -220,6 +434,8 @@ class CoordinatorLoop:
         self._vnodes = vnodes
         self._debounce = debounce
         self._interval = interval
+        self._settle = settle
+        self._next_wait = interval
         self._on_deposed = on_deposed
         self._on_rebalance = on_rebalance
         self._wake = threading.Event()
@@ -278,7 +494,7 @@ class CoordinatorLoop:
                 self._stop.wait(retry)
                 retry = min(retry * 2, 5.0)
                 continue
-            self._wake.wait(self._interval)
+            self._wake.wait(self._next_wait)
             if self._stop.is_set():
                 return
             # Debounce: let a burst of membership or job changes settle into one pass.
@@ -296,7 +512,14 @@ class CoordinatorLoop:
                 self._servers(),
                 epsilon=self._epsilon,
                 vnodes=self._vnodes,
+                settle=self._settle,
             )
+        # Look again as soon as a settle window ends: a joiner then takes its jobs and
+        # held new jobs are placed.
+        # ... and as soon as a departed owner's lease expires: its jobs fail over then.
+        dues = [d for d in (result.settle_due, result.held_due) if d is not None]
+        due = min(dues, default=None)
+        self._next_wait = self._interval if due is None else min(self._interval, due + 0.05)
         with self.engine.begin() as conn:
             _fence(conn, self.term)
             reaped = distribution.reap(conn, self._live(), self.server)
@@ -308,6 +531,7 @@ class CoordinatorLoop:
                     "term": self.term,
                     "ring_generation": result.ring_generation,
                     "changed": result.changed,
+                    "moved": result.moved,
                     "pending": result.pending,
                     "reaped": len(reaped),
                     "seconds": round(result.seconds, 3),

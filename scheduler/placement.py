@@ -37,6 +37,7 @@ import fractions
 import heapq
 import math
 from collections.abc import Iterable, Mapping
+from enum import StrEnum
 
 from scheduler import ring
 
@@ -160,50 +161,7 @@ def _place(
     bound = {server: min(capacity, level) for server, capacity in capacities.items()}
     the_ring = ring.build([s for s, capacity in capacities.items() if capacity > 0], vnodes)
     room = dict(bound)
-    left = sum(room.values())
-    targets: dict[str, str] = {}
-    watched_load = 0
-    points, owners = the_ring.points, the_ring.owners
-    count = len(points)
-    if left and count:
-        vnodes_of: dict[str, list[int]] = {server: [] for server in the_ring.servers}
-        for index, owner in enumerate(owners):
-            vnodes_of[owner].append(index)
-        # Union-find over vnode indices: skip[i] leads to the first vnode at or after i
-        # whose server still has room (index ``count`` is a sentinel that wraps to 0).
-        # Without it a job would step over every vnode of every full server, which
-        # makes a nearly full cluster quadratic.
-        skip = list(range(count + 1))
-        for server, vnode_indices in vnodes_of.items():
-            if not room[server]:
-                _close(skip, vnode_indices)
-
-        def next_with_room(index: int) -> int:
-            found = _find(skip, index)
-            return _find(skip, 0) if found == count else found
-
-        # A sorted list is a valid heap; entries are (distance, job, position, vnode).
-        heap = []
-        for name in names:
-            at = ring.position(name)
-            index = ring.successor(the_ring, at)
-            heap.append((ring.distance(at, points[index]), name, at, index))
-        heap.sort()
-        while heap and left:
-            _, name, at, index = heap[0]
-            server = owners[index]
-            if room[server]:
-                heapq.heappop(heap)
-                if name == watch:
-                    watched_load = bound[server] - room[server]
-                targets[name] = server
-                room[server] -= 1
-                left -= 1
-                if not room[server]:
-                    _close(skip, vnodes_of[server])
-                continue
-            index = next_with_room(index + 1)
-            heapq.heapreplace(heap, (ring.distance(at, points[index]), name, at, index))
+    targets, watched_load = _walk(names, the_ring, room, watch)
     pending_reason = _pending_reason(capacities)
     result = Placement(
         targets=dict(sorted(targets.items())),
@@ -212,6 +170,263 @@ def _place(
         bounds=bound,
     )
     return result, the_ring, watched_load
+
+
+def _walk(
+    names: Iterable[str], the_ring: ring.Ring, room: dict[str, int], watch: str | None = None
+) -> tuple[dict[str, str], int]:
+    """Bounded-load walk: each job to the nearest vnode clockwise whose server has room.
+
+    ``room`` (server -> free slots) is consumed in place. Returns the targets of the
+    jobs that found room and the load of ``watch``'s server just before it was placed.
+    """
+    left = sum(room.get(server, 0) for server in the_ring.servers)
+    targets: dict[str, str] = {}
+    watched_load = 0
+    points, owners = the_ring.points, the_ring.owners
+    count = len(points)
+    if not (left and count):
+        return targets, watched_load
+    start_room = dict(room)
+    vnodes_of: dict[str, list[int]] = {server: [] for server in the_ring.servers}
+    for index, owner in enumerate(owners):
+        vnodes_of[owner].append(index)
+    # Union-find over vnode indices: skip[i] leads to the first vnode at or after i
+    # whose server still has room (index ``count`` is a sentinel that wraps to 0).
+    # Without it a job would step over every vnode of every full server, which
+    # makes a nearly full cluster quadratic.
+    skip = list(range(count + 1))
+    for server, vnode_indices in vnodes_of.items():
+        if not room.get(server, 0):
+            _close(skip, vnode_indices)
+
+    def next_with_room(index: int) -> int:
+        found = _find(skip, index)
+        return _find(skip, 0) if found == count else found
+
+    # A sorted list is a valid heap; entries are (distance, job, position, vnode).
+    heap = []
+    for name in names:
+        at = ring.position(name)
+        index = ring.successor(the_ring, at)
+        heap.append((ring.distance(at, points[index]), name, at, index))
+    heap.sort()
+    while heap and left:
+        _, name, at, index = heap[0]
+        server = owners[index]
+        if room[server]:
+            heapq.heappop(heap)
+            if name == watch:
+                watched_load = start_room[server] - room[server]
+            targets[name] = server
+            room[server] -= 1
+            left -= 1
+            if not room[server]:
+                _close(skip, vnodes_of[server])
+            continue
+        index = next_with_room(index + 1)
+        heapq.heapreplace(heap, (ring.distance(at, points[index]), name, at, index))
+    return targets, watched_load
+
+
+class Why(StrEnum):
+    """Why :func:`stick` gave a job its target (or none)."""
+
+    KEPT = "kept"  # stays on its current server: live, placeable, within capacity
+    JOINED = "joined"  # a streaming job handed to a server that joined (its ideal target)
+    REBALANCED = "rebalanced"  # moved by the operator's explicit full rebalance
+    PLACED = "placed"  # a new job placed by bounded loads
+    ORPHANED = "orphaned"  # its server left, drains or has capacity 0: placed again
+    SHED = "shed"  # its server's capacity fell below its jobs: placed again
+    WAITING = "waiting"  # no target: cluster full (FIFO by start request) or settling
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A job as sticky placement sees it."""
+
+    current: str | None = None  # where it is now: its owner while owned, else its target
+    streaming: bool = True  # only streaming jobs move to a joiner or on a rebalance
+    queued_at: float = 0.0  # its start request (seconds): FIFO order when the cluster is full
+
+
+@dataclasses.dataclass(frozen=True)
+class Sticky(Placement):
+    """A sticky placement: the targets, and why each job has its target or none."""
+
+    why: dict[str, Why]  # job -> decision, sorted by job name
+    ideal: dict[str, str]  # job -> its target under a fresh bounded-load placement
+
+
+def stick(
+    jobs: Mapping[str, Job],
+    servers: Mapping[str, int],
+    *,
+    joined: Iterable[str] = (),
+    hold_new: str | None = None,
+    rebalance: bool = False,
+    epsilon: float = DEFAULT_EPSILON,
+    vnodes: int = ring.DEFAULT_VNODES,
+) -> Sticky:
+    """Targets that keep every job where it is unless it must move.
+
+    ``jobs`` maps each active job to where it is now; ``servers`` are the placeable
+    servers (id -> capacity, 0 = no jobs). The rules, in order:
+
+    1. A job whose current server is among ``servers`` with capacity > 0 keeps it. If
+       a server has more such jobs than its capacity, it keeps batch jobs before
+       streaming ones, then earlier start requests, then names; the rest are shed.
+    2. Each streaming job whose ideal target (:func:`place` over every job and server)
+       is one of ``joined`` moves there, while that server is below its bound; if that
+       leaves the joiner below its fair share ``floor(K / N)`` (few jobs per server),
+       it also takes streaming jobs from the most loaded servers. Nothing moves
+       between other servers; batch jobs never move for balance.
+    3. With ``rebalance`` (the operator's explicit request), every streaming job is
+       placed again from scratch around the batch jobs, which stay.
+    4. The remaining jobs (new, orphaned, shed) are placed by the bounded-load walk on
+       the room left under each server's bound, then under its capacity. If they do
+       not all fit, they are admitted in FIFO order: jobs that already ran somewhere
+       first, then by ``queued_at``, then by name; the others wait with a reason. A new
+       job (``current`` None) waits with the reason ``hold_new`` when it is given
+       (membership is settling); orphaned and shed jobs never wait for that.
+
+    A pure function of its arguments: the same answer in any order on every machine.
+    """
+    names = ring.name_set(jobs, "job")
+    capacities = _capacities(servers)
+    usable = {server: capacity for server, capacity in capacities.items() if capacity > 0}
+    joiners = set(ring.name_set(joined, "server")) & set(usable)
+    level = _level(capacities.values(), len(names), _epsilon(epsilon))
+    bound = {server: min(capacity, level) for server, capacity in capacities.items()}
+    ideal = place(names, capacities, epsilon, vnodes).targets if (joiners or rebalance) else {}
+    infos = {name: _job(name, jobs[name]) for name in names}
+
+    targets: dict[str, str] = {}
+    why: dict[str, Why] = {}
+    free: dict[str, Why] = {}
+    on_server: dict[str, list[str]] = {}
+    for name in names:
+        current = infos[name].current
+        if current in usable:
+            on_server.setdefault(current, []).append(name)
+        else:
+            free[name] = Why.PLACED if current is None else Why.ORPHANED
+    for server, held in on_server.items():
+        held.sort(key=lambda n: (infos[n].streaming, infos[n].queued_at, n))
+        for name in held[: usable[server]]:
+            targets[name], why[name] = server, Why.KEPT
+        for name in held[usable[server] :]:
+            free[name] = Why.SHED
+    load = {server: 0 for server in capacities}
+    for server in targets.values():
+        load[server] += 1
+
+    if rebalance:
+        for name in names:
+            if infos[name].streaming and why.get(name) == Why.KEPT:
+                load[targets.pop(name)] -= 1
+                del why[name]
+                free[name] = Why.REBALANCED
+    elif joiners:
+        for name in names:
+            to = ideal.get(name)
+            if (
+                to in joiners
+                and why.get(name) == Why.KEPT
+                and infos[name].streaming
+                and targets[name] != to
+                and load[to] < bound[to]
+            ):
+                load[targets[name]] -= 1
+                load[to] += 1
+                targets[name], why[name] = to, Why.JOINED
+        _top_up(joiners, targets, why, load, bound, infos, len(names), len(usable))
+
+    pending: dict[str, str] = {}
+    if hold_new is not None:
+        for name in [n for n, w in free.items() if w == Why.PLACED]:
+            del free[name]
+            pending[name], why[name] = hold_new, Why.WAITING
+    spare = {s: capacity - load[s] for s, capacity in usable.items()}
+    admitted = sorted(
+        free,
+        key=lambda n: (free[n] == Why.PLACED, infos[n].queued_at, n),
+    )[: max(0, sum(spare.values()))]
+    the_ring = ring.build(usable, vnodes)
+    # First up to each server's bound, then (only if that is short) up to its capacity.
+    room = {s: max(0, min(bound[s], usable[s]) - load[s]) for s in usable}
+    placed, _ = _walk(admitted, the_ring, room)
+    for server in placed.values():
+        load[server] += 1
+    rest = [name for name in admitted if name not in placed]
+    if rest:
+        more, _ = _walk(rest, the_ring, {s: usable[s] - load[s] for s in usable})
+        for server in more.values():
+            load[server] += 1
+        placed.update(more)
+    for name, server in placed.items():
+        targets[name], why[name] = server, free[name]
+    full = f"cluster full: {_pending_reason(capacities)}; waiting in start order"
+    for name in free:
+        if name not in placed:
+            reason = full if usable and sum(usable.values()) else _pending_reason(capacities)
+            pending[name], why[name] = reason, Why.WAITING
+    return Sticky(
+        targets=dict(sorted(targets.items())),
+        pending=dict(sorted(pending.items())),
+        loads=load,
+        bounds=bound,
+        why=dict(sorted(why.items())),
+        ideal=ideal,
+    )
+
+
+def _top_up(
+    joiners: set[str],
+    targets: dict[str, str],
+    why: dict[str, Why],
+    load: dict[str, int],
+    bound: Mapping[str, int],
+    infos: Mapping[str, Job],
+    jobs: int,
+    servers: int,
+) -> None:
+    """Give each joiner at least its fair share ``floor(K / N)`` (within its bound).
+
+    With few jobs per server the ring's arcs are uneven and the jobs whose ideal target
+    is the joiner can be far fewer than its share (8 jobs on 4 servers: none at all for
+    one name set in ten). The joiner then also takes kept streaming jobs from the most
+    loaded servers, while they hold at least two more than it: from each, the job
+    nearest to the joiner on the ring. Still only moves *to* a joiner.
+    """
+    for joiner in sorted(joiners):
+        share = min(jobs // servers, bound[joiner])
+        near = ring.build([joiner], 1)
+        movable: dict[str, list[tuple[int, str]]] = {}
+        for name, server in targets.items():
+            if server not in joiners and why.get(name) == Why.KEPT and infos[name].streaming:
+                at = ring.position(name)
+                gap = ring.distance(at, near.points[ring.successor(near, at)])
+                movable.setdefault(server, []).append((gap, name))
+        for candidates in movable.values():
+            candidates.sort(reverse=True)  # nearest last: pop() takes it
+        while load[joiner] < share:
+            donors = [s for s in movable if movable[s] and load[s] >= load[joiner] + 2]
+            if not donors:
+                break
+            donor = max(donors, key=lambda s: (load[s], s))
+            _, name = movable[donor].pop()
+            load[donor] -= 1
+            load[joiner] += 1
+            targets[name], why[name] = joiner, Why.JOINED
+
+
+def _job(name: str, job: object) -> Job:
+    if not isinstance(job, Job):
+        raise ring.RingError(f"job {name!r} must be described by a placement.Job, got {job!r}")
+    if job.current is not None and (not isinstance(job.current, str) or not job.current):
+        raise ring.RingError(f"current server of job {name!r} must be a name, got {job.current!r}")
+    return job
 
 
 def _close(skip: list[int], vnode_indices: list[int]) -> None:

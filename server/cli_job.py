@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -71,10 +72,37 @@ def _command(ctx: typer.Context, name: str, action) -> None:
     console.out.print(f"job {name}: {outcome}")
 
 
+# How long `job start` waits for the coordinator's decision before it returns, seconds:
+# long enough for a live coordinator (job commands are debounced by 0.05 s), short
+# enough not to hold a script when none is elected.
+START_DECISION_WAIT_S = 5.0
+
+
 @app.command()
 def start(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
-    """Run the job (idempotent: a job already running is left alone)."""
-    _command(ctx, name, jobs.start)
+    """Run the job (idempotent: a job already running is left alone).
+
+    A new job never evicts a running one: when every slot is taken it waits pending,
+    first come first served, and this command says so ("pending: cluster full ...").
+    """
+    engine = console.engine(ctx)
+    with engine.begin() as conn:
+        outcome = jobs.start(conn, name)
+    if outcome == "already running":
+        console.out.print(f"job {name}: {outcome}")
+        return
+    deadline = time.monotonic() + START_DECISION_WAIT_S
+    job = {}
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            job = jobs.show(conn, name)
+        if job["target"] or job["pending_reason"] or job["state"] != "pending":
+            break
+        time.sleep(0.1)
+    if job.get("pending_reason") and not job.get("target"):
+        console.out.print(f"job {name}: {outcome}; pending: {job['pending_reason']}")
+    else:
+        console.out.print(f"job {name}: {outcome}")
 
 
 @app.command()

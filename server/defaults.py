@@ -74,6 +74,12 @@ RESTART_BACKOFF_MAX_S = 60.0
 MAX_RESTARTS = 3
 # Bounded-load placement slack: a server takes at most ceil((1 + eps) * average) jobs.
 PLACEMENT_EPSILON = 0.05
+# Settle window of placement, seconds: a server that joined is given streaming jobs
+# only once it has been a member this long, new jobs wait while a server is this new
+# (so servers starting seconds apart do not make a job hop), and a server back within
+# this long after leaving is the same member (a flap moves nothing). Leaves are never
+# delayed by it (docs/distribution.md).
+PLACEMENT_SETTLE_S = 5.0
 # Virtual nodes per server on the ring: 640 keeps moves on a join or leave within
 # 1.10x of the ideal K/(N+1) with bounded loads (160 gives 1.15-1.2x, docs/benchmarks.md).
 RING_VNODES = 640

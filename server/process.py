@@ -211,6 +211,7 @@ class Server:
                 vnodes=defaults.RING_VNODES,
                 debounce=defaults.MEMBERSHIP_DEBOUNCE_S,
                 interval=s.poll_interval,
+                settle=s.placement_settle,
                 on_deposed=self._deposed,
             )
             self._coordinator.start()

@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     max_artifact_bytes: int = Field(defaults.MAX_ARTIFACT_BYTES, gt=0)
     cache_max_bytes: int = Field(defaults.CACHE_MAX_BYTES, gt=0)
     placement_epsilon: float = Field(defaults.PLACEMENT_EPSILON, gt=0)
+    # Settle window of sticky placement, seconds (server/defaults.py).
+    placement_settle: float = Field(defaults.PLACEMENT_SETTLE_S, ge=0)
     health_port: int = Field(defaults.HEALTH_PORT, ge=0, le=65535)
     # Host name other servers and the CLI use to reach this server's HTTP endpoint.
     advertise_host: str = Field(default_factory=socket.gethostname)

@@ -169,6 +169,9 @@ coordinator = sa.Table(
     sa.Column("server", sa.Text, nullable=True),
     sa.Column("ring_generation", sa.BigInteger, nullable=False, server_default="0"),
     _timestamp("updated_at"),
+    # Set by ``sparkring ring rebalance``; the coordinator runs a full rebalance and
+    # clears it.
+    sa.Column("rebalance_requested_at", sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint("id = 1", name="single_row"),
     sa.CheckConstraint("term >= 0 AND ring_generation >= 0", name="counters_not_negative"),
 )
@@ -181,6 +184,22 @@ drains = sa.Table(
     metadata,
     sa.Column("server", sa.Text, primary_key=True),
     _timestamp("requested_at"),
+    sa.CheckConstraint(f"server ~ '{SERVER_NAME}'", name="server_is_name"),
+)
+
+# The coordinator's memory of membership, so that every coordinator (also a new one
+# after failover) tells a joining server from one it already knows. A placeable server
+# is a member from its first sighting (joined_at); it is *settled* once its join has
+# been acted on (streaming jobs moved to it). left_at marks when it was last seen
+# leaving: back within the settle window it is the same member (a flap moves nothing),
+# later it joins afresh. Times are PostgreSQL's.
+ring_members = sa.Table(
+    "ring_members",
+    metadata,
+    sa.Column("server", sa.Text, primary_key=True),
+    _timestamp("joined_at"),
+    sa.Column("settled", sa.Boolean, nullable=False, server_default=sa.text("false")),
+    sa.Column("left_at", sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint(f"server ~ '{SERVER_NAME}'", name="server_is_name"),
 )
 

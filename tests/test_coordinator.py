@@ -8,7 +8,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from scheduler import coordinator, notify
+from scheduler import coordinator, jobs, notify, states
 from tests import factories, waiting
 
 SERVERS = {"a": 10, "b": 10, "c": 10}
@@ -158,3 +158,194 @@ def test_coordinator_loop_rebalances_on_wake_and_stops_when_deposed(engine: sa.E
     finally:
         loop.stop()
     assert not loop.is_alive()
+
+
+# ---------------------------------------------------------------- sticky placement
+
+
+def _sticky(engine: sa.Engine, servers: dict[str, int], *, term: int = 1, settle: float = 0.0):
+    with engine.begin() as conn:
+        return coordinator.rebalance(
+            conn, term, "a", servers, epsilon=0.05, vnodes=160, settle=settle
+        )
+
+
+def _by_name(engine: sa.Engine) -> dict[str, tuple[str | None, str | None]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT j.name, d.target, d.pending_reason FROM distribution d "
+                "JOIN jobs j ON j.id = d.job_id"
+            )
+        ).all()
+    return {name: (target, reason) for name, target, reason in rows}
+
+
+def _retargets(engine: sa.Engine) -> list[dict]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.text("SELECT detail FROM job_events WHERE kind = 'retargeted' ORDER BY id")
+            ).scalars()
+        )
+
+
+def test_job_churn_moves_no_other_job(engine: sa.Engine) -> None:
+    for i in range(12):
+        factories.job(engine, f"j{i}")
+    _become(engine, 1)
+    _sticky(engine, SERVERS)
+    before = _by_name(engine)
+    with engine.begin() as conn:
+        jobs.stop(conn, "j0")
+        jobs.stop(conn, "j5")
+    for i in range(12, 20):
+        factories.job(engine, f"j{i}")
+    result = _sticky(engine, SERVERS)
+    after = _by_name(engine)
+    assert result.moved == 0
+    for name in (f"j{i}" for i in range(1, 12) if i != 5):
+        assert after[name] == before[name]
+    assert after["j0"] == (None, None) and after["j5"] == (None, None)
+
+
+def test_new_jobs_wait_while_membership_settles_then_spread_over_every_server(
+    engine: sa.Engine,
+) -> None:
+    for i in range(6):
+        factories.job(engine, f"j{i}")
+    _become(engine, 1)
+    result = _sticky(engine, SERVERS, settle=60)
+    assert result.pending == 6 and result.settle_due is not None and result.settle_due > 50
+    reasons = {reason for _, reason in _by_name(engine).values()}
+    assert reasons == {
+        "membership settling: new jobs wait until a, b, c have been up for the settle window (60 s)"
+    }
+    with engine.begin() as conn:  # the window passes
+        conn.execute(sa.text("UPDATE ring_members SET joined_at = now() - interval '2 min'"))
+    result = _sticky(engine, SERVERS, settle=60)
+    assert result.pending == 0 and result.moved == 0
+    assert set(target for target, _ in _by_name(engine).values()) == set(SERVERS)
+
+
+def test_a_join_moves_streaming_jobs_to_the_joiner_only_after_its_settle_window(
+    engine: sa.Engine,
+) -> None:
+    for i in range(24):
+        factories.job(engine, f"s{i}")
+    for i in range(6):
+        factories.job(engine, f"b{i}", kind=states.JobKind.BATCH)
+    _become(engine, 1)
+    _sticky(engine, SERVERS)
+    before = _by_name(engine)
+    bigger = {**SERVERS, "d": 10}
+    assert _sticky(engine, bigger, settle=60).changed == 0  # d is settling
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE ring_members SET joined_at = now() - interval '2 min' WHERE server = 'd'"
+            )
+        )
+    result = _sticky(engine, bigger, settle=60)
+    after = _by_name(engine)
+    moved = {name for name in before if after[name] != before[name]}
+    assert moved and result.moved == len(moved)
+    assert {after[name][0] for name in moved} == {"d"}
+    assert all(name.startswith("s") for name in moved)  # batch jobs never move for balance
+    assert {e["why"] for e in _retargets(engine)[-len(moved) :]} == {"joined"}
+    # A new coordinator (failover) knows the same members: nothing more moves.
+    _become(engine, 2, server="b")
+    assert _sticky(engine, bigger, term=2, settle=60).changed == 0
+
+
+def test_a_leave_is_never_delayed_and_a_flap_moves_nothing_back(engine: sa.Engine) -> None:
+    for i in range(12):
+        factories.job(engine, f"j{i}")
+    _become(engine, 1)
+    _sticky(engine, SERVERS)
+    before = _by_name(engine)
+    on_c = {name for name, (target, _) in before.items() if target == "c"}
+    without_c = {"a": 10, "b": 10}
+    _sticky(engine, without_c, settle=60)  # c left: its jobs go at once
+    during = _by_name(engine)
+    assert {name for name in before if during[name] != before[name]} == on_c
+    assert all(during[name][0] in without_c for name in on_c)
+    assert _sticky(engine, SERVERS, settle=60).changed == 0  # back within the window
+    assert _by_name(engine) == during
+    # Gone for longer than the window: a fresh join, which takes jobs once settled.
+    _sticky(engine, without_c, settle=60)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ring_members SET left_at = now() - interval '2 min'"))
+    assert _sticky(engine, SERVERS, settle=60).changed == 0  # settling again
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ring_members SET joined_at = now() - interval '2 min'"))
+    result = _sticky(engine, SERVERS, settle=60)
+    after = _by_name(engine)
+    assert result.moved > 0
+    assert {after[n][0] for n in after if after[n] != during[n]} == {"c"}
+
+
+def test_a_full_cluster_leaves_new_jobs_pending_in_start_order(engine: sa.Engine) -> None:
+    for i in range(4):
+        factories.job(engine, f"run{i}")
+    _become(engine, 1)
+    _sticky(engine, {"a": 2, "b": 2})
+    running = _by_name(engine)
+    factories.job(engine, "first")
+    factories.job(engine, "second")
+    _sticky(engine, {"a": 2, "b": 2})
+    after = _by_name(engine)
+    assert {name: after[name] for name in running} == running  # nothing evicted
+    assert after["first"][0] is None and after["first"][1].startswith("cluster full:")
+    with engine.begin() as conn:
+        jobs.stop(conn, "run0")
+    _sticky(engine, {"a": 2, "b": 2})
+    after = _by_name(engine)
+    assert after["first"][0] is not None and after["second"][0] is None
+
+
+def test_a_requested_rebalance_moves_streaming_jobs_only_and_is_cleared(
+    engine: sa.Engine,
+) -> None:
+    for i in range(9):
+        factories.job(engine, f"s{i}")
+    for i in range(3):
+        factories.job(engine, f"b{i}", kind=states.JobKind.BATCH)
+    _become(engine, 1)
+    _sticky(engine, {"a": 20})
+    _sticky(engine, {"a": 20, "b": 20, "c": 20})  # b and c joined
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE distribution SET target = 'a'"))  # drifted
+        coordinator.request_rebalance(conn)
+        assert coordinator.rebalance_pending(conn)
+    result = _sticky(engine, {"a": 20, "b": 20, "c": 20})
+    after = _by_name(engine)
+    assert result.moved > 0
+    assert all(after[f"b{i}"][0] == "a" for i in range(3))
+    with engine.connect() as conn:
+        assert not coordinator.rebalance_pending(conn)
+    assert _sticky(engine, {"a": 20, "b": 20, "c": 20}).changed == 0
+
+
+def test_a_departed_owner_s_live_lease_holds_its_target_until_it_expires(
+    engine: sa.Engine,
+) -> None:
+    """A server restarting on its host adopts its drivers and renews their leases: while
+    they are live its jobs keep their target (no migration of adopted drivers); once a
+    lease expires, the job is placed on a live server (failover)."""
+    from scheduler import distribution
+    from tests.factories import owner
+
+    job_id = factories.job(engine, "j")
+    _become(engine, 5)
+    _rebalance(engine, 5)
+    first = _targets(engine)[job_id]
+    with engine.begin() as conn:
+        distribution.claim(conn, job_id, owner(first), 30.0)
+    survivors = {s: c for s, c in SERVERS.items() if s != first}
+    held = _rebalance(engine, 5, survivors)  # the owner's ZooKeeper session expired
+    assert _targets(engine)[job_id] == first
+    assert held.held_due is not None and 0 < held.held_due <= 30.0
+    factories.expire_lease(engine, job_id)
+    failover = _rebalance(engine, 5, survivors)
+    assert _targets(engine)[job_id] in survivors and failover.held_due is None
