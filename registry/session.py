@@ -122,6 +122,17 @@ class Registry:
     def is_coordinator(self) -> bool:
         return self._term is not None
 
+    def confirm_leader(self) -> bool:
+        """Ask ZooKeeper now (not the cached view) whether our node leads the election."""
+        term = self._term
+        if term is None or self.state != connection.State.CONNECTED:
+            return False
+        try:
+            current = election.leader(self._client, self._root)
+        except Exception:  # unreachable or changing: not confirmed
+            return False
+        return current is not None and current.term == term
+
     @property
     def term(self) -> int | None:
         """Our coordinator term (a fencing token) while we are the coordinator."""

@@ -75,6 +75,29 @@ def become(conn: sa.Connection, term: int, server: str) -> None:
         raise DeposedError(f"term {term} of {server} is not newer than the recorded term")
 
 
+def take_over(conn: sa.Connection, term: int, server: str) -> tuple[int, str | None]:
+    """Record ``term`` although a larger one is recorded: only after ZooKeeper lost its
+    history (a wiped ensemble restarts its zxids, so every new term is smaller than the
+    recorded one and :func:`become` would refuse every coordinator forever).
+
+    The caller must have just confirmed with ZooKeeper that it is the leader: within one
+    ZooKeeper history the leader's term is larger than any term ever recorded (the
+    module ``registry/election.py`` says why), so a larger recorded term can only come
+    from a lost history. Fencing stays exact: any coordinator still holding the old
+    term fails its next :func:`_fence` (terms are compared for equality). Returns the
+    term and server that were recorded."""
+    before = conn.execute(
+        sa.text("SELECT term, server FROM coordinator WHERE id = 1 FOR UPDATE")
+    ).one()
+    conn.execute(
+        sa.text(
+            "UPDATE coordinator SET term = :term, server = :server, updated_at = now() WHERE id = 1"
+        ),
+        {"term": term, "server": server},
+    )
+    return before.term, before.server
+
+
 def _fence(conn: sa.Connection, term: int) -> None:
     """Lock the coordinator row and check the term (a newer ``become`` waits for us)."""
     current = conn.execute(
@@ -424,6 +447,7 @@ class CoordinatorLoop:
         settle: float = 0.0,
         on_deposed: Callable[[], None] = lambda: None,
         on_rebalance: Callable[[Rebalance], None] = lambda _: None,
+        still_leader: Callable[[], bool] = lambda: False,
     ) -> None:
         self.engine = engine
         self.server = server
@@ -437,6 +461,7 @@ class CoordinatorLoop:
         self._settle = settle
         self._next_wait = interval
         self._on_deposed = on_deposed
+        self._still_leader = still_leader
         self._on_rebalance = on_rebalance
         self._wake = threading.Event()
         self._debounce_lock = threading.Lock()
@@ -471,8 +496,7 @@ class CoordinatorLoop:
         while not self._stop.is_set():
             try:
                 if not became:
-                    with self.engine.begin() as conn:
-                        become(conn, self.term, self.server)
+                    self._become()
                     became = True
                     log.info(
                         "coordinator term recorded",
@@ -502,6 +526,27 @@ class CoordinatorLoop:
             with self._debounce_lock:
                 delay, self._next_debounce = self._next_debounce, self._debounce
             self._stop.wait(delay)
+
+    def _become(self) -> None:
+        try:
+            with self.engine.begin() as conn:
+                become(conn, self.term, self.server)
+        except DeposedError:
+            # A larger recorded term while ZooKeeper says we lead: ZooKeeper lost its
+            # history (see take_over). Otherwise we really were deposed.
+            if not self._still_leader():
+                raise
+            with self.engine.begin() as conn:
+                old_term, old_server = take_over(conn, self.term, self.server)
+            log.warning(
+                "recorded coordinator term is from a lost ZooKeeper history; taking over",
+                extra={
+                    "action": "take_over",
+                    "term": self.term,
+                    "recorded_term": old_term,
+                    "recorded_server": old_server,
+                },
+            )
 
     def _cycle(self) -> None:
         with self.engine.begin() as conn:

@@ -213,6 +213,7 @@ class Server:
                 interval=s.poll_interval,
                 settle=s.placement_settle,
                 on_deposed=self._deposed,
+                still_leader=lambda: bool(self.registry and self.registry.confirm_leader()),
             )
             self._coordinator.start()
         log.info("coordinating", extra={"action": "coordinator", "term": term, "server": self.id})

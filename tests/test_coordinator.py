@@ -349,3 +349,42 @@ def test_a_departed_owner_s_live_lease_holds_its_target_until_it_expires(
     factories.expire_lease(engine, job_id)
     failover = _rebalance(engine, 5, survivors)
     assert _targets(engine)[job_id] in survivors and failover.held_due is None
+
+
+@pytest.mark.parametrize("leader", [True, False])
+def test_after_zookeeper_lost_its_history_the_confirmed_leader_takes_over(
+    engine: sa.Engine, leader: bool
+) -> None:
+    """A wiped ensemble restarts its zxids: every new term is below the recorded one.
+    The coordinator ZooKeeper confirms as leader takes over; an unconfirmed one is
+    deposed as before."""
+    factories.job(engine, "j")
+    _become(engine, 1 << 40, server="x")  # a term of the lost history
+    deposed = threading.Event()
+    loop = coordinator.CoordinatorLoop(
+        engine,
+        "a",
+        7,
+        servers=lambda: {"a": 10},
+        live=lambda: ["a"],
+        epsilon=0.25,
+        vnodes=160,
+        debounce=0.05,
+        interval=30,
+        on_deposed=deposed.set,
+        still_leader=lambda: leader,
+    )
+    loop.start()
+    try:
+        if leader:
+            waiting.wait_until(lambda: _targets(engine) == {1: "a"}, 10, message="placement")
+            with engine.connect() as conn:
+                recorded = conn.execute(sa.text("SELECT term, server FROM coordinator")).one()
+            assert tuple(recorded) == (7, "a")
+            with pytest.raises(coordinator.DeposedError):  # the old history's holder
+                _rebalance(engine, 1 << 40)
+        else:
+            waiting.wait_until(deposed.is_set, 10, message="deposed")
+            assert _targets(engine) == {1: None}
+    finally:
+        loop.stop()

@@ -447,6 +447,9 @@ def test_coordinator_session_expiry_elects_a_new_one_with_a_higher_term(
     wait_until(lambda: a.is_coordinator, 5, message="the first candidate was not elected")
     first = a.term
     assert first is not None and not b.is_coordinator and b.term is None
+    # ZooKeeper itself confirms the leader (the check before a coordinator takes over a
+    # term recorded by a lost ZooKeeper history).
+    assert a.confirm_leader() and not b.confirm_leader() and not w.confirm_leader()
 
     a.expire_session()
     wait_until(lambda: b.is_coordinator, 10, message="no new coordinator")
