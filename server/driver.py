@@ -26,6 +26,7 @@ import math
 import os
 import re
 import select
+import shutil
 import signal
 import sys
 import threading
@@ -46,6 +47,7 @@ STATE_FILE = "watchdog.json"
 STOP_FILE = "stop.json"
 RESULT_FILE = "result.json"
 WORKING_DIR = "cwd"  # the driver's working directory, below the run directory
+ARTIFACTS_DIR = "artifacts"  # the run's own links to its verified artifacts
 # Generated launcher for a .zip/.egg main: spark-submit only runs a .py as a Python main.
 ZIP_LAUNCHER_FILE = "sparkring_main.py"
 
@@ -417,6 +419,34 @@ def sweep(run_dir: Path) -> None:
                 "exit_code": None,
             },
         )
+
+
+def pin_artifacts(run_dir: Path, artifacts: Sequence[tuple[Path, str]]) -> list[Path]:
+    """Give the run links of its own to its verified artifacts, under their original
+    file names: ``[(cached path, file name)]`` -> the run's paths, in order.
+
+    A hard link keeps the file's content alive when the cache evicts its entry while
+    the run still reopens it (a ``.zip`` main or ``--py-files`` are read again during
+    the run), and the driver sees ``etl.py``, not a content hash. Where a hard link is
+    impossible (another file system), the file is copied. Names are made unique by an
+    index prefix."""
+    folder = run_dir / ARTIFACTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    pinned: list[Path] = []
+    used: set[str] = set()
+    for index, (source, filename) in enumerate(artifacts):
+        name = Path(filename).name or source.name
+        if name in used:
+            name = f"{index}-{name}"
+        used.add(name)
+        target = folder / name
+        target.unlink(missing_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+        pinned.append(target)
+    return pinned
 
 
 def _working_dir(run_dir: Path) -> Path:

@@ -400,8 +400,12 @@ class Runner:
         try:
             with self.engine.connect() as conn:
                 job = job_catalog.get(conn, run.job_id)
-            main = self._fetch(job["resource"]["id"])
-            py_files = [self._fetch(item["id"]) for item in job["py_files"]]
+            artifacts = [job["resource"], *job["py_files"]]
+            fetched = [(self._fetch(item["id"]), item["filename"]) for item in artifacts]
+            # The run's own links, under the original names: the cache may evict them.
+            main, *py_files = driver.pin_artifacts(
+                run_dir(cfg.work_dir, run.name, run.epoch), fetched
+            )
             spec = driver.DriverSpec(
                 job=run.name,
                 kind=job["kind"],

@@ -359,3 +359,20 @@ def test_streaming_counter_resumes_exactly_once_after_sigkill(tmp_path: Path) ->
     ended_1 = next(r["t"] for r in lifetimes if r["epoch"] == 1 and r["event"] == "ended")
     started_2 = next(r["t"] for r in lifetimes if r["epoch"] == 2 and r["event"] == "started")
     assert max(first_beats) <= ended_1 <= started_2 <= min(second_beats)
+
+
+def test_pinned_artifacts_keep_their_names_and_outlive_the_cache_entry(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    main = cache / ("a" * 64 + ".py")
+    lib = cache / ("b" * 64 + ".zip")
+    other = cache / ("c" * 64 + ".zip")
+    for path, content in ((main, b"print(1)\n"), (lib, b"zip-1"), (other, b"zip-2")):
+        path.write_bytes(content)
+    pinned = driver.pin_artifacts(
+        tmp_path / "run", [(main, "etl.py"), (lib, "lib.zip"), (other, "lib.zip")]
+    )
+    assert [p.name for p in pinned] == ["etl.py", "lib.zip", "2-lib.zip"]
+    for path in (main, lib, other):
+        path.unlink()  # the cache evicts its entries while the run goes on
+    assert [p.read_bytes() for p in pinned] == [b"print(1)\n", b"zip-1", b"zip-2"]
