@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
 import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests import waiting
 from tests.cluster import Cluster
@@ -63,9 +67,20 @@ def test_logs_health_metrics_and_ring_explain_of_a_running_job(cluster: Cluster)
         health = json.load(reply)
     assert health["jobs"] == ["talker"] and health["zookeeper"] == "connected"
     with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
-        metrics = reply.read().decode()
-    assert "sparkring_jobs_owned 1" in metrics
-    assert "sparkring_claims_total 1" in metrics
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(reply.read().decode())
+            for s in family.samples
+        }
+    assert samples[("sparkring_jobs_owned", ())] == 1
+    assert samples[("sparkring_claims_total", ())] == 1
+    assert samples[("sparkring_jobs", (("state", "running"),))] == 1
+    assert samples[("sparkring_lease_renew_seconds_count", ())] >= 1
+    # The owner serves the live log only to a token holder (the CLI used the cluster
+    # credential above); anyone else reaching the port gets 401.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url + "/logs/talker", timeout=5)
+    assert refused.value.code == 401
     explained = json.loads(cluster.cli("ring", "explain", "talker", "--json").stdout)
     assert explained["target"] == job["target"]
     # After a stop, the shipped log of the last run is what `job logs` shows.
