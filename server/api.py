@@ -269,7 +269,7 @@ def create_app(backend: Backend) -> FastAPI:
         q: Annotated[str | None, Query(max_length=128, description="Part of the name.")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
         offset: Annotated[int, Query(ge=0)] = 0,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Jobs by name, filtered and paged: ``total`` counts every match."""
         f = jobs.Filter(
             state=state,
@@ -280,7 +280,9 @@ def create_app(backend: Backend) -> FastAPI:
         )
         with backend.engine.connect() as conn:
             total, page = jobs.page(conn, f, limit=limit, offset=offset)
-        return {"total": total, "limit": limit, "offset": offset, "jobs": _json(page)}
+        # Encoded in one pass (the hot path of the console): a 1,000-job page is ~1 MB.
+        body = {"total": total, "limit": limit, "offset": offset, "jobs": page}
+        return Response(json.dumps(body, default=str), media_type="application/json")
 
     @app.get(f"{API}/jobs/{{name}}", tags=["jobs"])
     def show_job(name: str, principal: auth.Caller = viewer) -> dict[str, Any]:
