@@ -13,6 +13,10 @@ job list, so the server list is empty). Then it times, one request at a time fro
 process with httpx, each listing in :data:`QUERIES` (``--requests`` times, after 10
 warm-up requests) and prints p50 / p95 / max in milliseconds.
 
+``--screenshots DIR`` saves the console's main pages over that data (ten made-up
+servers, none of them reachable, so their health shows as unknown) to DIR: the images
+of docs/console.md.
+
 ``--browser`` also opens the console in headless Chromium (Debian's ``chromium`` and
 ``chromium-driver``), logs in, and times the jobs page with 1,000 rows per page: from
 the request to the table drawn (``render()`` resolved and one animation frame), median
@@ -39,10 +43,13 @@ import sqlalchemy as sa
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from registry import servers  # noqa: E402
 from server import tokens  # noqa: E402
 from sql import database  # noqa: E402
 from tests import services, waiting  # noqa: E402
 
+# Made-up servers the jobs are spread over (owners and targets server-0 .. server-9).
+SERVERS = 10
 QUERIES = {
     "first page (100)": {"limit": 100},
     "page of 1,000": {"limit": 1000},
@@ -91,8 +98,28 @@ def populate(engine: sa.Engine, jobs: int) -> None:
                 """
             )
         )
+        # A history for the first jobs (the job page and the events feed show it).
+        conn.execute(
+            sa.text(
+                """
+                INSERT INTO job_events (job_id, job_name, at, kind, server, epoch, detail)
+                SELECT j.id, j.name, now() - interval '10 minutes' + k.n * interval '2 seconds'
+                       + j.id * interval '1 second', k.kind,
+                       CASE WHEN k.kind IN ('claimed', 'started') THEN 'server-' || (j.id % 10) END,
+                       CASE WHEN k.kind IN ('claimed', 'started') THEN 1 END,
+                       CASE WHEN k.kind IN ('created', 'start_requested')
+                            THEN '{"by": "token:ops"}'::jsonb ELSE '{}'::jsonb END
+                  FROM jobs j
+                 CROSS JOIN (VALUES (0, 'created'), (1, 'start_requested'), (2, 'claimed'),
+                                    (3, 'started')) AS k(n, kind)
+                 WHERE j.id <= 30 AND j.id % 3 = 1
+                """
+            )
+        )
     with engine.connect() as conn:
         conn.execute(sa.text("ANALYZE"))
+        conn.execute(sa.text("UPDATE coordinator SET server = 'server-0', term = 1 WHERE id = 1"))
+        conn.commit()
 
 
 def serve(database_url: str, port: int) -> None:
@@ -102,11 +129,24 @@ def serve(database_url: str, port: int) -> None:
     from server import api
 
     engine = database.create_engine(database_url, pool_size=4)
+    started = time.time() - 3600
+    members = {
+        f"server-{i}": servers.ServerInfo(
+            id=f"server-{i}",
+            host=f"10.0.0.{10 + i}",
+            pid=1000 + i,
+            capacity=1500,
+            role="both",
+            version="0.1.0",
+            started_at=started + 60 * i,
+        )
+        for i in range(SERVERS)
+    }
     backend = api.Backend(
         server_id="bench",
         engine=engine,
         status=lambda: (True, {"server": "bench"}),
-        members=dict,
+        members=lambda: members,
         log_file=lambda job: None,
         shipped_log=lambda job, epoch, lines: None,
         placement_epsilon=0.05,
@@ -158,23 +198,56 @@ const done = arguments[arguments.length - 1];
 """
 
 
-def bench_browser(url: str, token: str) -> dict[str, float]:
+def _browser(url: str, token: str):  # -> selenium webdriver, logged in
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "chromium"
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,860",
+    ):
         options.add_argument(argument)
     driver = webdriver.Chrome(
         service=Service(shutil.which("chromedriver") or "chromedriver"), options=options
     )
+    driver.set_script_timeout(30)
+    driver.get(url + "/console/")
+    driver.execute_script("localStorage.setItem('sparkring-token', arguments[0])", token)
+    driver.get(url + "/console/?logged-in#/jobs")  # a new URL: the page loads again
+    waiting.wait_until(lambda: driver.execute_script("return me !== null"), 30)
+    return driver
+
+
+def screenshots(url: str, token: str, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    driver = _browser(url, token)
     try:
-        driver.set_script_timeout(30)
-        driver.get(url + "/console/")
-        driver.execute_script("localStorage.setItem('sparkring-token', arguments[0])", token)
-        driver.get(url + "/console/?logged-in#/jobs")  # a new URL: the page loads again
-        waiting.wait_until(lambda: driver.execute_script("return me !== null"), 30)
+        for name, hash_, ready in [
+            ("jobs", "#/jobs", "#jobs tbody tr"),
+            ("job", "#/jobs/job-000004", "#job-events"),
+            ("servers", "#/servers", "#servers tbody tr"),
+            ("ring", "#/ring", "#ring-svg circle"),
+            ("events", "#/events", "#events"),
+        ]:
+            driver.get(f"{url}/console/?{name}{hash_}")
+            waiting.wait_until(
+                lambda ready=ready: driver.execute_script(
+                    "return document.querySelector(arguments[0]) !== null", ready
+                ),
+                30,
+            )
+            driver.save_screenshot(str(folder / f"console-{name}.png"))
+    finally:
+        driver.quit()
+
+
+def bench_browser(url: str, token: str) -> dict[str, float]:
+    driver = _browser(url, token)
+    try:
         samples = []
         for _ in range(5):
             elapsed, rows = driver.execute_async_script(BROWSER_SCRIPT)
@@ -192,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=200, help="timed requests per query")
     parser.add_argument("--browser", action="store_true", help="also time the console")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--screenshots", type=Path, help="save the console's pages here")
     parser.add_argument("--serve", nargs=2, metavar=("URL", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -226,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         }
         if args.browser:
             report["console_1000_rows"] = bench_browser(base, token)
+        if args.screenshots:
+            screenshots(base, token, args.screenshots)
     finally:
         if child is not None:
             child.terminate()

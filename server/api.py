@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import datetime
 import json
 import logging
 import time
@@ -94,9 +95,14 @@ class JobCreate(BaseModel):
     max_restarts: int = Field(3, ge=0)
 
 
+def _default(value: Any) -> str:
+    """Datetimes in ISO 8601, as ``--json`` prints them; anything else as text."""
+    return value.isoformat() if isinstance(value, datetime.datetime) else str(value)
+
+
 def _json(data: Any) -> Any:
-    """Datetimes and the like as strings, as ``--json`` prints them."""
-    return json.loads(json.dumps(data, default=str))
+    """Plain JSON values (datetimes as ISO 8601 strings)."""
+    return json.loads(json.dumps(data, default=_default))
 
 
 def create_app(backend: Backend) -> FastAPI:
@@ -282,7 +288,7 @@ def create_app(backend: Backend) -> FastAPI:
             total, page = jobs.page(conn, f, limit=limit, offset=offset)
         # Encoded in one pass (the hot path of the console): a 1,000-job page is ~1 MB.
         body = {"total": total, "limit": limit, "offset": offset, "jobs": page}
-        return Response(json.dumps(body, default=str), media_type="application/json")
+        return Response(json.dumps(body, default=_default), media_type="application/json")
 
     @app.get(f"{API}/jobs/{{name}}", tags=["jobs"])
     def show_job(name: str, principal: auth.Caller = viewer) -> dict[str, Any]:

@@ -135,6 +135,7 @@ def test_job_lifecycle_through_the_api_records_the_token_in_each_event(stack: Ap
     name = _name()
     created = stack.create_job(name, kind="batch", args=["--x", "1"], conf={"spark.a": "b"})
     assert created["name"] == name and created["kind"] == "batch"
+    assert "T" in created["created_at"]  # ISO 8601, as --json prints it
     assert created["resource"]["name"] == "heartbeat" and created["args"] == ["--x", "1"]
     with stack.client(stack.operator) as http:
         assert http.post(f"{API}/jobs/{name}/start").json() == {"job": name, "outcome": "started"}

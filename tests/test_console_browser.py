@@ -229,7 +229,7 @@ def test_ring_and_events_pages_draw(browser: webdriver.Chrome, stack: ApiStack) 
     browser.get(stack.url + "/console/#/ring")
     _until(
         browser,
-        lambda: browser.find_elements(By.CSS_SELECTOR, "#ring-svg path[data-server='s1']"),
+        lambda: browser.find_elements(By.CSS_SELECTOR, "#ring-svg [data-server='s1']"),
         "the ring's arcs",
     )
     assert browser.find_elements(By.CSS_SELECTOR, "#ring-servers tr[data-server='s1']")

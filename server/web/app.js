@@ -220,6 +220,11 @@ async function viewRing() {
     return [c + radius * Math.cos(angle), c + radius * Math.sin(angle)];
   };
   for (const arc of data.arcs) {
+    if (arc.end - arc.start > 0.999) {  // one server owns the whole circle
+      picture.append(svg("circle", { cx: c, cy: c, r, stroke: colour[arc.server],
+        "stroke-width": width, fill: "none", "data-server": arc.server }));
+      continue;
+    }
     const [x1, y1] = point(arc.start, r), [x2, y2] = point(arc.end, r);
     const large = arc.end - arc.start > 0.5 ? 1 : 0;
     picture.append(svg("path", { d: `M ${x1} ${y1} A ${r} ${r} 0 ${large} 1 ${x2} ${y2}`,
