@@ -26,6 +26,8 @@ import datetime
 import json
 import logging
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -425,8 +427,6 @@ def _health_of(
     backend: Backend, members: dict[str, registry_servers.ServerInfo]
 ) -> dict[str, tuple[bool | None, dict[str, Any] | None]]:
     """Each member's /healthz (this server's own status directly), fetched in parallel."""
-    import urllib.error
-    import urllib.request
 
     def probe(info: registry_servers.ServerInfo) -> tuple[bool | None, dict[str, Any] | None]:
         if info.id == backend.server_id:
