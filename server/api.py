@@ -443,6 +443,8 @@ def _health_of(
                 return False, json.loads(exc.read())
             except ValueError:
                 return False, None
+            finally:
+                exc.close()
         except (OSError, ValueError):
             return None, None
 

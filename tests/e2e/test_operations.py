@@ -80,6 +80,7 @@ def test_logs_health_metrics_and_ring_explain_of_a_running_job(cluster: Cluster)
     # credential above); anyone else reaching the port gets 401.
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(url + "/logs/talker", timeout=5)
+    refused.value.close()
     assert refused.value.code == 401
     explained = json.loads(cluster.cli("ring", "explain", "talker", "--json").stdout)
     assert explained["target"] == job["target"]
