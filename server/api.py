@@ -29,14 +29,20 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, RedirectResponse
+from fastapi.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    StreamingResponse,
+)
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import exc as sa_exc
@@ -135,12 +141,20 @@ def create_app(backend: Backend) -> FastAPI:
 
     @app.get("/logs/{job}", tags=["logs"], response_class=PlainTextResponse)
     def local_log(
-        job: str, principal: auth.Caller = viewer, lines: Annotated[int, Query(ge=1)] = 200
-    ) -> PlainTextResponse:
+        job: str,
+        principal: auth.Caller = viewer,
+        lines: Annotated[int, Query(ge=1)] = 200,
+        follow: Annotated[bool, Query(description="Stream until the run ends.")] = False,
+    ) -> Response:
         """The tail of a driver log of a job running on this server."""
         path = backend.log_file(job)
         if path is None or not path.exists():
             raise ApiError(404, f"no run of {job} here")
+        if follow:
+            return StreamingResponse(
+                livelog.follow(path, lines, lambda: backend.log_file(job) == path),
+                media_type="text/plain",
+            )
         return PlainTextResponse(livelog.tail(path, lines))
 
     # ---------------------------------------------------------------- servers + ring
@@ -312,11 +326,17 @@ def create_app(backend: Backend) -> FastAPI:
         name: str,
         principal: auth.Caller = viewer,
         lines: Annotated[int, Query(ge=1, le=livelog.MAX_LINES)] = 200,
-    ) -> PlainTextResponse:
-        """The driver log of the current run (wherever it runs) or of the last run."""
+        follow: Annotated[
+            bool, Query(description="Stream the current run's log until the run ends.")
+        ] = False,
+    ) -> Response:
+        """The driver log of the current run (wherever it runs) or of the last run.
+        With ``follow=true`` and a run live, the response streams what the driver writes."""
         with backend.engine.begin() as conn:
             job = jobs.show(conn, name)
             secret = tokens.cluster_secret(conn)
+        if follow and (stream := _follow(backend, job, lines, secret)) is not None:
+            return StreamingResponse(stream, media_type="text/plain")
         text = _live_log(backend, job, lines, secret)
         if text is None:
             for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
@@ -496,6 +516,23 @@ def _live_log(backend: Backend, job: dict[str, Any], lines: int, secret: str) ->
     if info is None or not info.health_url:
         return None
     return livelog.fetch(info.health_url, job["name"], lines, secret)
+
+
+def _follow(
+    backend: Backend, job: dict[str, Any], lines: int, secret: str
+) -> Iterator[bytes] | None:
+    owner, name = job["owner"], job["name"]
+    if owner is None:
+        return None
+    if owner == backend.server_id:
+        path = backend.log_file(name)
+        if path is None or not path.exists():
+            return None
+        return livelog.follow(path, lines, lambda: backend.log_file(name) == path)
+    info = backend.members().get(owner)
+    if info is None or not info.health_url:
+        return None
+    return livelog.follow_remote(info.health_url, name, lines, secret)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

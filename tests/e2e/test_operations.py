@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -84,9 +86,33 @@ def test_logs_health_metrics_and_ring_explain_of_a_running_job(cluster: Cluster)
     assert refused.value.code == 401
     explained = json.loads(cluster.cli("ring", "explain", "talker", "--json").stdout)
     assert explained["target"] == job["target"]
+    # Follow the live log through the other server (it relays the owner's stream with
+    # the cluster credential); the stream ends when the run does.
+    token = cluster.cli("token", "create", "e2e", "--role", "viewer").stdout.strip()
+    other = _health_url(cluster, "s1" if job["owner"] == "s2" else "s2")
+    received: list[bytes] = []
+    statuses: list[int] = []
+    ended = threading.Event()
+
+    def read_stream() -> None:
+        with httpx.stream(
+            "GET",
+            f"{other}/api/v1/jobs/talker/logs",
+            params={"follow": "true"},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=90,
+        ) as reply:
+            statuses.append(reply.status_code)
+            received.extend(reply.iter_bytes())
+        ended.set()
+
+    threading.Thread(target=read_stream, name="follow", daemon=True).start()
+    waiting.wait_until(lambda: received, 30, message="the followed log's tail")
     # After a stop, the shipped log of the last run is what `job logs` shows.
     cluster.cli("job", "stop", "talker")
     cluster.wait_job("talker", lambda j: j["state"] == "stopped", 60, "job stopped")
+    assert ended.wait(30), "the followed log did not end with its run"
+    assert statuses == [200] and b"".join(received).strip()
     waiting.wait_until(
         lambda: cluster.cli("job", "logs", "talker", check=False).returncode == 0,
         30,
