@@ -29,6 +29,14 @@ class JobError(Exception):
     """An operator command cannot be done; the message says why in one line."""
 
 
+class JobNotFound(JobError):
+    """No job has that name (the HTTP API answers 404)."""
+
+
+class JobConflict(JobError):
+    """The command clashes with the job's current state or name (the HTTP API: 409)."""
+
+
 @dataclass(frozen=True)
 class JobSpec:
     name: str
@@ -52,7 +60,17 @@ def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
     return conf
 
 
-def _event(conn: sa.Connection, job_id: int, name: str, kind: str, detail: dict[str, Any]) -> None:
+def _event(
+    conn: sa.Connection,
+    job_id: int,
+    name: str,
+    kind: str,
+    detail: dict[str, Any],
+    actor: str | None = None,
+) -> None:
+    """Append to the job's history; ``actor`` (who asked: an API token) goes in ``by``."""
+    if actor is not None:
+        detail = {**detail, "by": actor}
     conn.execute(
         sa.insert(tables.job_events).values(job_id=job_id, job_name=name, kind=kind, detail=detail)
     )
@@ -71,11 +89,11 @@ def _job_id(conn: sa.Connection, name: str, *, lock: bool = False) -> int:
         query = query.with_for_update()
     job_id = conn.execute(query).scalar_one_or_none()
     if job_id is None:
-        raise JobError(f"no job named {name!r}")
+        raise JobNotFound(f"no job named {name!r}")
     return job_id
 
 
-def create(conn: sa.Connection, spec: JobSpec) -> int:
+def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
     """Define a job (desired stopped). Its distribution row is created with it."""
     if not NAME.match(spec.name):
         raise JobError(
@@ -105,7 +123,7 @@ def create(conn: sa.Connection, spec: JobSpec) -> int:
         },
     ).scalar_one_or_none()
     if inserted is None:
-        raise JobError(f"a job named {spec.name!r} already exists")
+        raise JobConflict(f"a job named {spec.name!r} already exists")
     if spec.py_file_ids:
         conn.execute(
             sa.insert(tables.job_py_files),
@@ -115,7 +133,7 @@ def create(conn: sa.Connection, spec: JobSpec) -> int:
             ],
         )
     conn.execute(sa.insert(tables.distribution).values(job_id=inserted, state="stopped"))
-    _event(conn, inserted, spec.name, "created", {"kind": JobKind(spec.kind).value})
+    _event(conn, inserted, spec.name, "created", {"kind": JobKind(spec.kind).value}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, spec.name)
     return inserted
 
@@ -144,7 +162,7 @@ def _rerun(conn: sa.Connection, job_id: int) -> int | None:
     ).scalar_one_or_none()
 
 
-def start(conn: sa.Connection, name: str) -> str:
+def start(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     """Ask for the job to run. Returns what happened: 'started', 'resumed' or 'already running'.
 
     A stopped, finished or failed job gets a new generation and becomes pending. A job
@@ -163,12 +181,12 @@ def start(conn: sa.Connection, name: str) -> str:
         outcome, detail = "resumed", {}
     else:
         return "already running"
-    _event(conn, job_id, name, "start_requested", detail)
+    _event(conn, job_id, name, "start_requested", detail, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return outcome
 
 
-def stop(conn: sa.Connection, name: str) -> str:
+def stop(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     """Ask for the job to stop. Returns 'stopping', 'stopped' or 'already stopped'.
 
     Without an owner the run state goes straight to stopped; with one, the owner stops
@@ -191,12 +209,12 @@ def stop(conn: sa.Connection, name: str) -> str:
     ).rowcount
     if not changed and not unowned:
         return "already stopped"
-    _event(conn, job_id, name, "stop_requested", {})
+    _event(conn, job_id, name, "stop_requested", {}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return "stopped" if unowned else "stopping"
 
 
-def restart(conn: sa.Connection, name: str) -> str:
+def restart(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     """Run the job again with a new generation: its owner stops the current driver and
     the job is claimed afresh (possibly elsewhere). Returns 'started' or 'restarting'."""
     job_id = _job_id(conn, name, lock=True)
@@ -214,12 +232,12 @@ def restart(conn: sa.Connection, name: str) -> str:
             .returning(tables.jobs.c.generation)
         ).scalar_one()
         outcome = "restarting"
-    _event(conn, job_id, name, "restart_requested", {"generation": generation})
+    _event(conn, job_id, name, "restart_requested", {"generation": generation}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return outcome
 
 
-def delete(conn: sa.Connection, name: str) -> None:
+def delete(conn: sa.Connection, name: str, actor: str | None = None) -> None:
     """Remove a stopped job that no server owns (its events stay)."""
     job_id = _job_id(conn, name, lock=True)
     deleted = conn.execute(
@@ -234,8 +252,8 @@ def delete(conn: sa.Connection, name: str) -> None:
         {"job_id": job_id},
     ).rowcount
     if not deleted:
-        raise JobError(f"job {name!r} is running or still stopping; stop it first")
-    _event(conn, job_id, name, "deleted", {})
+        raise JobConflict(f"job {name!r} is running or still stopping; stop it first")
+    _event(conn, job_id, name, "deleted", {}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
 
 
@@ -295,19 +313,101 @@ def _view(row: sa.Row) -> dict[str, Any]:
 def show(conn: sa.Connection, name: str) -> dict[str, Any]:
     row = conn.execute(sa.text(_SHOW + " WHERE j.name = :name"), {"name": name}).one_or_none()
     if row is None:
-        raise JobError(f"no job named {name!r}")
+        raise JobNotFound(f"no job named {name!r}")
     return _view(row)
 
 
 def get(conn: sa.Connection, job_id: int) -> dict[str, Any]:
     row = conn.execute(sa.text(_SHOW + " WHERE j.id = :id"), {"id": job_id}).one_or_none()
     if row is None:
-        raise JobError(f"no job with id {job_id}")
+        raise JobNotFound(f"no job with id {job_id}")
     return _view(row)
 
 
 def list_jobs(conn: sa.Connection) -> list[dict[str, Any]]:
     return [_view(row) for row in conn.execute(sa.text(_SHOW + " ORDER BY j.name"))]
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which jobs a listing shows; None means any. ``search`` matches part of the name."""
+
+    state: str | None = None
+    desired: str | None = None
+    kind: str | None = None
+    owner: str | None = None
+    search: str | None = None
+
+
+def _where(f: Filter) -> tuple[str, dict[str, Any]]:
+    clauses, params = [], {}
+    for column, value in (
+        ("d.state", f.state),
+        ("j.desired", f.desired),
+        ("j.kind", f.kind),
+        ("d.owner", f.owner),
+    ):
+        if value is not None:
+            key = column.replace(".", "_")
+            clauses.append(f"{column} = :{key}")
+            params[key] = value
+    if f.search:
+        clauses.append("strpos(lower(j.name), lower(:search)) > 0")
+        params["search"] = f.search
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def page(
+    conn: sa.Connection, f: Filter, limit: int = 100, offset: int = 0
+) -> tuple[int, list[dict[str, Any]]]:
+    """One page of jobs matching ``f``, by name, and how many match in all."""
+    where, params = _where(f)
+    total = conn.execute(
+        sa.text("SELECT count(*) FROM jobs j JOIN distribution d ON d.job_id = j.id" + where),
+        params,
+    ).scalar_one()
+    rows = conn.execute(
+        sa.text(_SHOW + where + " ORDER BY j.name LIMIT :limit OFFSET :offset"),
+        {**params, "limit": limit, "offset": offset},
+    )
+    return total, [_view(row) for row in rows]
+
+
+def count_by_state(conn: sa.Connection) -> dict[str, int]:
+    """Jobs per run state (every state present, zeros included)."""
+    counts = dict.fromkeys((s.value for s in RunState), 0)
+    for state, count in conn.execute(
+        sa.text("SELECT state, count(*) FROM distribution GROUP BY state")
+    ):
+        counts[state] = count
+    return counts
+
+
+def recent_events(conn: sa.Connection, after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+    """The cluster's events newer than id ``after``: the newest ``limit``, oldest first."""
+    rows = conn.execute(
+        sa.text(
+            """
+            SELECT * FROM (
+                SELECT id, at, job_name, kind, server, epoch, detail FROM job_events
+                 WHERE id > :after ORDER BY id DESC LIMIT :limit
+            ) newest ORDER BY id
+            """
+        ),
+        {"after": after, "limit": limit},
+    ).all()
+    return [
+        {
+            "id": r.id,
+            "at": r.at,
+            "job": r.job_name,
+            "kind": r.kind,
+            "server": r.server,
+            "epoch": r.epoch,
+            "detail": r.detail,
+        }
+        for r in rows
+    ]
 
 
 def events(conn: sa.Connection, name: str, limit: int = 100) -> list[dict[str, Any]]:

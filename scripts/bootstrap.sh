@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what sparkring needs on a fresh Debian 12 machine: OS packages (ZooKeeper,
 # PostgreSQL 15, a JRE, docker-compose for config validation, iproute2/iptables for
-# partition tests) and a virtualenv in .venv with the project and its test extras.
+# partition tests, Chromium and its driver for the console's browser tests) and a
+# virtualenv in .venv with the project and its test extras.
 # Idempotent: each step is skipped when its result is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,9 @@ command -v docker-compose >/dev/null || need_apt+=(docker-compose)
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v iptables >/dev/null || need_apt+=(iptables)
 command -v runuser >/dev/null || need_apt+=(util-linux)
+# Browser tests of the web console (tests/test_console_browser.py) drive Debian's Chromium.
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: apt-get install ${need_apt[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

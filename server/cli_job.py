@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import getpass
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import typer
 
 from registry import servers
-from resource_center import catalog, errors
+from resource_center import catalog
 from scheduler import jobs
 from scheduler.states import JobKind
-from server import clients, console, runner
+from server import clients, console, livelog, runner, tokens
 
 app = typer.Typer(no_args_is_help=True, help="Define, start, stop and inspect jobs.")
 
@@ -58,6 +57,7 @@ def create(
                 spark_master=master,
                 max_restarts=max_restarts,
             ),
+            actor=_actor(),
         )
     console.out.print(
         f"job {name} created ({kind.value}, {main.reference}); "
@@ -65,10 +65,18 @@ def create(
     )
 
 
+def _actor() -> str:
+    """How job events name a CLI user (``detail.by``); API writes name their token."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no user name in this environment (a bare container)
+        return "cli"
+
+
 def _command(ctx: typer.Context, name: str, action) -> None:
     engine = console.engine(ctx)
     with engine.begin() as conn:
-        outcome = action(conn, name)
+        outcome = action(conn, name, actor=_actor())
     console.out.print(f"job {name}: {outcome}")
 
 
@@ -87,7 +95,7 @@ def start(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
     """
     engine = console.engine(ctx)
     with engine.begin() as conn:
-        outcome = jobs.start(conn, name)
+        outcome = jobs.start(conn, name, actor=_actor())
     if outcome == "already running":
         console.out.print(f"job {name}: {outcome}")
         return
@@ -122,7 +130,7 @@ def delete(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
     """Delete a stopped job (its events and checkpoints are kept)."""
     engine = console.engine(ctx)
     with engine.begin() as conn:
-        jobs.delete(conn, name)
+        jobs.delete(conn, name, actor=_actor())
     console.out.print(f"job {name}: deleted")
 
 
@@ -204,9 +212,10 @@ def logs(
     """The driver log of the current run (from its server) or of the last run (from S3)."""
     settings = console.context(ctx).settings()
     engine = console.engine(ctx)
-    with engine.connect() as conn:
+    with engine.begin() as conn:
         job = jobs.show(conn, name)
-    text = _live_log(settings, job, lines) if job["owner"] else None
+        secret = tokens.cluster_secret(conn)
+    text = _live_log(settings, job, lines, secret) if job["owner"] else None
     if text is None:
         text = _shipped_log(settings, job, lines)
     if text is None:
@@ -214,7 +223,7 @@ def logs(
     console.out.print(text, end="", highlight=False, markup=False)
 
 
-def _live_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
+def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> str | None:
     try:
         live = {
             info.id: info
@@ -227,23 +236,14 @@ def _live_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
     info = live.get(job["owner"])
     if info is None or not info.health_url:
         return None
-    url = f"{info.health_url}/logs/{job['name']}?lines={lines}"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError):
-        return None
+    # The owner serves logs only to token holders: the CLI presents the cluster credential.
+    return livelog.fetch(info.health_url, job["name"], lines, secret)
 
 
 def _shipped_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
     bucket = clients.bucket(settings)
     for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
-        key = runner.log_key(job["name"], epoch)
-        try:
-            if not bucket.exists(key):
-                continue
-            data = b"".join(bucket.read(key)).decode(errors="replace")
-        except errors.ResourceError:
-            return None
-        return "\n".join(data.splitlines()[-lines:]) + "\n"
+        text = livelog.shipped(bucket, runner.log_key(job["name"], epoch), lines)
+        if text is not None:
+            return text
     return None

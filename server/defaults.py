@@ -84,5 +84,7 @@ PLACEMENT_SETTLE_S = 5.0
 # 1.10x of the ideal K/(N+1) with bounded loads (160 gives 1.15-1.2x, docs/benchmarks.md).
 RING_VNODES = 640
 
-# HTTP port for /healthz and /metrics; 0 picks a free port.
+# HTTP port for the API, the console, /healthz and /metrics; 0 picks a free port.
 HEALTH_PORT = 0
+# Database connections of the HTTP API, apart from the runner's (never starve renewals).
+HTTP_DB_POOL = 4

@@ -1,5 +1,6 @@
 """One sparkring server process: wires the registry, the runner, the coordinator loop,
-the NOTIFY listener and the health endpoint together, and shuts them down in order.
+the NOTIFY listener and the HTTP endpoint (API, console, health, metrics) together, and
+shuts them down in order.
 
 Start-up: check the schema, open the HTTP endpoint, register in ZooKeeper (refused if
 another live server holds the id), listen for NOTIFY, start the runner. The registry
@@ -26,12 +27,14 @@ import sqlalchemy as sa
 
 from registry import connection, servers, session
 from resource_center import cache
-from scheduler import coordinator, notify
+from scheduler import coordinator, jobs, notify
 from server import (
+    api,
     clients,
     defaults,
     exit_codes,
-    health,
+    httpd,
+    livelog,
     metrics,
     runner,
     watchdog,
@@ -59,7 +62,9 @@ class Server:
         self.registry: session.Registry | None = None
         self.runner: runner.Runner | None = None
         self.listener: notify.Listener | None = None
-        self.http: health.HealthServer | None = None
+        self.http: httpd.HttpServer | None = None
+        # The HTTP API's own small pool: requests must never starve lease renewals.
+        self.api_engine: sa.Engine | None = None
         self.exit_code = exit_codes.ExitCode.OK
         self._work_dir_lock: IO[str] | None = None
         self._handing_over = False
@@ -107,8 +112,7 @@ class Server:
             ),
             may_claim=self._may_claim,
         )
-        self.http = health.HealthServer(s.health_port, self.status, self._log_file)
-        self.http.start()
+        self._start_http(bucket)
         self._register_gauges(capacity)
         info = servers.ServerInfo(
             id=self.id,
@@ -156,6 +160,36 @@ class Server:
             },
         )
 
+    def _start_http(self, bucket: Any) -> None:
+        s = self.settings
+        self.api_engine = clients.engine(s, pool_size=defaults.HTTP_DB_POOL)
+
+        def shipped_log(name: str, epoch: int, lines: int) -> str | None:
+            return livelog.shipped(bucket, runner.log_key(name, epoch), lines)
+
+        backend = api.Backend(
+            server_id=self.id,
+            engine=self.api_engine,
+            status=self.status,
+            members=lambda: self.registry.members() if self.registry else {},
+            log_file=self._log_file,
+            shipped_log=shipped_log,
+            placement_epsilon=s.placement_epsilon,
+            vnodes=defaults.RING_VNODES,
+        )
+        try:
+            self.http = httpd.HttpServer(api.create_app(backend), s.health_port)
+        except OSError as exc:
+            raise StartupError(f"SPARKRING_HEALTH_PORT: {exc}") from None
+        self.http.start()
+
+    def _jobs_by_state(self) -> dict[str, int]:
+        engine = self.api_engine
+        if engine is None:
+            return {}
+        with engine.connect() as conn:
+            return jobs.count_by_state(conn)
+
     def _register_gauges(self, capacity: int) -> None:
         registry = metrics.REGISTRY
         registry.gauge_fn(
@@ -169,6 +203,7 @@ class Server:
             ),
         )
         registry.gauge_fn("sparkring_capacity", lambda: float(capacity))
+        registry.jobs_by_state(self._jobs_by_state)
 
     # ------------------------------------------------------------------ callbacks
 
@@ -342,6 +377,8 @@ class Server:
             self.listener.stop()
         if self.http is not None:
             self.http.stop()
+        if self.api_engine is not None:
+            self.api_engine.dispose()
         if self.engine is not None:
             self.engine.dispose()
         if self._work_dir_lock is not None:

@@ -376,6 +376,11 @@ class Runner:
         except distribution.NotClaimable:
             return
         metrics.REGISTRY.inc("sparkring_claims_total")
+        metrics.REGISTRY.observe("sparkring_claim_seconds", watchdog.lease_clock() - t_sent)
+        if row.owner is not None and row.due_in is not None:
+            # Claimed over a lost owner's expired lease: how long it had been expired
+            # (as the poll saw it) is what failover added beyond the lease itself.
+            metrics.REGISTRY.observe("sparkring_failover_seconds", max(0.0, -row.due_in))
         run = Run(
             job_id=claim.job_id,
             name=claim.name,
@@ -459,6 +464,9 @@ class Runner:
             extra={"action": "driver_started", "job": run.name, "epoch": run.epoch},
         )
         metrics.REGISTRY.inc("sparkring_driver_starts_total")
+        metrics.REGISTRY.observe(
+            "sparkring_driver_start_seconds", watchdog.lease_clock() - run.claimed_at
+        )
         self._mark_running(run)
         self.wake()
 

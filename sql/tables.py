@@ -217,3 +217,34 @@ job_events = sa.Table(
     sa.Column("detail", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
 )
 sa.Index("ix_job_events_job_id_id", job_events.c.job_id, job_events.c.id)
+
+# Bearer tokens of the HTTP API: only a SHA-256 of each token is kept (a token is 32
+# random bytes, so a plain hash is enough; no salt or slow hash needed). Revoking sets
+# revoked_at; rows stay for the audit trail of job_events (detail.by names the token).
+TOKEN_ROLES = ("viewer", "operator")
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("token_sha256", sa.String(64), nullable=False, unique=True),
+    _timestamp("created_at"),
+    sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint(_in("role", TOKEN_ROLES), name="role_known"),
+    sa.CheckConstraint("token_sha256 ~ '^[0-9a-f]{64}$'", name="sha256_hex"),
+    sa.CheckConstraint(r"name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'", name="name_charset"),
+)
+
+# The cluster credential: one random secret servers accept from each other and from the
+# CLI (which reads it here) for reads such as a live driver log. Whoever can read this
+# table can already change every job, so it is stored as is.
+cluster_credential = sa.Table(
+    "cluster_credential",
+    metadata,
+    sa.Column("id", sa.SmallInteger, primary_key=True, server_default="1"),
+    sa.Column("secret", sa.Text, nullable=False),
+    _timestamp("created_at"),
+    sa.CheckConstraint("id = 1", name="single_row"),
+    sa.CheckConstraint("length(secret) >= 32", name="secret_long_enough"),
+)

@@ -6,7 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import urllib.error
 import urllib.request
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests import waiting
 from tests.cluster import Cluster
@@ -63,14 +69,50 @@ def test_logs_health_metrics_and_ring_explain_of_a_running_job(cluster: Cluster)
         health = json.load(reply)
     assert health["jobs"] == ["talker"] and health["zookeeper"] == "connected"
     with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
-        metrics = reply.read().decode()
-    assert "sparkring_jobs_owned 1" in metrics
-    assert "sparkring_claims_total 1" in metrics
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(reply.read().decode())
+            for s in family.samples
+        }
+    assert samples[("sparkring_jobs_owned", ())] == 1
+    assert samples[("sparkring_claims_total", ())] == 1
+    assert samples[("sparkring_jobs", (("state", "running"),))] == 1
+    assert samples[("sparkring_lease_renew_seconds_count", ())] >= 1
+    # The owner serves the live log only to a token holder (the CLI used the cluster
+    # credential above); anyone else reaching the port gets 401.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url + "/logs/talker", timeout=5)
+    refused.value.close()
+    assert refused.value.code == 401
     explained = json.loads(cluster.cli("ring", "explain", "talker", "--json").stdout)
     assert explained["target"] == job["target"]
+    # Follow the live log through the other server (it relays the owner's stream with
+    # the cluster credential); the stream ends when the run does.
+    token = cluster.cli("token", "create", "e2e", "--role", "viewer").stdout.strip()
+    other = _health_url(cluster, "s1" if job["owner"] == "s2" else "s2")
+    received: list[bytes] = []
+    statuses: list[int] = []
+    ended = threading.Event()
+
+    def read_stream() -> None:
+        with httpx.stream(
+            "GET",
+            f"{other}/api/v1/jobs/talker/logs",
+            params={"follow": "true"},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=90,
+        ) as reply:
+            statuses.append(reply.status_code)
+            received.extend(reply.iter_bytes())
+        ended.set()
+
+    threading.Thread(target=read_stream, name="follow", daemon=True).start()
+    waiting.wait_until(lambda: received, 30, message="the followed log's tail")
     # After a stop, the shipped log of the last run is what `job logs` shows.
     cluster.cli("job", "stop", "talker")
     cluster.wait_job("talker", lambda j: j["state"] == "stopped", 60, "job stopped")
+    assert ended.wait(30), "the followed log did not end with its run"
+    assert statuses == [200] and b"".join(received).strip()
     waiting.wait_until(
         lambda: cluster.cli("job", "logs", "talker", check=False).returncode == 0,
         30,

@@ -1,0 +1,59 @@
+"""The server's HTTP listener: uvicorn serving ``server/api.py`` on a side thread.
+
+The socket is bound before the thread starts, so the port (0 picks a free one) is known
+at once and a taken port fails start-up with a clear error. uvicorn installs no signal
+handlers off the main thread: the server process keeps its own (``server/signals.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+import uvicorn
+from fastapi import FastAPI
+
+log = logging.getLogger(__name__)
+# How long stop() waits for open requests to finish, seconds.
+STOP_TIMEOUT_S = 5.0
+
+
+class HttpServer:
+    def __init__(self, app: FastAPI, port: int, host: str = "0.0.0.0") -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._socket.bind((host, port))
+        except OSError as exc:
+            self._socket.close()
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        self._socket.listen(128)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=STOP_TIMEOUT_S,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="http", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return self._socket.getsockname()[1]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Idempotent: finish open requests (bounded), then close the socket."""
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(STOP_TIMEOUT_S + 2)
+        self._socket.close()

@@ -1,0 +1,273 @@
+"""The REST API over a real server and the local stack: auth, job commands through the
+same guarded functions as the CLI (with the token in each event), reads with filters and
+pages, servers and the ring, and every kind of bad input answered 4xx in one line."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from server import tokens
+from tests.api_helpers import API, ApiStack, api_stack
+
+
+@pytest.fixture(scope="module")
+def stack(
+    postgres_url: str, stack_env: dict[str, str], zk_hosts: str, s3_endpoint: str, tmp_path_factory
+) -> Iterator[ApiStack]:
+    yield from api_stack(postgres_url, stack_env, Path(tmp_path_factory.mktemp("api")))
+
+
+def _name(prefix: str = "j") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _one_line_error(reply: httpx.Response, status: int, *fragments: str) -> str:
+    assert reply.status_code == status, reply.text
+    assert reply.headers["content-type"].startswith("application/json")
+    message = reply.json()["error"]
+    assert "\n" not in message and "Traceback" not in reply.text
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+# ---------------------------------------------------------------- open endpoints
+
+
+def test_health_and_metrics_are_open_and_metrics_have_histograms(stack: ApiStack) -> None:
+    with stack.client() as http:
+        health = http.get("/healthz")
+        scrape = http.get("/metrics")
+    assert health.status_code == 200 and health.json()["server"] == "s1"
+    families = {f.name: f for f in text_string_to_metric_families(scrape.text)}
+    assert families["sparkring_lease_renew_seconds"].type == "histogram"
+    assert families["sparkring_driver_stop_seconds"].type == "histogram"
+    assert families["sparkring_claim_seconds"].type == "histogram"
+    assert families["sparkring_failover_seconds"].type == "histogram"
+    assert families["sparkring_claims"].type == "counter"
+    assert "process_cpu_seconds" in families
+    states = {s.labels["state"] for s in families["sparkring_jobs"].samples}
+    assert {"pending", "running", "stopped", "failed"} <= states
+
+
+def test_openapi_schema_lists_the_api_and_its_bearer_scheme(stack: ApiStack) -> None:
+    with stack.client() as http:
+        schema = http.get(f"{API}/openapi.json").json()
+    assert {f"{API}/jobs", f"{API}/jobs/{{name}}/stop", f"{API}/servers", f"{API}/ring"} <= set(
+        schema["paths"]
+    )
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+# ---------------------------------------------------------------- auth
+
+
+@pytest.mark.parametrize("path", [f"{API}/jobs", f"{API}/servers", "/logs/anything"])
+def test_reads_without_a_token_or_with_a_bad_one_are_401(stack: ApiStack, path: str) -> None:
+    with stack.client() as http:
+        reply = http.get(path)
+    _one_line_error(reply, 401, "bearer token is required")
+    assert reply.headers["www-authenticate"] == "Bearer"
+    with stack.client("srt_not-a-real-token") as http:
+        _one_line_error(http.get(path), 401, "unknown or revoked")
+
+
+def test_a_viewer_reads_but_may_not_write(stack: ApiStack) -> None:
+    name = _name()
+    stack.create_job(name)
+    with stack.client(stack.viewer) as http:
+        assert http.get(f"{API}/jobs/{name}").json()["state"] == "stopped"
+        assert http.get(f"{API}/whoami").json() == {
+            "name": "watcher",
+            "role": "viewer",
+            "server": "s1",
+        }
+        _one_line_error(http.post(f"{API}/jobs/{name}/start"), 403, "'watcher' is a viewer")
+        _one_line_error(http.delete(f"{API}/jobs/{name}"), 403, "needs an operator")
+    with stack.client(stack.viewer) as http:
+        assert http.get(f"{API}/jobs/{name}").json()["desired"] == "stopped"
+
+
+def test_a_revoked_token_is_refused_at_once_and_listed_as_revoked(stack: ApiStack) -> None:
+    token = stack.token("short-lived", "operator")
+    with stack.client(token) as http:
+        assert http.get(f"{API}/whoami").status_code == 200
+        stack.cluster.cli("token", "revoke", "short-lived")
+        _one_line_error(http.get(f"{API}/whoami"), 401, "unknown or revoked")
+    listed = json.loads(stack.cluster.cli("token", "list", "--json").stdout)
+    row = next(r for r in listed if r["name"] == "short-lived")
+    assert row["role"] == "operator" and row["revoked_at"] is not None and not row["active"]
+    assert token not in json.dumps(listed)
+    with stack.cluster.engine.begin() as conn, pytest.raises(tokens.TokenError) as again:
+        tokens.revoke(conn, "short-lived")
+    assert str(again.value) == "no active token named 'short-lived'"
+
+
+def test_token_create_prints_the_token_once_and_refuses_bad_input(stack: ApiStack) -> None:
+    made = stack.cluster.cli("token", "create", "ci-bot", "--role", "operator")
+    token = made.stdout.strip()
+    assert token.startswith("srt_") and "shown only now" in made.stderr
+    with stack.client(token) as http:
+        assert http.get(f"{API}/whoami").json()["role"] == "operator"
+    refused = stack.cluster.cli("token", "create", "x1", "--role", "admin", check=False)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "token role 'admin' must be one of: viewer, operator" in refused.stderr
+    for name, role, message in [
+        ("bad name", "viewer", "token name 'bad name' must be"),
+        ("ops", "viewer", "a token named 'ops' already exists"),
+    ]:
+        with stack.cluster.engine.begin() as conn, pytest.raises(tokens.TokenError) as error:
+            tokens.create(conn, name, role)
+        assert message in str(error.value)
+
+
+# ---------------------------------------------------------------- job commands
+
+
+def test_job_lifecycle_through_the_api_records_the_token_in_each_event(stack: ApiStack) -> None:
+    name = _name()
+    created = stack.create_job(name, kind="batch", args=["--x", "1"], conf={"spark.a": "b"})
+    assert created["name"] == name and created["kind"] == "batch"
+    assert "T" in created["created_at"]  # ISO 8601, as --json prints it
+    assert created["resource"]["name"] == "heartbeat" and created["args"] == ["--x", "1"]
+    with stack.client(stack.operator) as http:
+        assert http.post(f"{API}/jobs/{name}/start").json() == {"job": name, "outcome": "started"}
+        again = http.post(f"{API}/jobs/{name}/start").json()
+        assert again["outcome"] == "already running"
+        # No server has capacity here, so the job waits pending (with a reason).
+        assert http.get(f"{API}/jobs/{name}").json()["state"] == "pending"
+        assert http.post(f"{API}/jobs/{name}/restart").json()["outcome"] == "restarting"
+        assert http.post(f"{API}/jobs/{name}/stop").json()["outcome"] == "stopped"
+        assert http.get(f"{API}/jobs/{name}").json()["state"] == "stopped"
+        events = http.get(f"{API}/jobs/{name}/events").json()
+        assert http.delete(f"{API}/jobs/{name}").json() == {"job": name, "outcome": "deleted"}
+        _one_line_error(http.get(f"{API}/jobs/{name}"), 404, f"no job named '{name}'")
+        feed = http.get(f"{API}/events", params={"after": events[-1]["id"]}).json()
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "created" and "start_requested" in kinds and kinds[-1] == "stop_requested"
+    asked = [e for e in events if e["kind"] != "retargeted" and e["server"] is None]
+    assert asked and all(e["detail"]["by"] == "token:ops" for e in asked)
+    assert {"job": name, "kind": "deleted"} in [{"job": e["job"], "kind": e["kind"]} for e in feed]
+
+
+def test_cli_commands_are_recorded_as_cli_in_events(stack: ApiStack) -> None:
+    name = _name()
+    stack.create_job(name)
+    stack.cluster.cli("job", "start", name)
+    events = stack.cluster.events(name)
+    started = next(e for e in events if e["kind"] == "start_requested")
+    assert started["detail"]["by"].startswith("cli")
+
+
+def test_job_list_filters_and_pages(stack: ApiStack) -> None:
+    prefix = _name("page")
+    names = sorted(f"{prefix}-{i}" for i in range(5))
+    for name in names:
+        stack.create_job(name)
+    with stack.client(stack.operator) as http:
+        http.post(f"{API}/jobs/{names[0]}/start")
+        first = http.get(f"{API}/jobs", params={"q": prefix.upper(), "limit": 2}).json()
+        second = http.get(f"{API}/jobs", params={"q": prefix, "limit": 2, "offset": 2}).json()
+        pending = http.get(f"{API}/jobs", params={"q": prefix, "state": "pending"}).json()
+        stopped = http.get(f"{API}/jobs", params={"q": prefix, "desired": "stopped"}).json()
+        streaming = http.get(f"{API}/jobs", params={"q": prefix, "kind": "batch"}).json()
+    assert first["total"] == 5 and [j["name"] for j in first["jobs"]] == names[:2]
+    assert [j["name"] for j in second["jobs"]] == names[2:4]
+    assert [j["name"] for j in pending["jobs"]] == [names[0]]
+    assert stopped["total"] == 4
+    assert streaming["total"] == 0
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_input_is_4xx_with_a_message_naming_the_problem_and_writes_nothing(
+    stack: ApiStack,
+) -> None:
+    taken = _name()
+    stack.create_job(taken)
+    with stack.client(stack.operator) as http:
+        before = http.get(f"{API}/jobs").json()["total"]
+        post = f"{API}/jobs"
+        raw = {"headers": {"content-type": "application/json"}}
+        _one_line_error(http.post(post, content=b"{not json", **raw), 400, "not valid JSON")
+        _one_line_error(
+            http.post(post, json={"name": "x", "resource": "heartbeat", "colour": "red"}),
+            422,
+            "unknown field 'colour'",
+        )
+        _one_line_error(http.post(post, json={"name": "x"}), 422, "resource is required")
+        _one_line_error(
+            http.post(post, json={"name": "x", "resource": "heartbeat", "kind": "forever"}),
+            422,
+            "kind",
+        )
+        _one_line_error(
+            http.post(post, json={"name": "x", "resource": "heartbeat", "max_restarts": -1}),
+            422,
+            "max_restarts",
+        )
+        _one_line_error(
+            http.post(post, json={"name": "no spaces", "resource": "heartbeat"}),
+            400,
+            "job name 'no spaces' must be",
+        )
+        _one_line_error(
+            http.post(post, json={"name": "x", "resource": "nosuchresource"}), 404, "nosuchresource"
+        )
+        _one_line_error(
+            http.post(post, json={"name": taken, "resource": "heartbeat"}),
+            409,
+            f"a job named '{taken}' already exists",
+        )
+        _one_line_error(http.post(f"{API}/jobs/nosuchjob/start"), 404, "no job named 'nosuchjob'")
+        _one_line_error(http.delete(f"{API}/jobs/nosuchjob"), 404, "no job named 'nosuchjob'")
+        _one_line_error(http.get(f"{API}/jobs", params={"limit": 0}), 422, "limit")
+        _one_line_error(http.get(f"{API}/nowhere"), 404, "no such path")
+        http.post(f"{API}/jobs/{taken}/start")
+        _one_line_error(http.delete(f"{API}/jobs/{taken}"), 409, "stop it first")
+        assert http.get(f"{API}/jobs").json()["total"] == before
+        assert http.get(f"{API}/jobs/{taken}").json()["desired"] == "running"
+
+
+# ---------------------------------------------------------------- servers, ring, logs
+
+
+def test_servers_ring_and_explain(stack: ApiStack) -> None:
+    name = _name()
+    stack.create_job(name)
+    with stack.client(stack.viewer) as http:
+        servers = http.get(f"{API}/servers").json()
+        ring = http.get(f"{API}/ring").json()
+        not_running = http.get(f"{API}/ring/explain/{name}")
+        unknown = http.get(f"{API}/ring/explain/nosuchjob")
+        resources = http.get(f"{API}/resources").json()
+        heartbeat = http.get(f"{API}/resources/heartbeat").json()
+    [s1] = servers
+    assert s1["id"] == "s1" and s1["coordinator"] is True and s1["healthy"] is True
+    assert s1["role"] == "coordinator" and s1["capacity"] == 0 and s1["status"]["server"] == "s1"
+    assert ring["servers"][0]["server"] == "s1" and ring["servers"][0]["placeable"] is False
+    assert ring["arcs"] and all(0 <= a["end"] - a["start"] <= 1 for a in ring["arcs"])
+    assert abs(sum(a["end"] - a["start"] for a in ring["arcs"]) - 1) < 1e-9
+    _one_line_error(not_running, 409, "not wanted running")
+    _one_line_error(unknown, 404, "no job named 'nosuchjob'")
+    assert [r["name"] for r in resources] == ["heartbeat"]
+    assert heartbeat["version"] == 1 and name in heartbeat["jobs"]
+
+
+def test_logs_of_a_job_that_never_ran_is_404_and_local_logs_404_for_foreign_jobs(
+    stack: ApiStack,
+) -> None:
+    name = _name()
+    stack.create_job(name)
+    with stack.client(stack.viewer) as http:
+        _one_line_error(http.get(f"{API}/jobs/{name}/logs"), 404, "has no driver log yet")
+        _one_line_error(http.get(f"/logs/{name}"), 404, f"no run of {name} here")
+        _one_line_error(http.get(f"{API}/jobs/nosuchjob/logs"), 404, "no job named")

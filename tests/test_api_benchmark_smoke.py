@@ -1,0 +1,57 @@
+"""benchmarks/api_jobs.py runs end to end at a small size (it must not rot): every
+query's figures are in its JSON and its scratch database is gone afterwards."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from tests import services
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "api_jobs.py"
+
+
+def _bench_databases(url: str) -> set[str]:
+    admin = services.admin_engine(url)
+    try:
+        with admin.connect() as conn:
+            return set(
+                conn.execute(
+                    sa.text("SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_%'")
+                ).scalars()
+            )
+    finally:
+        admin.dispose()
+
+
+def test_api_benchmark_reports_every_query(postgres_url: str, stack_env: dict[str, str]) -> None:
+    before = _bench_databases(postgres_url)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--jobs", "1000", "--requests", "2", "--json"],
+        env={**os.environ, **stack_env, "SPARKRING_DATABASE_URL": postgres_url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["jobs"] == 1000
+    assert set(report["api"]) == set(_script_queries())
+    for figures in report["api"].values():
+        assert set(figures) == {"p50_ms", "p95_ms", "max_ms"}
+        assert 0 < figures["p50_ms"] <= figures["max_ms"]
+    assert _bench_databases(postgres_url) == before
+
+
+def _script_queries() -> list[str]:
+    spec = importlib.util.spec_from_file_location("api_jobs_benchmark", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.QUERIES)

@@ -1,0 +1,248 @@
+"""The web console in a real headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, driven by selenium) against a real server and the local stack.
+
+Every wait is explicit, with a deadline. Set ``SPARKRING_SCREENSHOTS=DIR`` to save a
+screenshot of each main page there (docs/img/ holds the ones in docs/console.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.api_helpers import API, ApiStack, api_stack
+from tests.conftest import IN_CI
+
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+# Seconds: the console refreshes every 2 s; a server's death shows after its ZooKeeper
+# session expires (4 s in the test cluster).
+WAIT_S = 15
+
+
+@pytest.fixture(scope="module")
+def stack(
+    postgres_url: str, stack_env: dict[str, str], zk_hosts: str, s3_endpoint: str, tmp_path_factory
+) -> Iterator[ApiStack]:
+    yield from api_stack(postgres_url, stack_env, Path(tmp_path_factory.mktemp("console")))
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    if not CHROMIUM or not CHROMEDRIVER:
+        message = "chromium and chromium-driver are not installed (scripts/bootstrap.sh)"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # CI and this machine run as root
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,860",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    yield driver
+    driver.quit()
+
+
+def _until(browser: webdriver.Chrome, condition: Callable[[], object], what: str) -> object:
+    """Poll ``condition`` until truthy (stale elements from a refresh count as not yet)."""
+
+    def check(_driver: object) -> object:
+        try:
+            return condition()
+        except StaleElementReferenceException:
+            return False
+
+    try:
+        return WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(check)
+    except TimeoutException:
+        seen = {
+            "url": browser.current_url,
+            "banner": _text(browser, "#banner"),
+            "h1": _text(browser, "#view h1"),
+            "outcome": _text(browser, "#job-outcome"),
+            "state": _text(browser, "dd[data-field='state']"),
+            "updated": _text(browser, "#updated"),
+        }
+        raise AssertionError(f"{what}: not seen within {WAIT_S} s; page: {seen}") from None
+
+
+def _act(browser: webdriver.Chrome, action: Callable[[], None], what: str) -> None:
+    """Do ``action`` on the page; the console re-renders every 2 s, so an element found
+    just before a refresh may be gone: find it again and retry, within the deadline."""
+
+    def attempt() -> bool:
+        action()
+        return True
+
+    _until(browser, attempt, what)
+
+
+def _click(browser: webdriver.Chrome, by: str, selector: str) -> None:
+    _act(browser, lambda: browser.find_element(by, selector).click(), f"click {selector}")
+
+
+def _type(browser: webdriver.Chrome, element_id: str, text: str) -> None:
+    def action() -> None:
+        browser.execute_script(f"document.getElementById('{element_id}').value = ''")
+        browser.find_element(By.ID, element_id).send_keys(text)
+
+    _act(browser, action, f"type into {element_id}")
+
+
+def _text(browser: webdriver.Chrome, css: str) -> str:
+    found = browser.find_elements(By.CSS_SELECTOR, css)
+    return found[0].text if found else ""
+
+
+def _log_in(browser: webdriver.Chrome, stack: ApiStack, token: str) -> None:
+    browser.get(stack.url + "/console/")
+    browser.execute_script("localStorage.clear()")
+    browser.get(stack.url + "/console/#/jobs")
+    _until(browser, lambda: browser.find_element(By.ID, "token").is_displayed(), "login form")
+    browser.find_element(By.ID, "token").send_keys(token)
+    browser.find_element(By.ID, "login-button").click()
+    _until(browser, lambda: browser.find_elements(By.ID, "jobs"), "the jobs table")
+
+
+def _screenshot(browser: webdriver.Chrome, name: str) -> None:
+    folder = os.environ.get("SPARKRING_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(Path(folder) / f"console-{name}.png"))
+
+
+def test_a_bad_token_is_refused_at_login(browser: webdriver.Chrome, stack: ApiStack) -> None:
+    browser.get(stack.url + "/console/")
+    browser.execute_script("localStorage.clear()")
+    browser.refresh()
+    _until(browser, lambda: browser.find_element(By.ID, "token").is_displayed(), "login form")
+    browser.find_element(By.ID, "token").send_keys("srt_wrong")
+    browser.find_element(By.ID, "login-button").click()
+    _until(
+        browser,
+        lambda: "unknown or revoked" in _text(browser, "#login-error"),
+        "the refusal shown",
+    )
+    assert not browser.find_element(By.ID, "nav").is_displayed()
+
+
+def test_operator_sees_a_job_appear_stops_it_and_sees_it_stopped(
+    browser: webdriver.Chrome, stack: ApiStack
+) -> None:
+    _log_in(browser, stack, stack.operator)
+    name = f"web-{uuid.uuid4().hex[:8]}"
+    row = f"tr[data-job='{name}']"
+    stack.create_job(name)
+    with stack.client(stack.operator) as http:
+        assert http.post(f"{API}/jobs/{name}/start").json()["outcome"] == "started"
+    _until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, row), "the new job's row")
+    _until(browser, lambda: _text(browser, f"{row} td.state") == "pending", "pending")
+    # The search box filters the table (server side).
+    _type(browser, "job-search", name)
+    _until(browser, lambda: _text(browser, "#job-count") == "1-1 of 1", "one match")
+    _screenshot(browser, "jobs")
+    _click(browser, By.CSS_SELECTOR, f"{row} a")
+    _until(browser, lambda: _text(browser, "#job-name") == name, "the job page")
+    _until(browser, lambda: "start_requested" in _text(browser, "#job-events"), "events")
+    assert "has no driver log yet" in _text(browser, "#job-log")
+    _click(browser, By.ID, "job-stop")
+    _until(browser, lambda: _text(browser, "dd[data-field='state']") == "stopped", "state stopped")
+    assert _text(browser, "#job-outcome") == "stop: stopped"
+    _until(browser, lambda: "stop_requested" in _text(browser, "#job-events"), "stop event")
+    assert "token:ops" in _text(browser, "#job-events")
+    _screenshot(browser, "job")
+    with stack.client(stack.viewer) as http:
+        assert http.get(f"{API}/jobs/{name}").json()["desired"] == "stopped"
+
+
+def test_a_viewer_cannot_press_the_buttons(browser: webdriver.Chrome, stack: ApiStack) -> None:
+    name = f"web-{uuid.uuid4().hex[:8]}"
+    stack.create_job(name)
+    _log_in(browser, stack, stack.viewer)
+    browser.get(f"{stack.url}/console/#/jobs/{name}")
+    _until(browser, lambda: _text(browser, "#job-name") == name, "the job page")
+    _until(
+        browser,
+        lambda: (
+            not any(
+                browser.find_element(By.ID, f"job-{a}").is_enabled()
+                for a in ("start", "stop", "restart")
+            )
+        ),
+        "start, stop and restart disabled",
+    )
+
+
+def test_servers_page_shows_a_server_join_and_its_death(
+    browser: webdriver.Chrome, stack: ApiStack
+) -> None:
+    _log_in(browser, stack, stack.operator)
+    browser.get(stack.url + "/console/#/servers")
+    _until(
+        browser,
+        lambda: (
+            "healthy" in _text(browser, "tr[data-server='s1']")
+            and "yes (term" in _text(browser, "tr[data-server='s1']")
+        ),
+        "s1 healthy and coordinator",
+    )
+    stack.cluster.start_server("s2", capacity=0, role="worker")
+    try:
+        _until(
+            browser, lambda: browser.find_elements(By.CSS_SELECTOR, "tr[data-server='s2']"), "s2"
+        )
+        _until(browser, lambda: "healthy" in _text(browser, "tr[data-server='s2']"), "s2 healthy")
+        _screenshot(browser, "servers")
+        stack.cluster.signal("s2", signal.SIGKILL)
+        _until(
+            browser,
+            lambda: not browser.find_elements(By.CSS_SELECTOR, "tr[data-server='s2']"),
+            "s2 gone after its death",
+        )
+    finally:
+        if "s2" in stack.cluster.servers:
+            stack.cluster.kill("s2")
+    assert _text(browser, "#view h1") == "Servers (1 live)"
+
+
+def test_ring_and_events_pages_draw(browser: webdriver.Chrome, stack: ApiStack) -> None:
+    _log_in(browser, stack, stack.viewer)
+    browser.get(stack.url + "/console/#/ring")
+    _until(
+        browser,
+        lambda: browser.find_elements(By.CSS_SELECTOR, "#ring-svg [data-server='s1']"),
+        "the ring's arcs",
+    )
+    assert browser.find_elements(By.CSS_SELECTOR, "#ring-servers tr[data-server='s1']")
+    _screenshot(browser, "ring")
+    browser.get(stack.url + "/console/#/events")
+    _until(browser, lambda: "created" in _text(browser, "#events"), "the events feed")
+    _screenshot(browser, "events")
+
+
+def test_console_is_served_without_a_token_but_its_data_is_not(stack: ApiStack) -> None:
+    page = httpx.get(stack.url + "/console/", timeout=5)
+    script = httpx.get(stack.url + "/console/app.js", timeout=5)
+    assert page.status_code == 200 and "<title>sparkring console</title>" in page.text
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    assert httpx.get(stack.url + "/", timeout=5, follow_redirects=False).status_code == 307
+    assert httpx.get(stack.url + f"{API}/servers", timeout=5).status_code == 401
