@@ -12,6 +12,7 @@ bucket of its own (``sparkring_demo``), so it can be run again and again.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -112,6 +113,12 @@ def main() -> int:
             c.start_server(sid, capacity=4)
         c.wait_members(3, timeout=60)
         console.print(c.cli("server", "list").stdout)
+        token = c.cli("token", "create", "demo", "--role", "operator").stdout.strip()
+        first = json.loads(c.cli("server", "list", "--json").stdout)[0]
+        console.print(
+            f"web console: {first['health_url']}/console/ (any server's), token: {token}\n"
+            "open it now to watch the failover below happen"
+        )
 
         step("2. upload artifacts, create and start jobs")
         c.cli("resource", "upload", "clicks", str(JOBS_DIR / "streaming_counter.py"))
