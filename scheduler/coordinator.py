@@ -264,9 +264,9 @@ _UPDATE_TARGETS = sa.text(
     """
 )
 _RETARGET_EVENTS = sa.text(
-    """
+    f"""
     INSERT INTO job_events (job_id, job_name, kind, server, detail)
-    SELECT v.job_id, v.name, 'retargeted', :server,
+    SELECT v.job_id, v.name, '{states.EventKind.RETARGETED}', :server,
            jsonb_build_object('from', v.old, 'to', v.new, 'ring_generation', :generation,
                               'why', v.why)
       FROM unnest(CAST(:job_ids AS bigint[]), CAST(:names AS text[]),

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from scheduler import states
-from scheduler.states import RunState
+from scheduler.states import EventKind, RunState
 
 
 class FencedError(Exception):
@@ -129,7 +129,7 @@ _CLAIM = sa.text(
                   jsonb_build_object('attempt', d.attempt) AS detail
     )
     """
-    + _event_cte("claimed")
+    + _event_cte(EventKind.CLAIMED)
     + "SELECT job_id, name, epoch, attempt, generation FROM changed"
 )
 
@@ -253,7 +253,7 @@ def _fenced(
 
 
 _MARK_RUNNING = _transition(
-    "driver_started",
+    EventKind.DRIVER_STARTED,
     RunState.RUNNING,
     "",
     release=False,
@@ -267,7 +267,7 @@ def mark_running(conn: sa.Connection, job_id: int, owner: Owner, epoch: int, pid
 
 
 _BEGIN_STOP = _transition(
-    "stopping",
+    EventKind.STOPPING,
     RunState.STOPPING,
     "",
     release=False,
@@ -281,7 +281,7 @@ def begin_stop(conn: sa.Connection, job_id: int, owner: Owner, epoch: int, reaso
 
 
 _RELEASE = _transition(
-    "released",
+    EventKind.RELEASED,
     RunState.PENDING,
     "",
     release=True,
@@ -330,7 +330,7 @@ _ADOPT = sa.text(
                   jsonb_build_object('from_incarnation', CAST(:incarnation AS text)) AS detail
     )
     """
-    + _event_cte("adopted")
+    + _event_cte(EventKind.ADOPTED)
     + "SELECT job_id, state FROM changed"
 )
 
@@ -366,7 +366,7 @@ def adopt(
 
 
 _DEFER = _transition(
-    "deferred",
+    EventKind.DEFERRED,
     RunState.BACKOFF,
     """last_error = :error,
        not_before = now() + make_interval(secs => :delay),""",
@@ -385,7 +385,7 @@ def defer(
 
 
 _FINISH = _transition(
-    "finished",
+    EventKind.FINISHED,
     RunState.FINISHED,
     "last_error = NULL,",
     release=True,
@@ -403,7 +403,7 @@ def finish(conn: sa.Connection, job_id: int, owner: Owner, epoch: int) -> RunSta
 
 
 _CRASH_BACKOFF = _transition(
-    "crashed",
+    EventKind.CRASHED,
     RunState.BACKOFF,
     """restarts = d.restarts + 1,
        last_error = :error,
@@ -414,7 +414,7 @@ _CRASH_BACKOFF = _transition(
     guard="AND d.restarts < j.max_restarts",
 )
 _CRASH_FAILED = _transition(
-    "failed",
+    EventKind.FAILED,
     RunState.FAILED,
     "last_error = :error,",
     release=True,
@@ -488,12 +488,9 @@ _REAP = sa.text(
         RETURNING d.job_id, j.name, d.epoch, lost.owner,
                   jsonb_build_object('owner', lost.owner) AS detail
     )
-    , event AS (
-        INSERT INTO job_events (job_id, job_name, kind, server, epoch, detail)
-        SELECT job_id, name, 'reaped', :server, epoch, detail FROM changed
-    )
-    SELECT job_id, owner, epoch FROM changed
     """
+    + _event_cte(EventKind.REAPED)
+    + "SELECT job_id, owner, epoch FROM changed"
 )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from scheduler import notify, states
-from scheduler.states import JobKind, RunState
+from scheduler.states import EventKind, JobKind, RunState
 from sql import tables
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -133,7 +133,7 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             ],
         )
     conn.execute(sa.insert(tables.distribution).values(job_id=inserted, state="stopped"))
-    _event(conn, inserted, spec.name, "created", {"kind": JobKind(spec.kind).value}, actor)
+    _event(conn, inserted, spec.name, EventKind.CREATED, {"kind": JobKind(spec.kind).value}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, spec.name)
     return inserted
 
@@ -181,7 +181,7 @@ def start(conn: sa.Connection, name: str, actor: str | None = None) -> str:
         outcome, detail = "resumed", {}
     else:
         return "already running"
-    _event(conn, job_id, name, "start_requested", detail, actor)
+    _event(conn, job_id, name, EventKind.START_REQUESTED, detail, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return outcome
 
@@ -209,7 +209,7 @@ def stop(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     ).rowcount
     if not changed and not unowned:
         return "already stopped"
-    _event(conn, job_id, name, "stop_requested", {}, actor)
+    _event(conn, job_id, name, EventKind.STOP_REQUESTED, {}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return "stopped" if unowned else "stopping"
 
@@ -232,7 +232,7 @@ def restart(conn: sa.Connection, name: str, actor: str | None = None) -> str:
             .returning(tables.jobs.c.generation)
         ).scalar_one()
         outcome = "restarting"
-    _event(conn, job_id, name, "restart_requested", {"generation": generation}, actor)
+    _event(conn, job_id, name, EventKind.RESTART_REQUESTED, {"generation": generation}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return outcome
 
@@ -253,7 +253,7 @@ def delete(conn: sa.Connection, name: str, actor: str | None = None) -> None:
     ).rowcount
     if not deleted:
         raise JobConflict(f"job {name!r} is running or still stopping; stop it first")
-    _event(conn, job_id, name, "deleted", {}, actor)
+    _event(conn, job_id, name, EventKind.DELETED, {}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
 
 

@@ -51,6 +51,27 @@ class JobKind(StrEnum):
     BATCH = "batch"  # runs to completion; re-run only if its owner was lost
 
 
+class EventKind(StrEnum):
+    """What a ``job_events`` row records; the table's CHECK lists exactly these."""
+
+    CREATED = "created"  # job create (operator)
+    START_REQUESTED = "start_requested"  # job start (operator)
+    STOP_REQUESTED = "stop_requested"  # job stop (operator)
+    RESTART_REQUESTED = "restart_requested"  # job restart (operator)
+    DELETED = "deleted"  # job delete (operator)
+    RETARGETED = "retargeted"  # the coordinator moved the job's target
+    CLAIMED = "claimed"  # a server took the lease (epoch + 1)
+    ADOPTED = "adopted"  # a restarted server took over its previous incarnation's lease
+    DRIVER_STARTED = "driver_started"  # the owner spawned the driver
+    STOPPING = "stopping"  # the owner began stopping the driver
+    RELEASED = "released"  # the owner gave the lease up (pending or stopped)
+    DEFERRED = "deferred"  # the driver could not start for a passing reason: backoff
+    FINISHED = "finished"  # a batch driver exited 0
+    CRASHED = "crashed"  # a driver failed; restarts left: backoff
+    FAILED = "failed"  # failed for good (own driver past its budget, or invalid)
+    REAPED = "reaped"  # the coordinator cleared a departed owner's expired lease
+
+
 S = RunState
 # target state -> the states it may be entered from.
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
+from scheduler import states
+
 metadata = sa.MetaData(
     naming_convention={
         "ix": "ix_%(column_0_label)s",
@@ -20,21 +22,12 @@ metadata = sa.MetaData(
     }
 )
 
-# Names of job kinds, desired states and run states, as stored. The enums with their
-# meanings and legal transitions live in scheduler/states.py; these tuples only guard
-# the columns.
-JOB_KINDS = ("streaming", "batch")
-DESIRED_STATES = ("running", "stopped")
-RUN_STATES = (
-    "pending",
-    "starting",
-    "running",
-    "backoff",
-    "stopping",
-    "stopped",
-    "finished",
-    "failed",
-)
+# Names of job kinds, desired states, run states and event kinds, as stored: derived from
+# the enums of scheduler/states.py (their meanings and legal transitions live there).
+JOB_KINDS = tuple(kind.value for kind in states.JobKind)
+DESIRED_STATES = tuple(desired.value for desired in states.Desired)
+RUN_STATES = tuple(state.value for state in states.RunState)
+EVENT_KINDS = tuple(kind.value for kind in states.EventKind)
 SERVER_NAME = r"^[A-Za-z0-9._-]{1,64}$"
 
 
@@ -148,9 +141,6 @@ distribution = sa.Table(
     sa.CheckConstraint(_in("state", RUN_STATES), name="state_known"),
     sa.CheckConstraint("(owner IS NULL) = (lease_until IS NULL)", name="lease_needs_owner"),
     sa.CheckConstraint(
-        "(owner IS NULL) = (owner_incarnation IS NULL)", name="incarnation_needs_owner"
-    ),
-    sa.CheckConstraint(
         "epoch >= 0 AND attempt >= 0 AND restarts >= 0", name="counters_not_negative"
     ),
     sa.CheckConstraint(f"target IS NULL OR target ~ '{SERVER_NAME}'", name="target_is_server"),
@@ -215,6 +205,7 @@ job_events = sa.Table(
     sa.Column("server", sa.Text, nullable=True),
     sa.Column("epoch", sa.BigInteger, nullable=True),
     sa.Column("detail", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.CheckConstraint(_in("kind", EVENT_KINDS), name="kind_known"),
 )
 sa.Index("ix_job_events_job_id_id", job_events.c.job_id, job_events.c.id)
 

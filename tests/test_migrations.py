@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -88,3 +89,23 @@ def test_constraints_reject_bad_rows(engine: sa.Engine) -> None:
             except sa.exc.IntegrityError:
                 continue
             raise AssertionError(f"accepted: {statement}")
+
+
+def test_event_kinds_are_declared_once_and_guarded(engine: sa.Engine) -> None:
+    """job_events.kind accepts exactly scheduler.states.EventKind: a kind added to the
+    enum without a migration that widens the CHECK fails here, not in production."""
+    import importlib
+
+    from scheduler import states
+
+    latest = importlib.import_module("sql.migrations.versions.0005_event_kinds")
+    assert set(latest.KINDS) == {kind.value for kind in states.EventKind}
+    with engine.begin() as connection:
+        for kind in states.EventKind:
+            connection.execute(
+                sa.insert(tables.job_events).values(job_id=1, job_name="j", kind=kind.value)
+            )
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as connection:
+        connection.execute(
+            sa.insert(tables.job_events).values(job_id=1, job_name="j", kind="claimd")
+        )

@@ -55,7 +55,7 @@ SEEDS: dict[str, Seed] = {
                       2, 1, 2, now()
                FROM jobs WHERE name = 'stream{suffix}'""",
             """INSERT INTO job_events (job_id, job_name, kind, server, epoch, detail)
-               SELECT id, name, 'started', 'server-a', 7, '{{"attempt": 2}}'
+               SELECT id, name, 'driver_started', 'server-a', 7, '{{"pid": 2}}'
                FROM jobs WHERE name = 'stream{suffix}'""",
             """UPDATE coordinator SET term = term + 5, server = 'server-a',
                                       ring_generation = ring_generation + 9
