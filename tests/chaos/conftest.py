@@ -126,9 +126,13 @@ def trial(
     finally:
         outcome = t.outcome
         call = getattr(request.node, "chaos_call", None)
-        if call is not None and call.skipped:
+        # An xfail case (a known hole, named in its marker) reports as skipped.
+        expected = getattr(call, "wasxfail", None)
+        if expected is not None:
+            outcome.expected = expected or "xfail"
+        if call is not None and call.skipped and expected is None:
             outcome.skipped = str(call.longrepr[2]) if isinstance(call.longrepr, tuple) else "skip"
-        elif call is not None and call.failed and not outcome.violations:
+        elif call is not None and (call.failed or call.skipped) and not outcome.violations:
             crash = getattr(call.longrepr, "reprcrash", None)
             message = crash.message if crash is not None else str(call.longrepr)
             outcome.error = message.strip().splitlines()[0][:200]
@@ -155,7 +159,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     tr = terminalreporter
     tr.section("chaos campaign")
     header = (
-        f"{'fault':<52} {'rnd':>3} {'inj':>3} {'jobs':>4} {'double':>6} {'stale':>5} "
+        f"{'fault':<52} {'rnd':>3} {'inj':>3} {'jobs':>4} {'double':>6} {'early':>5} {'stale':>5} "
         f"{'lost':>4} {'resur':>5} {'corrupt':>7} {'batch':>5} {'restarts':>8} "
         f"{'recovery s':>10}  result"
     )
@@ -164,6 +168,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     for o in results:
         tr.write_line(
             f"{o.fault[:52]:<52} {o.round:>3} {o.injected:>3} {o.jobs:>4} {o.double_runs:>6} "
+            f"{o.early:>5} "
             f"{o.stale_writes:>5} {o.lost:>4} {o.resurrected:>5} {o.corrupt_starts:>7} "
             f"{o.batch:>5} "
             f"{o.restarts:>8} {_fmt(o.recovery_s):>10}  {o.verdict}"
@@ -181,6 +186,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         "skipped": len(results) - len(ran),
         "faults_injected": sum(o.injected for o in ran),
         "double_runs": sum(o.double_runs for o in ran),
+        "early_handoffs": sum(o.early for o in ran),
         "stale_writes_accepted": sum(o.stale_writes for o in ran),
         "lost_jobs": sum(o.lost for o in ran),
         "resurrected_jobs": sum(o.resurrected for o in ran),

@@ -280,6 +280,54 @@ def resurrections(
     return problems
 
 
+def early_handoffs(
+    events: Iterable[Mapping[str, Any]], lifetimes: Iterable[Mapping[str, Any]]
+) -> list[str]:
+    """S1 before it shows as an overlap: a lease given up, or taken, while a driver it
+    fences was still alive. Events need ``at_s`` (PostgreSQL's clock, seconds since the
+    epoch; the stack runs on the same host as the watchdogs).
+
+    - ``released`` by a server at an epoch while that epoch's driver on that server had
+      not ended (a release must follow the driver's end, or wait for the lease to
+      expire: the watchdog kills the driver first);
+    - ``claimed`` at an epoch while a driver of an older epoch of the job had not ended
+      (a claim may follow only a release or an expired lease, both after the old
+      driver's end).
+
+    A driver with no ``ended`` record counts as alive."""
+    lives_of: dict[str, list[_Life]] = defaultdict(list)
+    for life in _lives(lifetimes):
+        lives_of[life.job].append(life)
+    problems = []
+
+    def alive_at(life: _Life, t: float) -> bool:
+        return life.start < t and (life.end is None or life.end > t)
+
+    def late(life: _Life, t: float) -> str:
+        return "no ended record" if life.end is None else f"ended {life.end - t:.3f} s later"
+
+    for e in sorted(events, key=lambda e: e["id"]):
+        if e.get("at_s") is None or e.get("epoch") is None:
+            continue
+        t, epoch = float(e["at_s"]), int(e["epoch"])
+        job = e["job_name"]
+        if e["kind"] == "released":
+            for life in lives_of.get(job, []):
+                if life.epoch == epoch and life.server == e["server"] and alive_at(life, t):
+                    problems.append(
+                        f"{job}: released by {e['server']} at epoch {epoch} (event {e['id']}) "
+                        f"while its driver {life.label} lived ({late(life, t)})"
+                    )
+        elif e["kind"] == "claimed":
+            for life in lives_of.get(job, []):
+                if life.epoch < epoch and alive_at(life, t):
+                    problems.append(
+                        f"{job}: claimed by {e['server']} at epoch {epoch} (event {e['id']}) "
+                        f"while driver {life.label} lived ({late(life, t)})"
+                    )
+    return problems
+
+
 # Events after which a generation has ended for good: finished, failed, or released as
 # stopped (detail.state, scheduler/distribution.py's release).
 def _terminal(event: Mapping[str, Any]) -> bool:

@@ -257,6 +257,32 @@ def test_a_batch_generation_runs_to_its_end_once() -> None:
     assert len(invariants.batch_generations(kinds, stray, _claims((1, 1)))) == 1
 
 
+def test_a_lease_released_or_claimed_while_its_driver_lives_is_early() -> None:
+    def at(event: dict, t: float) -> dict:
+        return {**event, "at_s": t}
+
+    # Migration: the driver ended (t=4), then the release (5), then the new claim (6).
+    lives = _life("a", 1, "s1", 0, 4, reason="stopped") + _life("a", 2, "s2", 7, None)
+    handoff = [
+        at(_event(1, "claimed", "s1", 1), 0),
+        at(_event(2, "released", "s1", 1, state="pending"), 5),
+        at(_event(3, "claimed", "s2", 2), 6),
+    ]
+    assert invariants.early_handoffs(handoff, lives) == []
+    # A same-id incarnation released the lease at t=2 while the old driver lived to 4.
+    early = [
+        at(_event(1, "claimed", "s1", 1), 0),
+        at(_event(2, "released", "s1", 1, state="pending"), 2),
+        at(_event(3, "claimed", "s2", 2), 3),
+    ]
+    problems = invariants.early_handoffs(early, lives)
+    assert len(problems) == 2
+    assert "released by s1" in problems[0] and "claimed by s2" in problems[1]
+    # A driver with no ended record is alive.
+    open_ended = _life("a", 1, "s1", 0, None) + _life("a", 2, "s2", 7, None)
+    assert len(invariants.early_handoffs(handoff, open_ended)) == 2
+
+
 def test_a_started_driver_of_a_corrupt_artifact_is_counted() -> None:
     lives = _life("bad", 1, "s1", 0, 1) + _life("good", 1, "s1", 0, 1)
     events = [{"job_name": "bad", "kind": "driver_started", "epoch": 1}]

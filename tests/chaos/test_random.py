@@ -29,6 +29,7 @@ Faults (one at a time; the command threads run throughout):
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import random
@@ -98,7 +99,12 @@ class Schedule:
         self._lock = threading.Lock()
 
     def note(self, what: str, **detail: Any) -> None:
-        step = {"t": round(time.monotonic() - self.started, 2), "what": what, **detail}
+        step = {
+            "t": round(time.monotonic() - self.started, 2),
+            "at": datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3],
+            "what": what,
+            **detail,
+        }
         with self._lock:
             self.steps.append(step)
             with self.path.open("a") as f:
