@@ -122,6 +122,7 @@ class RandomChaos:
         self.root = root
         self.log = Schedule(root / "fault-log.jsonl")
         self.partition: faults.Partition | None = None
+        self.faults: tuple[str, ...] = FAULTS
         self.special: dict[str, dict[str, Any]] = {}
         self.work_dirs: dict[str, Path] = {}
         self.duplicates: list[subprocess.Popen[bytes]] = []
