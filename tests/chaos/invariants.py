@@ -294,7 +294,9 @@ def early_handoffs(
       (a claim may follow only a release or an expired lease, both after the old
       driver's end).
 
-    A driver with no ``ended`` record counts as alive."""
+    A driver counts as alive until its ``ended`` record, which its watchdog (or
+    ``Driver.kill``) writes once every process of the group is gone: a correct hand-off
+    writes it before the release, so no tolerance is needed."""
     lives_of: dict[str, list[_Life]] = defaultdict(list)
     for life in _lives(lifetimes):
         lives_of[life.job].append(life)
@@ -304,7 +306,9 @@ def early_handoffs(
         return life.start < t and (life.end is None or life.end > t)
 
     def late(life: _Life, t: float) -> str:
-        return "no ended record" if life.end is None else f"ended {life.end - t:.3f} s later"
+        if life.end is None:
+            return "no ended record"
+        return f"its ended record came {life.end - t:.3f} s later"
 
     for e in sorted(events, key=lambda e: e["id"]):
         if e.get("at_s") is None or e.get("epoch") is None:
@@ -316,14 +320,14 @@ def early_handoffs(
                 if life.epoch == epoch and life.server == e["server"] and alive_at(life, t):
                     problems.append(
                         f"{job}: released by {e['server']} at epoch {epoch} (event {e['id']}) "
-                        f"while its driver {life.label} lived ({late(life, t)})"
+                        f"before its driver {life.label} provably ended ({late(life, t)})"
                     )
         elif e["kind"] == "claimed":
             for life in lives_of.get(job, []):
                 if life.epoch < epoch and alive_at(life, t):
                     problems.append(
                         f"{job}: claimed by {e['server']} at epoch {epoch} (event {e['id']}) "
-                        f"while driver {life.label} lived ({late(life, t)})"
+                        f"before driver {life.label} provably ended ({late(life, t)})"
                     )
     return problems
 
