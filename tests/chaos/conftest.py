@@ -2,7 +2,7 @@
 
 - ``CHAOS_ROUNDS=N`` runs every fault case N times (default 1: the short campaign).
 - ``CHAOS_SEED=N`` replays the randomized mode (``test_random.py``); without it a seed
-  is drawn. Either way it is printed in pytest's header. ``CHAOS_MINUTES=M`` sets how
+  is drawn. Either way it is printed before the first test runs. ``CHAOS_MINUTES=M`` sets how
   long the randomized mode injects faults (default 2).
 - ``trial`` gives each case its own cluster (database, ZooKeeper root, bucket, folders)
   and puts the case's :class:`~tests.chaos.trial.Outcome` into the campaign's results,
@@ -58,10 +58,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SEED] = _seed()
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"chaos: CHAOS_SEED={config.stash[SEED]} (replay the randomized mode with it)"
-
-
 @pytest.fixture
 def chaos_seed(request: pytest.FixtureRequest) -> int:
     return request.config.stash[SEED]
@@ -86,6 +82,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "'pytest tests/chaos' (scripts/test.sh does, after the other tests)"
     )
     asked = _asked_for(config)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if asked and reporter is not None:
+        # Printed before anything runs, even with -q: a run killed midway stays replayable.
+        reporter.write_line(
+            f"chaos: CHAOS_SEED={config.stash[SEED]} (replay the randomized mode with it)"
+        )
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.chaos)

@@ -154,6 +154,8 @@ def test_server_restarted_with_the_same_id(trial: Trial) -> None:
     _assert_safe(outcome)
 
 
+# Not strict: it shows only when the new incarnation starts within the old lease's
+# ttl - margin (5 s here); on a very busy machine its start-up can take longer.
 @pytest.mark.xfail(
     reason="issue 11, hole 2(a): a same-id incarnation without the old work dir releases "
     "the old incarnation's leases at once while its drivers live on",
@@ -181,7 +183,6 @@ def test_server_restarted_with_the_same_id_and_a_fresh_work_dir(trial: Trial) ->
 @pytest.mark.xfail(
     reason="issue 11, hole 2(b): a second process with a live server's id releases that "
     "server's leases while it waits to be refused",
-    strict=False,
 )
 def test_a_second_process_with_a_live_servers_id(trial: Trial) -> None:
     """Two hosts with one name (scenario 18): a second ``server run`` with the id of a
