@@ -77,6 +77,8 @@ COMMANDS: dict[str, Callable[[sa.Connection, str], str]] = {
     "stop": jobs.stop,
     "restart": jobs.restart,
 }
+STREAMING_WEIGHTS = (5, 2, 3)  # start, stop, restart
+BATCH_WEIGHTS = (8, 1, 1)
 
 
 def chaos_faults() -> tuple[str, ...]:
@@ -143,6 +145,7 @@ class RandomChaos:
         self.duplicates: list[subprocess.Popen[bytes]] = []
         self.problems: list[str] = []
         self.names: list[str] = []
+        self.batch = [f"b{i}" for i in range(BATCH_JOBS)]
         self.commands: sa.Engine | None = None
         self._fresh = 0
         self._stop_commands = threading.Event()
@@ -181,7 +184,7 @@ class RandomChaos:
     def populate(self) -> None:
         t = self.trial
         self.names = t.populate(live=STREAMING_JOBS, prefix="st")
-        batch = [f"b{i}" for i in range(BATCH_JOBS)]
+        batch = self.batch
         for name in batch:
             run_for = round(self.rng.uniform(2.0, 6.0), 1)
             t.create(name, kind=JobKind.BATCH, extra=["--run-for", str(run_for)])
@@ -317,9 +320,12 @@ class RandomChaos:
     def _command_loop(self, index: int) -> None:
         rng = random.Random(f"{self.seed}-commands-{index}")
         while not self._stop_commands.wait(rng.uniform(0.5, 4.0)):
+            name = rng.choice(self.names)
             # Mostly starts and restarts: the end state keeps most jobs wanted running.
-            action = rng.choices(list(COMMANDS), weights=(5, 2, 3))[0]
-            self._command(action, rng.choice(self.names))
+            # Batch jobs mostly get starts (a new generation once finished, harmless while
+            # running), so that they run to their end often, faults or not.
+            weights = BATCH_WEIGHTS if name in self.batch else STREAMING_WEIGHTS
+            self._command(rng.choices(list(COMMANDS), weights=weights)[0], name)
 
     # ------------------------------------------------------------------ the run
 
