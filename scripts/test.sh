@@ -6,7 +6,8 @@
 # campaign (tests/chaos) alone, last, because it stops ZooKeeper and PostgreSQL.
 # Extra arguments go to the first run (e.g. scripts/test.sh -k ring -x); the campaign
 # runs when no argument was given or with CHAOS=1, and CHAOS=0 skips it.
-# CHAOS_ROUNDS=N makes it the long campaign (docs/chaos.md).
+# CHAOS_ROUNDS=N makes it the long campaign; its randomized mode injects faults for
+# CHAOS_MINUTES (default 2) from CHAOS_SEED (printed; drawn when unset) (docs/chaos.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)

@@ -10,6 +10,7 @@ in their teardown whatever the test's outcome.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -61,6 +62,28 @@ class Stack:
             "SPARKRING_STACK_ZK_PORT": zk_first.rsplit(":", 1)[1],
             "SPARKRING_STACK_PG_PORT": str(self.pg_port),
         }
+        self._check_controls_the_tests_stack(stack_env)
+
+    def _check_controls_the_tests_stack(self, stack_env: dict[str, str]) -> None:
+        """Refuse to inject anything unless the stack folder's own record (``env.json``,
+        written by ``stack.py up``) names the ZooKeeper and PostgreSQL ports the tests
+        use: a stack folder and ports that disagree would stop services of another
+        stack (a shared one) while the cluster under test never sees the fault."""
+        record = Path(self.env["SPARKRING_STACK_DIR"]) / "env.json"
+        if not record.exists():
+            raise FaultError(f"{record} is missing: start the stack with scripts/stack.py up")
+        written = json.loads(record.read_text())
+        ours = (stack_env["SPARKRING_ZK_HOSTS"], self.pg_port)
+        theirs = (
+            written.get("SPARKRING_ZK_HOSTS"),
+            sa.make_url(written.get("SPARKRING_DATABASE_URL", "postgresql://x/y")).port,
+        )
+        if ours != theirs:
+            raise FaultError(
+                f"the stack in {record.parent} serves ZooKeeper {theirs[0]} and PostgreSQL "
+                f"port {theirs[1]}, the tests use {ours[0]} and {ours[1]}: export the same "
+                "SPARKRING_STACK_DIR and SPARKRING_STACK_*_PORT for both"
+            )
 
     def _stack(self, *args: str) -> str:
         return _run([sys.executable, str(STACK), *args], env=self.env)

@@ -6,14 +6,22 @@ Pure functions over three kinds of records, so that each check is unit-tested
 - heartbeats the light driver appends every 0.2 s: ``{"job","epoch","server","pid","t"}``;
 - watchdog lifetime records: one ``started`` and one ``ended`` per driver, whose
   interval contains the driver's whole life (``docs/drivers.md``);
-- ``job_events`` rows (oldest first), every fenced write of a server included.
+- ``job_events`` rows (``id``, ``job_name``, ``kind``, ``server``, ``epoch``, ``detail``),
+  every fenced write of a server and every operator command included.
 
 Each check returns a list of human-readable problems; an empty list means it holds.
+
+Generations come from the events alone: an operator command that gives a job a new
+generation (``start_requested`` of a terminal job, ``restart_requested``:
+``scheduler/jobs.py``) records it in its detail, and a claim runs the newest generation
+commanded before it (a claim copies ``jobs.generation`` in the same statement).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +34,21 @@ OWNER_WRITES = frozenset(
 )
 # Events that mean a driver was (about to be) started for a job.
 START_EVENTS = frozenset({"claimed", "driver_started"})
+# Operator commands (scheduler/jobs.py) whose detail names the new generation they gave
+# the job: the only way a job that ended may run again (S4).
+GENERATION_COMMANDS = frozenset({"start_requested", "restart_requested"})
+# A driver that failed on its own: the error server/runner.py records when the driver
+# process exited abnormally ("driver exited with exit code N: <log tail>"). Deferrals,
+# lease losses and start-up errors are not the job's own failures.
+DRIVER_FAILURE = re.compile(r"^driver exited with exit code -?\d+")
+# Reasons that make FAILED legitimate without a restart budget: the artifact failed
+# verification or is gone (server/runner.py "artifact refused: ..."), or the job's spec
+# can never start (server/driver.py's spec validation).
+INVALID_JOB = re.compile(
+    r"^artifact refused: |^invalid job spec: "
+    r"|invalid Spark conf key|has a newline or NUL|contains a NUL byte"
+    r"|--py-files apply to Python mains|must be an absolute path|empty job name"
+)
 
 
 def _overlapping(spans: Mapping[str, list[tuple[str, float, float]]], margin: float) -> list[str]:
@@ -43,15 +66,17 @@ def heartbeat_overlaps(records: Iterable[Mapping[str, Any]], margin: float = 0.0
     """S1 from heartbeats: two driver processes of one job beating in the same instant.
 
     A driver's span runs from its first to its last heartbeat; two spans of one job
-    that overlap by more than ``margin`` seconds are a double run.
+    that overlap by more than ``margin`` seconds are a double run. A driver is
+    (job, server, pid): pids of different servers (hosts, namespaces) may coincide.
     """
-    first_last: dict[tuple[str, int], list[float]] = {}
+    first_last: dict[tuple[str, str, int], list[float]] = {}
     for r in records:
-        span = first_last.setdefault((r["job"], r["pid"]), [r["t"], r["t"]])
+        key = (r["job"], str(r.get("server")), r["pid"])
+        span = first_last.setdefault(key, [r["t"], r["t"]])
         span[0], span[1] = min(span[0], r["t"]), max(span[1], r["t"])
     spans: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
-    for (job, pid), (start, end) in first_last.items():
-        spans[job].append((f"pid {pid}", start, end))
+    for (job, server, pid), (start, end) in first_last.items():
+        spans[job].append((f"pid {pid} on {server}", start, end))
     return _overlapping(spans, margin)
 
 
@@ -59,20 +84,58 @@ def lifetime_overlaps(
     records: Iterable[Mapping[str, Any]], margin: float = 0.0, now: float | None = None
 ) -> list[str]:
     """S1 from the watchdogs' lifetime records; a driver with no ``ended`` record is
-    alive until ``now``."""
+    alive until ``now``. A driver is (job, epoch, server, pid): two incarnations of one
+    server id may each start a driver for the same epoch."""
     now = time.time() if now is None else now
-    lives: dict[tuple[str, int, str], list[float]] = {}
-    for r in records:
-        life = lives.setdefault((r["job"], int(r["epoch"]), r["server"]), [float("inf"), now])
-        if r["event"] == "started":
-            life[0] = r["t"]
-        elif r["event"] == "ended":
-            life[1] = r["t"]
     spans: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
-    for (job, epoch, server), (start, end) in lives.items():
-        if start != float("inf"):
-            spans[job].append((f"epoch {epoch} on {server}", start, end))
+    for life in _lives(records):
+        end = now if life.end is None else life.end
+        spans[life.job].append((life.label, life.start, end))
     return _overlapping(spans, margin)
+
+
+@dataclasses.dataclass
+class _Life:
+    """One driver's life from its watchdog's records."""
+
+    job: str
+    epoch: int
+    server: str
+    pid: int | None
+    start: float
+    end: float | None = None  # None: no ``ended`` record (alive, or its end unproven)
+    reason: str | None = None
+    exit_code: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"epoch {self.epoch} on {self.server} (pid {self.pid})"
+
+    @property
+    def ran_to_its_end(self) -> bool:
+        return self.reason == "exited" and self.exit_code == 0
+
+
+def _lives(records: Iterable[Mapping[str, Any]]) -> list[_Life]:
+    """Pair each ``started`` record with its ``ended`` record (same job, epoch, server
+    and driver pid); an ``ended`` record without a start is ignored."""
+    lives: dict[tuple[str, int, str, Any], _Life] = {}
+    ends: dict[tuple[str, int, str, Any], Mapping[str, Any]] = {}
+    for r in records:
+        key = (r["job"], int(r["epoch"]), str(r["server"]), r.get("pid"))
+        if r["event"] == "started":
+            lives[key] = _Life(key[0], key[1], key[2], key[3], float(r["t"]))
+        elif r["event"] == "ended":
+            ends[key] = r
+    for key, r in ends.items():
+        life = lives.get(key)
+        if life is not None:
+            life.end, life.reason, life.exit_code = (
+                float(r["t"]),
+                r.get("reason"),
+                r.get("exit_code"),
+            )
+    return sorted(lives.values(), key=lambda life: (life.job, life.start))
 
 
 def double_runs(
@@ -112,15 +175,86 @@ def stale_writes(events: Iterable[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
-def lost_jobs(jobs: Iterable[Mapping[str, Any]], live: Iterable[str]) -> list[str]:
-    """S3: a job wanted running that is neither running on a live server nor visibly
-    FAILED with a reason."""
+def _by_job(events: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    by_job: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for e in events:
+        by_job[e["job_name"]].append(e)
+    return {job: sorted(items, key=lambda e: e["id"]) for job, items in by_job.items()}
+
+
+def _detail(event: Mapping[str, Any]) -> Mapping[str, Any]:
+    return event.get("detail") or {}
+
+
+def _commanded_generation(event: Mapping[str, Any]) -> int | None:
+    """The generation an operator command gave the job, or None (a command that gave
+    none: ``created``, ``stop_requested``, a start that only resumed a stopping job)."""
+    if event["kind"] in GENERATION_COMMANDS and "generation" in _detail(event):
+        return int(_detail(event)["generation"])
+    return None
+
+
+def claim_generations(items: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """epoch -> generation of every claim of one job (its events, oldest first): the
+    newest generation commanded before the claim."""
+    generation, out = 0, {}
+    for e in items:
+        commanded = _commanded_generation(e)
+        if commanded is not None:
+            generation = max(generation, commanded)
+        elif e["kind"] == "claimed":
+            out[int(e["epoch"])] = generation
+    return out
+
+
+def _current_generation_events(items: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The events since the newest command that gave the job a new generation."""
+    last = max((i for i, e in enumerate(items) if _commanded_generation(e) is not None), default=-1)
+    return list(items[last + 1 :])
+
+
+def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the FAILED job ``job`` (a row with ``max_restarts``) is legitimately FAILED
+    according to its events, or None if it is not: its own driver failed
+    ``max_restarts + 1`` times in the current generation, or its artifact or spec is
+    invalid. Deferrals (S3 away, a stall) and errors of the server never justify it."""
+    current = _current_generation_events(items)
+    ends = [e for e in current if e["kind"] in ("crashed", "failed")]
+    errors = [str(_detail(e).get("error") or "") for e in ends]
+    # The runner says why it gave up (event detail "cause": driver | invalid).
+    if any(_detail(e).get("cause") == "invalid" for e in ends):
+        return "invalid artifact or spec"
+    if any(INVALID_JOB.search(error) for error in errors):
+        return "invalid artifact or spec"
+    failures = sum(1 for error in errors if DRIVER_FAILURE.match(error))
+    if failures >= int(job["max_restarts"]) + 1:
+        return f"its driver failed {failures} times"
+    return None
+
+
+def lost_jobs(
+    jobs: Iterable[Mapping[str, Any]],
+    live: Iterable[str],
+    events: Iterable[Mapping[str, Any]],
+) -> list[str]:
+    """S3, once faults healed and the recovery bound passed: a job wanted running that
+    is neither running on a live server, nor finished, nor FAILED for a cause its
+    events prove (:func:`failed_with_cause`). A FAILED job whose events show no such
+    cause was lost to a fault (a transient error made terminal)."""
     live = set(live)
+    by_job = _by_job(events)
     problems = []
     for j in jobs:
         if j["desired"] != "running" or j["state"] == "finished":
             continue
-        if j["state"] == "failed" and j.get("last_error"):
+        if j["state"] == "failed":
+            if failed_with_cause(j, by_job.get(j["name"], [])):
+                continue
+            problems.append(
+                f"{j['name']}: failed without its driver failing "
+                f"{int(j['max_restarts']) + 1} times or an invalid artifact "
+                f"(last_error {str(j.get('last_error'))[:120]!r})"
+            )
             continue
         if j["state"] == "running" and j["owner"] in live:
             continue
@@ -145,6 +279,157 @@ def resurrections(
             problems.append(f"{name}: {changed}")
         elif name in started_again:
             problems.append(f"{name}: claimed or started again")
+    return problems
+
+
+def early_handoffs(
+    events: Iterable[Mapping[str, Any]], lifetimes: Iterable[Mapping[str, Any]]
+) -> list[str]:
+    """S1 before it shows as an overlap: a lease given up, or taken, while a driver it
+    fences was still alive. Events need ``at_s`` (PostgreSQL's clock, seconds since the
+    epoch; the stack runs on the same host as the watchdogs).
+
+    - ``released`` by a server at an epoch while that epoch's driver on that server had
+      not ended (a release must follow the driver's end, or wait for the lease to
+      expire: the watchdog kills the driver first);
+    - ``claimed`` at an epoch while a driver of an older epoch of the job had not ended
+      (a claim may follow only a release or an expired lease, both after the old
+      driver's end).
+
+    A driver counts as alive until its ``ended`` record, which its watchdog (or
+    ``Driver.kill``) writes once every process of the group is gone: a correct hand-off
+    writes it before the release, so no tolerance is needed."""
+    lives_of: dict[str, list[_Life]] = defaultdict(list)
+    for life in _lives(lifetimes):
+        lives_of[life.job].append(life)
+    problems = []
+
+    def alive_at(life: _Life, t: float) -> bool:
+        return life.start < t and (life.end is None or life.end > t)
+
+    def late(life: _Life, t: float) -> str:
+        if life.end is None:
+            return "no ended record"
+        return f"its ended record came {life.end - t:.3f} s later"
+
+    for e in sorted(events, key=lambda e: e["id"]):
+        if e.get("at_s") is None or e.get("epoch") is None:
+            continue
+        t, epoch = float(e["at_s"]), int(e["epoch"])
+        job = e["job_name"]
+        if e["kind"] == "released":
+            for life in lives_of.get(job, []):
+                if life.epoch == epoch and life.server == e["server"] and alive_at(life, t):
+                    problems.append(
+                        f"{job}: released by {e['server']} at epoch {epoch} (event {e['id']}) "
+                        f"before its driver {life.label} provably ended ({late(life, t)})"
+                    )
+        elif e["kind"] == "claimed":
+            for life in lives_of.get(job, []):
+                if life.epoch < epoch and alive_at(life, t):
+                    problems.append(
+                        f"{job}: claimed by {e['server']} at epoch {epoch} (event {e['id']}) "
+                        f"before driver {life.label} provably ended ({late(life, t)})"
+                    )
+    return problems
+
+
+# Events after which a generation has ended for good: finished, failed, or released as
+# stopped (detail.state, scheduler/distribution.py's release).
+def _terminal(event: Mapping[str, Any]) -> bool:
+    if event["kind"] in ("finished", "failed"):
+        return True
+    return event["kind"] == "released" and _detail(event).get("state") == "stopped"
+
+
+def terminal_resurrections(events: Iterable[Mapping[str, Any]]) -> list[str]:
+    """S4 from the events alone, for every job, including those that became terminal
+    while the fault lasted: once a generation ended (finished, failed, released as
+    stopped), no claim may follow unless an operator command gave the job a newer
+    generation in between."""
+    problems = []
+    for job, items in sorted(_by_job(events).items()):
+        generation = 0
+        gen_of_epoch: dict[int, int] = {}
+        ended: tuple[int, Mapping[str, Any]] | None = None  # (generation, event)
+        for e in items:
+            commanded = _commanded_generation(e)
+            if commanded is not None:
+                generation = max(generation, commanded)
+            elif e["kind"] == "claimed":
+                epoch = int(e["epoch"])
+                gen_of_epoch[epoch] = generation
+                if ended is not None and generation > ended[0]:
+                    ended = None  # an operator started a new generation: a legal run
+                elif ended is not None:
+                    was = ended[1]
+                    problems.append(
+                        f"{job}: claimed by {e['server']} at epoch {epoch} (event {e['id']}) "
+                        f"after generation {ended[0]} ended ({was['kind']} by {was['server']} "
+                        f"at epoch {was['epoch']}, event {was['id']}) with no start or "
+                        "restart since"
+                    )
+            elif _terminal(e) and e.get("epoch") is not None:
+                ended = (gen_of_epoch.get(int(e["epoch"]), generation), e)
+    return problems
+
+
+def batch_generations(
+    kinds: Mapping[str, str],
+    lifetimes: Iterable[Mapping[str, Any]],
+    events: Iterable[Mapping[str, Any]],
+) -> list[str]:
+    """S1/S4 for batch jobs (``kinds``: job -> kind), from lifetime records and claims:
+    in each generation at most one driver ran to its end (exit 0), no driver of a
+    generation started after one of it ran to its end, every earlier driver of a
+    generation provably ended (an ``ended`` record) before the next one started (its
+    owner was lost and its watchdog killed it), and a generation recorded ``finished``
+    had a driver that ran to its end."""
+    by_job = _by_job(events)
+    lives_of: dict[str, list[_Life]] = defaultdict(list)
+    for life in _lives(lifetimes):
+        lives_of[life.job].append(life)
+    problems = []
+    for job in sorted(name for name, kind in kinds.items() if kind == "batch"):
+        items = by_job.get(job, [])
+        gen_of_epoch = claim_generations(items)
+        per_gen: dict[int, list[_Life]] = defaultdict(list)
+        for life in lives_of.get(job, []):
+            if life.epoch not in gen_of_epoch:
+                problems.append(f"{job}: driver {life.label} ran at an epoch nobody claimed")
+                continue
+            per_gen[gen_of_epoch[life.epoch]].append(life)
+        finished = {
+            gen_of_epoch.get(int(e["epoch"]))
+            for e in items
+            if e["kind"] == "finished" and e.get("epoch") is not None
+        }
+        for gen in sorted(set(per_gen) | (finished - {None})):
+            lives = sorted(per_gen.get(gen, []), key=lambda life: life.start)
+            done = [life for life in lives if life.ran_to_its_end]
+            if len(done) > 1:
+                problems.append(
+                    f"{job}: generation {gen} ran to its end {len(done)} times: "
+                    + ", ".join(life.label for life in done)
+                )
+            if gen in finished and not done:
+                problems.append(f"{job}: generation {gen} finished with no driver that exited 0")
+            for a, b in itertools.pairwise(lives):
+                if a.ran_to_its_end:
+                    problems.append(
+                        f"{job}: generation {gen} started again ({b.label}) after "
+                        f"{a.label} ran to its end"
+                    )
+                elif a.end is None or a.end > b.start:
+                    end = (
+                        "no ended record"
+                        if a.end is None
+                        else f"ended {a.end - b.start:.3f} s later"
+                    )
+                    problems.append(
+                        f"{job}: generation {gen}: {b.label} started before {a.label} "
+                        f"provably ended ({end})"
+                    )
     return problems
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -149,6 +151,61 @@ def test_server_restarted_with_the_same_id(trial: Trial) -> None:
     trial.wait_members(set(SERVERS), timeout=60)
     outcome = trial.verify()
     assert outcome.restarts >= 1
+    _assert_safe(outcome)
+
+
+def test_server_restarted_with_the_same_id_and_a_fresh_work_dir(trial: Trial) -> None:
+    """kill -9 and an immediate restart with the same id but a work dir of its own (the
+    name taken over by another host): the new incarnation cannot adopt or kill the old
+    drivers, so it must leave their leases to expire (the watchdogs kill the drivers
+    first) instead of releasing them and starting a second driver."""
+    c = trial.start(SERVERS)
+    trial.populate()
+    victim = trial.busiest_owner()
+    fresh = c.root / "servers" / f"{victim}-fresh" / "work"  # where close() finds watchdogs
+
+    def restart() -> None:
+        c.kill(victim)
+        c.start_server(victim, env={"SPARKRING_WORK_DIR": str(fresh)})
+
+    trial.inject(restart)
+    trial.wait_members(set(SERVERS), timeout=60)
+    _assert_safe(trial.verify())
+
+
+def test_a_second_process_with_a_live_servers_id(trial: Trial) -> None:
+    """Two hosts with one name (scenario 18): a second ``server run`` with the id of a
+    live server is refused, and writes nothing about any job meanwhile: no owner
+    changes, no event by that id while the second process lived."""
+    c = trial.start(SERVERS)
+    trial.populate()
+    victim = trial.busiest_owner()
+    before = trial.owners()
+    folder = c.root / "servers" / f"{victim}-duplicate"
+    folder.mkdir(parents=True)
+    mark = trial.events()[-1]["id"]
+    env = {**c.env, "SPARKRING_WORK_DIR": str(folder / "work")}
+    argv = [sys.executable, "-m", "server", "server", "run", "--id", victim]
+
+    def start_duplicate() -> subprocess.Popen[bytes]:
+        with open(folder / "server.log", "ab") as log:
+            return subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    duplicate = trial.inject(start_duplicate)
+    assert isinstance(duplicate, subprocess.Popen)
+    try:
+        code = duplicate.wait(timeout=60)
+    finally:
+        if duplicate.poll() is None:
+            duplicate.kill()
+            duplicate.wait(timeout=10)
+    written = [e for e in trial.events() if e["id"] > mark and e["server"] == victim]
+    outcome = trial.verify()
+    assert code != 0, "the second process with a live server's id was not refused"
+    assert written == [], f"the refused duplicate wrote: {written}"
+    assert trial.owners() == before, "jobs changed owner"
     _assert_safe(outcome)
 
 

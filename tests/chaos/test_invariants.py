@@ -6,10 +6,10 @@ from __future__ import annotations
 from tests.chaos import invariants
 
 
-def _beats(job: str, pid: int, start: float, end: float) -> list[dict]:
+def _beats(job: str, pid: int, start: float, end: float, server: str = "s") -> list[dict]:
     t, out = start, []
     while t <= end:
-        out.append({"job": job, "epoch": "1", "server": "s", "pid": pid, "t": t})
+        out.append({"job": job, "epoch": "1", "server": server, "pid": pid, "t": t})
         t += 0.2
     return out
 
@@ -22,10 +22,30 @@ def test_heartbeats_of_two_drivers_at_once_are_a_double_run() -> None:
     assert invariants.heartbeat_overlaps(twice, margin=2.0) == []
 
 
-def _life(job: str, epoch: int, server: str, start: float, end: float | None) -> list[dict]:
-    out = [{"job": job, "epoch": epoch, "server": server, "event": "started", "t": start}]
+def test_one_pid_on_two_servers_is_two_drivers() -> None:
+    # Keyed by pid alone, these two drivers were one span 0-9 s: the overlap was unseen.
+    same_pid = _beats("a", 7, 0, 5, server="s1") + _beats("a", 7, 3, 9, server="s2")
+    assert len(invariants.heartbeat_overlaps(same_pid)) == 1
+    apart = _beats("a", 7, 0, 5, server="s1") + _beats("a", 7, 6, 9, server="s2")
+    assert invariants.heartbeat_overlaps(apart) == []
+
+
+def _life(
+    job: str,
+    epoch: int,
+    server: str,
+    start: float,
+    end: float | None,
+    *,
+    pid: int | None = None,
+    reason: str = "exited",
+    exit_code: int | None = 0,
+) -> list[dict]:
+    pid = epoch * 100 if pid is None else pid
+    who = {"job": job, "epoch": epoch, "server": server, "pid": pid}
+    out = [{**who, "event": "started", "t": start}]
     if end is not None:
-        out.append({"job": job, "epoch": epoch, "server": server, "event": "ended", "t": end})
+        out.append({**who, "event": "ended", "t": end, "reason": reason, "exit_code": exit_code})
     return out
 
 
@@ -36,8 +56,23 @@ def test_lifetimes_overlap_including_a_driver_still_alive() -> None:
     assert len(invariants.lifetime_overlaps(alive, now=10)) == 1
 
 
-def _event(i: int, kind: str, server: str | None, epoch: int | None) -> dict:
-    return {"id": i, "job_name": "a", "kind": kind, "server": server, "epoch": epoch}
+def test_two_incarnations_driving_one_epoch_are_two_drivers() -> None:
+    # Two incarnations of server s1 each started a driver for epoch 3 (same-id restart).
+    both = _life("a", 3, "s1", 0, None, pid=11) + _life("a", 3, "s1", 2, 6, pid=12)
+    assert len(invariants.lifetime_overlaps(both, now=10)) == 1
+
+
+def _event(
+    i: int, kind: str, server: str | None, epoch: int | None, job: str = "a", **detail: object
+) -> dict:
+    return {
+        "id": i,
+        "job_name": job,
+        "kind": kind,
+        "server": server,
+        "epoch": epoch,
+        "detail": detail,
+    }
 
 
 def test_a_write_by_an_old_epoch_after_a_newer_claim_is_stale() -> None:
@@ -55,19 +90,81 @@ def test_a_write_by_an_old_epoch_after_a_newer_claim_is_stale() -> None:
     assert len(invariants.stale_writes(impostor)) == 1
 
 
-def test_lost_jobs_are_wanted_running_without_a_live_owner_or_a_reason() -> None:
-    base = {"desired": "running", "target": "s1", "last_error": None}
+def test_lost_jobs_are_wanted_running_without_a_live_owner() -> None:
+    base = {"desired": "running", "target": "s1", "last_error": None, "max_restarts": 3}
     jobs = [
         {**base, "name": "ok", "state": "running", "owner": "s1"},
         {**base, "name": "dead-owner", "state": "running", "owner": "s9"},
         {**base, "name": "pending", "state": "pending", "owner": None},
-        {**base, "name": "failed-why", "state": "failed", "owner": None, "last_error": "x"},
-        {**base, "name": "failed-silent", "state": "failed", "owner": None},
+        {**base, "name": "backoff", "state": "backoff", "owner": None},
+        {**base, "name": "stopped", "state": "stopped", "owner": None},
         {**base, "name": "done", "state": "finished", "owner": None},
         {**base, "name": "off", "desired": "stopped", "state": "stopped", "owner": None},
     ]
-    lost = invariants.lost_jobs(jobs, live={"s1"})
-    assert [p.split(":")[0] for p in lost] == ["dead-owner", "pending", "failed-silent"]
+    lost = invariants.lost_jobs(jobs, live={"s1"}, events=[])
+    assert [p.split(":")[0] for p in lost] == ["dead-owner", "pending", "backoff", "stopped"]
+
+
+def _failed_job(name: str, max_restarts: int = 2) -> dict:
+    return {
+        "name": name,
+        "desired": "running",
+        "state": "failed",
+        "owner": None,
+        "target": "s1",
+        "last_error": "some reason",
+        "max_restarts": max_restarts,
+    }
+
+
+def _crashes(job: str, first_id: int, count: int, error: str, kind: str = "crashed") -> list:
+    return [_event(first_id + i, kind, "s1", i + 1, job, error=error) for i in range(count)]
+
+
+def test_failed_counts_as_lost_unless_its_own_driver_failed_past_its_budget() -> None:
+    exited = "driver exited with exit code 1: Traceback"
+    started = [_event(0, "start_requested", None, None, "j", generation=1)]
+    # max_restarts 2: three driver failures (two crashes, then the failure) are the budget.
+    budget = started + _crashes("j", 1, 2, exited) + _crashes("j", 3, 1, exited, "failed")
+    assert invariants.lost_jobs([_failed_job("j")], {"s1"}, budget) == []
+    # A reason in last_error is not enough: with no such events the job was lost.
+    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, started)) == 1
+    # Two driver failures, then a transient start-up error made terminal (hole 5).
+    transient = (
+        started
+        + _crashes("j", 1, 2, exited)
+        + _crashes("j", 3, 1, "lease deadline passed while preparing the driver", "failed")
+    )
+    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, transient)) == 1
+    # Deferrals are not failures of the driver.
+    deferred = (
+        started
+        + _crashes("j", 1, 3, "artifact unavailable: S3 down", "deferred")
+        + _crashes("j", 4, 1, exited, "failed")
+    )
+    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, deferred)) == 1
+    # Failures of an earlier generation do not count against the current one.
+    earlier = [
+        *budget,
+        _event(9, "restart_requested", None, None, "j", generation=2),
+        *_crashes("j", 10, 1, exited, "failed"),
+    ]
+    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, earlier)) == 1
+
+
+def test_failed_for_an_invalid_artifact_or_spec_is_not_lost() -> None:
+    started = [_event(0, "start_requested", None, None, "j", generation=1)]
+    refused = started + _crashes(
+        "j", 1, 1, "artifact refused: sha256 mismatch for heartbeat:2", "failed"
+    )
+    assert invariants.lost_jobs([_failed_job("j")], {"s1"}, refused) == []
+    spec = started + _crashes("j", 1, 1, "job j: invalid Spark conf key 'a b'", "failed")
+    assert invariants.lost_jobs([_failed_job("j")], {"s1"}, spec) == []
+    # The runner names the cause in the event: "invalid" is legitimate, "driver" is not
+    # unless the budget is spent.
+    for cause, lost in (("invalid", 0), ("driver", 1)):
+        event = _event(1, "failed", "s1", 1, "j", error="whatever went wrong", cause=cause)
+        assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, [*started, event])) == lost
 
 
 def test_a_finished_job_claimed_again_is_resurrected() -> None:
@@ -77,6 +174,118 @@ def test_a_finished_job_claimed_again_is_resurrected() -> None:
     assert len(invariants.resurrections(was, again, [])) == 1
     claimed = [{"job_name": "done", "kind": "claimed"}]
     assert len(invariants.resurrections(was, was, claimed)) == 1
+
+
+def test_a_claim_after_a_generation_ended_is_a_resurrection() -> None:
+    def history(*ending: dict) -> list[dict]:
+        return [
+            _event(1, "start_requested", None, None, generation=1),
+            _event(2, "claimed", "s1", 1),
+            _event(3, "driver_started", "s1", 1),
+            *ending,
+        ]
+
+    for end in (
+        _event(4, "finished", "s1", 1),
+        _event(4, "failed", "s1", 1, error="driver exited with exit code 1"),
+        _event(4, "released", "s1", 1, state="stopped"),
+    ):
+        assert invariants.terminal_resurrections(history(end)) == []
+        again = history(end, _event(5, "claimed", "s2", 2))
+        assert len(invariants.terminal_resurrections(again)) == 1, end["kind"]
+        commanded = history(
+            end,
+            _event(5, "start_requested", None, None, generation=2),
+            _event(6, "claimed", "s2", 2),
+        )
+        assert invariants.terminal_resurrections(commanded) == [], end["kind"]
+    # A migration releases to pending: the next claim is the same generation, legally.
+    moved = history(_event(4, "released", "s1", 1, state="pending"), _event(5, "claimed", "s2", 2))
+    assert invariants.terminal_resurrections(moved) == []
+    # A restart committed while the old generation finished: the claim runs generation 2.
+    raced = history(
+        _event(4, "restart_requested", None, None, generation=2),
+        _event(5, "finished", "s1", 1),
+        _event(6, "claimed", "s1", 2),
+    )
+    assert invariants.terminal_resurrections(raced) == []
+    # A start that only resumed a stopping job gives no new generation.
+    resumed = history(
+        _event(4, "released", "s1", 1, state="stopped"),
+        _event(5, "start_requested", None, None),
+        _event(6, "claimed", "s1", 2),
+    )
+    assert len(invariants.terminal_resurrections(resumed)) == 1
+
+
+def _claims(*epochs_and_generations: tuple[int, int]) -> list[dict]:
+    out, i = [], 0
+    for epoch, generation in epochs_and_generations:
+        i += 1
+        out.append(_event(i, "start_requested", None, None, "b", generation=generation))
+        i += 1
+        out.append(_event(i, "claimed", "s1", epoch, "b"))
+    return out
+
+
+def test_a_batch_generation_runs_to_its_end_once() -> None:
+    kinds = {"b": "batch", "st": "streaming"}
+    once = _life("b", 1, "s1", 0, 4)
+    finished = [*_claims((1, 1)), _event(10, "finished", "s1", 1, "b")]
+    assert invariants.batch_generations(kinds, once, finished) == []
+    # The owner was lost: its driver was killed (and recorded ended) before the next one.
+    lost_owner = _life("b", 1, "s1", 0, 3, reason="lease_expired", exit_code=-9)
+    lost_owner += _life("b", 2, "s2", 5, 9)
+    events = [*_claims((1, 1)), _event(9, "claimed", "s2", 2, "b")]
+    assert invariants.batch_generations(kinds, lost_owner, events) == []
+    # Two drivers of one generation ran to their end: the job ran twice (hole 1).
+    twice = _life("b", 1, "s1", 0, 4) + _life("b", 2, "s1", 6, 10)
+    problems = invariants.batch_generations(kinds, twice, events)
+    assert any("ran to its end 2 times" in p for p in problems)
+    assert any("started again" in p for p in problems)
+    # The earlier driver has no ended record, or ended after the next started.
+    unproven = _life("b", 1, "s1", 0, None) + _life("b", 2, "s2", 5, 9)
+    assert len(invariants.batch_generations(kinds, unproven, events)) == 1
+    late = _life("b", 1, "s1", 0, 6, reason="killed", exit_code=None)
+    late += _life("b", 2, "s2", 5, 9)
+    assert len(invariants.batch_generations(kinds, late, events)) == 1
+    # Recorded finished, but no driver of that generation exited 0.
+    killed = _life("b", 1, "s1", 0, 3, reason="lease_expired", exit_code=-9)
+    assert len(invariants.batch_generations(kinds, killed, finished)) == 1
+    # A restart gives a new generation, which may run to its end again.
+    rerun = _claims((1, 1), (2, 2))
+    assert invariants.batch_generations(kinds, twice, rerun) == []
+    # Streaming jobs are not batch generations; a driver at an unclaimed epoch is.
+    streaming = _life("st", 1, "s1", 0, 4) + _life("st", 2, "s1", 5, 9)
+    assert invariants.batch_generations(kinds, streaming, []) == []
+    stray = _life("b", 7, "s3", 0, 1)
+    assert len(invariants.batch_generations(kinds, stray, _claims((1, 1)))) == 1
+
+
+def test_a_lease_released_or_claimed_while_its_driver_lives_is_early() -> None:
+    def at(event: dict, t: float) -> dict:
+        return {**event, "at_s": t}
+
+    # Migration: the driver ended (t=4), then the release (5), then the new claim (6).
+    lives = _life("a", 1, "s1", 0, 4, reason="stopped") + _life("a", 2, "s2", 7, None)
+    handoff = [
+        at(_event(1, "claimed", "s1", 1), 0),
+        at(_event(2, "released", "s1", 1, state="pending"), 5),
+        at(_event(3, "claimed", "s2", 2), 6),
+    ]
+    assert invariants.early_handoffs(handoff, lives) == []
+    # A same-id incarnation released the lease at t=2 while the old driver lived to 4.
+    early = [
+        at(_event(1, "claimed", "s1", 1), 0),
+        at(_event(2, "released", "s1", 1, state="pending"), 2),
+        at(_event(3, "claimed", "s2", 2), 3),
+    ]
+    problems = invariants.early_handoffs(early, lives)
+    assert len(problems) == 2
+    assert "released by s1" in problems[0] and "claimed by s2" in problems[1]
+    # A driver with no ended record is alive.
+    open_ended = _life("a", 1, "s1", 0, None) + _life("a", 2, "s2", 7, None)
+    assert len(invariants.early_handoffs(handoff, open_ended)) == 2
 
 
 def test_a_started_driver_of_a_corrupt_artifact_is_counted() -> None:

@@ -1,0 +1,415 @@
+"""The randomized chaos mode: faults drawn from a seed, against a dozen light jobs, with
+job commands from several threads at the same time; every invariant checked at the end.
+
+- ``CHAOS_SEED=N`` replays a run (the seed is printed in pytest's header and in every
+  failure message; without it a fresh seed is drawn). Round ``r`` of ``CHAOS_ROUNDS``
+  uses seed ``N + r - 1``.
+- ``CHAOS_MINUTES=M`` is how long faults are injected (default 2: what CI runs); the
+  setup (~70 s on a busy 2-core machine) and the recovery wait (up to 90 s) come on top.
+- ``CHAOS_FAULTS=a,b`` draws only from those faults (default: all of them), e.g. to
+  look past a hole that every run finds; a replay needs the same list.
+
+The seed decides the order of the faults, their victims and durations, the gaps between
+them and every command thread's choices; timings of the cluster itself (when a driver
+starts, when a lease expires) still vary from run to run, so a replay is the same
+schedule, not the same interleaving. The schedule, each step with its time, is written
+to ``fault-log.jsonl`` in the trial's folder and the job events to ``events.json``.
+
+Faults (one at a time; the command threads run throughout):
+
+- ``kill9``: SIGKILL of a server, restarted with its id and work dir after 0-8 s;
+- ``sigstop``: SIGSTOP of a server for 5-12 s (past the 4 s session timeout), SIGCONT;
+- ``zk_partition``: the server living in a network namespace loses ZooKeeper (packets
+  dropped) for 5-12 s while it keeps PostgreSQL (needs root; left out otherwise);
+- ``pg_restart``: PostgreSQL stopped for 1-10 s (within and past the 8 s lease);
+- ``same_id_fresh_dir``: SIGKILL of a server and an immediate restart with its id and a
+  work dir of its own (another host taking over the name: nothing to adopt);
+- ``duplicate_id``: a second process started with a live server's id: it must be
+  refused without touching any lease (it is killed after 30 s otherwise, and counted);
+- ``command_storm``: eight concurrent start/stop/restart commands on one job.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from scheduler import jobs
+from scheduler.states import JobKind
+from sql import database
+from tests.chaos import faults
+from tests.chaos.trial import Trial
+
+pytestmark = pytest.mark.chaos
+
+SERVERS = ("s1", "s2", "s3")
+PARTITIONED = "s3"  # lives in a network namespace when partitions are possible
+STREAMING_JOBS = 8
+BATCH_JOBS = 4
+CAPACITY = 6  # two servers hold every job while the third is down
+COMMAND_THREADS = 3
+DUPLICATE_REFUSAL_S = 30.0
+FAULTS = (
+    "kill9",
+    "sigstop",
+    "zk_partition",
+    "pg_restart",
+    "same_id_fresh_dir",
+    "duplicate_id",
+    "command_storm",
+)
+COMMANDS: dict[str, Callable[[sa.Connection, str], str]] = {
+    "start": jobs.start,
+    "stop": jobs.stop,
+    "restart": jobs.restart,
+}
+STREAMING_WEIGHTS = (5, 2, 3)  # start, stop, restart
+BATCH_WEIGHTS = (8, 1, 1)
+
+
+def chaos_faults() -> tuple[str, ...]:
+    value = os.environ.get("CHAOS_FAULTS", "")
+    if not value:
+        return FAULTS
+    chosen = tuple(name.strip() for name in value.split(",") if name.strip())
+    unknown = sorted(set(chosen) - set(FAULTS))
+    if unknown or not chosen:
+        raise pytest.UsageError(
+            f"CHAOS_FAULTS={value!r}: unknown {unknown}; choose among {', '.join(FAULTS)}"
+        )
+    return chosen
+
+
+def chaos_minutes() -> float:
+    value = os.environ.get("CHAOS_MINUTES", "2")
+    try:
+        minutes = float(value)
+    except ValueError:
+        minutes = -1.0
+    if not 0 < minutes <= 24 * 60:
+        raise pytest.UsageError(f"CHAOS_MINUTES={value!r} must be a number of minutes > 0")
+    return minutes
+
+
+class Schedule:
+    """The fault log: each step with its time since the start, kept in memory and
+    appended to a JSON-lines file as it happens (a killed run keeps its log)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.started = time.monotonic()
+        self.steps: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def note(self, what: str, **detail: Any) -> None:
+        step = {
+            "t": round(time.monotonic() - self.started, 2),
+            "at": datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3],
+            "what": what,
+            **detail,
+        }
+        with self._lock:
+            self.steps.append(step)
+            with self.path.open("a") as f:
+                f.write(json.dumps(step) + "\n")
+
+
+class RandomChaos:
+    """One randomized run on a trial's cluster."""
+
+    def __init__(self, trial: Trial, stack: faults.Stack, seed: int, root: Path) -> None:
+        self.trial = trial
+        self.stack = stack
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.root = root
+        self.log = Schedule(root / "fault-log.jsonl")
+        self.partition: faults.Partition | None = None
+        self.faults: tuple[str, ...] = FAULTS
+        self.special: dict[str, dict[str, Any]] = {}
+        self.work_dirs: dict[str, Path] = {}
+        self.duplicates: list[subprocess.Popen[bytes]] = []
+        self.problems: list[str] = []
+        self.names: list[str] = []
+        self.batch = [f"b{i}" for i in range(BATCH_JOBS)]
+        self.commands: sa.Engine | None = None
+        self._fresh = 0
+        self._stop_commands = threading.Event()
+
+    # ------------------------------------------------------------------ cluster
+
+    def start_cluster(self, chosen: tuple[str, ...] = FAULTS) -> None:
+        reason = faults.namespaces_unavailable()
+        faults_used = list(chosen)
+        if reason and "zk_partition" in faults_used:
+            faults_used.remove("zk_partition")
+            self.log.note("zk_partition left out", reason=reason)
+        if not faults_used:
+            pytest.skip(f"no fault left to inject: {reason}")
+        if reason is None:  # s3 lives in a namespace whether or not it is partitioned
+            control = self.stack
+            self.partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
+            self.partition.create()
+            p = self.partition
+            self.special[PARTITIONED] = {
+                "wrapper": p.wrapper,
+                "env": {
+                    "SPARKRING_ZK_HOSTS": ",".join(p.address(port) for port in control.zk_ports),
+                    "SPARKRING_DATABASE_URL": self.trial.database_url.replace(
+                        f"127.0.0.1:{control.pg_port}", p.address(control.pg_port)
+                    ),
+                    "SPARKRING_S3_ENDPOINT": p.address(control.s3_port),
+                },
+            }
+        self.faults = tuple(faults_used)
+        self.trial.start(["s1"], capacity=CAPACITY)  # s1 coordinates
+        self.trial.start(["s2", "s3"], capacity=CAPACITY, special=self.special)
+        for sid in SERVERS:
+            self.work_dirs[sid] = self.trial.cluster.server_dir(sid) / "work"
+
+    def populate(self) -> None:
+        t = self.trial
+        self.names = t.populate(live=STREAMING_JOBS, prefix="st")
+        batch = self.batch
+        for name in batch:
+            run_for = round(self.rng.uniform(2.0, 6.0), 1)
+            t.create(name, kind=JobKind.BATCH, extra=["--run-for", str(run_for)])
+        for name in batch:
+            t.wait_state(name, "finished", 120)
+        self.names += batch
+        self.commands = database.create_engine(t.database_url, pool_size=COMMAND_THREADS + 2)
+
+    def _start_server(self, sid: str, work_dir: Path) -> None:
+        special = dict(self.special.get(sid, {}))
+        special["env"] = {**special.get("env", {}), "SPARKRING_WORK_DIR": str(work_dir)}
+        self.trial.cluster.start_server(sid, capacity=CAPACITY, **special)
+        self.work_dirs[sid] = work_dir
+
+    def _fresh_dir(self, sid: str, what: str) -> Path:
+        # Under servers/ so that the cluster's teardown finds its watchdogs too.
+        self._fresh += 1
+        return self.trial.cluster.root / "servers" / f"{sid}-{what}{self._fresh}" / "work"
+
+    # ------------------------------------------------------------------ faults
+
+    def kill9(self) -> None:
+        victim = self.rng.choice(SERVERS)
+        down = round(self.rng.uniform(0.0, 8.0), 1)
+        self.log.note("kill9", server=victim, down_s=down)
+        self.trial.inject(lambda: self.trial.cluster.kill(victim))
+        time.sleep(down)  # the server stays down: part of the fault
+        self._start_server(victim, self.work_dirs[victim])
+        self.log.note("restarted", server=victim)
+
+    def sigstop(self) -> None:
+        victim = self.rng.choice(SERVERS)
+        pause = round(self.rng.uniform(5.0, 12.0), 1)
+        self.log.note("sigstop", server=victim, pause_s=pause)
+        c = self.trial.cluster
+        self.trial.inject(lambda: c.signal(victim, signal.SIGSTOP))
+        self.trial.paused.add(victim)
+        try:
+            time.sleep(pause)  # the pause is the fault
+        finally:
+            c.signal(victim, signal.SIGCONT)
+            self.trial.paused.discard(victim)
+        self.log.note("sigcont", server=victim)
+
+    def zk_partition(self) -> None:
+        assert self.partition is not None
+        cut = round(self.rng.uniform(5.0, 12.0), 1)
+        self.log.note("zk_partition", server=PARTITIONED, cut_s=cut)
+        partition = self.partition
+        self.trial.inject(lambda: partition.cut(self.stack.zk_ports))
+        try:
+            time.sleep(cut)  # the partition is the fault
+        finally:
+            partition.heal()
+        self.log.note("healed", server=PARTITIONED)
+
+    def pg_restart(self) -> None:
+        down = round(self.rng.uniform(1.0, 10.0), 1)
+        self.log.note("pg_restart", down_s=down)
+        self.trial.inject(self.stack.pg_stop)
+        try:
+            time.sleep(down)  # the outage is the fault
+        finally:
+            self.stack.pg_start()
+        self.log.note("pg_started")
+
+    def same_id_fresh_dir(self) -> None:
+        victim = self.rng.choice(SERVERS)
+        fresh = self._fresh_dir(victim, "fresh")
+        self.log.note("same_id_fresh_dir", server=victim, work_dir=str(fresh))
+        self.trial.inject(lambda: self.trial.cluster.kill(victim))
+        self._start_server(victim, fresh)
+
+    def duplicate_id(self) -> None:
+        victim = self.rng.choice(SERVERS)
+        folder = self._fresh_dir(victim, "dup").parent
+        folder.mkdir(parents=True, exist_ok=True)
+        self.log.note("duplicate_id", server=victim, folder=str(folder))
+        c = self.trial.cluster
+        env = {**c.env, "SPARKRING_WORK_DIR": str(folder / "work")}
+        argv = [sys.executable, "-m", "server", "server", "run", "--id", victim]
+        argv += ["--capacity", str(CAPACITY)]
+
+        def spawn() -> subprocess.Popen[bytes]:
+            with open(folder / "server.log", "ab") as log:
+                return subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+
+        proc = self.trial.inject(spawn)
+        assert isinstance(proc, subprocess.Popen)
+        self.duplicates.append(proc)
+        try:
+            code = proc.wait(timeout=DUPLICATE_REFUSAL_S)
+            self.log.note("duplicate_exited", server=victim, exit_code=code)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            problem = (
+                f"duplicate id {victim}: a second process was not refused within "
+                f"{DUPLICATE_REFUSAL_S:g} s (log {folder / 'server.log'})"
+            )
+            self.problems.append(problem)
+            self.log.note("duplicate_not_refused", server=victim)
+
+    def command_storm(self) -> None:
+        name = self.rng.choice(self.names)
+        actions = [self.rng.choice(list(COMMANDS)) for _ in range(8)]
+        self.log.note("command_storm", job=name, actions=actions)
+        self.trial.outcome.injected += 1
+        with ThreadPoolExecutor(len(actions)) as pool:
+            results = list(pool.map(lambda a: self._command(a, name, quiet=True), actions))
+        self.log.note("command_storm_done", job=name, results=results)
+
+    # ------------------------------------------------------------------ commands
+
+    def _command(self, action: str, name: str, quiet: bool = False) -> str:
+        assert self.commands is not None
+        try:
+            with self.commands.begin() as conn:
+                result = COMMANDS[action](conn, name)
+        except (sa.exc.DBAPIError, jobs.JobError) as exc:
+            result = f"error {type(getattr(exc, 'orig', None) or exc).__name__}"
+        if not quiet:
+            self.log.note("command", action=action, job=name, result=result)
+        return result
+
+    def _command_loop(self, index: int) -> None:
+        rng = random.Random(f"{self.seed}-commands-{index}")
+        while not self._stop_commands.wait(rng.uniform(0.5, 4.0)):
+            name = rng.choice(self.names)
+            # Mostly starts and restarts: the end state keeps most jobs wanted running.
+            # Batch jobs mostly get starts (a new generation once finished, harmless while
+            # running), so that they run to their end often, faults or not.
+            weights = BATCH_WEIGHTS if name in self.batch else STREAMING_WEIGHTS
+            self._command(rng.choices(list(COMMANDS), weights=weights)[0], name)
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self, minutes: float) -> None:
+        threads = [
+            threading.Thread(target=self._command_loop, args=(i,), daemon=True)
+            for i in range(COMMAND_THREADS)
+        ]
+        for thread in threads:
+            thread.start()
+        end = time.monotonic() + minutes * 60
+        try:
+            while time.monotonic() < end:
+                getattr(self, self.rng.choice(self.faults))()
+                time.sleep(round(self.rng.uniform(1.0, 4.0), 1))  # a quiet gap
+        finally:
+            self._stop_commands.set()
+            for thread in threads:
+                thread.join(timeout=30)
+            self.heal()
+
+    def heal(self) -> None:
+        """Everything back: PostgreSQL and ZooKeeper up, no partition, no pause, every
+        server running (a fault interrupted by an error may have left one down)."""
+        self.stack.restore()
+        if self.partition is not None:
+            self.partition.heal()
+        c = self.trial.cluster
+        for sid in SERVERS:
+            proc = c.servers.get(sid)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+            else:
+                c.servers.pop(sid, None)
+                self._start_server(sid, self.work_dirs[sid])
+        self.trial.paused.clear()
+        self.trial.healed()
+        self.log.note("healed all")
+
+    def close(self) -> None:
+        for proc in self.duplicates:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        if self.partition is not None:
+            self.partition.close()
+        if self.commands is not None:
+            self.commands.dispose()
+
+
+def test_randomized_faults_and_concurrent_commands(
+    trial: Trial, stack: faults.Stack, chaos_round: int, chaos_seed: int, tmp_path: Path
+) -> None:
+    """Faults drawn from CHAOS_SEED for CHAOS_MINUTES against a dozen light jobs
+    (streaming heartbeats and short batch jobs) while three threads start, stop and
+    restart them; then heal, wait for recovery and check every invariant."""
+    seed = chaos_seed + chaos_round - 1
+    minutes = chaos_minutes()
+    chosen = chaos_faults()
+    replay = f"CHAOS_SEED={seed} CHAOS_MINUTES={minutes:g}"
+    if chosen != FAULTS:
+        replay += f" CHAOS_FAULTS={','.join(chosen)}"
+    trial.outcome.fault = f"randomized ({replay})"
+    print(f"randomized chaos: {replay}", file=sys.stderr)
+    chaos = RandomChaos(trial, stack, seed, tmp_path)
+    try:
+        chaos.start_cluster(chosen)
+        chaos.populate()
+        chaos.run(minutes)
+        outcome = trial.verify()
+        (tmp_path / "events.json").write_text(json.dumps(trial.events(), default=str, indent=1))
+    finally:
+        chaos.close()
+    if chaos.problems:
+        outcome.problems += chaos.problems
+        outcome.error = chaos.problems[0]
+    injected = {s["what"] for s in chaos.log.steps}
+    report = "\n".join(
+        [
+            f"randomized chaos failed: {replay} (replay with these variables)",
+            f"faults injected: {outcome.injected} ({', '.join(sorted(injected & set(FAULTS)))})",
+            f"fault log: {chaos.log.path}; events: {tmp_path / 'events.json'}",
+            *outcome.problems,
+        ]
+    )
+    assert not outcome.problems, report
+    assert outcome.recovery_s is not None, report + "\nthe cluster did not recover in time"
