@@ -101,6 +101,8 @@ class Run:
     # How the run ended, not yet recorded in PostgreSQL (retried until it is).
     unrecorded: Callable[[sa.Connection], object] | None = None
     recording: bool = False  # a thread is writing ``unrecorded`` now
+    marking: bool = False  # a thread is recording ``running`` now
+    marked: bool = False  # ``running`` is recorded in PostgreSQL
 
 
 def run_dir(work_dir: Path, job: str, epoch: int) -> Path:
@@ -474,9 +476,14 @@ class Runner:
         """Record that the driver runs. If PostgreSQL is unreachable the row stays
         ``starting`` (every ending is legal from there) and the next poll tries again."""
         assert run.driver is not None
+        with self._lock:  # once: the poll may ask again before it sees the first record
+            if run.marking or run.marked:
+                return
+            run.marking = True
         try:
             with self.engine.begin() as conn:
                 distribution.mark_running(conn, run.job_id, run.owner, run.epoch, run.driver.pid)
+            run.marked = True
         except distribution.FencedError:
             self._drop_lost(run, "lease lost while starting")
         except DBAPIError as exc:
@@ -484,6 +491,9 @@ class Runner:
                 "could not record the driver start; retrying",
                 extra={"action": "write_failed", "job": run.name, "error": type(exc).__name__},
             )
+        finally:
+            with self._lock:
+                run.marking = False
 
     def _fetch(self, resource_id: int) -> Path:
         resource = catalog.get(self.engine, resource_id)
