@@ -109,9 +109,11 @@ engine_settings() {
   nofile=$(ulimit -Hn)
   nproc=$(ulimit -Hu)
   if [[ $nofile != unlimited ]] && ((nofile < 1048576)); then
-    [[ $nproc == unlimited ]] && nproc=1048576
+    # podman's own default for root is the maximum; its own hard limit proved not
+    # always settable (runc: "error setting rlimit type 6"), 32768 processes were.
+    if [[ $nproc == unlimited ]] || ((nproc > 32768)); then nproc=32768; fi
     conf+=("[containers]" "default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]")
-    reasons+=("hard nofile limit $nofile")
+    reasons+=("hard nofile limit $nofile;")
   fi
   if [[ $(stat -fc %T /sys/fs/cgroup) != cgroup2fs ]]; then
     conf+=("[engine]" 'runtime = "runc"')
@@ -138,7 +140,8 @@ standin_image() { # IMAGE DOCKERFILE [BUILD ARGS...]
   fi
   local start
   start=$(ts)
-  "$ENGINE" build -q -f "$SMOKE/$file" "$@" -t "$image" "$SMOKE" >/dev/null
+  "$ENGINE" build -f "$SMOKE/$file" "$@" -t "$image" "$SMOKE" >"$WORK/build-${file%%.*}.log" 2>&1 ||
+    { tail -20 "$WORK/build-${file%%.*}.log"; die "building $image failed"; }
   echo "  $image: built in $(elapsed "$start")"
 }
 
@@ -171,14 +174,15 @@ base_images() {
     "python:3.11-slim-bookworm -> $STANDIN_PREFIX/python:3.11-slim-bookworm (Debian python3 in a venv)"
     "postgres:15 -> $STANDIN_PREFIX/postgres:15 (Debian postgresql-15)"
     "zookeeper:3.9.3 -> $STANDIN_PREFIX/zookeeper:3.8 (Debian zookeeper 3.8)"
-    "minio/minio, minio/mc -> $STANDIN_PREFIX/s3:moto (moto S3 server; no users/policies)"
+    "minio/minio, minio/mc -> $STANDIN_PREFIX/s3:moto (moto S3 server; mc admin skipped)"
   )
 }
 
 build_image() {
   local args=()
   [[ $STANDINS == 1 ]] && args+=(--build-arg "PYTHON_IMAGE=$STANDIN_PREFIX/python:3.11-slim-bookworm")
-  "$ENGINE" build -q "${args[@]}" -t "$SERVER_IMAGE" "$REPO" >/dev/null
+  "$ENGINE" build "${args[@]}" -t "$SERVER_IMAGE" "$REPO" >"$WORK/build-sparkring.log" 2>&1 ||
+    { tail -30 "$WORK/build-sparkring.log"; die "building $SERVER_IMAGE failed"; }
   echo "  $SERVER_IMAGE: $("$ENGINE" image inspect --format '{{.Size}}' "$SERVER_IMAGE" |
     python3 -c 'import sys; print(f"{int(sys.stdin.read()) / 1e9:.2f} GB")')"
 }

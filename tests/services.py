@@ -78,9 +78,9 @@ def create_test_database(database_url: str, prefix: str = "t") -> str:
 
 def drop_template(database_url: str) -> None:
     drop_database(
-        sa.make_url(database_url).set(database=TEMPLATE_DATABASE).render_as_string(
-            hide_password=False
-        )
+        sa.make_url(database_url)
+        .set(database=TEMPLATE_DATABASE)
+        .render_as_string(hide_password=False)
     )
 
 

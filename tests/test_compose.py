@@ -144,6 +144,9 @@ def test_sparkring_healthchecks_use_the_image_s_own_probe(resolved: dict[str, An
 def test_standins_replace_only_third_party_images(resolved: dict[str, Any]) -> None:
     override = yaml.safe_load(STANDINS_FILE.read_text())["services"]
     assert set(override) == THIRD_PARTY
+    # Only images: podman-compose 1.6 appends to overridden lists (a healthcheck test
+    # became both commands), so the stand-ins run the compose file's own commands.
+    assert all(set(service) == {"image"} for service in override.values())
     with_standins = _resolved(COMPOSE_FILE, STANDINS_FILE)["services"]
     for name, service in with_standins.items():
         if name in THIRD_PARTY:
@@ -251,6 +254,10 @@ def test_servers_scale_with_unique_ids(resolved: dict[str, Any]) -> None:
     server = resolved["services"]["server"]
     assert server["command"] == ["sparkring", "server", "run"]
     assert server["deploy"]["replicas"] == 3
+    # podman-compose starts one replica unless the (default) mode is spelled out.
+    for name, service in resolved["services"].items():
+        if "replicas" in service.get("deploy", {}):
+            assert service["deploy"].get("mode") == "replicated", name
     # Unset id -> the container's host name (its id), unique per replica; a fixed
     # id, host name, container name or host port would break `--scale`.
     assert "SPARKRING_SERVER_ID" not in server["environment"]

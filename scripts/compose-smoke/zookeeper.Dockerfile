@@ -5,12 +5,13 @@ ARG BASE_IMAGE=localhost/sparkring-standin/debian:bookworm
 FROM ${BASE_IMAGE}
 RUN apt-get update \
     && apt-get install -y --no-install-recommends zookeeper liblog4j1.2-java \
-       libslf4j-java python3-minimal \
+       libslf4j-java \
     && rm -rf /var/lib/apt/lists/* \
     && mkdir -p /data /datalog /conf \
     && chown -R zookeeper:zookeeper /data /datalog /conf
 COPY zookeeper-entrypoint.sh /usr/local/bin/zookeeper-entrypoint
-COPY standin_probe.py /usr/local/bin/standin-probe
+# The compose file's healthcheck, `zkServer.sh status`, as a ruok probe.
+COPY zkServer.sh /usr/local/bin/zkServer.sh
 USER zookeeper
 EXPOSE 2181
 ENTRYPOINT ["/usr/local/bin/zookeeper-entrypoint"]
