@@ -57,6 +57,11 @@ step() { # NAME FUNCTION [ARGS...]: run, then print PASS/FAIL with the time it t
   printf 'STEP %-16s PASS %s\n' "$name" "$(elapsed "$start")"
   CURRENT=""
 }
+first_line() { # COMMAND...: its first line of output (no `| head`: pipefail + SIGPIPE)
+  local out
+  out=$("$@" 2>/dev/null) || true
+  echo "${out%%$'\n'*}"
+}
 die() {
   echo "error: $*" >&2
   exit 1
@@ -99,7 +104,7 @@ pick_engine() {
 # engine settings; a CONTAINERS_CONF of the user's own is left alone.
 engine_settings() {
   mkdir -p "$WORK"
-  echo "engine: $("$ENGINE" --version); compose: $("${COMPOSE_CMD[@]}" version 2>/dev/null | head -1)"
+  echo "engine: $("$ENGINE" --version); compose: $(first_line "${COMPOSE_CMD[@]}" version)"
   [[ $ENGINE == podman ]] || return 0
   if [[ -n ${CONTAINERS_CONF:-} ]]; then
     echo "CONTAINERS_CONF=$CONTAINERS_CONF (yours, used as is)"
@@ -248,13 +253,13 @@ infrastructure() {
 one_shots() {
   compose run --rm --no-deps migrate >"$WORK/migrate.log" 2>&1 ||
     { cat "$WORK/migrate.log"; die "migrate (sparkring db upgrade) failed"; }
-  echo "  migrate: $(tail -1 "$WORK/migrate.log")"
+  echo "  migrate: $(tail -1 "$WORK/migrate.log" | sed 's/\x1b\[[0-9;]*m//g')"
   compose run --rm --no-deps minio-setup >"$WORK/minio-setup.log" 2>&1 ||
     { cat "$WORK/minio-setup.log"; die "minio-setup failed"; }
   echo "  minio-setup: $(tail -1 "$WORK/minio-setup.log")"
 }
 
-any_server() { containers server | head -1; }
+any_server() { first_line containers server; }
 cli() { "$ENGINE" exec "$(any_server)" sparkring "$@"; }
 
 live_servers() { cli server list --json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)))'; }
@@ -280,7 +285,7 @@ job_running() { # [NOT_OWNER]: RUNNING on a live server other than NOT_OWNER
 }
 
 spark_apps() { # running applications on the compose Spark master
-  "$ENGINE" exec "$(containers spark-master | head -1)" python -c \
+  "$ENGINE" exec "$(first_line containers spark-master)" python -c \
     'import json, urllib.request; print(sum(a["state"] == "RUNNING" for a in json.load(urllib.request.urlopen("http://127.0.0.1:8080/json"))["activeapps"]))'
 }
 
