@@ -256,6 +256,7 @@ one_shots() {
   echo "  migrate: $(tail -1 "$WORK/migrate.log" | sed 's/\x1b\[[0-9;]*m//g')"
   compose run --rm --no-deps minio-setup >"$WORK/minio-setup.log" 2>&1 ||
     { cat "$WORK/minio-setup.log"; die "minio-setup failed"; }
+  grep -h "stand-in" "$WORK/minio-setup.log" | sed 's/^/  minio-setup: /' || true
   echo "  minio-setup: $(tail -1 "$WORK/minio-setup.log")"
 }
 
@@ -280,8 +281,8 @@ job_field() { # FIELD: of the smoke job, from `sparkring job show --json`
   cli job show "$JOB" --json | python3 -c 'import json, sys; print(json.load(sys.stdin).get(sys.argv[1]))' "$1"
 }
 
-job_running() { # [NOT_OWNER]: RUNNING on a live server other than NOT_OWNER
-  [[ $(job_field state) == RUNNING ]] && [[ $(job_field owner) != "${1:-}" ]]
+job_running() { # [NOT_OWNER]: running on a server other than NOT_OWNER
+  [[ $(job_field state) == running ]] && [[ $(job_field owner) != "${1:-}" ]]
 }
 
 spark_apps() { # running applications on the compose Spark master
@@ -297,9 +298,9 @@ run_job() {
   cli job create "$JOB" --resource counter --kind streaming \
     --arg /var/lib/sparkring/checkpoints/smoke-counter-out
   cli job start "$JOB"
-  wait_until 240 "job $JOB RUNNING" job_running
+  wait_until 240 "job $JOB running" job_running
   wait_until 120 "a running application on the compose Spark master" test "$(spark_apps)" -ge 1
-  echo "  $JOB: RUNNING on server $(job_field owner), epoch $(job_field epoch); Spark master: $(spark_apps) running app(s)"
+  echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch); Spark master: $(spark_apps) running app(s)"
 }
 
 failover() {
@@ -314,10 +315,10 @@ failover() {
   [[ -n ${victim:-} ]] || die "no server container has host name $owner"
   "$ENGINE" kill "$victim" >/dev/null
   echo "  killed server container $victim (server $owner, SIGKILL)"
-  wait_until 240 "job $JOB RUNNING on another server" job_running "$owner"
+  wait_until 240 "job $JOB running on another server" job_running "$owner"
   (($(job_field epoch) > epoch)) || die "epoch did not advance past $epoch"
   wait_until 120 "a running application on the compose Spark master" test "$(spark_apps)" -ge 1
-  echo "  $JOB: RUNNING on server $(job_field owner), epoch $(job_field epoch) (was $owner, epoch $epoch)"
+  echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch) (was $owner, epoch $epoch)"
 }
 
 scale() {
