@@ -228,10 +228,13 @@ healthy() { # CONTAINER: its healthcheck passes now
   fi
 }
 
+running_at_least() { # SERVICE COUNT
+  (($(containers "$1" | wc -l) >= $2))
+}
+
 wait_healthy() { # SERVICE COUNT TIMEOUT_S
   local service=$1 count=$2 timeout=$3 ids
-  wait_until "$timeout" "$count running $service container(s)" \
-    test "$(containers "$service" | wc -l)" -ge "$count"
+  wait_until "$timeout" "$count running $service container(s)" running_at_least "$service" "$count"
   for id in $(containers "$service"); do
     wait_until "$timeout" "$service container $id healthy" healthy "$id"
   done
@@ -264,10 +267,11 @@ any_server() { first_line containers server; }
 cli() { "$ENGINE" exec "$(any_server)" sparkring "$@"; }
 
 live_servers() { cli server list --json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)))'; }
+registered() { (($(live_servers) == $1)); } # COUNT
 
 servers_up() { # COUNT
   wait_healthy server "$1" 240
-  wait_until 60 "$1 servers registered in ZooKeeper" test "$(live_servers)" -eq "$1"
+  wait_until 60 "$1 servers registered in ZooKeeper" registered "$1"
   echo "  registered servers: $(live_servers)"
 }
 
@@ -290,6 +294,8 @@ spark_apps() { # running applications on the compose Spark master
     'import json, urllib.request; print(sum(a["state"] == "RUNNING" for a in json.load(urllib.request.urlopen("http://127.0.0.1:8080/json"))["activeapps"]))'
 }
 
+spark_app_running() { (($(spark_apps) >= 1)); }
+
 run_job() {
   local server
   server=$(any_server)
@@ -299,7 +305,7 @@ run_job() {
     --arg /var/lib/sparkring/checkpoints/smoke-counter-out
   cli job start "$JOB"
   wait_until 240 "job $JOB running" job_running
-  wait_until 120 "a running application on the compose Spark master" test "$(spark_apps)" -ge 1
+  wait_until 120 "a running application on the compose Spark master" spark_app_running
   echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch); Spark master: $(spark_apps) running app(s)"
 }
 
@@ -317,7 +323,7 @@ failover() {
   echo "  killed server container $victim (server $owner, SIGKILL)"
   wait_until 240 "job $JOB running on another server" job_running "$owner"
   (($(job_field epoch) > epoch)) || die "epoch did not advance past $epoch"
-  wait_until 120 "a running application on the compose Spark master" test "$(spark_apps)" -ge 1
+  wait_until 120 "a running application on the compose Spark master" spark_app_running
   echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch) (was $owner, epoch $epoch)"
 }
 
