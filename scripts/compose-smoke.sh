@@ -289,12 +289,18 @@ job_running() { # [NOT_OWNER]: running on a server other than NOT_OWNER
   [[ $(job_field state) == running ]] && [[ $(job_field owner) != "${1:-}" ]]
 }
 
-spark_apps() { # running applications on the compose Spark master
+spark_apps() { # ids of the applications running on the compose Spark master
   "$ENGINE" exec "$(first_line containers spark-master)" python -c \
-    'import json, urllib.request; print(sum(a["state"] == "RUNNING" for a in json.load(urllib.request.urlopen("http://127.0.0.1:8080/json"))["activeapps"]))'
+    'import json, urllib.request; print(" ".join(a["id"] for a in json.load(urllib.request.urlopen("http://127.0.0.1:8080/json"))["activeapps"] if a["state"] == "RUNNING"))'
 }
 
-spark_app_running() { (($(spark_apps) >= 1)); }
+spark_app_running() { # [APP_IDS]: an application other than APP_IDS runs on the cluster
+  local id
+  for id in $(spark_apps); do
+    [[ " ${1:-} " == *" $id "* ]] || return 0
+  done
+  return 1
+}
 
 run_job() {
   local server
@@ -306,13 +312,14 @@ run_job() {
   cli job start "$JOB"
   wait_until 240 "job $JOB running" job_running
   wait_until 120 "a running application on the compose Spark master" spark_app_running
-  echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch); Spark master: $(spark_apps) running app(s)"
+  echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch); Spark master runs $(spark_apps)"
 }
 
 failover() {
-  local owner epoch victim
+  local owner epoch victim apps
   owner=$(job_field owner)
   epoch=$(job_field epoch)
+  apps=$(spark_apps)
   for id in $(containers server); do
     if [[ $("$ENGINE" inspect --format '{{.Config.Hostname}}' "$id") == "$owner" ]]; then
       victim=$id
@@ -323,8 +330,9 @@ failover() {
   echo "  killed server container $victim (server $owner, SIGKILL)"
   wait_until 240 "job $JOB running on another server" job_running "$owner"
   (($(job_field epoch) > epoch)) || die "epoch did not advance past $epoch"
-  wait_until 120 "a running application on the compose Spark master" spark_app_running
+  wait_until 120 "a new application on the compose Spark master" spark_app_running "$apps"
   echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch) (was $owner, epoch $epoch)"
+  echo "  Spark master runs $(spark_apps) (was $apps)"
 }
 
 scale() {
@@ -354,6 +362,8 @@ on_exit() {
   exit "$code"
 }
 trap on_exit EXIT
+trap "exit 143" TERM
+trap "exit 130" INT
 
 pick_engine
 step engine engine_settings
