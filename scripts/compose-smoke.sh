@@ -341,12 +341,32 @@ scale() {
   servers_up 4
 }
 
+project_containers() { "$ENGINE" ps -aq --filter "label=com.docker.compose.project=$PROJECT"; }
+
+# What is left of the project: containers, volumes, networks (and podman-compose's pod).
+leftovers() {
+  local volumes networks
+  volumes=$("$ENGINE" volume ls --format '{{.Name}}' | grep -c "^${PROJECT}_" || true)
+  networks=$("$ENGINE" network ls --format '{{.Name}}' | grep -c "^${PROJECT}_" || true)
+  echo "$(project_containers | wc -l) container(s), $volumes volume(s), $networks network(s)"
+}
+
 teardown() {
-  compose down -v --timeout 30 >"$WORK/down.log" 2>&1 || { cat "$WORK/down.log"; return 1; }
+  compose down -v --timeout 30 >"$WORK/down.log" 2>&1 || true
   local left
-  left=$("$ENGINE" ps -aq --filter "label=com.docker.compose.project=$PROJECT" | wc -l)
-  ((left == 0)) || die "$left container(s) of $PROJECT left"
-  echo "  containers, networks and volumes of $PROJECT removed"
+  left=$(project_containers)
+  if [[ -n $left ]]; then
+    # podman-compose 1.6 removes the configured replicas only, not those --scale added.
+    echo "  compose down left $(wc -l <<<"$left") scaled-up container(s): stopping them, then down again"
+    # shellcheck disable=SC2086 # one id per word
+    "$ENGINE" stop --time 30 $left >/dev/null
+    # shellcheck disable=SC2086
+    "$ENGINE" rm -f $left >/dev/null
+    compose down -v --timeout 30 >>"$WORK/down.log" 2>&1 || true
+  fi
+  [[ $(leftovers) == "0 container(s), 0 volume(s), 0 network(s)" ]] ||
+    { tail -20 "$WORK/down.log"; die "left after teardown: $(leftovers)"; }
+  echo "  containers, volumes and network of $PROJECT removed"
 }
 
 on_exit() {
