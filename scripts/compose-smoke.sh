@@ -21,7 +21,8 @@
 #                            packages (mmdebstrap) and select them with
 #                            scripts/compose-smoke/docker-compose.standins.yml
 #   COMPOSE_SMOKE_DIR        work directory (default /var/tmp/sparkring-compose-smoke)
-#   COMPOSE_SMOKE_REBUILD    1: rebuild stand-in base images that already exist
+#   COMPOSE_SMOKE_REBUILD    1: rebuild every image from scratch (no reuse, no build
+#                            cache); by default existing stand-ins are reused
 #   COMPOSE_SMOKE_KEEP       1: leave the stack running at the end (or on failure)
 #   COMPOSE_SMOKE_PORT_BASE  host ports for the Spark UI and MinIO console are
 #                            PORT_BASE+80 and PORT_BASE+1 (default 28000)
@@ -42,6 +43,8 @@ PORT_BASE=${COMPOSE_SMOKE_PORT_BASE:-28000}
 STANDIN_PREFIX=localhost/sparkring-standin
 JOB=smoke-counter
 STANDIN_USED=()
+NO_CACHE=()
+[[ ${COMPOSE_SMOKE_REBUILD:-0} == 1 ]] && NO_CACHE=(--no-cache)
 
 ts() { date +%s.%N; }
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):7.1f}s')" "$1" "$(ts)"; }
@@ -145,7 +148,7 @@ standin_image() { # IMAGE DOCKERFILE [BUILD ARGS...]
   fi
   local start
   start=$(ts)
-  "$ENGINE" build -f "$SMOKE/$file" "$@" -t "$image" "$SMOKE" >"$WORK/build-${file%%.*}.log" 2>&1 ||
+  "$ENGINE" build "${NO_CACHE[@]}" -f "$SMOKE/$file" "$@" -t "$image" "$SMOKE" >"$WORK/build-${file%%.*}.log" 2>&1 ||
     { tail -20 "$WORK/build-${file%%.*}.log"; die "building $image failed"; }
   echo "  $image: built in $(elapsed "$start")"
 }
@@ -186,7 +189,7 @@ base_images() {
 build_image() {
   local args=()
   [[ $STANDINS == 1 ]] && args+=(--build-arg "PYTHON_IMAGE=$STANDIN_PREFIX/python:3.11-slim-bookworm")
-  "$ENGINE" build "${args[@]}" -t "$SERVER_IMAGE" "$REPO" >"$WORK/build-sparkring.log" 2>&1 ||
+  "$ENGINE" build "${NO_CACHE[@]}" "${args[@]}" -t "$SERVER_IMAGE" "$REPO" >"$WORK/build-sparkring.log" 2>&1 ||
     { tail -30 "$WORK/build-sparkring.log"; die "building $SERVER_IMAGE failed"; }
   echo "  $SERVER_IMAGE: $("$ENGINE" image inspect --format '{{.Size}}' "$SERVER_IMAGE" |
     python3 -c 'import sys; print(f"{int(sys.stdin.read()) / 1e9:.2f} GB")')"
