@@ -162,12 +162,14 @@ base_images() {
     local hooks=() certs=(/usr/local/share/ca-certificates/*.crt)
     if [[ -e ${certs[0]} ]]; then
       hooks+=(--customize-hook="copy-in ${certs[*]} /usr/local/share/ca-certificates")
+      # shellcheck disable=SC2016 # $1 is mmdebstrap's, expanded by its hook
       hooks+=(--customize-hook='chroot "$1" update-ca-certificates')
     fi
     local start
     start=$(ts)
     mmdebstrap --quiet --variant=minbase --include=ca-certificates "${hooks[@]}" \
-      bookworm "$WORK/rootfs.tar"
+      bookworm "$WORK/rootfs.tar" >"$WORK/build-debian.log" 2>&1 ||
+      { tail -20 "$WORK/build-debian.log"; die "mmdebstrap failed"; }
     "$ENGINE" import --quiet "$WORK/rootfs.tar" "$base" >/dev/null
     rm -f "$WORK/rootfs.tar"
     echo "  $base: built from Debian's packages in $(elapsed "$start")"
@@ -309,10 +311,11 @@ run_job() {
   local server
   server=$(any_server)
   "$ENGINE" cp "$REPO/examples/jobs/streaming_counter.py" "$server:/tmp/streaming_counter.py"
-  cli resource upload counter /tmp/streaming_counter.py
+  cli resource upload counter /tmp/streaming_counter.py >"$WORK/job.log"
   cli job create "$JOB" --resource counter --kind streaming \
-    --arg /var/lib/sparkring/checkpoints/smoke-counter-out
-  cli job start "$JOB"
+    --arg /var/lib/sparkring/checkpoints/smoke-counter-out >>"$WORK/job.log"
+  cli job start "$JOB" >>"$WORK/job.log"
+  echo "  uploaded counter (examples/jobs/streaming_counter.py), created and started $JOB"
   wait_until 240 "job $JOB running" job_running
   wait_until 120 "a running application on the compose Spark master" spark_app_running
   echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch); Spark master runs $(spark_apps)"
@@ -362,9 +365,9 @@ teardown() {
     # podman-compose 1.6 removes the configured replicas only, not those --scale added.
     echo "  compose down left $(wc -l <<<"$left") scaled-up container(s): stopping them, then down again"
     # shellcheck disable=SC2086 # one id per word
-    "$ENGINE" stop --time 30 $left >/dev/null
+    "$ENGINE" stop --time 30 $left >>"$WORK/down.log" 2>&1
     # shellcheck disable=SC2086
-    "$ENGINE" rm -f $left >/dev/null
+    "$ENGINE" rm -f $left >>"$WORK/down.log" 2>&1
     compose down -v --timeout 30 >>"$WORK/down.log" 2>&1 || true
   fi
   [[ $(leftovers) == "0 container(s), 0 volume(s), 0 network(s)" ]] ||
