@@ -1,6 +1,6 @@
 # The two commands of the README, and a few helpers. Everything runs from a fresh
 # Debian 12 machine: scripts/bootstrap.sh installs what is missing.
-.PHONY: demo test lint down status bootstrap
+.PHONY: demo test lint down status bootstrap compose-smoke
 
 demo:  ## Bring up the local stack and run the HA demo (servers, jobs, failover).
 	scripts/demo.sh
@@ -19,3 +19,6 @@ status:
 
 down:  ## Stop every local service and process the demo or tests started.
 	python3 scripts/stack.py down
+
+compose-smoke:  ## Build the image and run the compose stack end to end on podman or Docker (minutes, GBs; COMPOSE_SMOKE_STANDINS=1 without a registry).
+	scripts/compose-smoke.sh

@@ -15,7 +15,17 @@ from registry import errors as registry_errors
 from resource_center import errors as resource_errors
 from scheduler import jobs as job_errors
 from scheduler import ring as ring_errors
-from server import cli_db, cli_job, cli_resource, cli_ring, cli_server, cli_token, console, tokens
+from server import (
+    cli_db,
+    cli_health,
+    cli_job,
+    cli_resource,
+    cli_ring,
+    cli_server,
+    cli_token,
+    console,
+    tokens,
+)
 from server import settings as settings_module
 from sql import database
 
@@ -31,6 +41,7 @@ app.add_typer(cli_server.app, name="server")
 app.add_typer(cli_job.app, name="job")
 app.add_typer(cli_ring.app, name="ring")
 app.add_typer(cli_token.app, name="token")
+app.command("health")(cli_health.health)
 
 # Exceptions that end a command with their message as one line. Packages add their
 # own base error here when they grow a CLI.

@@ -27,6 +27,12 @@ ENV_EXAMPLE = REPO / ".env.example"
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 DEPLOYMENT_DOC = REPO / "docs" / "deployment.md"
+STANDINS_FILE = REPO / "scripts" / "compose-smoke" / "docker-compose.standins.yml"
+SMOKE_SCRIPT = REPO / "scripts" / "compose-smoke.sh"
+# Services whose images are third-party: the only ones the stand-in override replaces.
+THIRD_PARTY = {"zookeeper", "postgres", "minio", "minio-setup"}
+# A healthcheck argument with any of these needs a shell (or podman 4.3 splits it).
+NEEDS_SHELL = re.compile(r"""[\s$;|&<>`'"*?(){}\[\]~\\]""")
 
 # Interpolations like ${NAME}, ${NAME:-default}, ${NAME:?message}; $$ escapes are not.
 INTERPOLATION = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])[^}]*)?\}")
@@ -86,6 +92,86 @@ def _resolved(*files: Path) -> dict[str, Any]:
 def resolved() -> dict[str, Any]:
     """docker-compose.yml as compose resolves it with the documented development values."""
     return _resolved()
+
+
+def shell_dependent(test: object) -> list[str]:
+    """Why a resolved healthcheck ``test`` would need a shell; empty when it is exec form."""
+    if not isinstance(test, list) or not test:
+        return [f"not an exec-form list: {test!r}"]
+    if test[0] != "CMD":
+        return [f"starts with {test[0]!r}, not CMD"]
+    if len(test) < 2:
+        return ["no command"]
+    return [
+        f"argument {arg!r} needs a shell" for arg in test[1:] if not arg or NEEDS_SHELL.search(arg)
+    ]
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        ["CMD-SHELL", "pg_isready"],
+        "pg_isready -U x",
+        ["CMD", "python", "-c", "import urllib.request; urllib.request.urlopen('http://x/')"],
+        ["CMD", "pg_isready", "-U", "$POSTGRES_USER"],
+        ["CMD", "sh", "-c", "true || false"],
+        ["CMD"],
+        ["NONE"],
+    ],
+)
+def test_shell_check_catches_shell_healthchecks(test: object) -> None:
+    assert shell_dependent(test) != []
+
+
+@pytest.mark.parametrize("override", [None, STANDINS_FILE], ids=["compose", "stand-ins"])
+def test_every_healthcheck_is_exec_form_without_a_shell(override: Path | None) -> None:
+    """podman 4.3 splits healthcheck arguments with spaces; exec form works everywhere."""
+    files = (COMPOSE_FILE,) if override is None else (COMPOSE_FILE, override)
+    services_ = _resolved(*files)["services"]
+    checked = {name for name, s in services_.items() if "healthcheck" in s}
+    assert checked == set(services_) - {"migrate", "minio-setup"}, "a service lost its check"
+    for name in checked:
+        assert shell_dependent(services_[name]["healthcheck"]["test"]) == [], name
+
+
+def test_sparkring_healthchecks_use_the_image_s_own_probe(resolved: dict[str, Any]) -> None:
+    for name in ("spark-master", "spark-worker", "server"):
+        test = resolved["services"][name]["healthcheck"]["test"]
+        assert test[1:4] == ["python", "-m", "server.cli_health"], name
+        assert test[4].startswith("http://127.0.0.1:"), name
+
+
+def test_standins_replace_only_third_party_images(resolved: dict[str, Any]) -> None:
+    override = yaml.safe_load(STANDINS_FILE.read_text())["services"]
+    assert set(override) == THIRD_PARTY
+    # Only images: podman-compose 1.6 appends to overridden lists (a healthcheck test
+    # became both commands), so the stand-ins run the compose file's own commands.
+    assert all(set(service) == {"image"} for service in override.values())
+    with_standins = _resolved(COMPOSE_FILE, STANDINS_FILE)["services"]
+    for name, service in with_standins.items():
+        if name in THIRD_PARTY:
+            assert service["image"].startswith("localhost/sparkring-standin/"), name
+        else:
+            assert service == resolved["services"][name], f"{name} changed by the stand-ins"
+
+
+def test_smoke_script_runs_every_step() -> None:
+    text = SMOKE_SCRIPT.read_text()
+    steps = re.findall(r"^(?:  )?step ([a-z0-9-]+) ", text, re.M)
+    assert steps == [
+        "engine",
+        "standin-images",
+        "build-image",
+        "infrastructure",
+        "db-upgrade",
+        "servers",
+        "pyspark-job",
+        "failover",
+        "scale-to-4",
+        "teardown",
+    ]
+    assert "run --rm --no-deps migrate" in text
+    assert "compose-smoke:" in (REPO / "Makefile").read_text()
 
 
 def test_compose_file_validates_with_the_documented_env() -> None:
@@ -168,6 +254,10 @@ def test_servers_scale_with_unique_ids(resolved: dict[str, Any]) -> None:
     server = resolved["services"]["server"]
     assert server["command"] == ["sparkring", "server", "run"]
     assert server["deploy"]["replicas"] == 3
+    # podman-compose starts one replica unless the (default) mode is spelled out.
+    for name, service in resolved["services"].items():
+        if "replicas" in service.get("deploy", {}):
+            assert service["deploy"].get("mode") == "replicated", name
     # Unset id -> the container's host name (its id), unique per replica; a fixed
     # id, host name, container name or host port would break `--scale`.
     assert "SPARKRING_SERVER_ID" not in server["environment"]
@@ -260,7 +350,23 @@ def test_dockerfile_has_no_secret_in_env_or_arg() -> None:
     text = DOCKERFILE.read_text()
     assert secrets_in_dockerfile(text) == []
     keywords = [keyword for keyword, _ in _instructions(text)]
-    assert keywords.count("FROM") >= 2 and "ENV" in keywords and "ARG" in keywords
+    assert "FROM" in keywords and "ENV" in keywords and "ARG" in keywords
+
+
+def test_dockerfile_builds_with_buildah_1_28() -> None:
+    """podman 4.3's buildah expands no variable in a stage name and has no heredocs."""
+    instructions = _instructions(DOCKERFILE.read_text())
+    for keyword, arguments in instructions:
+        if keyword == "FROM":
+            image, *rest = arguments.split()
+            # The base image may come from the global ARG (a stand-in where no
+            # registry can be reached); nothing else in a FROM may be a variable.
+            assert image == "${PYTHON_IMAGE}" or "$" not in image, arguments
+            assert "$" not in " ".join(rest), arguments
+        assert not (keyword == "RUN" and arguments.startswith("<<")), "heredoc RUN"
+    copied = [args.split()[0] for keyword, args in instructions if keyword == "COPY"]
+    for source in copied:
+        assert (REPO / source).exists(), f"COPY {source}: not in the repository"
 
 
 @pytest.mark.parametrize(
@@ -296,7 +402,7 @@ def test_dockerignore_admits_only_the_package_sources() -> None:
     admitted = {line[1:] for line in lines if line.startswith("!")}
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     packages = {p.split(".")[0] for p in pyproject["tool"]["setuptools"]["packages"]}
-    assert admitted == packages | {"pyproject.toml", "README.md"}
+    assert admitted == packages | {"pyproject.toml", "README.md", "docker/s3a_jars.py"}
 
 
 # --- docs/deployment.md -----------------------------------------------------------

@@ -1,0 +1,417 @@
+#!/usr/bin/env bash
+# End-to-end smoke test of the compose deployment on a real container engine (podman or
+# Docker). Takes minutes and gigabytes; never run by CI. docs/deployment.md explains it.
+#
+#   scripts/compose-smoke.sh                        # images from their registries
+#   COMPOSE_SMOKE_STANDINS=1 scripts/compose-smoke.sh   # no registry: local stand-ins
+#
+# Steps, each printed with its result and time: engine settings, (stand-in base images),
+# build the sparkring image, start ZooKeeper/PostgreSQL/S3/Spark and wait for their
+# healthchecks, `sparkring db upgrade` through the one-shot migrate service (and the
+# minio-setup one-shot), start three servers, upload and run a PySpark streaming job on
+# the compose Spark cluster, kill the server container that runs it and check the job
+# fails over to another server, scale the servers to 4, tear everything down.
+#
+# Variables:
+#   COMPOSE_SMOKE_ENGINE     podman or docker (default: docker when `docker compose` works,
+#                            else podman)
+#   COMPOSE_SMOKE_COMPOSE    the compose command (default: `docker compose`, or
+#                            podman-compose >= 1.6 on podman)
+#   COMPOSE_SMOKE_STANDINS   1: build stand-ins for the third-party images from Debian's
+#                            packages (mmdebstrap) and select them with
+#                            scripts/compose-smoke/docker-compose.standins.yml
+#   COMPOSE_SMOKE_DIR        work directory (default /var/tmp/sparkring-compose-smoke)
+#   COMPOSE_SMOKE_REBUILD    1: rebuild every image from scratch (no reuse, no build
+#                            cache); by default existing stand-ins are reused
+#   COMPOSE_SMOKE_KEEP       1: leave the stack running at the end (or on failure)
+#   COMPOSE_SMOKE_PORT_BASE  host ports for the Spark UI and MinIO console are
+#                            PORT_BASE+80 and PORT_BASE+1 (default 28000)
+#
+# The staged bring-up (infrastructure, wait healthy, one-shots with `run`, then servers
+# with --no-deps) is what podman-compose needs: it ignores depends_on conditions and
+# cannot start a service that depends on a finished one-shot. `docker compose up -d`
+# does all of it in one command; the script stages it on both engines alike.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SMOKE=$REPO/scripts/compose-smoke
+WORK=${COMPOSE_SMOKE_DIR:-/var/tmp/sparkring-compose-smoke}
+PROJECT=sparkring-smoke
+SERVER_IMAGE=localhost/sparkring:smoke
+STANDINS=${COMPOSE_SMOKE_STANDINS:-0}
+PORT_BASE=${COMPOSE_SMOKE_PORT_BASE:-28000}
+STANDIN_PREFIX=localhost/sparkring-standin
+JOB=smoke-counter
+STANDIN_USED=()
+NO_CACHE=()
+[[ ${COMPOSE_SMOKE_REBUILD:-0} == 1 ]] && NO_CACHE=(--no-cache)
+
+ts() { date +%s.%N; }
+elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):7.1f}s')" "$1" "$(ts)"; }
+T_ALL=$(ts)
+CURRENT=""
+step() { # NAME FUNCTION [ARGS...]: run, then print PASS/FAIL with the time it took
+  local name=$1 start
+  shift
+  CURRENT=$name
+  start=$(ts)
+  echo "--- $name"
+  "$@"
+  printf 'STEP %-16s PASS %s\n' "$name" "$(elapsed "$start")"
+  CURRENT=""
+}
+first_line() { # COMMAND...: its first line of output (no `| head`: pipefail + SIGPIPE)
+  local out
+  out=$("$@" 2>/dev/null) || true
+  echo "${out%%$'\n'*}"
+}
+die() {
+  echo "error: $*" >&2
+  exit 1
+}
+wait_until() { # TIMEOUT_S DESCRIPTION COMMAND...: poll COMMAND until it succeeds
+  local timeout=$1 what=$2 deadline
+  shift 2
+  deadline=$(($(date +%s) + timeout))
+  until "$@" >/dev/null 2>&1; do
+    (($(date +%s) < deadline)) || die "$what: not within ${timeout}s"
+    sleep 2
+  done
+}
+
+# --- engine -----------------------------------------------------------------------
+
+pick_engine() {
+  ENGINE=${COMPOSE_SMOKE_ENGINE:-}
+  if [[ -z $ENGINE ]]; then
+    if command -v docker >/dev/null && docker compose version >/dev/null 2>&1; then
+      ENGINE=docker
+    elif command -v podman >/dev/null; then
+      ENGINE=podman
+    else
+      die "neither Docker (with compose v2) nor podman is installed (docs/deployment.md)"
+    fi
+  fi
+  if [[ -n ${COMPOSE_SMOKE_COMPOSE:-} ]]; then
+    read -r -a COMPOSE_CMD <<<"$COMPOSE_SMOKE_COMPOSE"
+  elif [[ $ENGINE == docker ]]; then
+    COMPOSE_CMD=(docker compose)
+  else
+    command -v podman-compose >/dev/null ||
+      die "podman-compose is not installed: pip install 'podman-compose>=1.6'"
+    COMPOSE_CMD=(podman-compose)
+  fi
+}
+
+# podman on a host without CAP_SYS_RESOURCE or with a hybrid cgroup layout needs two
+# engine settings; a CONTAINERS_CONF of the user's own is left alone.
+engine_settings() {
+  mkdir -p "$WORK"
+  echo "engine: $("$ENGINE" --version); compose: $(first_line "${COMPOSE_CMD[@]}" version)"
+  [[ $ENGINE == podman ]] || return 0
+  if [[ -n ${CONTAINERS_CONF:-} ]]; then
+    echo "CONTAINERS_CONF=$CONTAINERS_CONF (yours, used as is)"
+    return 0
+  fi
+  local nofile nproc conf=() reasons=()
+  nofile=$(ulimit -Hn)
+  nproc=$(ulimit -Hu)
+  if [[ $nofile != unlimited ]] && ((nofile < 1048576)); then
+    # podman's own default for root is the maximum; its own hard limit proved not
+    # always settable (runc: "error setting rlimit type 6"), 32768 processes were.
+    if [[ $nproc == unlimited ]] || ((nproc > 32768)); then nproc=32768; fi
+    conf+=("[containers]" "default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]")
+    reasons+=("hard nofile limit $nofile;")
+  fi
+  if [[ $(stat -fc %T /sys/fs/cgroup) != cgroup2fs ]]; then
+    conf+=("[engine]" 'runtime = "runc"')
+    reasons+=("cgroup v1/hybrid layout (crun refuses it)")
+  fi
+  if ((${#conf[@]})); then
+    printf '%s\n' "${conf[@]}" >"$WORK/containers.conf"
+    export CONTAINERS_CONF=$WORK/containers.conf
+    echo "engine settings in $CONTAINERS_CONF for: ${reasons[*]}"
+  fi
+}
+
+# --- images -----------------------------------------------------------------------
+
+have_image() { "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
+
+# Builds IMAGE with FILE from scripts/compose-smoke unless it exists already.
+standin_image() { # IMAGE DOCKERFILE [BUILD ARGS...]
+  local image=$1 file=$2
+  shift 2
+  if have_image "$image" && [[ ${COMPOSE_SMOKE_REBUILD:-0} != 1 ]]; then
+    echo "  $image: reused"
+    return 0
+  fi
+  local start
+  start=$(ts)
+  "$ENGINE" build "${NO_CACHE[@]}" -f "$SMOKE/$file" "$@" -t "$image" "$SMOKE" >"$WORK/build-${file%%.*}.log" 2>&1 ||
+    { tail -20 "$WORK/build-${file%%.*}.log"; die "building $image failed"; }
+  echo "  $image: built in $(elapsed "$start")"
+}
+
+base_images() {
+  local base=$STANDIN_PREFIX/debian:bookworm
+  if ! have_image "$base" || [[ ${COMPOSE_SMOKE_REBUILD:-0} == 1 ]]; then
+    command -v mmdebstrap >/dev/null || die "mmdebstrap is not installed (apt-get install mmdebstrap)"
+    # The host's extra CA certificates (a re-signing proxy) go into the base image at
+    # build time, from the host's files: none is ever committed.
+    local hooks=() certs=(/usr/local/share/ca-certificates/*.crt)
+    if [[ -e ${certs[0]} ]]; then
+      hooks+=(--customize-hook="copy-in ${certs[*]} /usr/local/share/ca-certificates")
+      # shellcheck disable=SC2016 # $1 is mmdebstrap's, expanded by its hook
+      hooks+=(--customize-hook='chroot "$1" update-ca-certificates')
+    fi
+    local start
+    start=$(ts)
+    mmdebstrap --quiet --variant=minbase --include=ca-certificates "${hooks[@]}" \
+      bookworm "$WORK/rootfs.tar" >"$WORK/build-debian.log" 2>&1 ||
+      { tail -20 "$WORK/build-debian.log"; die "mmdebstrap failed"; }
+    "$ENGINE" import --quiet "$WORK/rootfs.tar" "$base" >/dev/null
+    rm -f "$WORK/rootfs.tar"
+    echo "  $base: built from Debian's packages in $(elapsed "$start")"
+  else
+    echo "  $base: reused"
+  fi
+  standin_image "$STANDIN_PREFIX/python:3.11-slim-bookworm" python.Dockerfile
+  standin_image "$STANDIN_PREFIX/postgres:15" postgres.Dockerfile
+  standin_image "$STANDIN_PREFIX/zookeeper:3.8" zookeeper.Dockerfile
+  standin_image "$STANDIN_PREFIX/s3:moto" s3.Dockerfile
+  STANDIN_USED=(
+    "python:3.11-slim-bookworm -> $STANDIN_PREFIX/python:3.11-slim-bookworm (Debian python3 in a venv)"
+    "postgres:15 -> $STANDIN_PREFIX/postgres:15 (Debian postgresql-15)"
+    "zookeeper:3.9.3 -> $STANDIN_PREFIX/zookeeper:3.8 (Debian zookeeper 3.8)"
+    "minio/minio, minio/mc -> $STANDIN_PREFIX/s3:moto (moto S3 server; mc admin skipped)"
+  )
+}
+
+build_image() {
+  local args=()
+  [[ $STANDINS == 1 ]] && args+=(--build-arg "PYTHON_IMAGE=$STANDIN_PREFIX/python:3.11-slim-bookworm")
+  "$ENGINE" build "${NO_CACHE[@]}" "${args[@]}" -t "$SERVER_IMAGE" "$REPO" >"$WORK/build-sparkring.log" 2>&1 ||
+    { tail -30 "$WORK/build-sparkring.log"; die "building $SERVER_IMAGE failed"; }
+  echo "  $SERVER_IMAGE: $("$ENGINE" image inspect --format '{{.Size}}' "$SERVER_IMAGE" |
+    python3 -c 'import sys; print(f"{int(sys.stdin.read()) / 1e9:.2f} GB")')"
+}
+
+# --- compose ----------------------------------------------------------------------
+
+compose() {
+  local files=(-f "$REPO/docker-compose.yml")
+  [[ $STANDINS == 1 ]] && files+=(-f "$SMOKE/docker-compose.standins.yml")
+  "${COMPOSE_CMD[@]}" --project-name "$PROJECT" "${files[@]}" --env-file "$WORK/smoke.env" "$@"
+}
+
+write_env() {
+  # .env.example's development values, this project's image, host ports clear of
+  # anything else on the machine, one core per worker.
+  grep -v -E '^(SERVER_IMAGE|SPARK_UI_PORT|MINIO_CONSOLE_PORT|SPARK_WORKER_CORES|SPARK_WORKER_MEMORY)=' \
+    "$REPO/.env.example" >"$WORK/smoke.env"
+  cat >>"$WORK/smoke.env" <<EOF
+SERVER_IMAGE=$SERVER_IMAGE
+SPARK_UI_PORT=$((PORT_BASE + 80))
+MINIO_CONSOLE_PORT=$((PORT_BASE + 1))
+SPARK_WORKER_CORES=1
+SPARK_WORKER_MEMORY=1g
+EOF
+}
+
+containers() { # SERVICE -> ids of its running containers
+  "$ENGINE" ps -q --filter "label=com.docker.compose.project=$PROJECT" \
+    --filter "label=com.docker.compose.service=$1"
+}
+
+healthy() { # CONTAINER: its healthcheck passes now
+  if [[ $ENGINE == podman ]]; then
+    # No systemd here to run podman's healthcheck timers: run the check itself.
+    podman healthcheck run "$1"
+  else
+    [[ $(docker inspect --format '{{.State.Health.Status}}' "$1") == healthy ]]
+  fi
+}
+
+running_at_least() { # SERVICE COUNT
+  (($(containers "$1" | wc -l) >= $2))
+}
+
+wait_healthy() { # SERVICE COUNT TIMEOUT_S
+  local service=$1 count=$2 timeout=$3 ids
+  wait_until "$timeout" "$count running $service container(s)" running_at_least "$service" "$count"
+  for id in $(containers "$service"); do
+    wait_until "$timeout" "$service container $id healthy" healthy "$id"
+  done
+  ids=$(containers "$service" | tr '\n' ' ')
+  echo "  $service: $count healthy (${ids% })"
+}
+
+infrastructure() {
+  write_env
+  compose up -d zookeeper postgres minio spark-master spark-worker >"$WORK/up.log" 2>&1 ||
+    { cat "$WORK/up.log"; die "compose up failed"; }
+  wait_healthy zookeeper 1 120
+  wait_healthy postgres 1 120
+  wait_healthy minio 1 120
+  wait_healthy spark-master 1 180
+  wait_healthy spark-worker 2 180
+}
+
+one_shots() {
+  compose run --rm --no-deps migrate >"$WORK/migrate.log" 2>&1 ||
+    { cat "$WORK/migrate.log"; die "migrate (sparkring db upgrade) failed"; }
+  echo "  migrate: $(tail -1 "$WORK/migrate.log" | sed 's/\x1b\[[0-9;]*m//g')"
+  compose run --rm --no-deps minio-setup >"$WORK/minio-setup.log" 2>&1 ||
+    { cat "$WORK/minio-setup.log"; die "minio-setup failed"; }
+  grep -h "stand-in" "$WORK/minio-setup.log" | sed 's/^/  minio-setup: /' || true
+  echo "  minio-setup: $(tail -1 "$WORK/minio-setup.log")"
+}
+
+any_server() { first_line containers server; }
+cli() { "$ENGINE" exec "$(any_server)" sparkring "$@"; }
+
+live_servers() { cli server list --json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)))'; }
+registered() { (($(live_servers) == $1)); } # COUNT
+
+servers_up() { # COUNT
+  wait_healthy server "$1" 240
+  wait_until 60 "$1 servers registered in ZooKeeper" registered "$1"
+  echo "  registered servers: $(live_servers)"
+}
+
+start_servers() {
+  compose up -d --no-deps server >"$WORK/servers.log" 2>&1 ||
+    { cat "$WORK/servers.log"; die "compose up server failed"; }
+  servers_up 3
+}
+
+job_field() { # FIELD: of the smoke job, from `sparkring job show --json`
+  cli job show "$JOB" --json | python3 -c 'import json, sys; print(json.load(sys.stdin).get(sys.argv[1]))' "$1"
+}
+
+job_running() { # [NOT_OWNER]: running on a server other than NOT_OWNER
+  [[ $(job_field state) == running ]] && [[ $(job_field owner) != "${1:-}" ]]
+}
+
+spark_apps() { # ids of the applications running on the compose Spark master
+  "$ENGINE" exec "$(first_line containers spark-master)" python -c \
+    'import json, urllib.request; print(" ".join(a["id"] for a in json.load(urllib.request.urlopen("http://127.0.0.1:8080/json"))["activeapps"] if a["state"] == "RUNNING"))'
+}
+
+spark_app_running() { # [APP_IDS]: an application other than APP_IDS runs on the cluster
+  local id
+  for id in $(spark_apps); do
+    [[ " ${1:-} " == *" $id "* ]] || return 0
+  done
+  return 1
+}
+
+run_job() {
+  local server
+  server=$(any_server)
+  "$ENGINE" cp "$REPO/examples/jobs/streaming_counter.py" "$server:/tmp/streaming_counter.py"
+  cli resource upload counter /tmp/streaming_counter.py >"$WORK/job.log"
+  cli job create "$JOB" --resource counter --kind streaming \
+    --arg /var/lib/sparkring/checkpoints/smoke-counter-out >>"$WORK/job.log"
+  cli job start "$JOB" >>"$WORK/job.log"
+  echo "  uploaded counter (examples/jobs/streaming_counter.py), created and started $JOB"
+  wait_until 240 "job $JOB running" job_running
+  wait_until 120 "a running application on the compose Spark master" spark_app_running
+  echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch); Spark master runs $(spark_apps)"
+}
+
+failover() {
+  local owner epoch victim apps
+  owner=$(job_field owner)
+  epoch=$(job_field epoch)
+  apps=$(spark_apps)
+  for id in $(containers server); do
+    if [[ $("$ENGINE" inspect --format '{{.Config.Hostname}}' "$id") == "$owner" ]]; then
+      victim=$id
+    fi
+  done
+  [[ -n ${victim:-} ]] || die "no server container has host name $owner"
+  "$ENGINE" kill "$victim" >/dev/null
+  echo "  killed server container $victim (server $owner, SIGKILL)"
+  wait_until 240 "job $JOB running on another server" job_running "$owner"
+  (($(job_field epoch) > epoch)) || die "epoch did not advance past $epoch"
+  wait_until 120 "a new application on the compose Spark master" spark_app_running "$apps"
+  echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch) (was $owner, epoch $epoch)"
+  echo "  Spark master runs $(spark_apps) (was $apps)"
+}
+
+scale() {
+  compose up -d --no-deps --scale server=4 server >"$WORK/scale.log" 2>&1 ||
+    { cat "$WORK/scale.log"; die "compose up --scale server=4 failed"; }
+  servers_up 4
+}
+
+project_containers() { "$ENGINE" ps -aq --filter "label=com.docker.compose.project=$PROJECT"; }
+
+# What is left of the project: containers, volumes, networks (and podman-compose's pod).
+leftovers() {
+  local volumes networks
+  volumes=$("$ENGINE" volume ls --format '{{.Name}}' | grep -c "^${PROJECT}_" || true)
+  networks=$("$ENGINE" network ls --format '{{.Name}}' | grep -c "^${PROJECT}_" || true)
+  echo "$(project_containers | wc -l) container(s), $volumes volume(s), $networks network(s)"
+}
+
+teardown() {
+  compose down -v --timeout 30 >"$WORK/down.log" 2>&1 || true
+  local left
+  left=$(project_containers)
+  if [[ -n $left ]]; then
+    # podman-compose 1.6 removes the configured replicas only, not those --scale added.
+    echo "  compose down left $(wc -l <<<"$left") scaled-up container(s): stopping them, then down again"
+    # shellcheck disable=SC2086 # one id per word
+    "$ENGINE" stop --time 30 $left >>"$WORK/down.log" 2>&1
+    # shellcheck disable=SC2086
+    "$ENGINE" rm -f $left >>"$WORK/down.log" 2>&1
+    compose down -v --timeout 30 >>"$WORK/down.log" 2>&1 || true
+  fi
+  [[ $(leftovers) == "0 container(s), 0 volume(s), 0 network(s)" ]] ||
+    { tail -20 "$WORK/down.log"; die "left after teardown: $(leftovers)"; }
+  echo "  containers, volumes and network of $PROJECT removed"
+}
+
+on_exit() {
+  local code=$?
+  if [[ -n $CURRENT ]]; then
+    printf 'STEP %-16s FAIL\n' "$CURRENT"
+    if [[ $CURRENT != teardown && ${COMPOSE_SMOKE_KEEP:-0} != 1 && -n ${ENGINE:-} ]]; then
+      compose logs --tail 30 server >"$WORK/failure-logs.txt" 2>&1 || true
+      echo "server logs: $WORK/failure-logs.txt"
+      compose down -v --timeout 30 >/dev/null 2>&1 || true
+    fi
+  fi
+  exit "$code"
+}
+trap on_exit EXIT
+trap "exit 143" TERM
+trap "exit 130" INT
+
+pick_engine
+step engine engine_settings
+if [[ $STANDINS == 1 ]]; then
+  step standin-images base_images
+fi
+step build-image build_image
+step infrastructure infrastructure
+step db-upgrade one_shots
+step servers start_servers
+step pyspark-job run_job
+step failover failover
+step scale-to-4 scale
+if [[ ${COMPOSE_SMOKE_KEEP:-0} == 1 ]]; then
+  echo "stack left running (COMPOSE_SMOKE_KEEP=1): ${COMPOSE_CMD[*]} --project-name $PROJECT down -v"
+else
+  step teardown teardown
+fi
+echo "compose smoke test passed in $(elapsed "$T_ALL") with $ENGINE and ${COMPOSE_CMD[*]}"
+if ((${#STANDIN_USED[@]})); then
+  echo "locally built stand-ins (no image registry reachable):"
+  printf '  %s\n' "${STANDIN_USED[@]}"
+else
+  echo "third-party images: from their registries (no stand-ins)"
+fi
