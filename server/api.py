@@ -25,6 +25,8 @@ import dataclasses
 import datetime
 import json
 import logging
+import shutil
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Depends, FastAPI, File, Query, Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     FileResponse,
@@ -49,7 +51,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry import servers as registry_servers
-from resource_center import catalog
+from resource_center import catalog, store, validation
 from resource_center import errors as resource_errors
 from scheduler import coordinator, jobs, placement, ring
 from scheduler.states import JobKind
@@ -80,6 +82,8 @@ class Backend:
     shipped_log: Callable[[str, int, int], str | None]
     placement_epsilon: float
     vnodes: int
+    bucket: store.Store | None = None  # the resource center (uploads and deletes)
+    max_artifact_bytes: int = 512 * 1024 * 1024
 
 
 class ApiError(Exception):
@@ -425,6 +429,56 @@ def create_app(backend: Backend) -> FastAPI:
             **_json(dataclasses.asdict(resource)),
             "jobs": catalog.referencing_jobs(backend.engine, resource),
         }
+
+    # ---------------------------------------------------------------- resources: writes
+
+    def _bucket() -> store.Store:
+        if backend.bucket is None:
+            raise ApiError(503, "this server has no resource center configured")
+        return backend.bucket
+
+    @app.post(f"{API}/resources/{{name}}", tags=["resources"], status_code=201)
+    def upload_resource(
+        name: str,
+        file: Annotated[UploadFile, File(description="The artifact (.py, .zip, .egg, .jar).")],
+        principal: auth.Caller = operator,
+    ) -> dict[str, Any]:
+        """Store a file as the next version of NAME (multipart form field ``file``), with
+        the validation of ``sparkring resource upload``: name, kind, size, checksum.
+        Content already stored under NAME as its latest version is not stored again."""
+        validation.check_name(name)
+        filename = Path(file.filename or "").name
+        if not filename or filename in (".", ".."):
+            raise ApiError(400, "the upload has no file name (multipart field 'file')")
+        if file.size is not None and file.size > backend.max_artifact_bytes:
+            raise ApiError(
+                413,
+                f"{filename} is {file.size} bytes, above the limit of "
+                f"{backend.max_artifact_bytes} (SPARKRING_MAX_ARTIFACT_BYTES)",
+            )
+        with tempfile.TemporaryDirectory(prefix="sparkring-upload-") as folder:
+            path = Path(folder) / filename
+            with path.open("wb") as out:
+                shutil.copyfileobj(file.file, out, 1024 * 1024)
+            resource = catalog.upload(
+                backend.engine,
+                _bucket(),
+                name=name,
+                path=path,
+                max_bytes=backend.max_artifact_bytes,
+            )
+        log.info(
+            "resource uploaded over HTTP",
+            extra={"action": "upload", "resource": resource.reference, "by": principal.actor},
+        )
+        return _json(dataclasses.asdict(resource))
+
+    @app.delete(f"{API}/resources/{{reference}}", tags=["resources"])
+    def delete_resource(reference: str, principal: auth.Caller = operator) -> dict[str, Any]:
+        """Delete NAME:VERSION, or every version of NAME; refused (409, naming the jobs)
+        while a job references a version to delete."""
+        deleted = catalog.delete(backend.engine, _bucket(), reference)
+        return {"deleted": [r.reference for r in deleted]}
 
     # ---------------------------------------------------------------- the console
 

@@ -176,6 +176,8 @@ class Server:
             shipped_log=shipped_log,
             placement_epsilon=s.placement_epsilon,
             vnodes=defaults.RING_VNODES,
+            bucket=bucket,
+            max_artifact_bytes=s.max_artifact_bytes,
         )
         try:
             self.http = httpd.HttpServer(api.create_app(backend), s.health_port)

@@ -271,3 +271,42 @@ def test_logs_of_a_job_that_never_ran_is_404_and_local_logs_404_for_foreign_jobs
         _one_line_error(http.get(f"{API}/jobs/{name}/logs"), 404, "has no driver log yet")
         _one_line_error(http.get(f"/logs/{name}"), 404, f"no run of {name} here")
         _one_line_error(http.get(f"{API}/jobs/nosuchjob/logs"), 404, "no job named")
+
+
+# ---------------------------------------------------------------- resources: writes
+
+
+def test_resource_upload_and_delete_over_http(stack: ApiStack, tmp_path: Path) -> None:
+    name = _name("res")
+    main = tmp_path / "etl.py"
+    main.write_text("print('etl')\n")
+    files = {"file": ("etl.py", main.read_bytes(), "text/x-python")}
+    with stack.client(stack.viewer) as http:
+        denied = http.post(f"{API}/resources/{name}", files=files)
+    with stack.client(stack.operator) as http:
+        first = http.post(f"{API}/resources/{name}", files=files)
+        again = http.post(f"{API}/resources/{name}", files=files)
+        wrong_kind = http.post(
+            f"{API}/resources/{name}", files={"file": ("notes.txt", b"hello", "text/plain")}
+        )
+        bad_name = http.post(f"{API}/resources/bad%20name", files=files)
+        no_file = http.post(f"{API}/resources/{name}")
+        listed = http.get(f"{API}/resources/{name}").json()
+        user = _name("user")
+        assert http.post(f"{API}/jobs", json={"name": user, "resource": name}).status_code == 201
+        in_use = http.delete(f"{API}/resources/{name}")
+        assert http.delete(f"{API}/jobs/{user}").status_code == 200
+        gone = http.delete(f"{API}/resources/{name}")
+        after = http.get(f"{API}/resources/{name}")
+    _one_line_error(denied, 403, "operator")
+    assert first.status_code == 201, first.text
+    uploaded = first.json()
+    assert (uploaded["name"], uploaded["version"], uploaded["filename"]) == (name, 1, "etl.py")
+    assert again.status_code == 201 and again.json()["version"] == 1  # same content: unchanged
+    assert wrong_kind.status_code == 400 and ".txt" in wrong_kind.json()["error"]
+    assert bad_name.status_code == 400
+    assert no_file.status_code == 422 and "file" in no_file.json()["error"]
+    assert listed["sha256"] == uploaded["sha256"]
+    assert gone.status_code == 200 and gone.json() == {"deleted": [f"{name}:1"]}
+    assert after.status_code == 404
+    _one_line_error(in_use, 409, user)
