@@ -105,13 +105,14 @@ def populate(engine: sa.Engine, jobs: int) -> None:
                 INSERT INTO job_events (job_id, job_name, at, kind, server, epoch, detail)
                 SELECT j.id, j.name, now() - interval '10 minutes' + k.n * interval '2 seconds'
                        + j.id * interval '1 second', k.kind,
-                       CASE WHEN k.kind IN ('claimed', 'started') THEN 'server-' || (j.id % 10) END,
-                       CASE WHEN k.kind IN ('claimed', 'started') THEN 1 END,
+                       CASE WHEN k.kind IN ('claimed', 'driver_started')
+                            THEN 'server-' || (j.id % 10) END,
+                       CASE WHEN k.kind IN ('claimed', 'driver_started') THEN 1 END,
                        CASE WHEN k.kind IN ('created', 'start_requested')
                             THEN '{"by": "token:ops"}'::jsonb ELSE '{}'::jsonb END
                   FROM jobs j
                  CROSS JOIN (VALUES (0, 'created'), (1, 'start_requested'), (2, 'claimed'),
-                                    (3, 'started')) AS k(n, kind)
+                                    (3, 'driver_started')) AS k(n, kind)
                  WHERE j.id <= 30 AND j.id % 3 = 1
                 """
             )

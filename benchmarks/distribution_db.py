@@ -173,7 +173,8 @@ def _own(conn: sa.Connection, job_ids: Sequence[int], server: str, ttl: float) -
         sa.text(
             """
             UPDATE distribution
-               SET target = :server, owner = :server, epoch = epoch + 1,
+               SET target = :server, owner = :server, owner_incarnation = :server || '-bench',
+                   epoch = epoch + 1,
                    lease_until = now() + make_interval(secs => :ttl), state = 'running'
              WHERE job_id = ANY(:ids)
             """
@@ -189,7 +190,8 @@ def _own_round_robin(engine: sa.Engine, servers: int, ttl: float) -> dict[str, i
             sa.text(
                 """
                 UPDATE distribution d
-                   SET target = s.name, owner = s.name, epoch = d.epoch + 1,
+                   SET target = s.name, owner = s.name, owner_incarnation = s.name || '-bench',
+                       epoch = d.epoch + 1,
                        lease_until = now() + make_interval(secs => :ttl), state = 'running'
                   FROM (SELECT job_id,
                                'server-' || lpad(((row_number() OVER (ORDER BY job_id) - 1)
@@ -475,7 +477,8 @@ def _renew_execution_ms(
     times = []
     with engine.connect() as conn:
         for _ in range(calls):
-            lines = list(conn.execute(sa.text(sql), {"server": server, "ttl": ttl}).scalars())
+            params = {**_owner(server).params(), "ttl": ttl}
+            lines = list(conn.execute(sa.text(sql), params).scalars())
             conn.rollback()
             renewed = re.search(r"actual time=\S+ rows=(\d+)", lines[0])
             if renewed is None or int(renewed.group(1)) != expected:
@@ -664,12 +667,14 @@ def _generic_plan(conn: sa.Connection, sql: str, server: str) -> list[str]:
     if not re.fullmatch(r"[A-Za-z0-9._-]+", server):
         raise ValueError(f"server name {server!r} cannot be inlined")
     conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
-    conn.exec_driver_sql(f"PREPARE bench_poll(text) AS {sql.replace(':server', '$1')}")
+    incarnation = _owner(server).incarnation
+    statement = sql.replace(":server", "$1").replace(":incarnation", "$2")
+    conn.exec_driver_sql(f"PREPARE bench_poll(text, text) AS {statement}")
     try:
         # EXPLAIN EXECUTE takes no bound parameters; the name is checked above.
         return list(
             conn.exec_driver_sql(
-                f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_poll('{server}')"
+                f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_poll('{server}', '{incarnation}')"
             ).scalars()
         )
     finally:
@@ -741,7 +746,7 @@ def bench_poll(
     sql = distribution._POLL.text
     with engine.connect() as conn:
         samples = _poll_latency(conn, server, expected, calls)
-        custom = _plan(conn, sql, {"server": server})
+        custom = _plan(conn, sql, _owner(server).params())
         generic = _generic_plan(conn, sql, server)
         conn.rollback()
 
@@ -754,7 +759,7 @@ def bench_poll(
         conn.commit()
         try:
             index_join_samples = _poll_latency(conn, server, expected, calls)
-            index_join_plan = _plan(conn, sql, {"server": server})
+            index_join_plan = _plan(conn, sql, _owner(server).params())
         finally:
             conn.rollback()
             for setting in INDEX_JOIN:
