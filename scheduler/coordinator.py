@@ -226,6 +226,19 @@ def members(conn: sa.Connection, usable: Iterable[str], settle: float) -> Member
     return Members(joined=joined, settling=settling, due_in=due)
 
 
+def undrained(conn: sa.Connection, server: str) -> None:
+    """An operator undid a drain: the server is a joiner again, however short the drain
+    was (the flap rule of :func:`members` is for ZooKeeper blips, not for an operator's
+    decision), so it takes streaming jobs once the settle window has passed."""
+    conn.execute(
+        sa.text(
+            "UPDATE ring_members SET joined_at = now(), settled = false, left_at = NULL "
+            "WHERE server = :server"
+        ),
+        {"server": server},
+    )
+
+
 def settling_reason(settling: Iterable[str], settle: float) -> str:
     names = sorted(settling)
     return (

@@ -11,7 +11,7 @@ import typer
 
 from registry import connection, election, servers
 from registry import errors as registry_errors
-from scheduler import notify
+from scheduler import coordinator, notify
 from server import clients, console, exit_codes, logs, process, signals
 from server import settings as settings_module
 from sql import database
@@ -154,6 +154,7 @@ def drain(
             ).rowcount
             if not undone:
                 raise console.fail(f"server {server_id!r} is not drained")
+            coordinator.undrained(conn, server_id)
         else:
             # A typo must not be accepted as a drain of nothing: the server must be live
             # or still hold or be the target of a job (a server that is down may be
