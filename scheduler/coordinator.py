@@ -146,26 +146,41 @@ def current(row: sa.Row, usable: Mapping[str, int]) -> str | None:
     return row.target or row.owner
 
 
-def held(rows: Iterable[sa.Row], live: Iterable[str]) -> dict[str, float]:
-    """Jobs whose owner left the registry but still holds a live lease: job -> seconds
-    until that lease expires. Their targets are left as they are until then.
+def held(
+    rows: Iterable[sa.Row], live: Iterable[str], departed: Mapping[str, float], hold: float
+) -> dict[str, float]:
+    """Jobs kept on a departed owner: job -> seconds until the hold ends.
 
-    The owner may be a server restarting on the same host, whose successor adopts the
-    running drivers and renews their leases (``server/runner.py``): retargeting its jobs
-    when its old ZooKeeper session expires would make the successor migrate drivers it
-    just adopted. Nobody else could claim them before the lease expires anyway, so
-    holding the target costs a crashed server's failover nothing but the wake-up of the
-    coordinator at the expiry (``Rebalance.held_due``)."""
+    A job is held while its owner left the registry less than ``hold`` seconds ago
+    (``departed``: server -> seconds since it left, from ``ring_members``) and still
+    holds a live lease on it. Such an owner is usually a server restarting on its host,
+    whose successor adopts the running drivers and renews their leases
+    (``server/runner.py``): retargeting its jobs when its old ZooKeeper session expires
+    would make the successor migrate drivers it has just adopted, and nobody else could
+    claim them before the lease expires anyway. The hold is bounded so that a server
+    cut off from ZooKeeper but not from PostgreSQL (it keeps renewing) still hands its
+    jobs over: after ``hold`` seconds they are placed elsewhere and it stops them."""
     alive = set(live)
-    return {
-        r.name: r.lease_left
-        for r in rows
-        if r.owner is not None
-        and r.owner not in alive
-        and r.lease_left is not None
-        and r.lease_left > 0
-        and r.state in states.OWNED
-    }
+    kept = {}
+    for r in rows:
+        if r.owner is None or r.owner in alive or r.state not in states.OWNED:
+            continue
+        age = departed.get(r.owner)
+        if age is None or r.lease_left is None or r.lease_left <= 0 or age >= hold:
+            continue
+        kept[r.name] = min(r.lease_left, hold - age)
+    return kept
+
+
+def departures(conn: sa.Connection) -> dict[str, float]:
+    """Servers that left the ring (``ring_members.left_at``): seconds since each left."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT server, CAST(EXTRACT(EPOCH FROM now() - left_at) AS double precision) "
+            "FROM ring_members WHERE left_at IS NOT NULL"
+        )
+    ).all()
+    return {server: max(0.0, age) for server, age in rows}
 
 
 @dataclass(frozen=True)
@@ -298,16 +313,18 @@ def plan(
     joined: Iterable[str] = (),
     hold_new: str | None = None,
     full: bool = False,
+    hold: float = 0.0,
 ) -> Plan:
     """The job rows and their sticky placement on the live ``servers``; reads only.
 
     ``full`` is the operator's explicit rebalance (every streaming job placed afresh).
     ``sparkring ring rebalance --dry-run`` and ``ring explain`` call this too. Jobs
-    :func:`held` by a departed owner's live lease are left out (their targets stay).
+    :func:`held` by a departed owner's live lease, for up to ``hold`` seconds after it
+    left, are left out (their targets stay).
     """
     usable = placeable(conn, servers)
     rows = job_rows(conn)
-    keep = held(rows, servers)
+    keep = held(rows, servers, departures(conn) if hold > 0 else {}, hold)
     rows = [r for r in rows if r.name not in keep]
     wanted = set(active_jobs(rows))
     jobs = {
@@ -340,11 +357,13 @@ def rebalance(
     epsilon: float,
     vnodes: int,
     settle: float = 0.0,
+    hold: float = 0.0,
 ) -> Rebalance:
     """Decide every target for the live ``servers`` (id -> capacity) and write changes.
 
     Jobs wanted running and not finished or failed are placed (sticky: see the module
-    docstring); the others get no target. ``settle`` is the settle window in seconds.
+    docstring); the others get no target. ``settle`` is the settle window in seconds,
+    ``hold`` how long a departed owner's jobs keep their targets (:func:`held`).
     Must run inside a transaction; raises :class:`DeposedError` when ``term`` is no
     longer the recorded one.
     """
@@ -362,6 +381,7 @@ def rebalance(
         joined=view.joined,
         hold_new=settling_reason(view.settling, settle) if view.settling else None,
         full=full,
+        hold=hold,
     )
     rows, result = planned.rows, planned.placement
     changes = []
@@ -458,6 +478,7 @@ class CoordinatorLoop:
         debounce: float,
         interval: float,
         settle: float = 0.0,
+        hold: float = 0.0,
         on_deposed: Callable[[], None] = lambda: None,
         on_rebalance: Callable[[Rebalance], None] = lambda _: None,
         still_leader: Callable[[], bool] = lambda: False,
@@ -472,6 +493,7 @@ class CoordinatorLoop:
         self._debounce = debounce
         self._interval = interval
         self._settle = settle
+        self._hold = hold
         self._next_wait = interval
         self._on_deposed = on_deposed
         self._still_leader = still_leader
@@ -571,6 +593,7 @@ class CoordinatorLoop:
                 epsilon=self._epsilon,
                 vnodes=self._vnodes,
                 settle=self._settle,
+                hold=self._hold,
             )
         # Look again as soon as a settle window ends: a joiner then takes its jobs and
         # held new jobs are placed.

@@ -249,6 +249,10 @@ class Server:
                 debounce=defaults.MEMBERSHIP_DEBOUNCE_S,
                 interval=s.poll_interval,
                 settle=s.placement_settle,
+                # A restarting server's successor re-registers within the settle
+                # window after its old session expired; a planned restart within the
+                # hand-over window (set it cluster-wide).
+                hold=max(s.placement_settle, s.handover_window),
                 on_deposed=self._deposed,
                 still_leader=lambda: bool(self.registry and self.registry.confirm_leader()),
             )

@@ -327,28 +327,59 @@ def test_a_requested_rebalance_moves_streaming_jobs_only_and_is_cleared(
     assert _sticky(engine, {"a": 20, "b": 20, "c": 20}).changed == 0
 
 
-def test_a_departed_owner_s_live_lease_holds_its_target_until_it_expires(
+def test_a_departed_owner_s_live_lease_holds_its_target_for_the_hold_window(
     engine: sa.Engine,
 ) -> None:
-    """A server restarting on its host adopts its drivers and renews their leases: while
-    they are live its jobs keep their target (no migration of adopted drivers); once a
-    lease expires, the job is placed on a live server (failover)."""
+    """A server restarting on its host adopts its drivers and renews their leases: for a
+    hold window after it left, its jobs keep their target (no migration of adopted
+    drivers). Once the lease expires (a crash without successor), or the window ends
+    (a server cut off from ZooKeeper that keeps renewing), the job is placed on a live
+    server."""
+    from scheduler import distribution
+    from tests.factories import owner
+
+    def rebalance(servers: dict[str, int]) -> coordinator.Rebalance:
+        with engine.begin() as conn:
+            return coordinator.rebalance(conn, 5, "a", servers, epsilon=0.25, vnodes=160, hold=30.0)
+
+    job_id = factories.job(engine, "j")
+    _become(engine, 5)
+    rebalance(SERVERS)
+    first = _targets(engine)[job_id]
+    with engine.begin() as conn:
+        distribution.claim(conn, job_id, owner(first), 60.0)
+    survivors = {s: c for s, c in SERVERS.items() if s != first}
+    held = rebalance(survivors)  # the owner's ZooKeeper session expired
+    assert _targets(engine)[job_id] == first
+    assert held.held_due is not None and 0 < held.held_due <= 30.0
+    # Without a hold window nothing is held (the old behaviour).
+    with engine.connect() as conn:
+        unheld = coordinator.plan(conn, survivors, epsilon=0.25, vnodes=160)
+    assert "j" not in unheld.held
+    # The owner left longer ago than the window but still renews (cut off from
+    # ZooKeeper only): the job goes elsewhere, and the owner will stop its driver.
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ring_members SET left_at = now() - interval '31 seconds'"))
+    moved = rebalance(survivors)
+    assert _targets(engine)[job_id] in survivors and moved.held_due is None
+
+
+def test_a_departed_owner_s_expired_lease_holds_nothing(engine: sa.Engine) -> None:
     from scheduler import distribution
     from tests.factories import owner
 
     job_id = factories.job(engine, "j")
     _become(engine, 5)
-    _rebalance(engine, 5)
+    with engine.begin() as conn:
+        coordinator.rebalance(conn, 5, "a", SERVERS, epsilon=0.25, vnodes=160, hold=30.0)
     first = _targets(engine)[job_id]
     with engine.begin() as conn:
-        distribution.claim(conn, job_id, owner(first), 30.0)
+        distribution.claim(conn, job_id, owner(first), 60.0)
+    factories.expire_lease(engine, job_id)  # crashed, no successor: failover
     survivors = {s: c for s, c in SERVERS.items() if s != first}
-    held = _rebalance(engine, 5, survivors)  # the owner's ZooKeeper session expired
-    assert _targets(engine)[job_id] == first
-    assert held.held_due is not None and 0 < held.held_due <= 30.0
-    factories.expire_lease(engine, job_id)
-    failover = _rebalance(engine, 5, survivors)
-    assert _targets(engine)[job_id] in survivors and failover.held_due is None
+    with engine.begin() as conn:
+        coordinator.rebalance(conn, 5, "a", survivors, epsilon=0.25, vnodes=160, hold=30.0)
+    assert _targets(engine)[job_id] in survivors
 
 
 @pytest.mark.parametrize("leader", [True, False])
