@@ -120,8 +120,12 @@ def wait_ended(tmp_path: Path, timeout: float) -> dict[str, Any]:
 
 
 def wait_ready(tmp_path: Path, timeout: float = 10) -> int:
-    waiting.wait_until(lambda: (tmp_path / "ready").exists(), timeout, message="child not ready")
-    return int((tmp_path / "ready").read_text())
+    ready = tmp_path / "ready"
+    # The child creates the file, then writes its pid: wait for the pid, not the file.
+    waiting.wait_until(
+        lambda: ready.exists() and ready.read_text().strip(), timeout, message="child not ready"
+    )
+    return int(ready.read_text())
 
 
 def test_lease_expiry_kills_the_group_at_the_deadline(
