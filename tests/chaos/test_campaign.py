@@ -136,12 +136,14 @@ def test_server_cut_off_from_zookeeper_but_not_postgresql(
 
 
 def test_server_restarted_with_the_same_id(trial: Trial) -> None:
-    """kill -9 and an immediate restart with the same id, before the old session
-    expired: the new incarnation waits for the old node, cleans up what the old one
-    left and runs its jobs again, once."""
+    """kill -9 and an immediate restart with the same id and work dir, before the old
+    session expired (a supervisor's restart): the new incarnation adopts the drivers
+    the old one left running (issue 13), so nothing is claimed or started again."""
     c = trial.start(SERVERS)
     trial.populate()
     victim = trial.busiest_owner()
+    owned = [n for n, o in trial.owners().items() if o == victim and n in trial.live_jobs]
+    mark = trial.events()[-1]["id"]
 
     def restart() -> None:
         c.kill(victim)
@@ -150,7 +152,9 @@ def test_server_restarted_with_the_same_id(trial: Trial) -> None:
     trial.inject(restart)
     trial.wait_members(set(SERVERS), timeout=60)
     outcome = trial.verify()
-    assert outcome.restarts >= 1
+    adopted = {e["job_name"] for e in trial.events() if e["id"] > mark and e["kind"] == "adopted"}
+    assert adopted == set(owned), (adopted, owned)
+    assert outcome.restarts == 0, "a driver was replaced although it could be adopted"
     _assert_safe(outcome)
 
 
