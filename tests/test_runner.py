@@ -220,3 +220,71 @@ def test_a_lease_deadline_passing_while_the_driver_is_prepared_defers_never_fail
     assert "failed" not in kinds, kinds
     assert factories.row(engine, job_id).state in ("backoff", "starting", "pending")
     assert not (stage / "starts").exists()  # no driver ran past its deadline
+
+
+@pytest.fixture
+def stepped_runner(
+    engine: sa.Engine, bucket: store.Store, tmp_path: Path
+) -> Iterator[runner.Runner]:
+    """A runner whose loops do not run: the test calls poll_once and renew_once itself,
+    in the order a paused server would run them when it resumes."""
+    the_runner = runner.Runner(
+        engine,
+        bucket,
+        cache.Cache(root=tmp_path / "cache", max_bytes=1 << 30),
+        runner.RunnerConfig(
+            server="s1",
+            incarnation=uuid.uuid4().hex,
+            capacity=2,
+            work_dir=tmp_path / "work",
+            checkpoint_root=tmp_path / "checkpoints",
+            spark_master="local[1]",
+            lease_ttl=TTL,
+            watchdog_margin=3.0,
+            renew_interval=1.0,
+            poll_interval=0.5,
+            stop_grace=5.0,
+            backoff_base=0.5,
+            backoff_max=2.0,
+            fetch_retry=3.0,
+            records=tmp_path / "records.jsonl",
+        ),
+    )
+    the_runner.registered(settle=0.0)
+    yield the_runner
+    for run in the_runner.runs().values():
+        if run.driver is not None:
+            run.driver.kill()
+    the_runner.stop()
+
+
+def test_a_batch_exit_0_noticed_after_the_lease_ran_out_is_finished_not_rerun(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    stepped_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """A server paused past its lease (SIGSTOP, a stall) whose batch driver exited 0
+    meanwhile: when it resumes, the renewal finds the lease gone before the poll has
+    seen the driver's end. The outcome must still be recorded: finished, run once."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    stepped_runner.poll_once()  # claims; the driver starts in a task
+    waiting.wait_until(
+        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+    )
+    (stage / "go").write_text("0")
+    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
+    factories.expire_lease(engine, job_id)  # the pause outlasted the lease
+    stepped_runner.renew_once()  # resumes: the renewal runs first
+    stepped_runner.poll_once()
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "finished" or stepped_runner.poll_once() < 0,
+        30,
+        message="the batch job was not recorded finished",
+    )
+    kinds = _kinds(database_url)
+    assert kinds.count("claimed") == 1, kinds
+    assert (stage / "starts").read_text().split() == ["1"]

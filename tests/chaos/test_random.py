@@ -259,7 +259,14 @@ class RandomChaos:
         self._start_server(victim, fresh)
 
     def duplicate_id(self) -> None:
-        victim = self.rng.choice(SERVERS)
+        # Only a live server's id is a duplicate (a server may have exited by itself,
+        # e.g. restarted into a ZooKeeper partition it could not register through).
+        servers = self.trial.cluster.servers
+        alive = [sid for sid in SERVERS if sid in servers and servers[sid].poll() is None]
+        victim = self.rng.choice(alive or SERVERS)
+        if not alive:
+            self.log.note("duplicate_skipped", reason="no live server process")
+            return
         folder = self._fresh_dir(victim, "dup").parent
         folder.mkdir(parents=True, exist_ok=True)
         self.log.note("duplicate_id", server=victim, folder=str(folder))

@@ -15,6 +15,7 @@ target (the cluster is quiet again).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -295,11 +296,24 @@ class Trial:
             elif r["event"] == "ended":
                 started.pop(key, None)
         servers = self.cluster.servers
-        return {
-            key
-            for key, pid in started.items()
-            if key[2] in servers and _parent(_parent(pid)) == servers[key[2]].pid
+        # A driver adopted by the current process (issue 13) keeps its old watchdog, now
+        # a child of init: it counts when that process recorded the adoption.
+        adopted = {
+            (e["job_name"], int(e["epoch"]), e["server"]): e["at_s"]
+            for e in self.events()
+            if e["kind"] == "adopted"
         }
+
+        def current(key: tuple[str, int, str], pid: int) -> bool:
+            if key[2] not in servers:
+                return False
+            server_pid = servers[key[2]].pid
+            if _parent(_parent(pid)) == server_pid:
+                return True
+            since = _started_at(server_pid)
+            return _parent(pid) is not None and since is not None and adopted.get(key, 0) >= since
+
+        return {key for key, pid in started.items() if current(key, pid)}
 
     def wait_stable(self, start: float, bound: float) -> float | None:
         """Seconds from ``start`` to the beginning of the first period of STABLE_S in
@@ -463,6 +477,17 @@ def probe_stale_writes(engine: sa.Engine, events: Sequence[dict[str, Any]]) -> l
                 finally:
                     tx.rollback()
     return accepted
+
+
+def _started_at(pid: int) -> float | None:
+    """When a live process started, in wall-clock seconds (None if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        return None
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _parent(pid: int | None) -> int | None:
