@@ -64,6 +64,27 @@ def bucket(settings: settings_module.Settings) -> store.Store:
     return bucket
 
 
+def _config(tmp_path: Path, margin: float) -> runner.RunnerConfig:
+    """One server, s1, with the harness's lease timings and a work dir of the test's."""
+    return runner.RunnerConfig(
+        server="s1",
+        incarnation=uuid.uuid4().hex,
+        capacity=2,
+        work_dir=tmp_path / "work",
+        checkpoint_root=tmp_path / "checkpoints",
+        spark_master="local[1]",
+        lease_ttl=TTL,
+        watchdog_margin=margin,
+        renew_interval=1.0,
+        poll_interval=0.5,
+        stop_grace=5.0,
+        backoff_base=0.5,
+        backoff_max=2.0,
+        fetch_retry=3.0,
+        records=tmp_path / "records.jsonl",
+    )
+
+
 @pytest.fixture
 def margin() -> float:
     """The runner's watchdog margin (a test overrides it to squeeze the deadline)."""
@@ -82,23 +103,7 @@ def the_runner(
         engine,
         bucket,
         cache.Cache(root=tmp_path / "cache", max_bytes=1 << 30),
-        runner.RunnerConfig(
-            server="s1",
-            incarnation=uuid.uuid4().hex,
-            capacity=2,
-            work_dir=tmp_path / "work",
-            checkpoint_root=tmp_path / "checkpoints",
-            spark_master="local[1]",
-            lease_ttl=TTL,
-            watchdog_margin=margin,
-            renew_interval=1.0,
-            poll_interval=0.5,
-            stop_grace=5.0,
-            backoff_base=0.5,
-            backoff_max=2.0,
-            fetch_retry=3.0,
-            records=tmp_path / "records.jsonl",
-        ),
+        _config(tmp_path, margin),
     )
     the_runner.start()
     the_runner.registered(settle=0.0)  # no registry here: as if ZooKeeper accepted us
@@ -232,23 +237,7 @@ def stepped_runner(
         engine,
         bucket,
         cache.Cache(root=tmp_path / "cache", max_bytes=1 << 30),
-        runner.RunnerConfig(
-            server="s1",
-            incarnation=uuid.uuid4().hex,
-            capacity=2,
-            work_dir=tmp_path / "work",
-            checkpoint_root=tmp_path / "checkpoints",
-            spark_master="local[1]",
-            lease_ttl=TTL,
-            watchdog_margin=3.0,
-            renew_interval=1.0,
-            poll_interval=0.5,
-            stop_grace=5.0,
-            backoff_base=0.5,
-            backoff_max=2.0,
-            fetch_retry=3.0,
-            records=tmp_path / "records.jsonl",
-        ),
+        _config(tmp_path, 3.0),
     )
     the_runner.registered(settle=0.0)
     yield the_runner
