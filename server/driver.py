@@ -300,6 +300,11 @@ class Driver:
             )
         return Outcome(None, watchdog.Reason.KILLED, None, time.time())
 
+    def ended(self) -> bool:
+        """The run is over: its watchdog wrote the result (it may still be exiting), or
+        it is gone."""
+        return (self.run_dir / RESULT_FILE).exists() or self.poll() is not None
+
     def _read_outcome(self) -> Outcome:
         if (self.run_dir / RESULT_FILE).exists():
             return self.outcome_of(self.run_dir)

@@ -295,7 +295,7 @@ class Runner:
                     run.deadline = deadline
                     if run.driver is not None:
                         run.driver.confirm(deadline)
-                elif run.driver is not None and run.driver.poll() is not None:
+                elif run.driver is not None and run.driver.ended():
                     # The driver ended before the poll noticed (a paused server: its
                     # lease ran out meanwhile). Its outcome is what must be recorded
                     # (a batch exit 0 is 'finished', never a re-run): the poll does it.
