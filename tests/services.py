@@ -92,6 +92,21 @@ def drop_database(database_url: str) -> None:
     admin.dispose()
 
 
+def bench_databases(url: str) -> set[str]:
+    """The scratch databases benchmarks create (``bench_*``): a smoke test checks none
+    is left behind."""
+    admin = admin_engine(url)
+    try:
+        with admin.connect() as conn:
+            return set(
+                conn.execute(
+                    sa.text("SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_%'")
+                ).scalars()
+            )
+    finally:
+        admin.dispose()
+
+
 def unique_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 

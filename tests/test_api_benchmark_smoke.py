@@ -10,28 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import sqlalchemy as sa
-
 from tests import services
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "api_jobs.py"
 
 
-def _bench_databases(url: str) -> set[str]:
-    admin = services.admin_engine(url)
-    try:
-        with admin.connect() as conn:
-            return set(
-                conn.execute(
-                    sa.text("SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_%'")
-                ).scalars()
-            )
-    finally:
-        admin.dispose()
-
-
 def test_api_benchmark_reports_every_query(postgres_url: str, stack_env: dict[str, str]) -> None:
-    before = _bench_databases(postgres_url)
+    before = services.bench_databases(postgres_url)
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--jobs", "1000", "--requests", "2", "--json"],
         env={**os.environ, **stack_env, "SPARKRING_DATABASE_URL": postgres_url},
@@ -46,7 +31,7 @@ def test_api_benchmark_reports_every_query(postgres_url: str, stack_env: dict[st
     for figures in report["api"].values():
         assert set(figures) == {"p50_ms", "p95_ms", "max_ms"}
         assert 0 < figures["p50_ms"] <= figures["max_ms"]
-    assert _bench_databases(postgres_url) == before
+    assert services.bench_databases(postgres_url) == before
 
 
 def _script_queries() -> list[str]:

@@ -13,7 +13,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-import sqlalchemy as sa
 
 from server import defaults
 from tests import services
@@ -32,23 +31,10 @@ def _script() -> ModuleType:
     return module
 
 
-def _bench_databases(url: str) -> set[str]:
-    admin = services.admin_engine(url)
-    try:
-        with admin.connect() as conn:
-            return set(
-                conn.execute(
-                    sa.text("SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_%'")
-                ).scalars()
-            )
-    finally:
-        admin.dispose()
-
-
 def test_distribution_benchmark_reports_every_figure(
     postgres_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    before = _bench_databases(postgres_url)
+    before = services.bench_databases(postgres_url)
     _script().main(
         [
             *("--jobs", "200", "--servers", "5", "--repeat", "1"),
@@ -105,4 +91,4 @@ def test_distribution_benchmark_reports_every_figure(
     for figure in (poll["index_join"], poll["proposed"], poll["reap"]):
         assert PERCENTILES <= figure.keys()
 
-    assert _bench_databases(postgres_url) == before, "the scratch database was left behind"
+    assert services.bench_databases(postgres_url) == before, "the scratch database was left behind"
