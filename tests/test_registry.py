@@ -456,8 +456,12 @@ def test_coordinator_session_expiry_elects_a_new_one_with_a_higher_term(
     assert b.term is not None and b.term > first
     wait_until(lambda: a.state == State.CONNECTED, 10)
     assert a_events.terms[-1][1] is None and not a.is_coordinator
-    # The old coordinator stepped down no later than the new one took over.
-    assert a_events.terms[-1][0] <= b_events.terms[-1][0] + 0.05
+    # A forced expiry ends the session on the ensemble while ``a`` is still connected: b's
+    # election watch and a's "session expired" on reconnect race, so a may learn of its loss
+    # a moment after b took over (CI measured 86 ms on 2 loaded cores). The coordinator term
+    # in PostgreSQL fences that moment; what the registry owes is a prompt step-down. (The
+    # partition test below checks the strict order, where a sees the cut coming.)
+    assert a_events.terms[-1][0] <= b_events.terms[-1][0] + 1.0
 
     b.stop()
     wait_until(lambda: a.is_coordinator, 10, message="a did not take over again")
