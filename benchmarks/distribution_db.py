@@ -564,9 +564,14 @@ def _renew_rounds(
     """Tasks renewing every owner ``rounds`` times: back to back when ``interval`` is
     None, else owner i of n due at ``k * interval + i * interval / n`` (spread evenly)."""
     names = sorted(owners)
+    # Sorted by due time, then round: back to back (every due time 0) an owner's next
+    # round comes only after every other owner's, so no two workers renew one owner's rows
+    # at once (two concurrent renewals of the same rows can deadlock; a server never runs
+    # two, its renewals come from one thread).
     due = collections.deque(
-        sorted(
-            (k * (interval or 0.0) + i * (interval or 0.0) / len(names), name)
+        (at, name)
+        for at, _, name in sorted(
+            (k * (interval or 0.0) + i * (interval or 0.0) / len(names), k, name)
             for k in range(rounds)
             for i, name in enumerate(names)
         )
