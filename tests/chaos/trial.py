@@ -23,6 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
 from resource_center import catalog, store
 from scheduler import distribution, jobs, placement
@@ -139,7 +140,12 @@ class Trial:
             self._zk = KazooClient(hosts=self.stack_env["SPARKRING_ZK_HOSTS"], timeout=5)
             self._zk.start(timeout=15)
         path = f"{self.zk_root}/servers"
-        return set(self._zk.get_children(path)) if self._zk.exists(path) else set()
+        try:
+            return set(self._zk.get_children(path)) if self._zk.exists(path) else set()
+        except (ConnectionLoss, SessionExpiredError):
+            # ZooKeeper was the fault, down past this client's session: kazoo opens a
+            # new session by itself; the next look sees the members.
+            return set()
 
     def wait_members(self, expected: set[str], timeout: float = 45) -> None:
         waiting.wait_until(
