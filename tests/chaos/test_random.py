@@ -403,6 +403,8 @@ def test_randomized_faults_and_concurrent_commands(
         chaos.populate()
         chaos.run(minutes)
         outcome = trial.verify()
+        # What kept the cluster from settling, looked at before the servers are stopped.
+        unsettled = trial.unsettled() if outcome.recovery_s is None else []
         (tmp_path / "events.json").write_text(json.dumps(trial.events(), default=str, indent=1))
     finally:
         chaos.close()
@@ -419,4 +421,6 @@ def test_randomized_faults_and_concurrent_commands(
         ]
     )
     assert not outcome.problems, report
-    assert outcome.recovery_s is not None, report + "\nthe cluster did not recover in time"
+    assert outcome.recovery_s is not None, "\n".join(
+        [report, "the cluster did not recover in time; not settled at the end:", *unsettled]
+    )

@@ -276,17 +276,29 @@ class Trial:
     def settled(self) -> bool:
         """Every job wanted running runs on a live server that is its target; others
         (finished, failed with a reason, stopped) are at rest."""
+        return not self.unsettled()
+
+    def unsettled(self) -> list[str]:
+        """Why the cluster is not settled: one line per job not at rest (empty: settled)."""
         live = self.live_servers()
         drivers = self.live_drivers()
+        reasons = []
         for r in self.job_rows():
+            row = (
+                f"{r['name']}: desired {r['desired']}, state {r['state']}, owner {r['owner']}, "
+                f"target {r['target']}, epoch {r['epoch']}"
+            )
             if r["desired"] == "running" and r["state"] not in ("finished", "failed"):
                 at_home = r["owner"] == r["target"] and r["owner"] in live
                 alive = (r["name"], r["epoch"], r["owner"]) in drivers
                 if not (r["state"] == "running" and at_home and r["current"] and alive):
-                    return False
+                    reasons.append(
+                        f"{row}; owner live {r['owner'] in live}, current generation "
+                        f"{r['current']}, driver under the owner's process {alive}"
+                    )
             elif r["desired"] == "stopped" and r["state"] != "stopped":
-                return False
-        return True
+                reasons.append(row)
+        return reasons
 
     def live_drivers(self) -> set[tuple[str, int, str]]:
         """(job, epoch, server) of every driver that runs under the current process of its
