@@ -108,7 +108,11 @@ def run(
             if v is not None
         }
     )
-    settings = context.settings()
+    try:
+        settings = context.settings()
+    except settings_module.SettingsError as exc:
+        # A refusal, not a crash: a supervisor must not restart a server over bad settings.
+        raise console.fail(str(exc), exit_codes.ExitCode.CONFIG_ERROR) from None
     logs.configure(log_level.upper())
     server = process.Server(settings)
     signals.install(
