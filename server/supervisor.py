@@ -48,7 +48,7 @@ FINAL = frozenset(
     }
 )
 # How often the wait for the child looks for signals to forward, seconds.
-POLL_S = 0.05
+POLL_S = 0.1
 # linux/prctl.h. libc is loaded here, not in the forked child: a dlopen between fork
 # and exec could wait forever on a lock another thread held at the fork.
 _PR_SET_PDEATHSIG = 1
@@ -127,14 +127,17 @@ class Supervisor:
             child = subprocess.Popen(self.argv, process_group=0, preexec_fn=_die_with_parent)
             log.info("server started", extra={"action": "child_started", "pid": child.pid})
             code, signalled = self._wait(child)
-            if signalled:
-                return _exit_status(code)
-            if code in FINAL:
+            if signalled or code in FINAL:
                 log.info(
                     "server exited; not restarting it",
-                    extra={"action": "child_exited", "pid": child.pid, "exit_code": code},
+                    extra={
+                        "action": "child_exited",
+                        "pid": child.pid,
+                        "exit_code": code,
+                        "signalled": signalled,
+                    },
                 )
-                return code
+                return _exit_status(code)
             delay = self._crashes.record(time.monotonic())
             if delay is None:
                 log.error(

@@ -196,6 +196,22 @@ def test_stop_is_idempotent(state: Path) -> None:
     assert _lines(state / "signals") == ["SIGTERM"]
 
 
+def test_a_stop_during_the_back_off_is_not_followed_by_a_restart(state: Path) -> None:
+    sup = supervisor.Supervisor(
+        _child(state, "crash", "exit:3"), **{**FAST, "restart_delay": 60, "restart_delay_max": 60}
+    )
+
+    def stop_after_the_first_start() -> None:
+        waiting.wait_until(lambda: _lines(state / "starts"), 30)
+        sup.stop()
+
+    stopper = threading.Thread(target=stop_after_the_first_start)
+    stopper.start()
+    assert sup.run() == 128 + signal.SIGKILL  # the crash's status: nothing runs now
+    stopper.join()
+    assert len(_lines(state / "starts")) == 1
+
+
 # --- command line -----------------------------------------------------------------
 
 
