@@ -15,7 +15,8 @@ How the child's end is handled:
   ``ExitCode.CRASH_LOOP``, so that the container engine's restart policy takes over;
 - exit 0, 2 USAGE, 78 CONFIG_ERROR or 79 KILLED -> final: exit with the child's code;
 - SIGTERM or SIGINT to the supervisor -> forwarded to the child (each signal, so a
-  second one still means "exit at once"); whatever the child does next is final.
+  second one still means "exit at once"); whatever the child does next is final. A
+  signal during the back-off before a restart: no restart, exit with the crash's status.
 
 The child runs in a process group of its own, so that a Ctrl-C in a terminal reaches it
 once (forwarded), not twice; and it is SIGKILLed if the supervisor dies, so that a
