@@ -59,7 +59,9 @@ USER sparkring
 WORKDIR /var/lib/sparkring
 # /healthz and /metrics when SPARKRING_HEALTH_PORT=8090 (as docker-compose.yml sets).
 EXPOSE 8090
-# tini reaps the drivers' orphans and passes SIGTERM to the server alone, which then
-# stops its drivers in order and hands its jobs off (no process-group broadcast).
+# tini (PID 1) reaps the drivers' orphans and passes SIGTERM to the supervisor alone,
+# which passes it to the server: it stops its drivers in order and hands its jobs off
+# (no process-group broadcast). The supervisor restarts a crashed server inside the
+# container, so the drivers, which would die with the container, are adopted instead.
 ENTRYPOINT ["tini", "--"]
-CMD ["sparkring", "server", "run"]
+CMD ["sparkring", "server", "supervise"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import sqlalchemy as sa
 import typer
@@ -12,7 +12,7 @@ import typer
 from registry import connection, election, servers
 from registry import errors as registry_errors
 from scheduler import coordinator, notify
-from server import clients, console, exit_codes, logs, process, signals
+from server import clients, console, defaults, exit_codes, logs, process, signals, supervisor
 from server import settings as settings_module
 from sql import database
 
@@ -79,19 +79,29 @@ def list_(
     )
 
 
+# The options of `server run`, shared with `server supervise`, which passes them on.
+ServerIdOption = Annotated[
+    str | None,
+    typer.Option("--id", help="Server id (default: SPARKRING_SERVER_ID, else the host name)."),
+]
+CapacityOption = Annotated[
+    int | None,
+    typer.Option("--capacity", min=0, help="Maximum concurrent drivers (SPARKRING_CAPACITY)."),
+]
+RoleOption = Annotated[
+    settings_module.Role | None,
+    typer.Option("--role", help="both: coordinate and run jobs; coordinator; worker."),
+]
+LogLevelOption = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING...")]
+
+
 @app.command()
 def run(
     ctx: typer.Context,
-    server_id: str | None = typer.Option(
-        None, "--id", help="Server id (default: SPARKRING_SERVER_ID, else the host name)."
-    ),
-    capacity: int | None = typer.Option(
-        None, "--capacity", min=0, help="Maximum concurrent drivers (SPARKRING_CAPACITY)."
-    ),
-    role: settings_module.Role | None = typer.Option(
-        None, "--role", help="both: coordinate and run jobs; coordinator; worker."
-    ),
-    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING..."),
+    server_id: ServerIdOption = None,
+    capacity: CapacityOption = None,
+    role: RoleOption = None,
+    log_level: LogLevelOption = "INFO",
 ) -> None:
     """Run a server: register, take part in the election, claim and run its jobs.
 
@@ -108,7 +118,11 @@ def run(
             if v is not None
         }
     )
-    settings = context.settings()
+    try:
+        settings = context.settings()
+    except settings_module.SettingsError as exc:
+        # A refusal, not a crash: a supervisor must not restart a server over bad settings.
+        raise console.fail(str(exc), exit_codes.ExitCode.CONFIG_ERROR) from None
     logs.configure(log_level.upper())
     server = process.Server(settings)
     signals.install(
@@ -126,6 +140,45 @@ def run(
         console.fail(str(exc))
         raise typer.Exit(exit_codes.ExitCode.CONFIG_ERROR) from None
     raise typer.Exit(server.run())
+
+
+# Built from the defaults it quotes, so that --help cannot drift from the code. One line
+# per paragraph: the help renderer keeps line breaks.
+_SUPERVISE_HELP = (
+    "Run `server run` as a child; restart it when it crashes (the image's command).\n\n"
+    "A crashed server (killed by a signal, or an exit code not named below: 1, 70, 80...) "
+    "is restarted after "
+    f"{defaults.SUPERVISOR_RESTART_DELAY_S:g} s with the same id and work dir, and adopts "
+    "the drivers still running: no job restarts. Repeated crashes back off (up to "
+    f"{defaults.SUPERVISOR_RESTART_DELAY_MAX_S:g} s); more than "
+    f"{defaults.SUPERVISOR_CRASH_LIMIT} within {defaults.SUPERVISOR_CRASH_WINDOW_S:g} s end "
+    f"the supervisor with exit code {exit_codes.ExitCode.CRASH_LOOP:d}, for the container "
+    "engine's restart policy. Exit 0, 2, 78 (start-up refused) or 79 ends it with the "
+    "server's code.\n\n"
+    "SIGTERM and SIGINT are passed on to the server (same meaning as for `server run`), "
+    "which is then not restarted."
+)
+
+
+@app.command(help=_SUPERVISE_HELP)
+def supervise(
+    ctx: typer.Context,
+    server_id: ServerIdOption = None,
+    capacity: CapacityOption = None,
+    role: RoleOption = None,
+    log_level: LogLevelOption = "INFO",
+) -> None:
+    logs.configure(log_level.upper())
+    argv = supervisor.server_argv(
+        console.context(ctx).config,
+        {
+            "--id": server_id,
+            "--capacity": capacity,
+            "--role": role.value if role is not None else None,
+            "--log-level": log_level,
+        },
+    )
+    raise typer.Exit(supervisor.main(supervisor.Supervisor(argv)))
 
 
 def _live_ids(settings: settings_module.Settings) -> set[str]:

@@ -64,6 +64,16 @@ HANDOVER_WINDOW_S = 0.0
 # if its target still names another server: the coordinator needs a membership debounce
 # and a rebalance to give the job back, seconds.
 ADOPTION_SETTLE_S = 3.0
+# Supervisor of the server in a container (server supervise): a crashed server is
+# restarted after DELAY * 2**(crashes within the window - 1), capped at DELAY_MAX,
+# seconds. The first restart must come well within LEASE_TTL_S - WATCHDOG_MARGIN_S of
+# the last renewal (plus the server's own start-up, ~1-2 s), or the watchdogs kill the
+# drivers the restarted server was to adopt. More than CRASH_LIMIT crashes within
+# CRASH_WINDOW_S seconds is a crash loop: the supervisor exits (ExitCode.CRASH_LOOP).
+SUPERVISOR_RESTART_DELAY_S = 0.25
+SUPERVISOR_RESTART_DELAY_MAX_S = 10.0
+SUPERVISOR_CRASH_LIMIT = 5
+SUPERVISOR_CRASH_WINDOW_S = 120.0
 # Fallback poll interval of the distribution table when no NOTIFY arrives, seconds.
 POLL_INTERVAL_S = 2.0
 # Graceful stop of a driver: SIGTERM, then SIGKILL after this grace, seconds.

@@ -2,7 +2,7 @@
 
 The watchdog (``python -m server.watchdog``) exits with one of these so that its parent,
 or a server that adopts it after a restart, can tell why a driver ended even without the
-result file. The server adds its own codes here.
+result file. The server and its supervisor (``server supervise``) add their own codes here.
 """
 
 from __future__ import annotations
@@ -31,3 +31,6 @@ class ExitCode(IntEnum):
     UNHEALTHY = 80
     # An unexpected error inside a sparkring process (sysexits' EX_SOFTWARE).
     INTERNAL_ERROR = 70
+    # Supervisor: the server crashed too often in a row; the container engine's (or
+    # systemd's) restart policy takes over (sysexits' EX_TEMPFAIL: try again later).
+    CRASH_LOOP = 75

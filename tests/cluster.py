@@ -85,9 +85,11 @@ class Cluster:
         *,
         wrapper: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        command: str = "run",
     ) -> None:
         """Start ``sparkring server run``; ``wrapper`` prefixes the argv (for example
-        ``ip netns exec NS``) and ``env`` overrides this server's environment."""
+        ``ip netns exec NS``), ``env`` overrides this server's environment and
+        ``command="supervise"`` runs it under ``sparkring server supervise``."""
         folder = self.server_dir(server_id)
         folder.mkdir(parents=True, exist_ok=True)
         env = {**self.env, "SPARKRING_WORK_DIR": str(folder / "work"), **(env or {})}
@@ -99,7 +101,7 @@ class Cluster:
                     "-m",
                     "server",
                     "server",
-                    "run",
+                    command,
                     "--id",
                     server_id,
                     "--capacity",

@@ -252,7 +252,6 @@ def test_migrate_is_one_shot_db_upgrade_after_postgres(resolved: dict[str, Any])
 
 def test_servers_scale_with_unique_ids(resolved: dict[str, Any]) -> None:
     server = resolved["services"]["server"]
-    assert server["command"] == ["sparkring", "server", "run"]
     assert server["deploy"]["replicas"] == 3
     # podman-compose starts one replica unless the (default) mode is spelled out.
     for name, service in resolved["services"].items():
@@ -264,6 +263,28 @@ def test_servers_scale_with_unique_ids(resolved: dict[str, Any]) -> None:
     assert "hostname" not in server and "container_name" not in server
     assert all("published" not in port for port in server.get("ports", []))
     assert settings_module.Settings.model_fields["server_id"].default_factory is socket.gethostname
+
+
+def test_servers_run_under_the_supervisor_with_tini_as_pid_1(resolved: dict[str, Any]) -> None:
+    """A crash of `server run` restarts it inside the container (its drivers are adopted);
+    tini stays PID 1 to reap orphans. The other services keep their own commands."""
+    services_ = resolved["services"]
+    assert services_["server"]["command"] == ["sparkring", "server", "supervise"]
+    assert services_["server"]["stop_signal"] == "SIGTERM"
+    instructions = _instructions(DOCKERFILE.read_text())
+    assert [args for keyword, args in instructions if keyword == "ENTRYPOINT"] == ['["tini", "--"]']
+    assert [args for keyword, args in instructions if keyword == "CMD"] == [
+        '["sparkring", "server", "supervise"]'
+    ]
+    assert services_["spark-master"]["command"][:2] == [
+        "spark-class",
+        "org.apache.spark.deploy.master.Master",
+    ]
+    assert services_["spark-worker"]["command"][:2] == [
+        "spark-class",
+        "org.apache.spark.deploy.worker.Worker",
+    ]
+    assert all("entrypoint" not in services_[name] for name in ("server", "spark-master"))
 
 
 def test_health_check_probes_the_configured_port(resolved: dict[str, Any]) -> None:

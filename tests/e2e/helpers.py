@@ -9,9 +9,11 @@ from tests.cluster import HEARTBEAT_JOB, Cluster
 SERVERS = ("s1", "s2", "s3")
 
 
-def start_cluster(c: Cluster, servers: tuple[str, ...] = SERVERS, capacity: int = 4) -> None:
+def start_cluster(
+    c: Cluster, servers: tuple[str, ...] = SERVERS, capacity: int = 4, command: str = "run"
+) -> None:
     for sid in servers:
-        c.start_server(sid, capacity=capacity)
+        c.start_server(sid, capacity=capacity, command=command)
     c.wait_members(len(servers))
 
 

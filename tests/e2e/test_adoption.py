@@ -6,7 +6,11 @@ with a hand-over window). Nothing is claimed again, no driver is replaced.
 from __future__ import annotations
 
 import itertools
+import os
+import re
+import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tests import waiting
@@ -58,8 +62,37 @@ def _check_adopted(
         assert max(gaps, default=0.0) < LEASE_GUARD_S, gaps
 
 
-def _adopt_after(c: Cluster, stop_server: str) -> None:
-    start_cluster(c, ("s1", "s2"))
+def _kill_and_start(c: Cluster, server: str) -> None:
+    c.kill(server)
+    c.start_server(server)
+
+
+def _terminate_and_start(c: Cluster, server: str) -> None:
+    assert c.terminate(server) == 0
+    c.start_server(server)
+
+
+def _supervised_children(c: Cluster, server: str) -> list[int]:
+    """The pids of the ``server run`` children its supervisor started, oldest first."""
+    return [int(pid) for pid in re.findall(r"action=child_started pid=(\d+)", c.log(server))]
+
+
+def _kill_supervised_child(c: Cluster, server: str) -> None:
+    """kill -9 of the server process only: its supervisor restarts it."""
+    child = _supervised_children(c, server)[-1]
+    os.kill(child, signal.SIGKILL)
+    waiting.wait_until(
+        lambda: _supervised_children(c, server)[-1] != child,
+        30,
+        interval=0.1,
+        message=f"the supervisor of {server} did not restart it",
+    )
+
+
+def _adopt_after(c: Cluster, restart: Callable[[Cluster, str], None], command: str = "run") -> str:
+    """Start two servers running JOBS, restart the busiest one with ``restart``, check
+    that it adopted its drivers; the restarted server's id."""
+    start_cluster(c, ("s1", "s2"), command=command)
     rows = start_running(c, JOBS)
     victim, jobs = _victim_jobs(rows)
     for name in jobs:  # "running" is recorded at the spawn: wait for the main itself
@@ -67,11 +100,7 @@ def _adopt_after(c: Cluster, stop_server: str) -> None:
         rows[name]["pid"] = _beats(c, name, 0.0)[-1]["pid"]
     since = time.time()
     logs_before = len(c.log(victim))
-    if stop_server == "kill":
-        c.kill(victim)
-    else:
-        assert c.terminate(victim) == 0
-    c.start_server(victim)
+    restart(c, victim)
     waiting.wait_until(
         lambda: _registered_again(c, victim, logs_before),
         60,
@@ -83,15 +112,31 @@ def _adopt_after(c: Cluster, stop_server: str) -> None:
     for name in jobs:
         c.wait_job(name, lambda j: j["target"] == victim, 60, f"{name} targeted back")
     _check_adopted(c, victim, jobs, rows, since)
+    return victim
 
 
 def test_a_server_restarted_after_kill_9_adopts_its_running_drivers(cluster: Cluster) -> None:
-    _adopt_after(cluster, "kill")
+    _adopt_after(cluster, _kill_and_start)
 
 
 def test_a_planned_restart_hands_its_leases_to_the_successor(cluster: Cluster) -> None:
     cluster.env["SPARKRING_HANDOVER_WINDOW"] = "30"
-    _adopt_after(cluster, "terminate")
+    _adopt_after(cluster, _terminate_and_start)
+
+
+def test_a_supervised_server_killed_9_is_restarted_in_place_and_adopts(
+    cluster: Cluster,
+) -> None:
+    """The container case: `server supervise` restarts its `server run` child after kill
+    -9 of the child alone, and the new child adopts the drivers (none replaced)."""
+    # The supervisor restarts the child in a fraction of a second, but a Python start-up
+    # of `server run` took up to 8 s on this shared 2-core machine under load, past the
+    # harness's 5 s lease guard: a longer lease keeps this a test of the restart and the
+    # adoption, not of the machine's speed (docs/benchmarks.md measures the timing).
+    cluster.env["SPARKRING_LEASE_TTL"] = "20"
+    victim = _adopt_after(cluster, _kill_supervised_child, command="supervise")
+    assert cluster.servers[victim].poll() is None, "the supervisor exited"
+    assert len(_supervised_children(cluster, victim)) == 2, "restarted more than once"
 
 
 def test_a_second_process_on_a_live_server_s_work_dir_is_refused(cluster: Cluster) -> None:
