@@ -20,7 +20,9 @@ to :func:`build_env`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -108,6 +110,26 @@ class Outcome:
     reason: watchdog.Reason
     started_at: float | None
     ended_at: float
+    # The watchdog itself recorded the run's end in PostgreSQL (a batch exit 0).
+    recorded: bool = False
+
+
+@dataclass(frozen=True)
+class FinishReport:
+    """What a batch run's watchdog needs to record ``finished`` itself, fenced on the
+    run's owner and epoch (``distribution.finish``): the driver's exit 0 is then known to
+    PostgreSQL even when the server is stalled or dead at that moment, so no other server
+    runs the finished generation again. Handed to the watchdog through a pipe, never in
+    its argv or environment (the URL carries the database password)."""
+
+    database_url: str
+    job_id: int
+    server: str
+    incarnation: str
+    epoch: int
+
+    def payload(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self)).encode()
 
 
 def default_spark_submit() -> Path:
@@ -297,6 +319,7 @@ class Driver:
                 reason=watchdog.Reason(result["reason"]),
                 started_at=result.get("started_at"),
                 ended_at=float(result.get("ended_at") or time.time()),
+                recorded=result.get("recorded") is True,
             )
         return Outcome(None, watchdog.Reason.KILLED, None, time.time())
 
@@ -475,11 +498,13 @@ def supervise(
     records: Path | None = None,
     default_grace: float = watchdog.DEFAULT_GRACE_S,
     term_only: str | None = None,
+    report: FinishReport | None = None,
 ) -> Driver:
     """Run ``command`` under a new watchdog in its own session; see :func:`launch`.
 
     ``term_only``: on stop, SIGTERM only the processes with this argv element (see
-    ``server/watchdog.py``); None sends it to the whole group.
+    ``server/watchdog.py``); None sends it to the whole group. ``report``: the watchdog
+    records an exit 0 in PostgreSQL itself (batch runs).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in (RESULT_FILE, STOP_FILE, STATE_FILE):
@@ -513,6 +538,17 @@ def supervise(
         argv += ["--records", str(records)]
     if term_only is not None:
         argv += ["--term-only", term_only]
+    report_fd = None
+    if report is not None:
+        # The report waits in the pipe's buffer (far below its 64 KiB) for the watchdog
+        # to read at start-up; only the read end is inherited.
+        report_fd, report_write = os.pipe()
+        try:
+            os.write(report_write, report.payload())
+        finally:
+            os.close(report_write)
+        os.set_inheritable(report_fd, True)
+        argv += ["--report-fd", str(report_fd)]
     argv += ["--", *command]
     log_fd = os.open(run_dir / LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -531,6 +567,8 @@ def supervise(
         raise DriverError(f"job {job}: cannot start the watchdog: {exc}") from exc
     finally:
         os.close(log_fd)
+        if report_fd is not None:
+            os.close(report_fd)
     log.info(
         "driver launched",
         extra={"action": "launch", "job": job, "epoch": epoch, "watchdog_pid": pid},
@@ -544,6 +582,7 @@ def launch(
     *,
     base_env: Mapping[str, str] | None = None,
     records: Path | None = None,
+    report: FinishReport | None = None,
 ) -> Driver:
     """Write the lease file, then start the watchdog, which starts spark-submit.
 
@@ -575,6 +614,7 @@ def launch(
         server=spec.server,
         records=records,
         term_only=python_main,
+        report=report,
     )
 
 

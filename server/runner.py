@@ -440,7 +440,18 @@ class Runner:
                 deadline = run.deadline
             if watchdog.lease_clock() >= deadline:
                 raise driver.DriverError("lease deadline passed while preparing the driver")
-            handle = driver.launch(spec, deadline, records=cfg.records)
+            report = None
+            if job["kind"] == states.JobKind.BATCH:
+                # The watchdog records an exit 0 itself: the server may be stalled or
+                # dead at that moment, and the finished generation must not run again.
+                report = driver.FinishReport(
+                    database_url=self.engine.url.render_as_string(hide_password=False),
+                    job_id=run.job_id,
+                    server=run.owner.server,
+                    incarnation=run.owner.incarnation,
+                    epoch=run.epoch,
+                )
+            handle = driver.launch(spec, deadline, records=cfg.records, report=report)
         # FAILED means only: the job's own driver failed past its budget, or its
         # artifact or spec is invalid. Anything that may pass defers with backoff.
         except (errors.IntegrityError, errors.MissingObject) as exc:
@@ -535,6 +546,8 @@ class Runner:
         if outcome.reason in ("lease_expired", "killed", "stopped"):
             return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)
         if outcome.reason == "exited" and outcome.exit_code == 0:
+            if outcome.recorded:
+                return lambda conn: None  # its watchdog recorded it (FinishReport)
             return lambda conn: distribution.finish(conn, run.job_id, run.owner, run.epoch)
         if outcome.exit_code in SIGTERM_EXITS and not self._claiming.is_set():
             # The service manager sent SIGTERM to every process of the server's unit

@@ -74,6 +74,14 @@ def lease_clock() -> float:
 DEFAULT_INTERVAL_S = 0.1
 # Grace between SIGTERM and SIGKILL when no stop file says otherwise, seconds.
 DEFAULT_GRACE_S = 20.0
+# Recording a batch exit 0 (--report-fd): connection and statement limits, the pause
+# between two tries while PostgreSQL is away, and how long past the lease deadline it
+# keeps trying (after that the server records it, or the job was claimed elsewhere and
+# the fenced write could not succeed anyway), seconds.
+RECORD_CONNECT_TIMEOUT_S = 2.0
+RECORD_STATEMENT_TIMEOUT_S = 2.0
+RECORD_RETRY_S = 0.5
+RECORD_AFTER_DEADLINE_S = 3.0
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -221,8 +229,11 @@ def _children() -> list[int]:
 class Watchdog:
     """One supervised run of CMD; ``run()`` returns the watchdog's exit code."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, report: dict[str, Any] | None = None) -> None:
         self.args = args
+        # --report-fd's content (server.driver.FinishReport): record an exit 0 in
+        # PostgreSQL. Never logged: it carries the database URL.
+        self.report = report
         self.command: list[str] = args.command
         self.lease_file: Path = args.lease_file
         self.deadline = -math.inf
@@ -288,11 +299,55 @@ class Watchdog:
             },
         )
 
+    def _record_finished(self) -> bool:
+        """Record the driver's exit 0 in PostgreSQL (``distribution.finish``, fenced on the
+        run's owner, incarnation and epoch), so that a stalled or dead server cannot let
+        the finished generation run again elsewhere. Retried while PostgreSQL is away,
+        until shortly after the lease deadline (by then the server, or nobody, records
+        it). False when it could not be recorded or the run is no longer its owner's."""
+        if self.report is None:
+            return False
+        # Imported here: a watchdog that records nothing never loads a database driver.
+        from scheduler import distribution
+        from sql import database
+
+        report = self.report
+        owner = distribution.Owner(report["server"], report["incarnation"])
+        engine = database.create_engine(
+            report["database_url"],
+            pool_size=1,
+            connect_timeout=RECORD_CONNECT_TIMEOUT_S,
+            limits=database.SessionLimits(
+                lock_timeout=RECORD_STATEMENT_TIMEOUT_S,
+                idle_in_transaction_timeout=RECORD_STATEMENT_TIMEOUT_S,
+                statement_timeout=RECORD_STATEMENT_TIMEOUT_S,
+            ),
+        )
+        give_up = max(self.deadline, lease_clock()) + RECORD_AFTER_DEADLINE_S
+        try:
+            while True:
+                try:
+                    with engine.begin() as conn:
+                        state = distribution.finish(conn, report["job_id"], owner, report["epoch"])
+                    log.info("recorded the exit 0 in PostgreSQL: job now %s", state)
+                    return True
+                except distribution.FencedError:
+                    log.info("exit 0 not recorded here: the run is no longer its owner's")
+                    return False
+                except Exception as exc:  # any failure leaves the record to the server
+                    if lease_clock() >= give_up:
+                        log.warning("could not record the exit 0: %s", type(exc).__name__)
+                        return False
+                    time.sleep(RECORD_RETRY_S)  # PostgreSQL away: nothing to wait on
+        finally:
+            engine.dispose()
+
     def _finish(self, reason: Reason, exit_code: int | None, ended_at: float) -> int:
         if reason is Reason.EXITED:
             code = exit_codes.ExitCode.OK if exit_code == 0 else exit_codes.ExitCode.DRIVER_FAILED
         else:
             code = EXIT_CODE_OF_REASON[reason]
+        recorded = reason is Reason.EXITED and exit_code == 0 and self._record_finished()
         write_json_atomically(
             self.args.result,
             {
@@ -303,6 +358,7 @@ class Watchdog:
                 "started_at": self.started_at,
                 "ended_at": ended_at,
                 "watchdog_exit": int(code),
+                "recorded": recorded,
             },
         )
         log.info("driver ended: reason=%s exit_code=%s", reason, exit_code)
@@ -471,6 +527,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--job", default=None)
     parser.add_argument("--epoch", type=int, default=None)
     parser.add_argument("--server", default=None)
+    parser.add_argument(
+        "--report-fd",
+        type=int,
+        default=None,
+        metavar="FD",
+        help="read a JSON FinishReport (server/driver.py) from FD at start-up and record "
+        "the driver's exit 0 in PostgreSQL with it",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
     return parser
 
@@ -489,9 +553,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO,
         format="%(asctime)s sparkring-watchdog[%(process)d] %(levelname)s %(message)s",
     )
+    report = None
+    if args.report_fd is not None:
+        with os.fdopen(args.report_fd, "rb") as pipe:
+            report = json.loads(pipe.read())
     # Nothing the launcher leaked (sockets, files) may reach the driver or pin resources.
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-    watchdog = Watchdog(args)
+    watchdog = Watchdog(args, report)
     try:
         return watchdog.run()
     except Exception:

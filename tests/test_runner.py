@@ -10,6 +10,7 @@ server stays up for every other test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 import uuid
@@ -20,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from resource_center import cache, catalog, store
-from scheduler import jobs
+from scheduler import distribution, jobs
 from scheduler.states import JobKind
 from server import runner
 from server import settings as settings_module
@@ -277,3 +278,95 @@ def test_a_batch_exit_0_noticed_after_the_lease_ran_out_is_finished_not_rerun(
     kinds = _kinds(database_url)
     assert kinds.count("claimed") == 1, kinds
     assert (stage / "starts").read_text().split() == ["1"]
+
+
+@pytest.fixture
+def long_lease_runner(
+    engine: sa.Engine, bucket: store.Store, tmp_path: Path
+) -> Iterator[runner.Runner]:
+    """A stepped runner (no loops) with a 30 s lease: its driver outlives spark-submit's
+    start and exit on a busy machine without a single renewal."""
+    the_runner = runner.Runner(
+        engine,
+        bucket,
+        cache.Cache(root=tmp_path / "cache", max_bytes=1 << 30),
+        dataclasses.replace(_config(tmp_path, 3.0), lease_ttl=30.0),
+    )
+    the_runner.registered(settle=0.0)
+    yield the_runner
+    for run in the_runner.runs().values():
+        if run.driver is not None:
+            run.driver.kill()
+    the_runner.stop()
+
+
+def test_a_batch_exit_0_while_its_server_is_stalled_is_recorded_by_the_watchdog(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """The server is stalled (or killed) when its batch driver exits 0, and stays so past
+    the lease: only its watchdog is there to see the end. It records ``finished`` itself
+    (fenced on the run's owner and epoch), so the server that claims the expired lease
+    finds a finished job instead of running it again (found by the 20-minute randomized
+    campaign, seed 784518478: two batch generations ran to their end twice)."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    long_lease_runner.poll_once()  # claims; the driver starts in a task
+    waiting.wait_until(
+        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+    )
+    # From here the server takes no step: no renewal, no poll, no record of its own.
+    (stage / "go").write_text("0")
+    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "finished",
+        10,
+        message="nobody recorded the batch driver's exit 0 while its server was stalled",
+    )
+    factories.expire_lease(engine, job_id)  # the stall outlasted the lease
+    factories.target(engine, job_id, "s2")
+    with pytest.raises(distribution.NotClaimable), engine.begin() as conn:
+        distribution.claim(conn, job_id, factories.owner("s2"), TTL)
+    kinds = _kinds(database_url)
+    assert kinds.count("claimed") == 1 and kinds.count("finished") == 1, kinds
+    assert json.loads((run_dir / "result.json").read_text())["recorded"] is True
+    # The server, resuming, finds the outcome recorded: nothing more is written.
+    long_lease_runner.renew_once()
+    waiting.wait_until(
+        lambda: not long_lease_runner.runs() or long_lease_runner.poll_once() < 0,
+        30,
+        message="the resumed server did not forget the recorded run",
+    )
+    assert _kinds(database_url).count("finished") == 1
+    assert (stage / "starts").read_text().split() == ["1"]
+
+
+def test_a_watchdog_cannot_record_a_run_that_is_no_longer_its_own(
+    engine: sa.Engine,
+    bucket: store.Store,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """The watchdog's write is fenced like the server's: once another server holds a
+    newer epoch, a late exit 0 of the old driver records nothing."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    long_lease_runner.poll_once()
+    waiting.wait_until(
+        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+    )
+    factories.expire_lease(engine, job_id)
+    factories.target(engine, job_id, "s2")
+    with engine.begin() as conn:
+        taken = distribution.claim(conn, job_id, factories.owner("s2"), TTL)
+    (stage / "go").write_text("0")
+    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["recorded"] is False, result
+    now = factories.row(engine, job_id)
+    assert (now.owner, now.epoch, now.state) == ("s2", taken.epoch, "starting")
