@@ -262,3 +262,23 @@ def test_job_list_filters_by_state_and_server(env: dict[str, str], engine: sa.En
     assert set(_rows(table.stdout)) == {"moving-to-s1", "on-s1"}
     refused = _run(env, "job", "list", "--state", "runing")
     assert refused.returncode == 2 and "runing" in refused.stderr
+
+
+# ----------------------------------------------------------------------- start-up
+
+# Libraries that only some commands need: importing the CLI (what every command does
+# before it runs) must not import them (benchmarks/cli_startup.py measures the cost).
+SERVICE_LIBRARIES = ("kazoo", "minio", "urllib3", "fastapi", "starlette", "uvicorn", "httpx")
+SERVICE_LIBRARIES += ("pyspark", "alembic", "uhashring", "prometheus_client")
+
+
+def test_cli_start_up_imports_no_library_of_a_service_it_may_not_use() -> None:
+    probe = (
+        "import sys, server.cli; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = set(result.stdout.split())
+    assert not loaded & set(SERVICE_LIBRARIES), sorted(loaded & set(SERVICE_LIBRARIES))
+    assert {"sqlalchemy", "typer"} <= loaded  # the probe sees real imports
