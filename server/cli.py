@@ -1,7 +1,12 @@
 """The ``sparkring`` command line: one Typer app with a sub-app per noun.
 
 Errors that users cause or can fix (bad settings, unreachable services, unknown names)
-end the command with one line on stderr and exit code 1, never a traceback.
+end the command with one line on stderr, never a traceback: exit code 78 (EX_CONFIG)
+for settings and a database schema that is not migrated, 1 for the rest.
+
+Each sub-command module imports the heavy libraries (kazoo, minio, alembic, the server
+process) inside the commands that use them: every invocation imports this whole tree,
+and ``job list`` must not pay for what only ``server run`` needs.
 """
 
 from __future__ import annotations
@@ -11,10 +16,6 @@ from pathlib import Path
 import typer
 from sqlalchemy import exc as sa_exc
 
-from registry import errors as registry_errors
-from resource_center import errors as resource_errors
-from scheduler import jobs as job_errors
-from scheduler import ring as ring_errors
 from server import (
     cli_db,
     cli_health,
@@ -24,6 +25,7 @@ from server import (
     cli_server,
     cli_token,
     console,
+    exit_codes,
     tokens,
 )
 from server import settings as settings_module
@@ -33,6 +35,9 @@ app = typer.Typer(
     name="sparkring",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Plain help (click's): Rich's option panels label every flag "<bool>" (typer 0.2x)
+    # and wrap at 80 columns when piped.
+    rich_markup_mode=None,
     help="HA control plane for PySpark jobs.",
 )
 app.add_typer(cli_db.app, name="db")
@@ -41,19 +46,28 @@ app.add_typer(cli_server.app, name="server")
 app.add_typer(cli_job.app, name="job")
 app.add_typer(cli_ring.app, name="ring")
 app.add_typer(cli_token.app, name="token")
-app.command("health")(cli_health.health)
-
-# Exceptions that end a command with their message as one line. Packages add their
-# own base error here when they grow a CLI.
-USER_ERRORS: tuple[type[Exception], ...] = (
-    settings_module.SettingsError,
-    database.DatabaseError,
-    resource_errors.ResourceError,
-    registry_errors.RegistryError,
-    job_errors.JobError,
-    ring_errors.RingError,
-    tokens.TokenError,
+app.command("health", short_help="Probe a health URL: exit 0 on a 2xx answer, else 1.")(
+    cli_health.health
 )
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Exceptions that end a command with their message as one line. Packages add their
+    own base error here when they grow a CLI. Imported when an error is being handled:
+    ``scheduler.ring`` brings its hash library, which most commands never need."""
+    from registry import errors as registry_errors
+    from resource_center import errors as resource_errors
+    from scheduler import jobs as job_errors
+    from scheduler import ring as ring_errors
+
+    return (
+        database.DatabaseError,
+        resource_errors.ResourceError,
+        registry_errors.RegistryError,
+        job_errors.JobError,
+        ring_errors.RingError,
+        tokens.TokenError,
+    )
 
 
 @app.callback()
@@ -70,12 +84,27 @@ def _root(
     console.context(ctx).config = config
 
 
+# SQLSTATEs of a statement that names a table or column the schema does not have yet.
+UNMIGRATED_SQLSTATES = frozenset({"42P01", "42703"})  # undefined_table, undefined_column
+
+
 def main() -> None:
+    config_error = exit_codes.ExitCode.CONFIG_ERROR
     try:
         app()
-    except USER_ERRORS as exc:
-        raise SystemExit(console.fail(str(exc)).exit_code) from None
+    except settings_module.SettingsError as exc:
+        raise SystemExit(console.fail(str(exc), config_error).exit_code) from None
     except sa_exc.DBAPIError as exc:
         # A statement failed (schema not migrated, a constraint): one line, no traceback.
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        if getattr(exc.orig, "sqlstate", None) in UNMIGRATED_SQLSTATES:
+            message = (
+                f"the database schema is behind this version of sparkring ({reason}): "
+                "run 'sparkring db upgrade'"
+            )
+            raise SystemExit(console.fail(message, config_error).exit_code) from None
         raise SystemExit(console.fail(f"database error: {reason}").exit_code) from None
+    except Exception as exc:
+        if isinstance(exc, user_errors()):
+            raise SystemExit(console.fail(str(exc)).exit_code) from None
+        raise

@@ -1,11 +1,10 @@
-"""``sparkring db``: schema migrations."""
+"""``sparkring db``: schema migrations (Alembic, imported by these commands only)."""
 
 from __future__ import annotations
 
 import typer
 
 from server import console
-from sql import migrate
 
 app = typer.Typer(no_args_is_help=True, help="Migrate the PostgreSQL schema (Alembic).")
 
@@ -16,6 +15,8 @@ def upgrade(
     revision: str = typer.Argument("head", help="Target revision."),
 ) -> None:
     """Upgrade the schema to REVISION (default: head). Safe to run from several servers."""
+    from sql import migrate
+
     engine = console.engine(ctx)
     migrate.upgrade(engine, revision)
     console.out.print(f"database at revision {migrate.current(engine)}")
@@ -27,6 +28,8 @@ def downgrade(
     revision: str = typer.Argument(..., help="Target revision, or 'base' to drop everything."),
 ) -> None:
     """Downgrade the schema to REVISION ('base' removes every sparkring table)."""
+    from sql import migrate
+
     engine = console.engine(ctx)
     migrate.downgrade(engine, revision)
     console.out.print(f"database at revision {migrate.current(engine) or 'base'}")
@@ -38,6 +41,8 @@ def current(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show the database's revision and the code's head."""
+    from sql import migrate
+
     engine = console.engine(ctx)
     revision, heads = migrate.current(engine), migrate.heads()
     if as_json:

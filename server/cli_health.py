@@ -4,17 +4,13 @@ Container healthchecks run it in exec form, as ``["CMD", "python", "-m",
 "server.cli_health", "http://127.0.0.1:8090/healthz"]``: one argument per word, none
 needing a shell, so every engine runs it alike (podman 4.3 splits a healthcheck argument
 that contains spaces). This module imports the standard library only: a probe every
-few seconds per container must cost milliseconds, not the ~1 s of CPU that importing
-the whole CLI takes.
+few seconds per container must cost milliseconds, not the CPU that importing the
+whole CLI takes.
 """
 
 from __future__ import annotations
 
-import http.client
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 
 DEFAULT_TIMEOUT_S = 3.0
 USAGE = "usage: python -m server.cli_health URL [TIMEOUT_SECONDS]"
@@ -22,6 +18,12 @@ USAGE = "usage: python -m server.cli_health URL [TIMEOUT_SECONDS]"
 
 def probe(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> str | None:
     """None when URL answers 2xx, else the reason in a few words."""
+    # Imported here: every sparkring command imports this module, few of them probe.
+    import http.client
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
     if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
         return "is not an http(s) URL"
     try:

@@ -1,18 +1,21 @@
-"""``sparkring job``: define, start, stop and inspect jobs (all through SQL)."""
+"""``sparkring job``: define, start, stop and inspect jobs (all through SQL).
+
+``job logs`` also reads ZooKeeper (the owner's address) and S3 (shipped logs); their
+libraries are imported there only, so ``job list`` starts in a fraction of the time.
+"""
 
 from __future__ import annotations
 
 import getpass
+import shlex
 import time
 from typing import Any
 
 import typer
 
-from registry import servers
-from resource_center import catalog
 from scheduler import jobs
-from scheduler.states import JobKind
-from server import clients, console, livelog, runner, tokens
+from scheduler.states import JobKind, RunState
+from server import clients, console, tokens
 
 app = typer.Typer(no_args_is_help=True, help="Define, start, stop and inspect jobs.")
 
@@ -40,6 +43,8 @@ def create(
     ),
 ) -> None:
     """Define a job (stopped). Artifact versions are pinned at creation."""
+    from resource_center import catalog
+
     conf_map = jobs.parse_conf(conf)
     engine = console.engine(ctx)
     main = catalog.resolve(engine, resource)
@@ -136,12 +141,25 @@ def delete(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
 
 @app.command("list")
 def list_(
-    ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")
+    ctx: typer.Context,
+    state: RunState | None = typer.Option(
+        None, "--state", help="Only jobs in this state (pending, running, failed...)."
+    ),
+    server: str | None = typer.Option(
+        None, "--server", help="Only jobs this server owns or is the target of."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Every job with its desired and actual state, owner and target."""
     engine = console.engine(ctx)
     with engine.connect() as conn:
         rows = jobs.list_jobs(conn)
+    rows = [
+        r
+        for r in rows
+        if (state is None or r["state"] == state)
+        and (server is None or server in (r["owner"], r["target"]))
+    ]
     if as_json:
         console.emit_json(rows)
         return
@@ -177,10 +195,25 @@ def show(
     if as_json:
         console.emit_json(job)
         return
-    for key, value in job.items():
-        console.out.print(
-            f"[bold]{key:>15}[/] {value if value is not None else '-'}", highlight=False
-        )
+    console.fields((key, _shown(key, value)) for key, value in job.items())
+
+
+def _reference(resource: dict[str, Any]) -> str:
+    return (
+        f"{resource['name']}:{resource['version']} "
+        f"(file {resource['filename']}, sha256 {resource['sha256']})"
+    )
+
+
+def _shown(key: str, value: Any) -> str:
+    """A field of ``job show`` as text: artifacts by reference, never a Python repr."""
+    if key == "resource":
+        return _reference(value)
+    if key == "py_files":
+        return ", ".join(_reference(item) for item in value) or "-"
+    if key == "args":
+        return shlex.join(value) if value else "-"
+    return console.text(value)
 
 
 @app.command()
@@ -209,7 +242,8 @@ def logs(
     name: str = typer.Argument(...),
     lines: int = typer.Option(200, "--lines", "-n", min=1, help="Last N lines."),
 ) -> None:
-    """The driver log of the current run (from its server) or of the last run (from S3)."""
+    """The driver log of the current run (from its server) or of the last run (from S3),
+    as the driver wrote it (piped through unchanged)."""
     settings = console.context(ctx).settings()
     engine = console.engine(ctx)
     with engine.begin() as conn:
@@ -220,17 +254,14 @@ def logs(
         text = _shipped_log(settings, job, lines)
     if text is None:
         raise console.fail(f"job {name} has no driver log yet")
-    console.out.print(text, end="", highlight=False, markup=False)
+    console.write_raw(text)
 
 
 def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> str | None:
+    from server import livelog
+
     try:
-        live = {
-            info.id: info
-            for info in servers.list_servers(
-                settings.zk_hosts, settings.zk_root, settings.zk_auth.get_secret_value()
-            )
-        }
+        live = {info.id: info for info in clients.live_servers(settings)}
     except Exception:  # the registry is optional here: fall back to the shipped log
         return None
     info = live.get(job["owner"])
@@ -241,6 +272,8 @@ def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> st
 
 
 def _shipped_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
+    from server import livelog, runner
+
     bucket = clients.bucket(settings)
     for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
         text = livelog.shipped(bucket, runner.log_key(job["name"], epoch), lines)

@@ -1,19 +1,23 @@
 """``sparkring resource``: upload, list, show, delete and gc artifacts in the resource center.
 
 ``list`` and ``show`` read only PostgreSQL; ``upload``, ``delete`` and ``gc`` also talk to
-S3 and fail fast with one line naming the endpoint when it is unreachable.
+S3 and fail fast with one line naming the endpoint when it is unreachable. The catalog
+(and the S3 client it imports) is imported by the commands, not by the CLI's start-up.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich import progress as rich_progress
 
-from resource_center import catalog, validation
+from resource_center import validation
 from server import clients, console
 from server import settings as settings_module
+
+if TYPE_CHECKING:
+    from resource_center import catalog
 
 app = typer.Typer(
     no_args_is_help=True, help="Artifacts (.py, .zip, .egg, .jar) in the resource center (S3)."
@@ -52,6 +56,10 @@ def upload(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Upload FILE as the next version of NAME (identical to the latest: no new version)."""
+    from rich import progress as rich_progress
+
+    from resource_center import catalog
+
     settings = _settings(ctx)
     # Refuse bad input before touching any service.
     validation.check_name(name)
@@ -97,6 +105,8 @@ def upload(
 @app.command("list")
 def list_(ctx: typer.Context, as_json: bool = JSON_OPTION) -> None:
     """List every version of every resource."""
+    from resource_center import catalog
+
     resources = catalog.list_resources(clients.engine(_settings(ctx)))
     if as_json:
         console.emit_json([resource.to_json() for resource in resources])
@@ -124,6 +134,8 @@ def show(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Show one version and the jobs that use it."""
+    from resource_center import catalog
+
     engine = clients.engine(_settings(ctx))
     resource = catalog.resolve(engine, reference)
     jobs = catalog.referencing_jobs(engine, resource)
@@ -140,6 +152,8 @@ def delete(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Delete a version (or all versions of NAME); refused while any job uses one."""
+    from resource_center import catalog
+
     settings = _settings(ctx)
     validation.parse_reference(reference)
     deleted = catalog.delete(clients.engine(settings), clients.bucket(settings), reference)
@@ -153,6 +167,8 @@ def delete(
 @app.command()
 def gc(ctx: typer.Context, as_json: bool = JSON_OPTION) -> None:
     """Remove objects from the bucket that no version points at."""
+    from resource_center import catalog
+
     settings = _settings(ctx)
     removed = catalog.gc(clients.engine(settings), clients.bucket(settings))
     if as_json:

@@ -1,16 +1,20 @@
-"""``sparkring ring``: where the consistent-hash ring puts jobs, and why."""
+"""``sparkring ring``: where the consistent-hash ring puts jobs, and why.
+
+The placement code (and the ring's hash library) is imported by these commands only.
+"""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import typer
 
-from registry import servers
-from scheduler import coordinator, placement
 from server import clients, console, defaults
+
+if TYPE_CHECKING:
+    from scheduler import placement
 
 app = typer.Typer(
     no_args_is_help=True, help="Inspect job placement on the ring; rebalance on request."
@@ -18,11 +22,10 @@ app = typer.Typer(
 
 
 def _inputs(ctx: typer.Context):
+    from scheduler import coordinator
+
     settings = console.context(ctx).settings()
-    logging.getLogger("kazoo").setLevel(logging.CRITICAL + 1)
-    live = servers.list_servers(
-        settings.zk_hosts, settings.zk_root, settings.zk_auth.get_secret_value()
-    )
+    live = clients.live_servers(settings)
     engine = clients.engine(settings)
     with engine.connect() as conn:
         rows = coordinator.job_rows(conn)
@@ -69,6 +72,8 @@ def show(
 
 def _decision(why: placement.Why, row, result: placement.Sticky, ideal: str | None) -> str:
     """One sentence: why the job stays where it is or moves."""
+    from scheduler import placement
+
     target = result.targets.get(row.name)
     where = row.owner or row.target
     if why == placement.Why.KEPT:
@@ -113,6 +118,8 @@ def explain(
 ) -> None:
     """Why JOB stays where it is or moves (sticky placement), and where a fresh
     bounded-load placement would put it: ring position, candidates walked, overflow."""
+    from scheduler import coordinator, placement
+
     settings, live, rows, placeable, engine = _inputs(ctx)
     by_name = {r.name: r for r in rows}
     if job not in by_name:
@@ -195,6 +202,8 @@ def rebalance(
     coordinator; the moves it makes can differ from those printed if jobs or servers
     change meanwhile.
     """
+    from scheduler import coordinator, placement
+
     settings, live, _, _, engine = _inputs(ctx)
     with engine.connect() as conn:
         planned = coordinator.plan(

@@ -1,20 +1,20 @@
-"""``sparkring server``: run a server, drain one, and list the live ones (from ZooKeeper)."""
+"""``sparkring server``: run a server, drain one, and list the live ones (from ZooKeeper,
+with their drains from PostgreSQL).
+
+The server process and the coordinator are imported by the commands that use them: the
+rest of the CLI must not pay for importing the HTTP API, the runner and kazoo.
+"""
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Annotated, Any
 
 import sqlalchemy as sa
 import typer
 
-from registry import connection, election, servers
-from registry import errors as registry_errors
-from scheduler import coordinator, notify
-from server import clients, console, defaults, exit_codes, logs, process, signals, supervisor
+from server import clients, console, defaults, exit_codes
 from server import settings as settings_module
-from sql import database
 
 app = typer.Typer(no_args_is_help=True, help="Inspect and run sparkring servers.")
 
@@ -36,16 +36,15 @@ def list_(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Live servers: role, capacity, coordinator flag and uptime."""
+    """Live servers: role, capacity, coordinator flag, drained flag and uptime."""
+    from registry import election, servers
+
     settings = console.context(ctx).settings()
-    # kazoo logs every failed connection attempt to stderr; a one-shot command reports
-    # one line of its own instead.
-    logging.getLogger("kazoo").setLevel(logging.CRITICAL + 1)
-    auth = settings.zk_auth.get_secret_value()
-    root = servers.validate_root(settings.zk_root)
-    with connection.opened(settings.zk_hosts, auth, timeout=5.0) as client:
+    with clients.zookeeper(settings) as (client, root):
         live = servers.read_all(client, root)
         coordinator = election.leader(client, root)
+    with clients.engine(settings).connect() as conn:
+        drained = set(conn.execute(sa.text("SELECT server FROM drains")).scalars())
     now = time.time()
     rows: list[dict[str, Any]] = []
     for info in sorted(live.values(), key=lambda i: i.id):
@@ -55,6 +54,7 @@ def list_(
                 **info.to_dict(),
                 "coordinator": leads,
                 "term": coordinator.term if leads and coordinator else None,
+                "drained": info.id in drained,
                 "uptime_s": round(max(now - info.started_at, 0.0), 3),
             }
         )
@@ -62,7 +62,7 @@ def list_(
         console.emit_json(rows)
         return
     console.table(
-        ["id", "role", "capacity", "coordinator", "term", "uptime", "host", "version"],
+        ["id", "role", "capacity", "coordinator", "term", "drained", "uptime", "host", "version"],
         [
             [
                 r["id"],
@@ -70,6 +70,7 @@ def list_(
                 r["capacity"],
                 "yes" if r["coordinator"] else None,
                 r["term"],
+                "yes" if r["drained"] else None,
                 _uptime(r["uptime_s"]),
                 r["host"],
                 r["version"],
@@ -86,11 +87,19 @@ ServerIdOption = Annotated[
 ]
 CapacityOption = Annotated[
     int | None,
-    typer.Option("--capacity", min=0, help="Maximum concurrent drivers (SPARKRING_CAPACITY)."),
+    typer.Option(
+        "--capacity",
+        min=0,
+        help=f"Maximum concurrent drivers. [default: SPARKRING_CAPACITY, else {defaults.CAPACITY}]",
+    ),
 ]
 RoleOption = Annotated[
     settings_module.Role | None,
-    typer.Option("--role", help="both: coordinate and run jobs; coordinator; worker."),
+    typer.Option(
+        "--role",
+        help="both: coordinate and run jobs; coordinator; worker. "
+        f"[default: SPARKRING_ROLE, else {defaults.ROLE}]",
+    ),
 ]
 LogLevelOption = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING...")]
 
@@ -110,6 +119,10 @@ def run(
     keep running and the next server started with the same id and work dir adopts them.
     A server restarted after a crash adopts the drivers still running in its work dir.
     """
+    from registry import errors as registry_errors
+    from server import logs, process, signals
+    from sql import database
+
     context = console.context(ctx)
     context.overrides.update(
         {
@@ -118,11 +131,8 @@ def run(
             if v is not None
         }
     )
-    try:
-        settings = context.settings()
-    except settings_module.SettingsError as exc:
-        # A refusal, not a crash: a supervisor must not restart a server over bad settings.
-        raise console.fail(str(exc), exit_codes.ExitCode.CONFIG_ERROR) from None
+    # A server uses every service: all their settings are checked before it starts.
+    settings = context.settings().require(*settings_module.SERVICE_KEYS)
     logs.configure(log_level.upper())
     server = process.Server(settings)
     signals.install(
@@ -168,6 +178,8 @@ def supervise(
     role: RoleOption = None,
     log_level: LogLevelOption = "INFO",
 ) -> None:
+    from server import logs, supervisor
+
     logs.configure(log_level.upper())
     argv = supervisor.server_argv(
         console.context(ctx).config,
@@ -182,12 +194,7 @@ def supervise(
 
 
 def _live_ids(settings: settings_module.Settings) -> set[str]:
-    logging.getLogger("kazoo").setLevel(logging.CRITICAL + 1)
-    root = servers.validate_root(settings.zk_root)
-    with connection.opened(
-        settings.zk_hosts, settings.zk_auth.get_secret_value(), timeout=5.0
-    ) as client:
-        return set(servers.read_all(client, root))
+    return {info.id for info in clients.live_servers(settings)}
 
 
 @app.command()
@@ -197,6 +204,8 @@ def drain(
     undo: bool = typer.Option(False, "--undo", help="Let the server take jobs again."),
 ) -> None:
     """Move every job off a server without stopping it (it stays drained until --undo)."""
+    from scheduler import coordinator, notify
+
     settings = console.context(ctx).settings()
     engine = clients.engine(settings)
     live = set() if undo else _live_ids(settings)

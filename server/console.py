@@ -1,4 +1,10 @@
-"""Terminal output of the CLI: settings per invocation, tables, JSON, one-line errors."""
+"""Terminal output of the CLI: settings per invocation, tables, JSON, one-line errors.
+
+Output that is piped or redirected is read by programs and people with ``grep``: it is
+never wrapped or cut at a width (Rich assumes 80 columns when stdout is not a
+terminal), and on a terminal a cell too long for its column folds onto the next line
+rather than losing its end to an ellipsis.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +20,22 @@ import sqlalchemy as sa
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from server import clients
 from server import settings as settings_module
 
-out = Console()
+# Width of output that is not a terminal: wide enough for any value, so never wrapped.
+UNBOUNDED_WIDTH = 1_000_000
+
+
+def _stdout() -> Console:
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=UNBOUNDED_WIDTH, soft_wrap=True)
+
+
+out = _stdout()
 err = Console(stderr=True)
 
 
@@ -31,8 +48,10 @@ class Context:
     _settings: settings_module.Settings | None = None
 
     def settings(self) -> settings_module.Settings:
+        """The settings of this invocation. The services' keys are required where a
+        command uses them (``server/clients.py``), not here."""
         if self._settings is None:
-            self._settings = settings_module.load(self.config, **self.overrides)
+            self._settings = settings_module.load(self.config, require=(), **self.overrides)
         return self._settings
 
 
@@ -50,7 +69,8 @@ def context(ctx: typer.Context) -> Context:
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print one clear line to stderr; ``raise fail(...)`` ends the command."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # Text, not markup: a message may quote brackets ("HOST:PORT[,HOST:PORT...]").
+    err.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -66,18 +86,47 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=_default, indent=2, sort_keys=True) + "\n")
 
 
-def _cell(value: Any) -> str:
+def text(value: Any) -> str:
+    """A value as a person reads it: ``-`` for none, yes/no, ``k=v k=v`` for a mapping
+    (a value with spaces quoted as JSON), comma-separated lists; never a Python repr."""
     if value is None:
         return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, dict):
+        return " ".join(f"{key}={_word(item)}" for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(text(item) for item in value) or "-"
     return str(value)
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, str) and value and not any(c.isspace() or c in '"=' for c in value):
+        return value
+    if isinstance(value, str | int | float | bool) or value is None:
+        return json.dumps(value)
+    return json.dumps(value, default=_default, separators=(",", ":"), sort_keys=True)
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
     grid = Table(title=title, show_edge=False, header_style="bold")
     for column in columns:
-        grid.add_column(column)
+        grid.add_column(column, overflow="fold")
     for row in rows:
-        grid.add_row(*(_cell(value) for value in row))
+        # Text, not str: a value is never read as markup ("[bold]" in a job's error).
+        grid.add_row(*(Text(text(value)) for value in row))
     out.print(grid)
+
+
+def fields(pairs: Iterable[tuple[str, str]], width: int = 15) -> None:
+    """One ``key value`` line per pair, keys right-aligned (a record such as ``job show``)."""
+    for key, value in pairs:
+        out.print(Text.assemble((f"{key:>{width}}", "bold"), " ", value))
+
+
+def write_raw(data: str) -> None:
+    """Text passed through as it is (driver logs): no wrapping, markup or tab expansion."""
+    sys.stdout.write(data)
+    sys.stdout.flush()

@@ -6,6 +6,11 @@ The TOML file may use either the field names (``database_url``) or the environme
 names (``SPARKRING_DATABASE_URL``). Everything is validated once, at start-up; a bad or
 missing value raises :class:`SettingsError` naming the key. Secrets are ``SecretStr`` and
 never appear in ``repr``, logs or errors.
+
+The addresses and credentials of the services (:data:`SERVICE_KEYS`) are required by a
+server, which uses them all, but a CLI command needs only those of the services it
+talks to: it loads with ``require=()`` and :meth:`Settings.require` checks each key where
+it is used (``server/clients.py``), with the same error naming the key.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import tomllib
+import urllib.parse
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,14 @@ class SettingsError(Exception):
     """A setting is missing or invalid; the message names the key and never the value."""
 
 
+# Settings without a usable default: empty means "not set" until a user of the key
+# requires it. A server requires them all; a CLI command those of the services it uses.
+SERVICE_KEYS = ("database_url", "zk_hosts", "s3_endpoint", "s3_access_key", "s3_secret_key")
+DATABASE_KEYS = ("database_url",)
+ZOOKEEPER_KEYS = ("zk_hosts",)
+S3_KEYS = ("s3_endpoint", "s3_access_key", "s3_secret_key")
+
+
 class Role(StrEnum):
     BOTH = "both"  # runs jobs and may be elected coordinator
     COORDINATOR = "coordinator"  # may be elected coordinator, runs no jobs
@@ -42,15 +56,16 @@ class Settings(BaseSettings):
         env_prefix=ENV_PREFIX, extra="forbid", case_sensitive=False, frozen=True
     )
 
-    database_url: SecretStr
-    zk_hosts: str
+    database_url: SecretStr = SecretStr("")
+    # HOST:PORT[,HOST:PORT...][/chroot], as ZooKeeper clients take it.
+    zk_hosts: str = ""
     zk_root: str = defaults.ZK_ROOT
     zk_session_timeout: float = Field(defaults.ZK_SESSION_TIMEOUT_S, gt=0)
     # "user:password" for ZooKeeper digest authentication; empty disables ACLs.
     zk_auth: SecretStr = SecretStr("")
-    s3_endpoint: str
-    s3_access_key: SecretStr
-    s3_secret_key: SecretStr
+    s3_endpoint: str = ""
+    s3_access_key: SecretStr = SecretStr("")
+    s3_secret_key: SecretStr = SecretStr("")
     s3_bucket: str = defaults.S3_BUCKET
     s3_secure: bool = defaults.S3_SECURE
     s3_region: str = defaults.S3_REGION
@@ -84,6 +99,25 @@ class Settings(BaseSettings):
     # Optional JSON-lines file where watchdogs record each driver's start and end
     # (job, epoch, server, pid, time): evidence for chaos tests and audits.
     driver_records: Path | None = None
+
+    @field_validator("zk_hosts")
+    @classmethod
+    def _zk_hosts_are_host_port_pairs(cls, value: str) -> str:
+        hosts = value.partition("/")[0]
+        if not value:
+            return value  # not set: refused where it is required (Settings.require)
+        for entry in hosts.split(","):
+            try:
+                parts = urllib.parse.urlsplit("//" + entry.strip())
+                valid = bool(parts.hostname) and parts.port != 0 and not parts.path
+            except ValueError:  # a port that is not a number in 0-65535
+                valid = False
+            if not valid:
+                raise ValueError(
+                    "must be HOST:PORT[,HOST:PORT...][/chroot] with ports 1-65535 "
+                    "(e.g. zk1:2181,zk2:2181)"
+                )
+        return value
 
     @field_validator("zk_root")
     @classmethod
@@ -126,10 +160,27 @@ class Settings(BaseSettings):
             )
         return self
 
+    def require(self, *names: str) -> Settings:
+        """Self, once every setting in ``names`` is set (a key the caller uses): else
+        :class:`SettingsError` naming each missing one."""
+        problems = [
+            f"{ENV_PREFIX}{name.upper()} is "
+            + ("empty" if name in self.model_fields_set else "not set")
+            for name in names
+            if not _unwrapped(getattr(self, name))
+        ]
+        if problems:
+            raise SettingsError(f"invalid settings: {'; '.join(problems)}")
+        return self
+
     @property
     def lease_guard(self) -> float:
         """Seconds a driver may live without a confirmed renewal (watchdog deadline)."""
         return self.lease_ttl - self.watchdog_margin
+
+
+def _unwrapped(value: Any) -> Any:
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -140,12 +191,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"config file {path} is not valid TOML: {exc}") from exc
     values: dict[str, Any] = {}
+    unknown = []
     for key, value in raw.items():
         name = key.lower()
         name = name.removeprefix(ENV_PREFIX.lower())
         if name not in Settings.model_fields:
-            raise SettingsError(f"config file {path}: unknown key {key!r}")
+            unknown.append(repr(key))
         values[name] = value
+    if unknown:
+        noun = "unknown key" if len(unknown) == 1 else "unknown keys"
+        raise SettingsError(f"config file {path}: {noun} {', '.join(unknown)}")
     return values
 
 
@@ -155,18 +210,32 @@ def _describe(error: dict[str, Any]) -> str:
     key = ENV_PREFIX + "_".join(str(part) for part in error["loc"]).upper()
     if error["type"] == "missing":
         return f"{key} is not set"
-    return f"{key}: {error['msg']}"
+    return f"{key}: {str(error['msg']).removeprefix('Value error, ')}"
 
 
-def load(config: Path | None = None, **overrides: Any) -> Settings:
-    """Read settings once; raise :class:`SettingsError` naming every bad key."""
+def load(
+    config: Path | None = None, *, require: tuple[str, ...] = SERVICE_KEYS, **overrides: Any
+) -> Settings:
+    """Read settings once; raise :class:`SettingsError` naming every bad key.
+
+    ``require``: the keys without a default that must be set (all of them for a server;
+    ``()`` for a CLI command, which requires each where it uses it)."""
     values = _read_toml(config) if config is not None else {}
     # Environment beats the file: drop file values that the environment also sets.
     env_names = {name.upper() for name in os.environ}
     values = {k: v for k, v in values.items() if (ENV_PREFIX + k).upper() not in env_names}
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return Settings(**values)
+        loaded = Settings(**values)
     except ValidationError as exc:
-        problems = "; ".join(_describe(error) for error in exc.errors())
-        raise SettingsError(f"invalid settings: {problems}") from None
+        problems = [_describe(error) for error in exc.errors()]
+        set_names = {k for k, v in values.items() if _unwrapped(v)} | {
+            name.upper() for name, value in os.environ.items() if value
+        }
+        problems += [
+            f"{ENV_PREFIX}{name.upper()} is not set"
+            for name in require
+            if name not in set_names and (ENV_PREFIX + name).upper() not in set_names
+        ]
+        raise SettingsError(f"invalid settings: {'; '.join(problems)}") from None
+    return loaded.require(*require)

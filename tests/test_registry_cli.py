@@ -28,13 +28,13 @@ def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_server_list_shows_live_servers(
-    make: helpers.Factory, stack_env: dict[str, str], zk_root: str
+    make: helpers.Factory, stack_env: dict[str, str], zk_root: str, database_url: str
 ) -> None:
     a, _ = make("a")
     w, _ = make("w", role="worker")
     a.start()
     w.start()
-    env = {**stack_env, "SPARKRING_ZK_ROOT": zk_root}
+    env = {**stack_env, "SPARKRING_ZK_ROOT": zk_root, "SPARKRING_DATABASE_URL": database_url}
 
     listed = _run(env, "server", "list", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -80,3 +80,24 @@ def test_drain_of_an_unknown_server_is_refused_and_writes_nothing(
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT server FROM drains")).scalars().all() == ["a"]
     engine.dispose()
+
+
+def test_server_list_shows_a_drained_server(
+    make: helpers.Factory, stack_env: dict[str, str], zk_root: str, database_url: str
+) -> None:
+    for server_id in ("a", "b"):
+        make(server_id)[0].start()
+    env = {**stack_env, "SPARKRING_ZK_ROOT": zk_root, "SPARKRING_DATABASE_URL": database_url}
+    assert _run(env, "server", "drain", "b").returncode == 0
+    listed = _run(env, "server", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {row["id"]: row["drained"] for row in json.loads(listed.stdout)} == {
+        "a": False,
+        "b": True,
+    }
+    table = _run(env, "server", "list")
+    assert table.returncode == 0, table.stderr
+    header = [c.strip() for c in table.stdout.splitlines()[0].split("┃")]
+    cells = [[c.strip() for c in line.split("│")] for line in table.stdout.splitlines()[2:]]
+    drained = {row[0]: row[header.index("drained")] for row in cells}
+    assert drained == {"a": "-", "b": "yes"}

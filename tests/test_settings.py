@@ -106,3 +106,52 @@ def test_timings_that_break_the_lease_protocol_are_refused(
         monkeypatch.setenv(key, value)
     with pytest.raises(settings_module.SettingsError, match=named):
         settings_module.load()
+
+
+def test_every_unknown_key_in_file_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('datbase_url = "x"\nSPARKRING_ZK_HOST = "y"\ncapacity = 2\ncapacty = 3\n')
+    with pytest.raises(settings_module.SettingsError) as caught:
+        settings_module.load(config)
+    assert str(caught.value).endswith("unknown keys 'datbase_url', 'SPARKRING_ZK_HOST', 'capacty'")
+
+
+@pytest.mark.parametrize("hosts", ["localhost:12181x", "zk1:2181,,zk2:2181", "zk:0", ":2181"])
+def test_a_mistyped_zk_hosts_is_named(monkeypatch: pytest.MonkeyPatch, hosts: str) -> None:
+    for key, value in REQUIRED.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SPARKRING_ZK_HOSTS", hosts)
+    with pytest.raises(
+        settings_module.SettingsError, match="SPARKRING_ZK_HOSTS: must be HOST:PORT"
+    ):
+        settings_module.load()
+
+
+@pytest.mark.parametrize("hosts", ["zk:2181", "zk1:2181,zk2:2182/chroot", "zk", "[::1]:2181"])
+def test_zk_hosts_as_zookeeper_takes_them(monkeypatch: pytest.MonkeyPatch, hosts: str) -> None:
+    for key, value in REQUIRED.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SPARKRING_ZK_HOSTS", hosts)
+    assert settings_module.load().zk_hosts == hosts
+
+
+def test_a_command_requires_only_what_it_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKRING_DATABASE_URL", REQUIRED["SPARKRING_DATABASE_URL"])
+    monkeypatch.setenv("SPARKRING_ZK_HOSTS", "")
+    loaded = settings_module.load(require=())
+    assert loaded.require("database_url") is loaded
+    with pytest.raises(settings_module.SettingsError) as caught:
+        loaded.require("zk_hosts", "s3_endpoint")
+    assert str(caught.value) == (
+        "invalid settings: SPARKRING_ZK_HOSTS is empty; SPARKRING_S3_ENDPOINT is not set"
+    )
+    with pytest.raises(settings_module.SettingsError, match="SPARKRING_S3_SECRET_KEY is not set"):
+        settings_module.load()  # a server requires every service's settings
+
+
+def test_missing_and_bad_keys_are_named_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKRING_CAPACITY", "abc")
+    with pytest.raises(settings_module.SettingsError) as caught:
+        settings_module.load()
+    message = str(caught.value)
+    assert "SPARKRING_CAPACITY" in message and "SPARKRING_DATABASE_URL is not set" in message

@@ -1,0 +1,140 @@
+"""CPU time of short CLI commands: ``job list``, ``job show``, ``job start`` and the bare
+import of the CLI, as a user's shell runs them (one process each).
+
+Runs in a throwaway database copied from the migrated test template
+(``tests/services.py``) with one job in it, and dropped at the end::
+
+    eval "$(python3 scripts/stack.py env)"
+    .venv/bin/python benchmarks/cli_startup.py [--runs 9] [--checkout DIR ...] [--json]
+
+Each command runs ``--runs`` times after one warm-up run; the figure is the child's user
++ system CPU seconds (``os.wait4``), median and minimum. ``--checkout DIR`` (repeatable;
+default this checkout) runs the CLI of that checkout of the repository (e.g. ``git
+worktree add /tmp/before <commit>``) with this virtualenv: several checkouts are run in
+turn, one run of each before the next, so that they share the machine's load and can be
+compared side by side. ``job start`` is measured on a stopped job that has a target, so
+the command returns as soon as it has read the decision (it does not wait for a
+coordinator). Only PostgreSQL is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import sqlalchemy as sa
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from scheduler import jobs  # noqa: E402
+from tests import factories, services  # noqa: E402
+
+JOB = "bench-job"
+COMMANDS: dict[str, list[str]] = {
+    "import server.cli": ["-c", "import server.cli"],
+    "job list": ["-m", "server", "job", "list"],
+    "job list --json": ["-m", "server", "job", "list", "--json"],
+    "job show": ["-m", "server", "job", "show", JOB],
+    "job start": ["-m", "server", "job", "start", JOB],
+}
+
+
+def cpu_seconds(args: list[str], checkout: Path, env: dict[str, str]) -> float:
+    """User + system CPU seconds of one ``python ARGS`` run from ``checkout``."""
+    child = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=checkout,
+        env={**env, "PYTHONPATH": str(checkout)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    stderr = child.stderr.read().decode() if child.stderr else ""
+    if child.returncode != 0:
+        raise SystemExit(f"python {' '.join(args)} failed ({child.returncode}): {stderr}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def _stopped_with_a_target(engine: sa.Engine, job_id: int) -> None:
+    with engine.begin() as conn:
+        jobs.stop(conn, JOB)
+    factories.target(engine, job_id, "bench-server")
+
+
+def measure(
+    database_url: str, checkouts: Sequence[Path], runs: int
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{command: {checkout: {median_s, min_s}}}."""
+    engine = sa.create_engine(sa.make_url(database_url).set(drivername="postgresql+psycopg"))
+    job_id = factories.job(engine, JOB, start=False)
+    env = {**os.environ, "SPARKRING_DATABASE_URL": database_url}
+    figures: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        for name, args in COMMANDS.items():
+            samples: dict[Path, list[float]] = {checkout: [] for checkout in checkouts}
+            for _ in range(runs + 1):  # the first run warms the page cache
+                for checkout in checkouts:
+                    if name == "job start":
+                        _stopped_with_a_target(engine, job_id)
+                    samples[checkout].append(cpu_seconds(args, checkout, env))
+            figures[name] = {
+                str(checkout): {
+                    "median_s": round(statistics.median(taken[1:]), 3),
+                    "min_s": round(min(taken[1:]), 3),
+                }
+                for checkout, taken in samples.items()
+            }
+    finally:
+        engine.dispose()
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9, help="runs per command (default 9)")
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        action="append",
+        help="checkout whose CLI runs; repeatable (default: this one)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    checkouts = [path.resolve() for path in args.checkout or [REPO]]
+    url = services.stack_env().get("SPARKRING_DATABASE_URL")
+    if not url:
+        raise SystemExit(
+            'SPARKRING_DATABASE_URL is not set: eval "$(python3 scripts/stack.py env)"'
+        )
+    services.create_template(url)
+    database_url = services.create_test_database(url, prefix="bench_cli")
+    try:
+        figures = measure(database_url, checkouts, args.runs)
+    finally:
+        services.drop_database(database_url)
+        services.drop_template(url)
+    if args.json:
+        print(json.dumps({"runs": args.runs, "commands": figures}, indent=2))
+        return
+    print(f"CPU seconds (user + system) per command, median / min of {args.runs} runs")
+    for number, checkout in enumerate(checkouts, 1):
+        print(f"  [{number}] {checkout}")
+    print(f"{'command':<20}" + "".join(f"{f'[{n}]':>16}" for n in range(1, len(checkouts) + 1)))
+    for name, by_checkout in figures.items():
+        cells = "".join(
+            f"{figure['median_s']:.3f} / {figure['min_s']:.3f}".rjust(16)
+            for figure in by_checkout.values()
+        )
+        print(f"{name:<20}{cells}")
+
+
+if __name__ == "__main__":
+    main()
