@@ -234,11 +234,14 @@ def stepped_runner(
 ) -> Iterator[runner.Runner]:
     """A runner whose loops do not run: the test calls poll_once and renew_once itself,
     in the order a paused server would run them when it resumes."""
+    yield from _stepped(engine, bucket, _config(tmp_path, 3.0), tmp_path)
+
+
+def _stepped(
+    engine: sa.Engine, bucket: store.Store, config: runner.RunnerConfig, tmp_path: Path
+) -> Iterator[runner.Runner]:
     the_runner = runner.Runner(
-        engine,
-        bucket,
-        cache.Cache(root=tmp_path / "cache", max_bytes=1 << 30),
-        _config(tmp_path, 3.0),
+        engine, bucket, cache.Cache(root=tmp_path / "cache", max_bytes=1 << 30), config
     )
     the_runner.registered(settle=0.0)
     yield the_runner
@@ -286,18 +289,8 @@ def long_lease_runner(
 ) -> Iterator[runner.Runner]:
     """A stepped runner (no loops) with a 30 s lease: its driver outlives spark-submit's
     start and exit on a busy machine without a single renewal."""
-    the_runner = runner.Runner(
-        engine,
-        bucket,
-        cache.Cache(root=tmp_path / "cache", max_bytes=1 << 30),
-        dataclasses.replace(_config(tmp_path, 3.0), lease_ttl=30.0),
-    )
-    the_runner.registered(settle=0.0)
-    yield the_runner
-    for run in the_runner.runs().values():
-        if run.driver is not None:
-            run.driver.kill()
-    the_runner.stop()
+    config = dataclasses.replace(_config(tmp_path, 3.0), lease_ttl=30.0)
+    yield from _stepped(engine, bucket, config, tmp_path)
 
 
 def test_a_batch_exit_0_while_its_server_is_stalled_is_recorded_by_the_watchdog(
