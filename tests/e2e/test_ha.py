@@ -180,8 +180,14 @@ def test_duplicate_concurrent_starts_run_one_driver(cluster: Cluster) -> None:
     cluster.wait_job("clicked", helpers.running, 60, "job running")
     assert _kinds(cluster, "clicked").count("claimed") == 1
     assert cluster.job("clicked")["generation"] == 1
-    starts = [r for r in cluster.driver_records() if r["event"] == "started"]
-    assert len(starts) == 1
+
+    def starts() -> list[dict[str, object]]:
+        return [r for r in cluster.driver_records() if r["event"] == "started"]
+
+    # 'running' is recorded once the watchdog is spawned; the watchdog writes its
+    # lifetime record a moment later, when it has spawned the driver.
+    waiting.wait_until(starts, 30, message="no driver start was recorded")
+    assert len(starts()) == 1
 
 
 @pytest.mark.spark
