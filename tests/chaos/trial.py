@@ -296,7 +296,9 @@ class Trial:
                         f"{row}; owner live {r['owner'] in live}, current generation "
                         f"{r['current']}, driver under the owner's process {alive}"
                     )
-            elif r["desired"] == "stopped" and r["state"] != "stopped":
+            elif r["desired"] == "stopped" and r["state"] not in ("stopped", "finished", "failed"):
+                # A batch run that ended finished (or failed) as a stop arrived is at rest:
+                # it ran to its end, there is nothing left to stop.
                 reasons.append(row)
         return reasons
 
