@@ -307,22 +307,27 @@ class Watchdog:
         it). False when it could not be recorded or the run is no longer its owner's."""
         if self.report is None:
             return False
-        # Imported here: a watchdog that records nothing never loads a database driver.
-        from scheduler import distribution
-        from sql import database
+        try:
+            # Imported here: a watchdog that records nothing never loads a database driver.
+            from scheduler import distribution
+            from sql import database
 
-        report = self.report
-        owner = distribution.Owner(report["server"], report["incarnation"])
-        engine = database.create_engine(
-            report["database_url"],
-            pool_size=1,
-            connect_timeout=RECORD_CONNECT_TIMEOUT_S,
-            limits=database.SessionLimits(
-                lock_timeout=RECORD_STATEMENT_TIMEOUT_S,
-                idle_in_transaction_timeout=RECORD_STATEMENT_TIMEOUT_S,
-                statement_timeout=RECORD_STATEMENT_TIMEOUT_S,
-            ),
-        )
+            report = self.report
+            owner = distribution.Owner(report["server"], report["incarnation"])
+            engine = database.create_engine(
+                report["database_url"],
+                pool_size=1,
+                connect_timeout=RECORD_CONNECT_TIMEOUT_S,
+                limits=database.SessionLimits(
+                    lock_timeout=RECORD_STATEMENT_TIMEOUT_S,
+                    idle_in_transaction_timeout=RECORD_STATEMENT_TIMEOUT_S,
+                    statement_timeout=RECORD_STATEMENT_TIMEOUT_S,
+                ),
+            )
+        except Exception as exc:
+            # The result file must still be written: without it the run reads as killed.
+            log.warning("cannot record the exit 0 here: %s", type(exc).__name__)
+            return False
         give_up = max(self.deadline, lease_clock()) + RECORD_AFTER_DEADLINE_S
         try:
             while True:
