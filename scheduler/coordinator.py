@@ -192,13 +192,22 @@ class Members:
     due_in: float | None  # seconds until the first settling member's window ends
 
 
-def members(conn: sa.Connection, usable: Iterable[str], settle: float) -> Members:
+def members(
+    conn: sa.Connection, usable: Iterable[str], settle: float, hold: float = 0.0
+) -> Members:
     """Record arrivals and departures of placeable servers in ``ring_members``.
+
+    A server back within ``max(settle, hold)`` seconds of leaving is a *return*, not a
+    join: it keeps the membership it had and takes no job from the others. Within the
+    settle window that is a ZooKeeper blip; within the hold (:func:`held`) it is a
+    server restarted on its host, whose jobs kept their targets while it was away and
+    whose drivers its successor adopted: taking other servers' jobs as a joiner would
+    restart drivers on every rolling restart. Back later, it is a fresh join.
 
     Must run after :func:`_fence` (the coordinator row lock serialises coordinators).
     """
     live = sorted(set(usable))
-    params = {"live": live, "settle": settle}
+    params = {"live": live, "settle": settle, "flap": max(settle, hold)}
     conn.execute(
         sa.text(
             "UPDATE ring_members SET left_at = now() "
@@ -213,10 +222,10 @@ def members(conn: sa.Connection, usable: Iterable[str], settle: float) -> Member
             SELECT unnest(CAST(:live AS text[]))
             ON CONFLICT (server) DO UPDATE
                SET joined_at = CASE
-                       WHEN ring_members.left_at < now() - make_interval(secs => :settle)
+                       WHEN ring_members.left_at < now() - make_interval(secs => :flap)
                        THEN now() ELSE ring_members.joined_at END,
                    settled = ring_members.settled AND NOT (
-                       ring_members.left_at < now() - make_interval(secs => :settle)),
+                       ring_members.left_at < now() - make_interval(secs => :flap)),
                    left_at = NULL
              WHERE ring_members.left_at IS NOT NULL
             """
@@ -369,7 +378,7 @@ def rebalance(
     """
     started = time.perf_counter()
     _fence(conn, term)
-    view = members(conn, placeable(conn, servers), settle)
+    view = members(conn, placeable(conn, servers), settle, hold)
     full = conn.execute(
         sa.text("SELECT rebalance_requested_at IS NOT NULL FROM coordinator WHERE id = 1")
     ).scalar_one()

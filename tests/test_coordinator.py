@@ -163,10 +163,17 @@ def test_coordinator_loop_rebalances_on_wake_and_stops_when_deposed(engine: sa.E
 # ---------------------------------------------------------------- sticky placement
 
 
-def _sticky(engine: sa.Engine, servers: dict[str, int], *, term: int = 1, settle: float = 0.0):
+def _sticky(
+    engine: sa.Engine,
+    servers: dict[str, int],
+    *,
+    term: int = 1,
+    settle: float = 0.0,
+    hold: float = 0.0,
+):
     with engine.begin() as conn:
         return coordinator.rebalance(
-            conn, term, "a", servers, epsilon=0.05, vnodes=160, settle=settle
+            conn, term, "a", servers, epsilon=0.05, vnodes=160, settle=settle, hold=hold
         )
 
 
@@ -283,6 +290,38 @@ def test_a_leave_is_never_delayed_and_a_flap_moves_nothing_back(engine: sa.Engin
     after = _by_name(engine)
     assert result.moved > 0
     assert {after[n][0] for n in after if after[n] != during[n]} == {"c"}
+
+
+def test_a_server_back_within_the_hold_is_a_return_not_a_join(engine: sa.Engine) -> None:
+    """A restarted server (a planned restart with a hand-over window, or a crash whose
+    successor started slowly) is back after the settle window but within the hold of its
+    live leases: it adopted its drivers, none of its jobs moved, so it is no joiner and
+    takes no job from the others. Before this rule, every server of a rolling restart
+    came back as a joiner once its restart took longer than the settle window, and took
+    streaming jobs (5 of 12 drivers replaced in `benchmarks/adoption.py`)."""
+    from scheduler import distribution
+    from tests.factories import owner
+
+    ids = {f"j{i}": factories.job(engine, f"j{i}") for i in range(12)}
+    _become(engine, 1)
+    _sticky(engine, SERVERS)
+    with engine.begin() as conn:  # long settled, every job running on its target
+        conn.execute(sa.text("UPDATE ring_members SET joined_at = now() - interval '2 min'"))
+    before = _by_name(engine)
+    with engine.begin() as conn:
+        for name, job_id in ids.items():
+            distribution.claim(conn, job_id, owner(before[name][0]), 60.0)
+    _sticky(engine, {"a": 10, "b": 10}, settle=5, hold=30)  # c left; its jobs are held
+    assert _by_name(engine) == before
+    with engine.begin() as conn:  # 10 s ago: past the settle window, within the hold
+        conn.execute(
+            sa.text("UPDATE ring_members SET left_at = now() - interval '10 s' WHERE server = 'c'")
+        )
+    assert _sticky(engine, SERVERS, settle=5, hold=30).moved == 0
+    with engine.begin() as conn:  # however long it has been back, c is no joiner
+        conn.execute(sa.text("UPDATE ring_members SET joined_at = now() - interval '2 min'"))
+    assert _sticky(engine, SERVERS, settle=5, hold=30).moved == 0
+    assert _by_name(engine) == before
 
 
 def test_a_full_cluster_leaves_new_jobs_pending_in_start_order(engine: sa.Engine) -> None:
