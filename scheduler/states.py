@@ -12,8 +12,9 @@ is the whole state machine:
     starting -> backoff    the driver could not be started (S3 unreachable): retry later
     running  -> backoff    a streaming driver crashed; restarts left
     running  -> failed     a driver crashed with no restarts left
-    starting|running -> finished   a batch driver exited 0 (its 'running' may never have
-                                   been recorded: PostgreSQL was restarting)
+    starting|running|stopping -> finished   a batch driver exited 0 (its 'running' may
+                                   never have been recorded: PostgreSQL was restarting;
+                                   or it ended on its own as its owner began to stop it)
     starting|running -> stopping   the owner is stopping the driver (migration, stop)
     stopping -> pending    migration: the driver stopped, the lease is released
     stopping -> stopped    stop: the driver stopped, the lease is released
@@ -79,7 +80,7 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     S.RUNNING: frozenset({S.STARTING}),
     S.BACKOFF: frozenset({S.STARTING, S.RUNNING}),
     S.FAILED: frozenset({S.STARTING, S.RUNNING}),
-    S.FINISHED: frozenset({S.STARTING, S.RUNNING}),
+    S.FINISHED: frozenset({S.STARTING, S.RUNNING, S.STOPPING}),
     S.STOPPING: frozenset({S.STARTING, S.RUNNING}),
     S.PENDING: frozenset({S.STOPPING, S.STARTING, S.RUNNING, S.STOPPED, S.FINISHED, S.FAILED}),
     S.STOPPED: frozenset({S.STOPPING, S.STARTING, S.RUNNING, S.PENDING, S.BACKOFF}),

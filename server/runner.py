@@ -672,10 +672,14 @@ class Runner:
 
     def _stop_driver(self, run: Run) -> None:
         started = watchdog.lease_clock()
-        if run.driver is not None:
-            run.driver.stop(self.config.stop_grace)
+        outcome = run.driver.stop(self.config.stop_grace) if run.driver is not None else None
         metrics.REGISTRY.observe("sparkring_driver_stop_seconds", watchdog.lease_clock() - started)
-        self._release(run)
+        if outcome is not None and outcome.reason == "exited" and outcome.exit_code == 0:
+            # It ran to its end on its own before the stop reached it: a batch run that
+            # exited 0 is finished, never released to run again elsewhere.
+            self._end(run, self._outcome_write(run, outcome))
+        else:
+            self._release(run)
         self._ship_log(run)
 
     def _clean_orphan(self, row: distribution.Row) -> None:

@@ -363,3 +363,57 @@ def test_a_watchdog_cannot_record_a_run_that_is_no_longer_its_own(
     assert result["recorded"] is False, result
     now = factories.row(engine, job_id)
     assert (now.owner, now.epoch, now.state) == ("s2", taken.epoch, "starting")
+
+
+def test_a_batch_exit_0_as_its_migration_begins_is_finished_not_rerun(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The coordinator retargets a batch job while its driver ends on its own: the owner
+    has recorded ``stopping`` when the driver exits 0, before its SIGTERM arrives. The
+    run ran to its end, so it is finished, never released to another server to run
+    again (found by the 20-minute randomized campaign, seed 27767549: generation 30 of
+    ``b1`` exited 0 on s3 at 88.98 s, s3 recorded ``stopping ... migrating to s2`` at
+    89.45 s, released it ``pending`` and s2 ran it again)."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    long_lease_runner.poll_once()  # claims; the driver starts in a task
+    waiting.wait_until(
+        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+    )
+    waiting.wait_until(
+        lambda: (
+            factories.row(engine, job_id).state == "running" or long_lease_runner.poll_once() < 0
+        ),
+        30,
+        message="the run was not recorded running",
+    )
+    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    stop_driver = long_lease_runner._stop_driver
+
+    def exit_0_first(run: runner.Run) -> None:
+        # ``stopping`` is committed; the driver ends on its own before it is signalled.
+        (stage / "go").write_text("0")
+        waiting.wait_until(
+            lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
+        )
+        stop_driver(run)
+
+    monkeypatch.setattr(long_lease_runner, "_stop_driver", exit_0_first)
+    factories.target(engine, job_id, "s2")  # the coordinator moves the job
+    long_lease_runner.poll_once()  # decides the stop: stopping, then the task above
+    waiting.wait_until(
+        lambda: not long_lease_runner.runs() or long_lease_runner.poll_once() < 0,
+        60,
+        message="the stopped run was not recorded",
+    )
+    assert factories.row(engine, job_id).state == "finished"
+    with pytest.raises(distribution.NotClaimable), engine.begin() as conn:
+        distribution.claim(conn, job_id, factories.owner("s2"), TTL)
+    kinds = _kinds(database_url)
+    assert kinds.count("claimed") == 1 and kinds.count("finished") == 1, kinds
+    assert (stage / "starts").read_text().split() == ["1"]
