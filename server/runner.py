@@ -339,9 +339,13 @@ class Runner:
         claimable, or sooner while an outcome waits to be recorded."""
         cfg = self.config
         self._reap_ended()  # first: a driver's end is noticed even with PostgreSQL away
+        # The local runs before the rows: a task adds a run only once its write has
+        # committed (an adoption), so every run listed here is already in the rows read
+        # next. Listed after, a run adopted in between would meet its row as the previous
+        # incarnation left it, and be dropped (its driver killed) as "no longer ours".
+        runs = self.runs()
         with self.engine.connect() as conn:
             rows = {row.job_id: row for row in distribution.poll(conn, self.owner)}
-        runs = self.runs()
         conditions = reconcile.Conditions(
             me=self.owner,
             capacity=cfg.capacity,
@@ -697,6 +701,9 @@ class Runner:
         - nothing of it here (another host, a fresh work dir): leave the lease to
           expire. Its watchdog, wherever it is, kills the driver before that.
         """
+        with self._lock:
+            if row.job_id in self._runs:
+                return  # adopted (or claimed) since the poll that listed it as an orphan
         previous = distribution.Owner(self.config.server, row.owner_incarnation or "")
         path = run_dir(self.config.work_dir, row.name, row.epoch)
         run = Run(

@@ -417,3 +417,72 @@ def test_a_batch_exit_0_as_its_migration_begins_is_finished_not_rerun(
     kinds = _kinds(database_url)
     assert kinds.count("claimed") == 1 and kinds.count("finished") == 1, kinds
     assert (stage / "starts").read_text().split() == ["1"]
+
+
+def test_an_adoption_committed_while_a_poll_reads_its_rows_kills_nothing(
+    engine: sa.Engine,
+    bucket: store.Store,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restarted server adopts its previous incarnation's driver in a task while its
+    poll runs: the poll read the row before the adoption committed (the old incarnation
+    owns it) and listed its local runs after (the adopted run is there). It must not
+    take that for a run whose lease is gone: it killed the adopted driver and left the
+    job ``running`` with no driver and a lease renewed for ever (a lost job; found by
+    `benchmarks/adoption.py`'s rolling restart: `the job is no longer ours; killing the
+    driver` 0 ms after `adopted a running driver of the previous incarnation`)."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    long_lease_runner.poll_once()  # the first incarnation claims; the driver starts
+    waiting.wait_until(
+        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+    )
+    # The first incarnation is gone (its loops never ran); the next one, same id and
+    # work dir, adopts. Its adoption commits between the poll's read and its run list.
+    config = dataclasses.replace(_config(tmp_path, 3.0), lease_ttl=30.0)
+    stepped = _stepped(engine, bucket, config, tmp_path)
+    successor = next(stepped)
+    try:
+        _adopt_during_a_poll(engine, successor, job_id, config, stage, monkeypatch)
+    finally:
+        next(stepped, None)  # its teardown
+
+
+def _adopt_during_a_poll(
+    engine: sa.Engine,
+    successor: runner.Runner,
+    job_id: int,
+    config: runner.RunnerConfig,
+    stage: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    read_rows = distribution.poll
+
+    def poll_then_adopt(conn: sa.Connection, owner: distribution.Owner) -> list:
+        rows = read_rows(conn, owner)
+        if not successor.runs():
+            (row,) = [r for r in rows if r.job_id == job_id]
+            successor._clean_orphan(row)  # what the adoption task does, right now
+        return rows
+
+    monkeypatch.setattr(distribution, "poll", poll_then_adopt)
+    successor.poll_once()
+    monkeypatch.setattr(distribution, "poll", read_rows)
+    waiting.wait_until(
+        lambda: successor.poll_once() >= 0 and factories.row(engine, job_id).state == "running",
+        10,
+        message="the adopted run was not recorded running",
+    )
+    (run,) = successor.runs().values()
+    assert run.driver is not None and run.driver.poll() is None, "the adopted driver was killed"
+    now = factories.row(engine, job_id)
+    assert (now.owner_incarnation, now.state) == (config.incarnation, "running")
+    (stage / "go").write_text("0")  # it still runs to its end, once
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "finished" or successor.poll_once() < 0,
+        SPARK_START_S,
+        message="the adopted run did not finish",
+    )
+    assert (stage / "starts").read_text().split() == ["1"]
