@@ -146,9 +146,16 @@ def run(
         registry_errors.RegistryError,
         database.DatabaseError,
     ) as exc:
-        server.shutdown()
+        # Drivers adopted from the previous incarnation are left to their watchdogs, not
+        # stopped: the next start (a supervisor's) adopts them again within their lease.
+        server.shutdown(hand_off=False)
         console.fail(str(exc))
-        raise typer.Exit(exit_codes.ExitCode.CONFIG_ERROR) from None
+        unavailable = isinstance(
+            exc, registry_errors.ZooKeeperUnreachable | database.DatabaseUnreachable
+        )
+        raise typer.Exit(
+            exit_codes.ExitCode.UNAVAILABLE if unavailable else exit_codes.ExitCode.CONFIG_ERROR
+        ) from None
     raise typer.Exit(server.run())
 
 
@@ -156,7 +163,8 @@ def run(
 # per paragraph: the help renderer keeps line breaks.
 _SUPERVISE_HELP = (
     "Run `server run` as a child; restart it when it crashes (the image's command).\n\n"
-    "A crashed server (killed by a signal, or an exit code not named below: 1, 70, 80...) "
+    "A crashed server (killed by a signal, or an exit code not named below: 1, 70, 80, "
+    "69 when ZooKeeper or PostgreSQL could not be reached at start-up...) "
     "is restarted after "
     f"{defaults.SUPERVISOR_RESTART_DELAY_S:g} s with the same id and work dir, and adopts "
     "the drivers still running: no job restarts. Repeated crashes back off (up to "

@@ -25,6 +25,10 @@ class ExitCode(IntEnum):
     KILL_REQUESTED = 14
     # Server: start-up refused (bad settings, schema not migrated, id taken).
     CONFIG_ERROR = 78  # sysexits' EX_CONFIG
+    # Server: ZooKeeper or PostgreSQL could not be reached at start-up. Not final: the
+    # supervisor starts the server again (drivers it adopted are left to their
+    # watchdogs, so the next start adopts them again).
+    UNAVAILABLE = 69  # sysexits' EX_UNAVAILABLE
     # Server: a second SIGTERM/SIGINT during shutdown; drivers left to their watchdogs.
     KILLED = 79
     # Server: a supervised thread died or the registry refused us; exiting to be restarted.

@@ -360,8 +360,11 @@ class Server:
             return "coordinator"
         return None
 
-    def shutdown(self) -> None:
-        """Ordered, idempotent: stop claiming, leave, hand off, release, close."""
+    def shutdown(self, hand_off: bool = True) -> None:
+        """Ordered, idempotent: stop claiming, leave, hand off, release, close.
+
+        ``hand_off=False`` (a start-up that failed) stops no driver: the runs this
+        process adopted are left to their watchdogs, for the next start to adopt."""
         self._stop.set()
         if self.runner is not None:
             self.runner.stop_claiming()
@@ -377,7 +380,8 @@ class Server:
         if self.registry is not None:
             self.registry.stop()
         if self.runner is not None and not self._handing_over:
-            self.runner.hand_off(timeout=self.settings.stop_grace + 10)
+            if hand_off:
+                self.runner.hand_off(timeout=self.settings.stop_grace + 10)
             self.runner.stop()
         if self.listener is not None:
             self.listener.stop()

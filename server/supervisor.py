@@ -9,8 +9,8 @@ sessions of their own; nothing here ever signals them.
 How the child's end is handled:
 
 - killed by a signal the supervisor did not forward, or an exit code not listed below
-  (1: an uncaught exception, 70 INTERNAL_ERROR, 80 UNHEALTHY...) -> a crash: restart
-  after ``delay * 2**(crashes in the window - 1)`` seconds (capped);
+  (1: an uncaught exception, 69 UNAVAILABLE, 70 INTERNAL_ERROR, 80 UNHEALTHY...) -> a
+  crash: restart after ``delay * 2**(crashes in the window - 1)`` seconds (capped);
 - more than ``limit`` crashes within ``window`` seconds -> give up with
   ``ExitCode.CRASH_LOOP``, so that the container engine's restart policy takes over;
 - exit 0, 2 USAGE, 78 CONFIG_ERROR or 79 KILLED -> final: exit with the child's code;

@@ -13,6 +13,10 @@ class DatabaseError(Exception):
     """PostgreSQL is unreachable or the URL is wrong; the message never shows a password."""
 
 
+class DatabaseUnreachable(DatabaseError):
+    """The URL is valid but PostgreSQL did not answer (down, refused, timed out)."""
+
+
 def parse_url(raw: str) -> URL:
     """Accept ``postgresql://`` and ``postgres://`` and use the psycopg 3 driver."""
     try:
@@ -116,4 +120,4 @@ def check(engine: Engine) -> None:
         with engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
     except DBAPIError as exc:
-        raise DatabaseError(explain(exc, engine.url)) from None
+        raise DatabaseUnreachable(explain(exc, engine.url)) from None

@@ -80,6 +80,7 @@ def test_a_crashed_server_is_restarted_until_it_exits_cleanly(state: Path) -> No
         1,  # an uncaught exception in Python
         exit_codes.ExitCode.INTERNAL_ERROR,
         exit_codes.ExitCode.UNHEALTHY,
+        exit_codes.ExitCode.UNAVAILABLE,  # ZooKeeper or PostgreSQL away at start-up
     ],
 )
 def test_an_exit_that_asks_for_a_restart_is_restarted(state: Path, code: int) -> None:

@@ -519,10 +519,10 @@ def test_handover_during_a_zookeeper_outage(trial: Trial, stack: faults.Stack, o
     job changes owner during the outage. ``short``: ZooKeeper is back within the
     successor's start-up timeout, it registers and keeps every driver (none replaced).
     ``past-the-start-timeout``: ZooKeeper stays down until the successor gives up
-    registering (exit 78, CONFIG_ERROR); once ZooKeeper is back its supervisor starts it
-    again, and each job either runs on under the driver adopted again or was claimed
-    once more (today's code stops the adopted drivers on the way out: docs/chaos.md),
-    never two drivers at a time."""
+    registering (exit 69, UNAVAILABLE: its supervisor starts it again) and leaves the
+    adopted drivers to their watchdogs; once ZooKeeper is back it is started again, and
+    each job either runs on under the driver adopted again or was claimed once more
+    (its watchdog's deadline passed first), never two drivers at a time."""
     c = trial.start(SERVERS, extra_env=_handing_over())
     trial.populate()
     victim = trial.busiest_owner()
@@ -556,7 +556,7 @@ def test_handover_during_a_zookeeper_outage(trial: Trial, stack: faults.Stack, o
             assert (job["owner"], job["epoch"]) == (victim, epochs[name][0]), job
         assert outcome.restarts == 0, "a driver was replaced although it was adopted"
     else:
-        assert gave_up == exit_codes.ExitCode.CONFIG_ERROR, gave_up
+        assert gave_up == exit_codes.ExitCode.UNAVAILABLE, gave_up
         claimed = [e["job_name"] for e in _events_after(trial, mark, "claimed", owned)]
         again = {e["job_name"] for e in _events_after(trial, restarted, "adopted", owned)}
         for name in owned:

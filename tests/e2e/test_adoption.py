@@ -43,17 +43,18 @@ def _registered_again(c: Cluster, server: str, logs_before: int) -> bool:
     return "action=started" in c.log(server)[logs_before:]
 
 
+def _kept(c: Cluster, name: str, owner: str, epoch: int, since: float) -> list[str]:
+    """Assert ``name`` still runs on ``owner`` at ``epoch``; its event kinds since."""
+    now = c.job(name)
+    assert (now["state"], now["owner"], now["epoch"]) == ("running", owner, epoch), now
+    return [e["kind"] for e in c.events(name) if e["at"].timestamp() >= since]
+
+
 def _check_adopted(
     c: Cluster, victim: str, jobs: list[str], before: dict[str, dict[str, Any]], since: float
 ) -> None:
     for name in jobs:
-        now = c.job(name)
-        assert (now["state"], now["owner"], now["epoch"]) == (
-            "running",
-            victim,
-            before[name]["epoch"],
-        ), now
-        kinds = [e["kind"] for e in c.events(name) if e["at"].timestamp() >= since]
+        kinds = _kept(c, name, victim, before[name]["epoch"], since)
         assert "adopted" in kinds, kinds
         assert "claimed" not in kinds and "stopping" not in kinds, kinds
         beats = _beats(c, name, since)
@@ -93,14 +94,35 @@ def _adopt_after(c: Cluster, restart: Callable[[Cluster, str], None], command: s
     """Start two servers running JOBS, restart the busiest one with ``restart``, check
     that it adopted its drivers; the restarted server's id."""
     start_cluster(c, ("s1", "s2"), command=command)
-    rows = start_running(c, JOBS)
-    victim, jobs = _victim_jobs(rows)
-    for name in jobs:  # "running" is recorded at the spawn: wait for the main itself
-        waiting.wait_until(lambda n=name: _beats(c, n, 0.0), 120, message=f"{name} beats")
-        rows[name]["pid"] = _beats(c, name, 0.0)[-1]["pid"]
+    victim, jobs, rows = _running_with_beats(c)
     since = time.time()
     logs_before = len(c.log(victim))
     restart(c, victim)
+    _wait_adopted(c, victim, jobs, rows, since, logs_before)
+    return victim
+
+
+def _running_with_beats(c: Cluster) -> tuple[str, list[str], dict[str, dict[str, Any]]]:
+    """Start JOBS; the busiest server, its jobs, and every job's row with its driver's
+    pid (once its main beats: "running" is recorded at the spawn)."""
+    rows = start_running(c, JOBS)
+    victim, jobs = _victim_jobs(rows)
+    for name in jobs:
+        waiting.wait_until(lambda n=name: _beats(c, n, 0.0), 120, message=f"{name} beats")
+        rows[name]["pid"] = _beats(c, name, 0.0)[-1]["pid"]
+    return victim, jobs, rows
+
+
+def _wait_adopted(
+    c: Cluster,
+    victim: str,
+    jobs: list[str],
+    rows: dict[str, dict[str, Any]],
+    since: float,
+    logs_before: int,
+) -> None:
+    """Wait until the restarted ``victim`` registered and its jobs are targeted at it
+    again, then check that it adopted every driver (none replaced, no gap)."""
     waiting.wait_until(
         lambda: _registered_again(c, victim, logs_before),
         60,
@@ -112,7 +134,6 @@ def _adopt_after(c: Cluster, restart: Callable[[Cluster, str], None], command: s
     for name in jobs:
         c.wait_job(name, lambda j: j["target"] == victim, 60, f"{name} targeted back")
     _check_adopted(c, victim, jobs, rows, since)
-    return victim
 
 
 def test_a_server_restarted_after_kill_9_adopts_its_running_drivers(cluster: Cluster) -> None:
@@ -149,3 +170,32 @@ def test_a_second_process_on_a_live_server_s_work_dir_is_refused(cluster: Cluste
     assert "is in use by another sparkring server" in cluster.log("s1-twin")
     after = cluster.job("w1")
     assert (after["state"], after["owner"], after["epoch"]) == ("running", "s1", before["epoch"])
+
+
+def test_a_restart_that_cannot_reach_zookeeper_leaves_its_adopted_drivers_running(
+    cluster: Cluster,
+) -> None:
+    """A server restarted while ZooKeeper is out of its reach adopts its drivers, cannot
+    register, and exits 69 (a service unavailable: its supervisor starts it again) while
+    leaving the drivers to their watchdogs, not stopping them (before: exit 78, which a
+    supervisor never retries, after a graceful hand-off that stopped every adopted
+    driver). The next start adopts them again: no driver replaced."""
+    cluster.env["SPARKRING_LEASE_TTL"] = "20"  # room for two start-ups on a loaded machine
+    # The coordinator holds the targets of a departed server's live leases for this long
+    # (without it, 5 s: the victim, away from ZooKeeper for longer, would come back to
+    # find its jobs placed elsewhere, and migrate the drivers it adopted).
+    cluster.env["SPARKRING_HANDOVER_WINDOW"] = "60"
+    start_cluster(cluster, ("s1", "s2"))
+    victim, jobs, rows = _running_with_beats(cluster)
+    since = time.time()
+    cluster.kill(victim)
+    cluster.start_server(victim, env={"SPARKRING_ZK_HOSTS": "127.0.0.1:1"})
+    assert cluster.servers.pop(victim).wait(timeout=90) == 69
+    log = cluster.log(victim)
+    assert "ZooKeeper" in log and "Traceback" not in log
+    for name in jobs:
+        kinds = _kept(cluster, name, victim, rows[name]["epoch"], since)
+        assert "stopping" not in kinds and "released" not in kinds, kinds
+    logs_before = len(cluster.log(victim))
+    cluster.start_server(victim)
+    _wait_adopted(cluster, victim, jobs, rows, since, logs_before)
