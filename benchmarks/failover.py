@@ -150,7 +150,7 @@ def epochs(t: trial_module.Trial) -> dict[str, int]:
 
 def settle(t: trial_module.Trial, timeout: float = 120) -> None:
     if t.wait_stable(time.monotonic(), timeout) is None:
-        raise RuntimeError(f"the cluster did not settle: {t.job_rows()}")
+        raise RuntimeError("the cluster did not settle:\n" + "\n".join(t.unsettled()))
 
 
 # ---------------------------------------------------------------- measurements

@@ -15,6 +15,7 @@ target (the cluster is quiet again).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -23,7 +24,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from resource_center import catalog, store
 from scheduler import distribution, jobs, placement
@@ -146,6 +147,16 @@ class Trial:
             # ZooKeeper was the fault, down past this client's session: kazoo opens a
             # new session by itself; the next look sees the members.
             return set()
+
+    def member_pid(self, server: str) -> int | None:
+        """The pid in ``server``'s registry node (which process holds the id), or None."""
+        self.members()  # opens the client
+        assert self._zk is not None
+        try:
+            data, _ = self._zk.get(f"{self.zk_root}/servers/{server}")
+        except (NoNodeError, ConnectionLoss, SessionExpiredError):
+            return None
+        return json.loads(data).get("pid")
 
     def wait_members(self, expected: set[str], timeout: float = 45) -> None:
         waiting.wait_until(
