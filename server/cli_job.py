@@ -38,14 +38,29 @@ def create(
     master: str | None = typer.Option(
         None, "--master", help="Spark master for this job (default: SPARKRING_SPARK_MASTER)."
     ),
-    max_restarts: int = typer.Option(
-        3, "--max-restarts", min=0, help="Crash restarts before the job is FAILED."
+    max_restarts: int | None = typer.Option(
+        None,
+        "--max-restarts",
+        min=0,
+        help="Restarts after the driver fails (exits nonzero) before the job is FAILED, "
+        "each after a backoff. Default: 3 for streaming, 0 for batch.",
+        show_default=False,
+    ),
+    max_retries: int | None = typer.Option(
+        None,
+        "--max-retries",
+        min=0,
+        help="Batch jobs: runs again after the driver fails (exits nonzero) before the "
+        "job is FAILED, each after a backoff (the same budget as --max-restarts). "
+        "Default: 0.",
+        show_default=False,
     ),
 ) -> None:
     """Define a job (stopped). Artifact versions are pinned at creation."""
     from resource_center import catalog
 
     conf_map = jobs.parse_conf(conf)
+    budget = jobs.restart_budget(kind, max_restarts, max_retries)
     engine = console.engine(ctx)
     main = catalog.resolve(engine, resource)
     extra = [catalog.resolve(engine, ref) for ref in py_files]
@@ -60,12 +75,13 @@ def create(
                 conf=conf_map,
                 args=arg,
                 spark_master=master,
-                max_restarts=max_restarts,
+                max_restarts=budget,
             ),
             actor=_actor(),
         )
+    noun = "retries" if kind == JobKind.BATCH else "restarts"
     console.out.print(
-        f"job {name} created ({kind.value}, {main.reference}); "
+        f"job {name} created ({kind.value}, {main.reference}, {noun} {budget}); "
         f"start it with 'sparkring job start {name}'"
     )
 
@@ -169,12 +185,12 @@ def list_(
             [
                 r["name"],
                 r["kind"],
-                r["desired"],
+                _desired(r),
                 r["state"],
                 r["owner"],
                 r["target"],
                 r["epoch"],
-                r["restarts"],
+                _restarts(r),
                 f"{r['resource']['name']}:{r['resource']['version']}",
             ]
             for r in rows
@@ -195,7 +211,24 @@ def show(
     if as_json:
         console.emit_json(job)
         return
-    console.fields((key, _shown(key, value)) for key, value in job.items())
+    shown = {**job, "desired": _desired(job), "restarts": _restarts(job)}
+    console.fields((key, _shown(key, value)) for key, value in shown.items())
+
+
+def _desired(job: dict[str, Any]) -> str:
+    """``desired`` as a person reads it. A job wanted running whose run ended for good
+    (a batch job finished, a job failed past its budget) waits for nothing: ``-``, as
+    the console shows it (``job start`` runs it again). ``--json`` keeps the stored
+    value."""
+    if job["desired"] == "running" and job["state"] in (RunState.FINISHED, RunState.FAILED):
+        return "-"
+    return job["desired"]
+
+
+def _restarts(job: dict[str, Any]) -> str:
+    """Restarts used of the budget, ``1/3``: a batch job's retries, a streaming job's
+    restarts after its driver failed."""
+    return f"{job['restarts']}/{job['max_restarts']}"
 
 
 def _reference(resource: dict[str, Any]) -> str:
