@@ -67,9 +67,7 @@ def restart_budget(
     kind = JobKind(kind)
     if max_retries is not None:
         if kind is not JobKind.BATCH:
-            raise JobError(
-                "--max-retries is for batch jobs; a streaming job takes --max-restarts"
-            )
+            raise JobError("--max-retries is for batch jobs; a streaming job takes --max-restarts")
         if max_restarts is not None:
             raise JobError("give --max-retries or --max-restarts, not both (they are one budget)")
         max_restarts = max_retries

@@ -114,9 +114,7 @@ START_DECISION_WAIT_S = 5.0
 WAIT_POLL_S = 0.2
 WAIT_FAILED = 1
 WAIT_TIMED_OUT = 124
-WAIT_HELP = (
-    "Wait until the job reaches {what}; exit 1 if it fails, 124 after --timeout seconds."
-)
+WAIT_HELP = "Wait until the job reaches {what}; exit 1 if it fails, 124 after --timeout seconds."
 TIMEOUT_HELP = "Seconds --wait waits at most."
 
 
@@ -197,8 +195,10 @@ def stop(
     ctx: typer.Context,
     name: str = typer.Argument(...),
     wait: bool = typer.Option(
-        False, "--wait", help="Wait until no driver of the job runs (stopped, or finished "
-        "or failed at rest); exit 124 after --timeout seconds."
+        False,
+        "--wait",
+        help="Wait until no driver of the job runs (stopped, or finished "
+        "or failed at rest); exit 124 after --timeout seconds.",
     ),
     timeout: float = typer.Option(300.0, "--timeout", min=0, help=TIMEOUT_HELP),
 ) -> None:

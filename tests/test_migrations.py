@@ -126,5 +126,6 @@ def test_batch_jobs_created_before_batch_retries_keep_retrying_none(engine: sa.E
         )
     migrate.upgrade(engine)
     with engine.connect() as connection:
-        budgets = dict(connection.execute(sa.select(tables.jobs.c.name, tables.jobs.c.max_restarts)))
+        query = sa.select(tables.jobs.c.name, tables.jobs.c.max_restarts)
+        budgets = {name: budget for name, budget in connection.execute(query)}
     assert budgets == {"etl-job": 0, "stream": 3}
