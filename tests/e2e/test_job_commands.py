@@ -15,10 +15,10 @@ from tests.e2e import helpers
 def test_start_and_stop_wait_until_the_job_is_there(cluster: Cluster) -> None:
     helpers.start_cluster(cluster, servers=("s1",))
     helpers.heartbeat_job(cluster, "hb")
-    started = cluster.cli("job", "start", "hb", "--wait", "--timeout", "120")
+    started = cluster.cli("job", "start", "hb", "--wait", "--timeout", "100")
     assert started.stdout.splitlines()[-1] == "job hb: running", started.stdout
     assert helpers.running(cluster.job("hb"))  # at once: the wait saw it
-    stopped = cluster.cli("job", "stop", "hb", "--wait", "--timeout", "120")
+    stopped = cluster.cli("job", "stop", "hb", "--wait", "--timeout", "100")
     assert stopped.stdout.splitlines()[-1] == "job hb: stopped", stopped.stdout
     job = cluster.job("hb")
     assert (job["state"], job["owner"]) == ("stopped", None)
@@ -27,7 +27,7 @@ def test_start_and_stop_wait_until_the_job_is_there(cluster: Cluster) -> None:
 def test_logs_follow_streams_the_run_until_it_ends(cluster: Cluster) -> None:
     helpers.start_cluster(cluster, servers=("s1",))
     helpers.heartbeat_job(cluster, "talk")
-    cluster.cli("job", "start", "talk", "--wait", "--timeout", "120")
+    cluster.cli("job", "start", "talk", "--wait", "--timeout", "100")
     follower = subprocess.Popen(
         [sys.executable, "-m", "server", "job", "logs", "talk", "--follow", "-n", "5"],
         env={**cluster.env, "SPARKRING_WORK_DIR": str(cluster.root / "cli")},
