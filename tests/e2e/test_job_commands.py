@@ -28,18 +28,21 @@ def test_logs_follow_streams_the_run_until_it_ends(cluster: Cluster) -> None:
     helpers.start_cluster(cluster, servers=("s1",))
     helpers.heartbeat_job(cluster, "talk")
     cluster.cli("job", "start", "talk", "--wait", "--timeout", "100")
-    follower = subprocess.Popen(
-        [sys.executable, "-m", "server", "job", "logs", "talk", "--follow", "-n", "5"],
-        env={**cluster.env, "SPARKRING_WORK_DIR": str(cluster.root / "cli")},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    errors = cluster.root / "follow.err"
+    with errors.open("wb") as stderr:
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "server", "job", "logs", "talk", "--follow", "-n", "5"],
+            env={**cluster.env, "SPARKRING_WORK_DIR": str(cluster.root / "cli")},
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
     received = bytearray()
 
     def read() -> None:
         assert follower.stdout is not None
-        while chunk := follower.stdout.read1(4096):
-            received.extend(chunk)
+        with follower.stdout:
+            while chunk := follower.stdout.read1(4096):
+                received.extend(chunk)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -47,10 +50,11 @@ def test_logs_follow_streams_the_run_until_it_ends(cluster: Cluster) -> None:
         waiting.wait_until(lambda: received, 60, message="the log's tail was printed")
         # Written after the follow began: the stop, and the watchdog's last line.
         cluster.cli("job", "stop", "talk")
-        assert follower.wait(timeout=120) == 0, follower.stderr.read() if follower.stderr else ""
+        assert follower.wait(timeout=120) == 0, errors.read_text()
     finally:
         if follower.poll() is None:
             follower.kill()
             follower.wait()
-    reader.join(timeout=10)
+        reader.join(timeout=10)
+    assert b"stop requested" in received, bytes(received[-2000:])
     assert b"driver ended: reason=stopped" in received, bytes(received[-2000:])
