@@ -24,6 +24,13 @@ from sql import tables
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
+# Restarts after the job's own driver failed (exited nonzero), per kind, when the
+# command gives none: a streaming job is restarted (its checkpoint makes a restart
+# safe); a batch job is retried only when asked (``--max-retries``): whether running a
+# batch again after it failed half-way is safe, only its author knows. One column,
+# ``jobs.max_restarts``, holds both: a batch job's retries are its restarts.
+DEFAULT_MAX_RESTARTS: dict[JobKind, int] = {JobKind.STREAMING: 3, JobKind.BATCH: 0}
+
 
 class JobError(Exception):
     """An operator command cannot be done; the message says why in one line."""
@@ -46,7 +53,30 @@ class JobSpec:
     conf: Mapping[str, str] = field(default_factory=dict)
     args: Sequence[str] = ()
     spark_master: str | None = None
-    max_restarts: int = 3
+    # None: the kind's default (DEFAULT_MAX_RESTARTS). For a batch job: its retries.
+    max_restarts: int | None = None
+
+
+def restart_budget(
+    kind: JobKind | str, max_restarts: int | None = None, max_retries: int | None = None
+) -> int:
+    """The ``max_restarts`` a new job gets from the command's options.
+
+    ``--max-retries`` is the batch spelling of the same budget: giving it for a
+    streaming job, or giving both, is refused by name (nothing is guessed)."""
+    kind = JobKind(kind)
+    if max_retries is not None:
+        if kind is not JobKind.BATCH:
+            raise JobError("--max-retries is for batch jobs; a streaming job takes --max-restarts")
+        if max_restarts is not None:
+            raise JobError("give --max-retries or --max-restarts, not both (they are one budget)")
+        max_restarts = max_retries
+    if max_restarts is None:
+        return DEFAULT_MAX_RESTARTS[kind]
+    if max_restarts < 0:
+        option = "--max-retries" if max_retries is not None else "--max-restarts"
+        raise JobError(f"{option} must be 0 or more, not {max_restarts}")
+    return max_restarts
 
 
 def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
@@ -100,8 +130,7 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             f"job name {spec.name!r} must be 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
-    if spec.max_restarts < 0:
-        raise JobError("--max-restarts must be 0 or more")
+    max_restarts = restart_budget(spec.kind, spec.max_restarts)
     inserted = conn.execute(
         sa.text(
             """
@@ -119,7 +148,7 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             "conf": json.dumps(dict(spec.conf)),
             "args": json.dumps(list(spec.args)),
             "spark_master": spec.spark_master,
-            "max_restarts": spec.max_restarts,
+            "max_restarts": max_restarts,
         },
     ).scalar_one_or_none()
     if inserted is None:

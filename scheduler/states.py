@@ -10,7 +10,7 @@ is the whole state machine:
     backoff  -> starting   the same, once the restart backoff has passed
     starting -> running    the driver process was spawned
     starting -> backoff    the driver could not be started (S3 unreachable): retry later
-    running  -> backoff    a streaming driver crashed; restarts left
+    running  -> backoff    a driver crashed (exit != 0); restarts (batch: retries) left
     running  -> failed     a driver crashed with no restarts left
     starting|running|stopping -> finished   a batch driver exited 0 (its 'running' may
                                    never have been recorded: PostgreSQL was restarting;
@@ -49,7 +49,7 @@ class RunState(StrEnum):
 
 class JobKind(StrEnum):
     STREAMING = "streaming"  # runs until stopped; restarted after a crash
-    BATCH = "batch"  # runs to completion; re-run only if its owner was lost
+    BATCH = "batch"  # runs to completion; re-run if its owner was lost, retried if it failed
 
 
 class EventKind(StrEnum):

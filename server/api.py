@@ -104,7 +104,17 @@ class JobCreate(BaseModel):
     conf: dict[str, str] = Field(default_factory=dict, description="Spark conf.")
     args: list[str] = Field(default_factory=list, description="Arguments passed to the job.")
     spark_master: str | None = None
-    max_restarts: int = Field(3, ge=0)
+    max_restarts: int | None = Field(
+        None,
+        ge=0,
+        description="Restarts after the driver fails (exits nonzero) before the job is "
+        "FAILED. Default: 3 for streaming, 0 for batch.",
+    )
+    max_retries: int | None = Field(
+        None,
+        ge=0,
+        description="Batch jobs: the same budget under its batch name (give one of the two).",
+    )
 
 
 def _default(value: Any) -> str:
@@ -380,7 +390,9 @@ def create_app(backend: Backend) -> FastAPI:
                     conf=conf,
                     args=body.args,
                     spark_master=body.spark_master,
-                    max_restarts=body.max_restarts,
+                    max_restarts=jobs.restart_budget(
+                        body.kind, body.max_restarts, body.max_retries
+                    ),
                 ),
                 actor=principal.actor,
             )

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import getpass
 import shlex
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import typer
 
-from scheduler import jobs
+from scheduler import jobs, states
 from scheduler.states import JobKind, RunState
 from server import clients, console, tokens
 
@@ -38,14 +40,29 @@ def create(
     master: str | None = typer.Option(
         None, "--master", help="Spark master for this job (default: SPARKRING_SPARK_MASTER)."
     ),
-    max_restarts: int = typer.Option(
-        3, "--max-restarts", min=0, help="Crash restarts before the job is FAILED."
+    max_restarts: int | None = typer.Option(
+        None,
+        "--max-restarts",
+        min=0,
+        help="Restarts after the driver fails (exits nonzero) before the job is FAILED, "
+        "each after a backoff. Default: 3 for streaming, 0 for batch.",
+        show_default=False,
+    ),
+    max_retries: int | None = typer.Option(
+        None,
+        "--max-retries",
+        min=0,
+        help="Batch jobs: runs again after the driver fails (exits nonzero) before the "
+        "job is FAILED, each after a backoff (the same budget as --max-restarts). "
+        "Default: 0.",
+        show_default=False,
     ),
 ) -> None:
     """Define a job (stopped). Artifact versions are pinned at creation."""
     from resource_center import catalog
 
     conf_map = jobs.parse_conf(conf)
+    budget = jobs.restart_budget(kind, max_restarts, max_retries)
     engine = console.engine(ctx)
     main = catalog.resolve(engine, resource)
     extra = [catalog.resolve(engine, ref) for ref in py_files]
@@ -60,12 +77,13 @@ def create(
                 conf=conf_map,
                 args=arg,
                 spark_master=master,
-                max_restarts=max_restarts,
+                max_restarts=budget,
             ),
             actor=_actor(),
         )
+    noun = "retries" if kind == JobKind.BATCH else "restarts"
     console.out.print(
-        f"job {name} created ({kind.value}, {main.reference}); "
+        f"job {name} created ({kind.value}, {main.reference}, {noun} {budget}); "
         f"start it with 'sparkring job start {name}'"
     )
 
@@ -91,8 +109,24 @@ def _command(ctx: typer.Context, name: str, action) -> None:
 START_DECISION_WAIT_S = 5.0
 
 
+# `--wait`: how often the job's state is read again, seconds, and the exit codes of a
+# wait that did not end in the state asked for (124 as timeout(1) exits).
+WAIT_POLL_S = 0.2
+WAIT_FAILED = 1
+WAIT_TIMED_OUT = 124
+WAIT_HELP = "Wait until the job reaches {what}; exit 1 if it fails, 124 after --timeout seconds."
+TIMEOUT_HELP = "Seconds --wait waits at most."
+
+
 @app.command()
-def start(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
+def start(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    wait: bool = typer.Option(
+        False, "--wait", help=WAIT_HELP.format(what="running (a batch job: running or finished)")
+    ),
+    timeout: float = typer.Option(300.0, "--timeout", min=0, help=TIMEOUT_HELP),
+) -> None:
     """Run the job (idempotent: a job already running is left alone).
 
     A new job never evicts a running one: when every slot is taken it waits pending,
@@ -101,7 +135,7 @@ def start(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
     engine = console.engine(ctx)
     with engine.begin() as conn:
         outcome = jobs.start(conn, name, actor=_actor())
-    if outcome == "already running":
+    if outcome == "already running" and not wait:
         console.out.print(f"job {name}: {outcome}")
         return
     deadline = time.monotonic() + START_DECISION_WAIT_S
@@ -116,12 +150,69 @@ def start(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
         console.out.print(f"job {name}: {outcome}; pending: {job['pending_reason']}")
     else:
         console.out.print(f"job {name}: {outcome}")
+    if wait:
+        done = (RunState.RUNNING, RunState.FINISHED)
+        _wait(engine, name, lambda j: j["state"] in done, timeout, "running")
+
+
+def _wait(
+    engine: Any,
+    name: str,
+    reached: Callable[[dict[str, Any]], bool],
+    timeout: float,
+    what: str,
+    *,
+    failed_is_done: bool = False,
+) -> None:
+    """Read the job until ``reached``; print its state. A job that failed ends the wait
+    with exit 1 (unless ``failed_is_done``: a stop is done when nothing runs), one that
+    has not reached it after ``timeout`` seconds with exit 124, naming where it is."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine.connect() as conn:
+            job = jobs.show(conn, name)
+        if reached(job) or (failed_is_done and job["state"] == RunState.FAILED):
+            console.out.print(f"job {name}: {job['state']}")
+            return
+        if job["state"] == RunState.FAILED:
+            raise console.fail(
+                f"job {name} failed: {job['last_error'] or 'no error recorded'}", WAIT_FAILED
+            )
+        if time.monotonic() >= deadline:
+            where = f"{job['state']}"
+            if job["owner"]:
+                where += f" on {job['owner']}"
+            if job["pending_reason"]:
+                where += f" ({job['pending_reason']})"
+            raise console.fail(
+                f"job {name} not {what} after {timeout:g} s: {where}", WAIT_TIMED_OUT
+            )
+        time.sleep(WAIT_POLL_S)
 
 
 @app.command()
-def stop(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
+def stop(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    wait: bool = typer.Option(
+        False,
+        "--wait",
+        help="Wait until no driver of the job runs (stopped, or finished "
+        "or failed at rest); exit 124 after --timeout seconds.",
+    ),
+    timeout: float = typer.Option(300.0, "--timeout", min=0, help=TIMEOUT_HELP),
+) -> None:
     """Stop the job gracefully (idempotent)."""
     _command(ctx, name, jobs.stop)
+    if wait:
+        _wait(
+            console.engine(ctx),
+            name,
+            lambda j: j["owner"] is None and j["state"] in states.TERMINAL,
+            timeout,
+            "stopped",
+            failed_is_done=True,
+        )
 
 
 @app.command()
@@ -169,12 +260,12 @@ def list_(
             [
                 r["name"],
                 r["kind"],
-                r["desired"],
+                _desired(r),
                 r["state"],
                 r["owner"],
                 r["target"],
                 r["epoch"],
-                r["restarts"],
+                _restarts(r),
                 f"{r['resource']['name']}:{r['resource']['version']}",
             ]
             for r in rows
@@ -195,7 +286,24 @@ def show(
     if as_json:
         console.emit_json(job)
         return
-    console.fields((key, _shown(key, value)) for key, value in job.items())
+    shown = {**job, "desired": _desired(job), "restarts": _restarts(job)}
+    console.fields((key, _shown(key, value)) for key, value in shown.items())
+
+
+def _desired(job: dict[str, Any]) -> str:
+    """``desired`` as a person reads it. A job wanted running whose run ended for good
+    (a batch job finished, a job failed past its budget) waits for nothing: ``-``, as
+    the console shows it (``job start`` runs it again). ``--json`` keeps the stored
+    value."""
+    if job["desired"] == "running" and job["state"] in (RunState.FINISHED, RunState.FAILED):
+        return "-"
+    return job["desired"]
+
+
+def _restarts(job: dict[str, Any]) -> str:
+    """Restarts used of the budget, ``1/3``: a batch job's retries, a streaming job's
+    restarts after its driver failed."""
+    return f"{job['restarts']}/{job['max_restarts']}"
 
 
 def _reference(resource: dict[str, Any]) -> str:
@@ -236,11 +344,22 @@ def events(
     )
 
 
+# Exit code of a `job logs --follow` ended with Ctrl-C (128 + SIGINT, as a shell reports it).
+FOLLOW_INTERRUPTED = 130
+
+
 @app.command()
 def logs(
     ctx: typer.Context,
     name: str = typer.Argument(...),
     lines: int = typer.Option(200, "--lines", "-n", min=1, help="Last N lines."),
+    follow: bool = typer.Option(
+        False,
+        "--follow",
+        "-f",
+        help="Then keep printing what the current run's driver writes, until the run "
+        "ends (Ctrl-C stops following). Without a live run: the last run's log.",
+    ),
 ) -> None:
     """The driver log of the current run (from its server) or of the last run (from S3),
     as the driver wrote it (piped through unchanged)."""
@@ -249,23 +368,53 @@ def logs(
     with engine.begin() as conn:
         job = jobs.show(conn, name)
         secret = tokens.cluster_secret(conn)
+    if follow and job["owner"]:
+        stream = _follow_live(settings, job, lines, secret)
+        if stream is not None:
+            try:
+                for chunk in stream:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.buffer.flush()
+            except KeyboardInterrupt:
+                raise typer.Exit(FOLLOW_INTERRUPTED) from None
+            return
     text = _live_log(settings, job, lines, secret) if job["owner"] else None
     if text is None:
         text = _shipped_log(settings, job, lines)
     if text is None:
         raise console.fail(f"job {name} has no driver log yet")
+    if follow:
+        console.err.print(f"job {name} has no live run: the log of its last run", soft_wrap=True)
     console.write_raw(text)
 
 
-def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> str | None:
+def _follow_live(settings: Any, job: dict[str, Any], lines: int, secret: str) -> Any:
+    """The owner's live log, streamed (``livelog.follow_remote``), or None."""
     from server import livelog
 
+    info = _owner(settings, job)
+    if info is None:
+        return None
+    return livelog.follow_remote(info.health_url, job["name"], lines, secret)
+
+
+def _owner(settings: Any, job: dict[str, Any]) -> Any:
+    """The registry entry of the job's owner with an HTTP address, or None."""
     try:
         live = {info.id: info for info in clients.live_servers(settings)}
     except Exception:  # the registry is optional here: fall back to the shipped log
         return None
     info = live.get(job["owner"])
     if info is None or not info.health_url:
+        return None
+    return info
+
+
+def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> str | None:
+    from server import livelog
+
+    info = _owner(settings, job)
+    if info is None:
         return None
     # The owner serves logs only to token holders: the CLI presents the cluster credential.
     return livelog.fetch(info.health_url, job["name"], lines, secret)

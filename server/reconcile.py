@@ -30,6 +30,12 @@ The decisions, per job, in order:
   leave it to expire: see the runner), once;
 - a row targeted here that is free (unowned and claimable, or its lease expired) while
   this server is registered, claiming and below capacity: :class:`Claim`.
+
+How a driver's end is recorded is decided by :func:`ending`, the same for both kinds:
+a driver that exited nonzero is a *crash* of the job's own code, whose budget
+(``max_restarts``; a batch job's ``--max-retries``) the fenced write in
+``scheduler/distribution.record_crash`` spends: backoff while restarts are left, then
+``failed``.
 """
 
 from __future__ import annotations
@@ -114,6 +120,36 @@ class Claim:
 
 
 Action = Record | Drop | Stop | MarkRunning | HandleOrphan | Claim
+
+
+class Ending(StrEnum):
+    """How a run that ended is recorded (``server/runner.py`` makes it a fenced write)."""
+
+    RELEASE = "release"  # stopped, killed or lease lost: pending (or stopped), no count
+    FINISH = "finish"  # exited 0: finished (pending if a restart came meanwhile)
+    RECORDED = "recorded"  # exited 0 and its watchdog recorded 'finished' itself
+    CRASH = "crash"  # its own code failed: backoff while its budget lasts, then failed
+
+
+# Exit codes of a driver ended by SIGTERM: killed by the signal, or the JVM's 128 + 15.
+SIGTERM_EXITS = frozenset({-15, 143})
+
+
+def ending(reason: str, exit_code: int | None, *, recorded: bool, shutting_down: bool) -> Ending:
+    """How to record a run that ended with the watchdog's ``reason`` and ``exit_code``.
+
+    A nonzero exit is a crash for streaming and batch jobs alike: a batch job is
+    retried with backoff while its budget (``--max-retries``) lasts, as a streaming
+    job is restarted, and is ``failed`` only once it is spent (FAILED keeps its strict
+    meaning). A SIGTERM exit while this server shuts down came from the service
+    manager (systemd's ``KillMode=control-group``): a hand-off, not a crash."""
+    if reason in ("lease_expired", "killed", "stopped"):
+        return Ending.RELEASE
+    if reason == "exited" and exit_code == 0:
+        return Ending.RECORDED if recorded else Ending.FINISH
+    if exit_code in SIGTERM_EXITS and shutting_down:
+        return Ending.RELEASE
+    return Ending.CRASH
 
 
 def holds(row: distribution.Row, owner: distribution.Owner, epoch: int) -> bool:

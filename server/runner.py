@@ -57,8 +57,6 @@ DUE_SLACK_S = 0.05
 # After a failed renewal, try again this soon (seconds): a lock wait that gave up
 # (lock_timeout) must not cost a whole renew interval of the watchdog's margin.
 RENEW_RETRY_S = 0.25
-# Exit codes of a driver ended by SIGTERM: killed by the signal, or the JVM's 128 + 15.
-SIGTERM_EXITS = frozenset({-15, 143})
 # How soon an unrecorded run outcome is written again (seconds).
 RECORD_RETRY_S = 0.5
 
@@ -547,22 +545,26 @@ class Runner:
     ) -> Callable[[sa.Connection], object]:
         """The fenced write that records how ``run`` ended."""
         cfg = self.config
-        if outcome.reason in ("lease_expired", "killed", "stopped"):
+        # A SIGTERM exit while we shut down: the service manager signalled every process
+        # of the server's unit (docs/operations.md: use KillMode=mixed).
+        how = reconcile.ending(
+            outcome.reason,
+            outcome.exit_code,
+            recorded=outcome.recorded,
+            shutting_down=not self._claiming.is_set(),
+        )
+        if how is reconcile.Ending.RELEASE:
             return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)
-        if outcome.reason == "exited" and outcome.exit_code == 0:
-            if outcome.recorded:
-                return lambda conn: None  # its watchdog recorded it (FinishReport)
+        if how is reconcile.Ending.RECORDED:
+            return lambda conn: None  # its watchdog recorded it (FinishReport)
+        if how is reconcile.Ending.FINISH:
             return lambda conn: distribution.finish(conn, run.job_id, run.owner, run.epoch)
-        if outcome.exit_code in SIGTERM_EXITS and not self._claiming.is_set():
-            # The service manager sent SIGTERM to every process of the server's unit
-            # (systemd's default KillMode=control-group) while we shut down: a hand-off,
-            # not a crash of the job's own code (docs/operations.md: use KillMode=mixed).
-            return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)
         tail = _tail(run_dir(cfg.work_dir, run.name, run.epoch) / driver.LOG_FILE)
         error = f"driver {outcome.reason} with exit code {outcome.exit_code}"
         if tail:
             error += f": {tail}"
-        return self._failure_write(run, error, fail=run.kind == states.JobKind.BATCH)
+        # Batch and streaming alike: backoff while the job's budget lasts, then failed.
+        return self._failure_write(run, error, fail=False)
 
     def _failure_write(
         self, run: Run, error: str, *, fail: bool, cause: str = "driver"

@@ -77,6 +77,7 @@ jobs = sa.Table(
     # Spark master for this job; NULL means the server's SPARKRING_SPARK_MASTER.
     sa.Column("spark_master", sa.Text, nullable=True),
     sa.Column("desired", sa.Text, nullable=False, server_default="stopped"),
+    # Restarts after the job's own driver failed (a batch job's retries), with backoff.
     sa.Column("max_restarts", sa.Integer, nullable=False),
     # Bumped by every start/restart command: at most one start per generation (S4, #9).
     sa.Column("generation", sa.BigInteger, nullable=False, server_default="0"),

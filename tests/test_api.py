@@ -131,6 +131,37 @@ def test_token_create_prints_the_token_once_and_refuses_bad_input(stack: ApiStac
 # ---------------------------------------------------------------- job commands
 
 
+def test_a_batch_job_takes_its_retry_budget_as_max_retries(stack: ApiStack) -> None:
+    """--max-retries is the batch name of max_restarts; a batch job retries nothing
+    unless asked, a streaming job restarts 3 times; a retry budget for a streaming job
+    is refused by name."""
+    batch, default, streaming = _name(), _name(), _name()
+    assert stack.create_job(batch, kind="batch", max_retries=2)["max_restarts"] == 2
+    assert stack.create_job(default, kind="batch")["max_restarts"] == 0
+    assert stack.create_job(streaming)["max_restarts"] == 3
+    with stack.client(stack.operator) as http:
+        post = f"{API}/jobs"
+        _one_line_error(
+            http.post(post, json={"name": _name(), "resource": "heartbeat", "max_retries": 1}),
+            400,
+            "--max-retries is for batch jobs",
+        )
+        _one_line_error(
+            http.post(
+                post,
+                json={
+                    "name": _name(),
+                    "resource": "heartbeat",
+                    "kind": "batch",
+                    "max_retries": 1,
+                    "max_restarts": 1,
+                },
+            ),
+            400,
+            "not both",
+        )
+
+
 def test_job_lifecycle_through_the_api_records_the_token_in_each_event(stack: ApiStack) -> None:
     name = _name()
     created = stack.create_job(name, kind="batch", args=["--x", "1"], conf={"spark.a": "b"})

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from scheduler.states import JobKind
 from server import clients, runner
 from server import settings as settings_module
-from tests import factories
+from tests import factories, waiting
 
 SPARKRING = [sys.executable, "-m", "server"]
 SERVICE_ENV = (
@@ -282,3 +283,59 @@ def test_cli_start_up_imports_no_library_of_a_service_it_may_not_use() -> None:
     loaded = set(result.stdout.split())
     assert not loaded & set(SERVICE_LIBRARIES), sorted(loaded & set(SERVICE_LIBRARIES))
     assert {"sqlalchemy", "typer"} <= loaded  # the probe sees real imports
+
+
+# ------------------------------------------------------------------------ --wait
+
+
+def test_wait_that_times_out_exits_124_naming_where_the_job_is(
+    env: dict[str, str], engine: sa.Engine
+) -> None:
+    """No server runs here: ``job start --wait`` gives up after --timeout with 124 and
+    says where the job waits; ``job stop --wait`` on it returns at once (nothing runs)."""
+    factories.job(engine, "idle", start=False)
+    waited = _run(env, "job", "start", "idle", "--wait", "--timeout", "0.5")
+    line = _one_line_error(waited, 124)
+    assert "job idle not running after 0.5 s: pending" in line, line
+    stopped = _run(env, "job", "stop", "idle", "--wait", "--timeout", "5")
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.splitlines()[-1] == "job idle: stopped"
+
+
+def test_start_wait_ends_with_1_and_the_error_when_the_job_fails(
+    env: dict[str, str], engine: sa.Engine
+) -> None:
+    """The job fails while ``job start --wait`` waits for it to run (set here as its
+    owner's fenced write would: no server runs in this test): exit 1 with its error.
+    ``job stop --wait`` on the failed job is done at once (no driver runs)."""
+    job_id = factories.job(engine, "doomed", kind=JobKind.BATCH, max_restarts=0, start=False)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SPARKRING_")}
+    waiting_cli = subprocess.Popen(
+        [*SPARKRING, "job", "start", "doomed", "--wait", "--timeout", "60"],
+        env={**base, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        waiting.wait_until(
+            lambda: factories.row(engine, job_id).state == "pending", 30, message="started"
+        )
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "UPDATE distribution SET state = 'failed', last_error = 'driver exited "
+                    "with exit code 3' WHERE job_id = :j"
+                ),
+                {"j": job_id},
+            )
+        stdout, stderr = waiting_cli.communicate(timeout=60)
+    finally:
+        if waiting_cli.poll() is None:
+            waiting_cli.kill()
+            waiting_cli.wait()
+    assert waiting_cli.returncode == 1, (stdout, stderr)
+    assert "job doomed failed: driver exited with exit code 3" in stderr, stderr
+    stopped = _run(env, "job", "stop", "doomed", "--wait", "--timeout", "5")
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.splitlines()[-1] == "job doomed: failed"

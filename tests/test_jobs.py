@@ -119,3 +119,28 @@ def test_show_carries_the_public_fields(engine: sa.Engine) -> None:
         assert key in shown
     assert set(shown["resource"]) >= {"name", "version", "sha256"}
     assert shown["state"] == RunState.PENDING
+
+
+def test_the_restart_budget_is_per_kind_and_max_retries_is_its_batch_name() -> None:
+    assert jobs.restart_budget(JobKind.STREAMING) == 3
+    assert jobs.restart_budget(JobKind.BATCH) == 0
+    assert jobs.restart_budget(JobKind.BATCH, max_retries=2) == 2
+    assert jobs.restart_budget("batch", max_restarts=5) == 5  # one column, both names
+    assert jobs.restart_budget(JobKind.STREAMING, max_restarts=0) == 0
+    for kind, restarts, retries, message in [
+        (JobKind.STREAMING, None, 1, "--max-retries is for batch jobs"),
+        (JobKind.BATCH, 1, 1, "not both"),
+        (JobKind.BATCH, None, -1, "--max-retries must be 0 or more"),
+        (JobKind.STREAMING, -2, None, "--max-restarts must be 0 or more"),
+    ]:
+        with pytest.raises(jobs.JobError, match=message):
+            jobs.restart_budget(kind, restarts, retries)
+
+
+def test_a_batch_job_created_without_a_budget_retries_nothing(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        resource = factories.resource(conn)
+        jobs.create(conn, jobs.JobSpec(name="b", kind=JobKind.BATCH, resource_id=resource))
+        jobs.create(conn, jobs.JobSpec(name="s", kind=JobKind.STREAMING, resource_id=resource))
+        assert jobs.show(conn, "b")["max_restarts"] == 0
+        assert jobs.show(conn, "s")["max_restarts"] == 3

@@ -109,3 +109,23 @@ def test_event_kinds_are_declared_once_and_guarded(engine: sa.Engine) -> None:
         connection.execute(
             sa.insert(tables.job_events).values(job_id=1, job_name="j", kind="claimd")
         )
+
+
+def test_batch_jobs_created_before_batch_retries_keep_retrying_none(engine: sa.Engine) -> None:
+    """0006: batch jobs made when a batch failure was terminal (max_restarts 3 shown,
+    never used) get a budget of 0, so an upgrade never reruns a failed batch; streaming
+    jobs keep theirs."""
+    migrate.downgrade(engine, "0005")
+    _insert_rows(engine)  # etl-job: batch, max_restarts 3
+    with engine.begin() as connection:
+        resource_id = connection.execute(sa.select(tables.resources.c.id)).scalar_one()
+        connection.execute(
+            sa.insert(tables.jobs).values(
+                name="stream", kind="streaming", resource_id=resource_id, max_restarts=3
+            )
+        )
+    migrate.upgrade(engine)
+    with engine.connect() as connection:
+        query = sa.select(tables.jobs.c.name, tables.jobs.c.max_restarts)
+        budgets = {name: budget for name, budget in connection.execute(query)}
+    assert budgets == {"etl-job": 0, "stream": 3}

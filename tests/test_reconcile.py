@@ -255,3 +255,34 @@ def test_next_look_is_the_earliest_due_row_targeted_here() -> None:
     assert reconcile.next_look(rows, "s1", default=2.0) == 0.7
     assert reconcile.next_look([], "s1", default=2.0) == 2.0
     assert reconcile.next_look([row(1, due_in=9.0)], "s1", default=2.0) == 2.0
+
+
+@pytest.mark.parametrize(
+    ("reason", "exit_code", "recorded", "shutting_down", "expected"),
+    [
+        # The job's own code failed: a crash, whose budget SQL spends (batch too).
+        ("exited", 3, False, False, reconcile.Ending.CRASH),
+        ("exited", 1, False, True, reconcile.Ending.CRASH),
+        ("exited", -9, False, False, reconcile.Ending.CRASH),
+        # SIGTERM from the service manager while we shut down: a hand-off.
+        ("exited", 143, False, True, reconcile.Ending.RELEASE),
+        ("exited", -15, False, True, reconcile.Ending.RELEASE),
+        ("exited", 143, False, False, reconcile.Ending.CRASH),
+        # Exit 0: finished, unless its watchdog recorded that already.
+        ("exited", 0, False, False, reconcile.Ending.FINISH),
+        ("exited", 0, True, False, reconcile.Ending.RECORDED),
+        # Ended by us or by its lease: nothing of the job's own, never counted.
+        ("stopped", None, False, False, reconcile.Ending.RELEASE),
+        ("lease_expired", None, False, False, reconcile.Ending.RELEASE),
+        ("killed", None, False, True, reconcile.Ending.RELEASE),
+    ],
+)
+def test_how_an_ended_run_is_recorded(
+    reason: str,
+    exit_code: int | None,
+    recorded: bool,
+    shutting_down: bool,
+    expected: reconcile.Ending,
+) -> None:
+    got = reconcile.ending(reason, exit_code, recorded=recorded, shutting_down=shutting_down)
+    assert got is expected

@@ -57,6 +57,13 @@ async function api(path, options = {}) {
   return kind.includes("application/json") ? JSON.parse(text) : text;
 }
 
+// A job wanted running whose run ended for good (finished, failed) waits for nothing:
+// "-", as `sparkring job list` shows it (the API keeps the stored value).
+function desiredText(job) {
+  return job.desired === "running" && (job.state === "finished" || job.state === "failed")
+    ? "-" : job.desired;
+}
+
 function badge(state) {
   return h("span", { class: "badge state-" + state }, state || "-");
 }
@@ -152,7 +159,7 @@ async function viewJobs() {
       h("tbody", {}, page.jobs.map((j) => h("tr", { "data-job": j.name },
         h("td", {}, h("a", { href: "#/jobs/" + encodeURIComponent(j.name) }, j.name)),
         h("td", {}, j.kind),
-        h("td", {}, j.desired),
+        h("td", {}, desiredText(j)),
         h("td", { class: "state" }, badge(j.state)),
         h("td", {}, j.owner || "-"),
         h("td", {}, j.epoch),
@@ -182,7 +189,7 @@ async function viewJob(name) {
   catch (e) { if (e.status === 404) logText = e.message; else throw e; }
   const operator = me && me.role === "operator";
   const keep = document.getElementById("job-outcome");
-  const fields = [["state", badge(job.state)], ["desired", job.desired], ["kind", job.kind],
+  const fields = [["state", badge(job.state)], ["desired", desiredText(job)], ["kind", job.kind],
     ["owner", job.owner || "-"], ["target", job.target || "-"], ["epoch", job.epoch],
     ["attempt", job.attempt], ["restarts", `${job.restarts} of ${job.max_restarts}`],
     ["generation", job.generation],

@@ -217,7 +217,9 @@ def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]
     """Why the FAILED job ``job`` (a row with ``max_restarts``) is legitimately FAILED
     according to its events, or None if it is not: its own driver failed
     ``max_restarts + 1`` times in the current generation, or its artifact or spec is
-    invalid. Deferrals (S3 away, a stall) and errors of the server never justify it."""
+    invalid. Batch and streaming alike: a batch job's ``--max-retries`` is its
+    ``max_restarts``, so a batch job FAILED with retries left was failed too early.
+    Deferrals (S3 away, a stall) and errors of the server never justify it."""
     current = _current_generation_events(items)
     ends = [e for e in current if e["kind"] in ("crashed", "failed")]
     errors = [str(_detail(e).get("error") or "") for e in ends]
@@ -382,8 +384,9 @@ def batch_generations(
     """S1/S4 for batch jobs (``kinds``: job -> kind), from lifetime records and claims:
     in each generation at most one driver ran to its end (exit 0), no driver of a
     generation started after one of it ran to its end, every earlier driver of a
-    generation provably ended (an ``ended`` record) before the next one started (its
-    owner was lost and its watchdog killed it), and a generation recorded ``finished``
+    generation provably ended (an ``ended`` record) before the next one started (it
+    failed and was retried, or its owner was lost and its watchdog killed it), and a
+    generation recorded ``finished``
     had a driver that ran to its end."""
     by_job = _by_job(events)
     lives_of: dict[str, list[_Life]] = defaultdict(list)

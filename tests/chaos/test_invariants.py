@@ -152,6 +152,22 @@ def test_failed_counts_as_lost_unless_its_own_driver_failed_past_its_budget() ->
     assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, earlier)) == 1
 
 
+def test_a_batch_job_failed_before_its_retries_were_spent_is_lost() -> None:
+    """Batch retries spend max_restarts as streaming restarts do: a batch job FAILED at
+    its first driver failure with retries left (the behaviour before --max-retries)
+    is a violation; FAILED after max_restarts + 1 failures, or with a budget of 0 after
+    one, is not."""
+    exited = "driver exited with exit code 3: boom"
+    started = [_event(0, "start_requested", None, None, "b", generation=1)]
+    batch = {**_failed_job("b", max_restarts=2), "kind": "batch"}
+    first = started + _crashes("b", 1, 1, exited, "failed")
+    assert len(invariants.lost_jobs([batch], {"s1"}, first)) == 1
+    spent = started + _crashes("b", 1, 2, exited) + _crashes("b", 3, 1, exited, "failed")
+    assert invariants.lost_jobs([batch], {"s1"}, spent) == []
+    no_retries = {**batch, "max_restarts": 0}
+    assert invariants.lost_jobs([no_retries], {"s1"}, first) == []
+
+
 def test_failed_for_an_invalid_artifact_or_spec_is_not_lost() -> None:
     started = [_event(0, "start_requested", None, None, "j", generation=1)]
     refused = started + _crashes(
