@@ -1,0 +1,82 @@
+"""Shipping a new revision of running jobs, through the CLI, on real servers: a
+streaming job rolls to it with one stop-then-start, a batch run keeps its revision.
+Light drivers (tests/jobs/heartbeat.py) record their epoch, revision and pid."""
+
+from __future__ import annotations
+
+from tests import cluster as cluster_module
+from tests import waiting
+from tests.cluster import Cluster
+from tests.e2e import helpers
+
+
+def _beats(c: Cluster, job: str) -> list[dict]:
+    return [r for r in c.heartbeat_records() if r["job"] == job]
+
+
+def test_a_running_streaming_job_rolls_once_and_a_running_batch_job_keeps_its_revision(
+    cluster: Cluster,
+) -> None:
+    helpers.start_cluster(cluster, servers=("s1", "s2"))
+    helpers.heartbeat_job(cluster, "stream")
+    helpers.heartbeat_job(cluster, "nightly", kind="batch", extra=["--run-for", "600"])
+    for name in ("stream", "nightly"):
+        cluster.cli("job", "start", name)
+    first = {
+        n: cluster.wait_job(n, helpers.running, 90, f"{n} running") for n in ("stream", "nightly")
+    }
+    for name in ("stream", "nightly"):
+        waiting.wait_until(lambda n=name: _beats(cluster, n), 30, message=f"{name} beats")
+
+    rolled = cluster.cli("job", "update", "stream", "--conf", "spark.e2e.marker=2")
+    assert "revision 2 (conf changed); rolling the running driver" in rolled.stdout
+    kept = cluster.cli("job", "update", "nightly", "--conf", "spark.e2e.marker=2")
+    assert "keeps revision 1" in kept.stdout
+
+    second = cluster.wait_job(
+        "stream",
+        lambda j: helpers.running(j) and j["run_revision"] == 2,
+        90,
+        "stream running revision 2",
+    )
+    assert second["epoch"] == first["stream"]["epoch"] + 1
+    waiting.wait_until(
+        lambda: any(r["revision"] == "2" for r in _beats(cluster, "stream")),
+        30,
+        message="a heartbeat of revision 2",
+    )
+    # One stop-then-start: two drivers in all, one per epoch and revision, the second
+    # started only after the first had ended (heartbeats and watchdog records).
+    beats = _beats(cluster, "stream")
+    drivers = {(r["epoch"], r["revision"], r["pid"]) for r in beats}
+    assert {(e, rev) for e, rev, _ in drivers} == {
+        (str(first["stream"]["epoch"]), "1"),
+        (str(second["epoch"]), "2"),
+    }
+    assert len(drivers) == 2
+    last_old = max(r["t"] for r in beats if r["revision"] == "1")
+    first_new = min(r["t"] for r in beats if r["revision"] == "2")
+    assert last_old < first_new
+    assert cluster_module.overlaps(cluster.driver_records()) == []
+    events = cluster.events("stream")
+    stops = [e for e in events if e["kind"] == "stopping"]
+    assert [e["detail"]["reason"] for e in stops] == ["rolling to revision 2"]
+    claims = [e for e in events if e["kind"] == "claimed"]
+    assert [e["detail"]["revision"] for e in claims] == [1, 2]
+    revised = [e for e in events if e["kind"] == "revised"]
+    assert [(e["detail"]["revision"], e["detail"]["effect"]) for e in revised] == [(2, "rolling")]
+
+    # The batch run was left alone: same epoch, same driver, still revision 1.
+    nightly = cluster.job("nightly")
+    assert (nightly["state"], nightly["epoch"], nightly["revision"], nightly["run_revision"]) == (
+        "running",
+        first["nightly"]["epoch"],
+        2,
+        1,
+    )
+    assert {(r["revision"], r["pid"]) for r in _beats(cluster, "nightly")} == {
+        ("1", _beats(cluster, "nightly")[0]["pid"])
+    }
+    assert "stopping" not in [e["kind"] for e in cluster.events("nightly")]
+    history = cluster.cli("job", "history", "stream").stdout
+    assert "conf spark.e2e.marker='2' added" in history
