@@ -60,6 +60,7 @@ class JobSpec:
     args: Sequence[str] = ()
     spark_master: str | None = None
     max_restarts: int = 3
+    label: str | None = None  # the spec file's label (sparkring apply)
 
 
 def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
@@ -250,9 +251,10 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
     inserted = conn.execute(
         sa.text(
             """
-            INSERT INTO jobs (name, kind, resource_id, conf, args, spark_master, max_restarts)
+            INSERT INTO jobs (name, kind, resource_id, conf, args, spark_master, max_restarts,
+                              label)
             VALUES (:name, :kind, :resource_id, CAST(:conf AS jsonb), CAST(:args AS jsonb),
-                    :spark_master, :max_restarts)
+                    :spark_master, :max_restarts, :label)
             ON CONFLICT (name) DO NOTHING
             RETURNING id
             """
@@ -265,6 +267,7 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             "args": json.dumps(list(spec.args)),
             "spark_master": spec.spark_master,
             "max_restarts": spec.max_restarts,
+            "label": spec.label,
         },
     ).scalar_one_or_none()
     if inserted is None:
@@ -711,7 +714,7 @@ def history(conn: sa.Connection, name: str) -> list[dict[str, Any]]:
 
 _SHOW = """
     SELECT j.id, j.name, j.kind, j.desired, j.generation AS job_generation, j.conf, j.args,
-           j.spark_master, j.max_restarts, j.created_at, j.revision,
+           j.spark_master, j.max_restarts, j.created_at, j.revision, j.label,
            d.revision AS run_revision, d.state, d.owner, d.target, d.epoch, d.attempt,
            d.restarts, d.lease_until,
            d.pending_reason, d.last_error, d.started_at, d.updated_at, d.not_before,
@@ -746,6 +749,7 @@ def _view(row: sa.Row) -> dict[str, Any]:
         # claimed with (None before the first claim).
         "revision": row.revision,
         "run_revision": row.run_revision,
+        "label": row.label,
         "resource": {
             "id": row.resource_id,
             "name": row.resource_name,

@@ -85,6 +85,9 @@ jobs = sa.Table(
     # The current revision (job_revisions): resource_id, conf, args, spark_master,
     # max_restarts and job_py_files above are always a copy of it.
     sa.Column("revision", sa.Integer, nullable=False, server_default="1"),
+    # The label of the spec file that defines the job (``sparkring apply``): apply
+    # --prune deletes the jobs of its label that the file no longer has. NULL: none.
+    sa.Column("label", sa.Text, nullable=True),
     sa.CheckConstraint(_in("kind", JOB_KINDS), name="kind_known"),
     sa.CheckConstraint(_in("desired", DESIRED_STATES), name="desired_known"),
     sa.CheckConstraint("max_restarts >= 0", name="max_restarts_not_negative"),
@@ -93,7 +96,11 @@ jobs = sa.Table(
     sa.CheckConstraint("jsonb_typeof(conf) = 'object'", name="conf_is_object"),
     sa.CheckConstraint("jsonb_typeof(args) = 'array'", name="args_is_array"),
     sa.CheckConstraint(r"name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'", name="name_charset"),
+    sa.CheckConstraint(
+        r"label IS NULL OR label ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'", name="label_charset"
+    ),
 )
+sa.Index("ix_jobs_label", jobs.c.label)
 
 # Extra artifacts passed to spark-submit --py-files, in order. Rows (not a JSON list)
 # so that a foreign key protects each referenced version from deletion.

@@ -8,7 +8,8 @@ Create Date: 2026-11-23
 (artifacts pinned, conf, args, master, max_restarts); ``jobs.revision`` names the
 current one, of which the job row's own columns stay a copy; ``distribution.revision``
 is the revision the current or last run was claimed with. Every existing job becomes
-revision 1 of itself, and a job that has run was run from it.
+revision 1 of itself, and a job that has run was run from it. ``jobs.label`` names the
+spec file (``sparkring apply``) that defines a job.
 
 Expand only: servers of the previous release keep reading the job row (still the
 current definition) and claim without setting ``distribution.revision``; a run claimed
@@ -74,6 +75,13 @@ def _jsonb(name: str, default: str) -> sa.Column:
 def upgrade() -> None:
     op.add_column("jobs", sa.Column("revision", sa.Integer(), server_default="1", nullable=False))
     op.create_check_constraint(op.f("ck_jobs_revision_positive"), "jobs", "revision > 0")
+    op.add_column("jobs", sa.Column("label", sa.Text(), nullable=True))
+    op.create_check_constraint(
+        op.f("ck_jobs_label_charset"),
+        "jobs",
+        r"label IS NULL OR label ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'",
+    )
+    op.create_index("ix_jobs_label", "jobs", ["label"], unique=False)
     op.add_column("distribution", sa.Column("revision", sa.Integer(), nullable=True))
     op.create_table(
         "job_revisions",
@@ -172,5 +180,8 @@ def downgrade() -> None:
     op.drop_table("job_revision_py_files")
     op.drop_table("job_revisions")
     op.drop_column("distribution", "revision")
+    op.drop_index("ix_jobs_label", table_name="jobs")
+    op.drop_constraint(op.f("ck_jobs_label_charset"), "jobs", type_="check")
+    op.drop_column("jobs", "label")
     op.drop_constraint(op.f("ck_jobs_revision_positive"), "jobs", type_="check")
     op.drop_column("jobs", "revision")
