@@ -581,6 +581,31 @@ def update(
     return _revise(conn, job_id, name, change.applied_to(current), restart=restart, actor=actor)
 
 
+def revise(
+    conn: sa.Connection,
+    name: str,
+    definition: Definition,
+    *,
+    restart: bool = False,
+    actor: str | None = None,
+) -> Revised:
+    """Make ``definition``, as a whole, the job's next revision (``sparkring apply``);
+    applied as :func:`update` is."""
+    job_id = _job_id(conn, name, lock=True)
+    return _revise(conn, job_id, name, definition, restart=restart, actor=actor)
+
+
+def set_label(conn: sa.Connection, name: str, label: str | None) -> bool:
+    """Mark the job as defined by the spec file of ``label``; True if it changed."""
+    return bool(
+        conn.execute(
+            sa.update(tables.jobs)
+            .where(tables.jobs.c.name == name, tables.jobs.c.label.is_distinct_from(label))
+            .values(label=label, updated_at=sa.func.now())
+        ).rowcount
+    )
+
+
 def rollback(
     conn: sa.Connection,
     name: str,
@@ -647,7 +672,8 @@ def revision_definition(conn: sa.Connection, job_id: int, revision: int) -> dict
     return None if row is None else _revision_view(row)
 
 
-def _reference(resource: Mapping[str, Any]) -> str:
+def reference(resource: Mapping[str, Any]) -> str:
+    """An artifact as ``NAME:VERSION``."""
     return f"{resource['name']}:{resource['version']}"
 
 
@@ -655,12 +681,10 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
     """The differences between two revisions (:func:`history` entries), one line each,
     artifacts by ``NAME:VERSION``, conf key by key."""
     lines = []
-    if _reference(before["resource"]) != _reference(after["resource"]):
-        lines.append(
-            f"resource {_reference(before['resource'])} -> {_reference(after['resource'])}"
-        )
-    old_py = ",".join(_reference(r) for r in before["py_files"]) or "(none)"
-    new_py = ",".join(_reference(r) for r in after["py_files"]) or "(none)"
+    if reference(before["resource"]) != reference(after["resource"]):
+        lines.append(f"resource {reference(before['resource'])} -> {reference(after['resource'])}")
+    old_py = ",".join(reference(r) for r in before["py_files"]) or "(none)"
+    new_py = ",".join(reference(r) for r in after["py_files"]) or "(none)"
     if old_py != new_py:
         lines.append(f"py_files {old_py} -> {new_py}")
     old_conf, new_conf = before["conf"], after["conf"]
