@@ -221,5 +221,5 @@ def test_a_kind_cannot_change_through_apply(
 ) -> None:
     _apply(engine, bucket, _write(folder, SPEC.format(max_restarts=2)))
     changed = _write(folder, SPEC.format(max_restarts=2).replace('kind = "batch"', ""))
-    with pytest.raises(apply.SpecError, match="jobs.nightly.kind: the job is batch"):
+    with pytest.raises(apply.SpecError, match=r"jobs\.nightly\.kind: the job is batch"):
         _plan(engine, changed)
