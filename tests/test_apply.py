@@ -136,9 +136,7 @@ def test_a_changed_file_makes_a_revision_uploading_only_new_content(
     ]
     # Back to the first content: its version is found by sha256, nothing is uploaded.
     (folder / "clicks.py").write_text("print('clicks v1')\n")
-    assert _plan(engine, spec_file)[0] == (
-        "update    clicks: resource clicks:2 -> clicks:1"
-    )
+    assert _plan(engine, spec_file)[0] == ("update    clicks: resource clicks:2 -> clicks:1")
     _apply(engine, bucket, spec_file)
     assert len(_resources(engine)) == 4
 
