@@ -95,6 +95,11 @@ def _artifact(value: Any, where: str, base: Path, problems: list[str]) -> Artifa
         if not path.is_file():
             problems.append(f"{where}: no file {value!r} (paths are relative to the spec file)")
             return None
+        if path.suffix.lower() not in validation.SUFFIXES:
+            problems.append(
+                f"{where}: {path.name!r} is not one of {', '.join(sorted(validation.SUFFIXES))}"
+            )
+            return None
         if not NAME.match(path.stem):
             problems.append(
                 f"{where}: {path.name!r} cannot name a resource: {validation.NAME_RULE}"
