@@ -122,13 +122,13 @@ def test_upgrade_to_revisions_makes_each_existing_job_its_own_revision_1(
     migrate.downgrade(engine, "0005")
     with engine.begin() as connection:
         ids = {}
-        for name in ("main", "lib", "lib2"):
+        for name, digit in (("main", "a"), ("lib", "b"), ("lib2", "c")):
             ids[name] = connection.execute(
                 sa.text(
                     "INSERT INTO resources (name, version, sha256, size, object_key, filename) "
                     "VALUES (:n, 1, :h, 3, :k, :f) RETURNING id"
                 ),
-                {"n": name, "h": name[0] * 64, "k": f"sha256/{name}", "f": f"{name}.py"},
+                {"n": name, "h": digit * 64, "k": f"sha256/{name}", "f": f"{name}.py"},
             ).scalar_one()
         jobs_made = {}
         for name, epoch in (("ran", 4), ("never-ran", 0)):
