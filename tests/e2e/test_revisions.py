@@ -4,9 +4,12 @@ Light drivers (tests/jobs/heartbeat.py) record their epoch, revision and pid."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from tests import cluster as cluster_module
 from tests import waiting
-from tests.cluster import Cluster
+from tests.cluster import HEARTBEAT_JOB, Cluster
 from tests.e2e import helpers
 
 
@@ -80,3 +83,42 @@ def test_a_running_streaming_job_rolls_once_and_a_running_batch_job_keeps_its_re
     assert "stopping" not in [e["kind"] for e in cluster.events("nightly")]
     history = cluster.cli("job", "history", "stream").stdout
     assert "conf spark.e2e.marker='2' added" in history
+
+
+def test_apply_creates_rolls_and_prunes_a_running_job(cluster: Cluster, tmp_path: Path) -> None:
+    """A spec file through real servers: the job it creates runs; the same file again
+    changes nothing; new content of its artifact rolls it to revision 2 (one upload);
+    --prune of a file without it stops its driver and deletes it."""
+    helpers.start_cluster(cluster, servers=("s1",))
+    folder = tmp_path / "spec"
+    folder.mkdir()
+    main = folder / "beat.py"
+    main.write_text(HEARTBEAT_JOB.read_text())
+    spec = folder / "jobs.toml"
+    spec.write_text(
+        f'label = "e2e"\n[jobs.beat]\nresource = "./beat.py"\nargs = ["{cluster.heartbeats}"]\n'
+    )
+    assert cluster.cli("apply", "-f", str(spec)).stdout.splitlines()[0] == (
+        "create    beat (streaming, beat:new)"
+    )
+    first = cluster.wait_job("beat", helpers.running, 90, "beat running")
+    assert cluster.cli("apply", "-f", str(spec)).stdout.splitlines() == [
+        "unchanged beat",
+        "nothing to change",
+    ]
+    main.write_text(HEARTBEAT_JOB.read_text() + "\n# version 2\n")
+    rolled = cluster.cli("apply", "-f", str(spec)).stdout
+    assert "update    beat: resource beat:1 -> beat:new" in rolled
+    second = cluster.wait_job(
+        "beat", lambda j: helpers.running(j) and j["run_revision"] == 2, 90, "beat revision 2"
+    )
+    assert second["epoch"] == first["epoch"] + 1
+    assert second["resource"]["version"] == 2
+    spec.write_text('label = "e2e"\n')
+    pruned = cluster.cli("apply", "-f", str(spec), "--prune").stdout
+    assert pruned.splitlines()[0] == "delete    beat"
+    listed = cluster.cli("job", "list", "--json").stdout
+    assert json.loads(listed) == []
+    assert cluster_module.overlaps(cluster.driver_records()) == []
+    kinds = [e["kind"] for e in cluster.events("beat")]
+    assert kinds.count("claimed") == 2 and kinds[-1] == "deleted", kinds
