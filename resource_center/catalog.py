@@ -231,17 +231,30 @@ def list_resources(engine: Engine, name: str | None = None) -> list[Resource]:
 
 def _referencing_jobs(connection: sa.Connection, resource_ids: list[int]) -> list[str]:
     jobs, py_files = tables.jobs, tables.job_py_files
+    revisions, revision_py_files = tables.job_revisions, tables.job_revision_py_files
     main = sa.select(jobs.c.name).where(jobs.c.resource_id.in_(resource_ids))
     extra = (
         sa.select(jobs.c.name)
         .join(py_files, py_files.c.job_id == jobs.c.id)
         .where(py_files.c.resource_id.in_(resource_ids))
     )
-    return sorted(connection.execute(sa.union(main, extra)).scalars())
+    # Any revision a job can be rolled back to pins its versions as well.
+    kept_main = (
+        sa.select(jobs.c.name)
+        .join(revisions, revisions.c.job_id == jobs.c.id)
+        .where(revisions.c.resource_id.in_(resource_ids))
+    )
+    kept_extra = (
+        sa.select(jobs.c.name)
+        .join(revision_py_files, revision_py_files.c.job_id == jobs.c.id)
+        .where(revision_py_files.c.resource_id.in_(resource_ids))
+    )
+    return sorted(connection.execute(sa.union(main, extra, kept_main, kept_extra)).scalars())
 
 
 def referencing_jobs(engine: Engine, resource: Resource) -> list[str]:
-    """Names of the jobs that use this version, as main artifact or in --py-files."""
+    """Names of the jobs that use this version, as main artifact or in --py-files, in
+    their current revision or an earlier one (a rollback may need it again)."""
     with engine.connect() as connection:
         return _referencing_jobs(connection, [resource.id])
 
@@ -249,8 +262,8 @@ def referencing_jobs(engine: Engine, resource: Resource) -> list[str]:
 def _in_use(label: str, jobs: list[str]) -> errors.ResourceInUse:
     noun = "job" if len(jobs) == 1 else "jobs"
     return errors.ResourceInUse(
-        f"resource {label} is used by {noun} {', '.join(jobs)}: delete those jobs or point "
-        "them at another version first"
+        f"resource {label} is used by {noun} {', '.join(jobs)}: delete those jobs first "
+        "(every revision of a job keeps its artifact versions)"
     )
 
 

@@ -63,6 +63,9 @@ class Claim:
     epoch: int
     attempt: int
     generation: int
+    # The job revision this run starts from (scheduler/jobs.py): the current one, except
+    # that a batch job re-run in the generation it ran in keeps that run's revision.
+    revision: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,9 @@ class Row:
     # Seconds until the job may become claimable by time alone (another owner's lease
     # expires, or a backoff ends); None when no such time applies.
     due_in: float | None = None
+    # The job's current revision and the one its run was claimed with.
+    job_revision: int | None = None
+    revision: int | None = None
 
 
 def _event_cte(kind: str) -> str:
@@ -102,7 +108,8 @@ def _event_cte(kind: str) -> str:
 _CLAIM = sa.text(
     """
     WITH j AS (
-        SELECT id, name, desired, generation, max_restarts FROM jobs WHERE id = :job_id FOR SHARE
+        SELECT id, name, kind, desired, generation, revision, max_restarts
+          FROM jobs WHERE id = :job_id FOR SHARE
     ), changed AS (
         UPDATE distribution d
            SET owner = :server,
@@ -112,6 +119,10 @@ _CLAIM = sa.text(
                state = 'starting',
                attempt = d.attempt + 1,
                generation = j.generation,
+               revision = CASE
+                   WHEN j.kind = 'batch' AND d.generation = j.generation
+                        AND d.revision IS NOT NULL THEN d.revision
+                   ELSE j.revision END,
                started_at = now(),
                not_before = NULL,
                updated_at = now()
@@ -125,12 +136,12 @@ _CLAIM = sa.text(
                  AND (d.not_before IS NULL OR d.not_before <= now()))
              OR (d.owner IS NOT NULL AND d.lease_until < now())
            )
-        RETURNING d.job_id, j.name, d.epoch, d.attempt, d.generation,
-                  jsonb_build_object('attempt', d.attempt) AS detail
+        RETURNING d.job_id, j.name, d.epoch, d.attempt, d.generation, d.revision,
+                  jsonb_build_object('attempt', d.attempt, 'revision', d.revision) AS detail
     )
     """
     + _event_cte(EventKind.CLAIMED)
-    + "SELECT job_id, name, epoch, attempt, generation FROM changed"
+    + "SELECT job_id, name, epoch, attempt, generation, revision FROM changed"
 )
 
 
@@ -140,6 +151,7 @@ def claim(conn: sa.Connection, job_id: int, owner: Owner, ttl: float) -> Claim:
     Succeeds only when the job is targeted at ``server``, desired running, and either
     unowned and claimable (pending, or backoff past ``not_before``) or owned under an
     expired lease (the previous owner was lost: a batch job runs again, attempt + 1).
+    Records the revision the run starts from (:attr:`Claim.revision`).
     """
     row = conn.execute(
         _CLAIM,
@@ -153,7 +165,7 @@ def claim(conn: sa.Connection, job_id: int, owner: Owner, ttl: float) -> Claim:
     ).one_or_none()
     if row is None:
         raise NotClaimable(f"job {job_id} is not claimable by {owner.server}")
-    return Claim(row.job_id, row.name, row.epoch, row.attempt, row.generation)
+    return Claim(row.job_id, row.name, row.epoch, row.attempt, row.generation, row.revision)
 
 
 _RENEW = sa.text(
@@ -514,7 +526,7 @@ _POLL = sa.text(
     )
     SELECT d.job_id, j.name, j.kind, j.desired, j.generation AS job_generation,
            j.max_restarts, d.target, d.owner, d.owner_incarnation, d.epoch, d.state,
-           d.generation,
+           d.generation, j.revision AS job_revision, d.revision,
            d.restarts,
            (d.lease_until IS NOT NULL AND d.lease_until < now()) AS lease_expired,
            (d.not_before IS NULL OR d.not_before <= now()) AS claimable_now,
@@ -554,6 +566,8 @@ def poll(conn: sa.Connection, owner: Owner) -> list[Row]:
             lease_expired=r.lease_expired,
             claimable_now=r.claimable_now,
             due_in=r.due_in,
+            job_revision=r.job_revision,
+            revision=r.revision,
         )
         for r in conn.execute(_POLL, owner.params())
     ]

@@ -1,4 +1,5 @@
-"""The job catalog: definitions and operator commands (create, start, stop, restart, delete).
+"""The job catalog: definitions and operator commands (create, update, rollback, start,
+stop, restart, delete).
 
 Commands change the *desired* state (``jobs.desired``) and, where no server owns the
 job, the run state directly; an owning server reacts to the desired state itself (see
@@ -6,14 +7,26 @@ job, the run state directly; an owning server reacts to the desired state itself
 commands are safe: two ``start`` commands racing on a stopped job make exactly one
 generation, the second finds the job already pending and does nothing (at most one start
 per generation). Every command appends to ``job_events`` and NOTIFYs the cluster.
+
+Revisions: a job's definition (main artifact and --py-files pinned to versions, conf,
+args, master, max_restarts) is numbered. ``create`` makes revision 1; ``update`` and
+``rollback`` add the next one (``job_revisions``) and copy it into the job row, which is
+always the current revision. A claim records the revision its run starts from
+(``distribution.revision``, ``scheduler/distribution.py``). A new revision of a live
+streaming job (wanted running, not at rest) bumps the generation in the same statement,
+so its owner stops the driver and the job is claimed again from the new revision: the
+same fenced stop-then-start as ``restart``. A live batch job keeps running its revision
+unless the caller asks for the restart.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
@@ -55,6 +68,7 @@ class JobSpec:
     spark_master: str | None = None
     # None: the kind's default (DEFAULT_MAX_RESTARTS). For a batch job: its retries.
     max_restarts: int | None = None
+    label: str | None = None  # the spec file's label (sparkring apply)
 
 
 def restart_budget(
@@ -90,6 +104,104 @@ def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
     return conf
 
 
+# A revision's fields, in the order history and diffs name them.
+FIELDS = ("resource", "py_files", "conf", "args", "master", "max_restarts")
+
+
+@dataclass(frozen=True)
+class Definition:
+    """One revision of a job: what its driver is started from, and its restart budget."""
+
+    resource_id: int
+    py_file_ids: tuple[int, ...] = ()
+    conf: Mapping[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    spark_master: str | None = None
+    max_restarts: int = 3
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> Definition:
+        return cls(
+            resource_id=spec.resource_id,
+            py_file_ids=tuple(spec.py_file_ids),
+            conf=dict(spec.conf),
+            args=tuple(spec.args),
+            spark_master=spec.spark_master,
+            max_restarts=restart_budget(spec.kind, spec.max_restarts),
+        )
+
+    def changed_from(self, before: Definition) -> list[str]:
+        """The names (of :data:`FIELDS`) of the fields that differ from ``before``."""
+        pairs = {
+            "resource": (self.resource_id, before.resource_id),
+            "py_files": (tuple(self.py_file_ids), tuple(before.py_file_ids)),
+            "conf": (dict(self.conf), dict(before.conf)),
+            "args": (tuple(self.args), tuple(before.args)),
+            "master": (self.spark_master, before.spark_master),
+            "max_restarts": (self.max_restarts, before.max_restarts),
+        }
+        return [name for name in FIELDS if pairs[name][0] != pairs[name][1]]
+
+
+@dataclass(frozen=True)
+class Change:
+    """What ``job update`` changes; a field left ``None`` stays as it is."""
+
+    resource_id: int | None = None
+    py_file_ids: Sequence[int] | None = None  # replaces the list; () clears it
+    conf: Mapping[str, str] = field(default_factory=dict)  # keys set (others kept)
+    unset_conf: Sequence[str] = ()  # keys removed
+    args: Sequence[str] | None = None  # replaces the list; () clears it
+    spark_master: str | None = None  # "" = back to the server's SPARKRING_SPARK_MASTER
+    max_restarts: int | None = None
+
+    def applied_to(self, current: Definition) -> Definition:
+        """``current`` with this change; a key to unset that is not set is refused."""
+        if self.max_restarts is not None and self.max_restarts < 0:
+            raise JobError("--max-restarts must be 0 or more")
+        conf = dict(current.conf)
+        for key in self.unset_conf:
+            if key in self.conf:
+                raise JobError(f"conf key {key!r} is both set and unset")
+            if conf.pop(key, None) is None:
+                raise JobError(f"conf key {key!r} is not set, so it cannot be unset")
+        conf.update(self.conf)
+        master = current.spark_master
+        if self.spark_master is not None:
+            master = self.spark_master or None
+        return Definition(
+            resource_id=current.resource_id if self.resource_id is None else self.resource_id,
+            py_file_ids=(
+                current.py_file_ids if self.py_file_ids is None else tuple(self.py_file_ids)
+            ),
+            conf=conf,
+            args=current.args if self.args is None else tuple(self.args),
+            spark_master=master,
+            max_restarts=current.max_restarts if self.max_restarts is None else self.max_restarts,
+        )
+
+
+class Effect(StrEnum):
+    """What a new revision does to the job's run (:class:`Revised`)."""
+
+    UNCHANGED = "unchanged"  # nothing differed: no revision was made
+    ROLLING = "rolling"  # its owner stops the driver; the job is claimed again from it
+    NEXT_CLAIM = "next claim"  # wanted running, no driver now: its next claim uses it
+    KEPT = "kept"  # a live batch run keeps its revision; the next run uses the new one
+    AT_REST = "at rest"  # not running: the next start uses it
+
+
+@dataclass(frozen=True)
+class Revised:
+    """The outcome of ``update`` or ``rollback``."""
+
+    revision: int  # the job's current revision after the command
+    previous: int  # the current revision before it
+    changed: tuple[str, ...]  # the fields that changed (empty: nothing was done)
+    effect: Effect
+    run_revision: int | None  # the revision the job's present run was claimed with
+
+
 def _event(
     conn: sa.Connection,
     job_id: int,
@@ -123,6 +235,40 @@ def _job_id(conn: sa.Connection, name: str, *, lock: bool = False) -> int:
     return job_id
 
 
+def _insert_revision(
+    conn: sa.Connection,
+    job_id: int,
+    revision: int,
+    definition: Definition,
+    *,
+    actor: str | None,
+    changed: Sequence[str] = (),
+    rollback_of: int | None = None,
+) -> None:
+    conn.execute(
+        sa.insert(tables.job_revisions).values(
+            job_id=job_id,
+            revision=revision,
+            resource_id=definition.resource_id,
+            conf=dict(definition.conf),
+            args=list(definition.args),
+            spark_master=definition.spark_master,
+            max_restarts=definition.max_restarts,
+            created_by=actor,
+            changed=list(changed),
+            rollback_of=rollback_of,
+        )
+    )
+    if definition.py_file_ids:
+        conn.execute(
+            sa.insert(tables.job_revision_py_files),
+            [
+                {"job_id": job_id, "revision": revision, "position": i, "resource_id": rid}
+                for i, rid in enumerate(definition.py_file_ids)
+            ],
+        )
+
+
 def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
     """Define a job (desired stopped). Its distribution row is created with it."""
     if not NAME.match(spec.name):
@@ -134,9 +280,10 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
     inserted = conn.execute(
         sa.text(
             """
-            INSERT INTO jobs (name, kind, resource_id, conf, args, spark_master, max_restarts)
+            INSERT INTO jobs (name, kind, resource_id, conf, args, spark_master, max_restarts,
+                              label)
             VALUES (:name, :kind, :resource_id, CAST(:conf AS jsonb), CAST(:args AS jsonb),
-                    :spark_master, :max_restarts)
+                    :spark_master, :max_restarts, :label)
             ON CONFLICT (name) DO NOTHING
             RETURNING id
             """
@@ -149,6 +296,7 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             "args": json.dumps(list(spec.args)),
             "spark_master": spec.spark_master,
             "max_restarts": max_restarts,
+            "label": spec.label,
         },
     ).scalar_one_or_none()
     if inserted is None:
@@ -162,6 +310,7 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             ],
         )
     conn.execute(sa.insert(tables.distribution).values(job_id=inserted, state="stopped"))
+    _insert_revision(conn, inserted, 1, Definition.of(spec), actor=actor)
     _event(conn, inserted, spec.name, EventKind.CREATED, {"kind": JobKind(spec.kind).value}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, spec.name)
     return inserted
@@ -286,10 +435,341 @@ def delete(conn: sa.Connection, name: str, actor: str | None = None) -> None:
     notify.notify(conn, notify.JOBS_CHANNEL, name)
 
 
+def _current(conn: sa.Connection, job_id: int) -> tuple[int, Definition]:
+    """The job's current revision number and definition (the job row is its copy)."""
+    j, p = tables.jobs, tables.job_py_files
+    row = conn.execute(
+        sa.select(
+            j.c.revision, j.c.resource_id, j.c.conf, j.c.args, j.c.spark_master, j.c.max_restarts
+        ).where(j.c.id == job_id)
+    ).one()
+    py_files = conn.execute(
+        sa.select(p.c.resource_id).where(p.c.job_id == job_id).order_by(p.c.position)
+    ).scalars()
+    return row.revision, Definition(
+        resource_id=row.resource_id,
+        py_file_ids=tuple(py_files),
+        conf=row.conf,
+        args=tuple(row.args),
+        spark_master=row.spark_master,
+        max_restarts=row.max_restarts,
+    )
+
+
+def _stored(conn: sa.Connection, job_id: int, revision: int) -> Definition | None:
+    r, p = tables.job_revisions, tables.job_revision_py_files
+    row = conn.execute(
+        sa.select(r).where(r.c.job_id == job_id, r.c.revision == revision)
+    ).one_or_none()
+    if row is None:
+        return None
+    py_files = conn.execute(
+        sa.select(p.c.resource_id)
+        .where(p.c.job_id == job_id, p.c.revision == revision)
+        .order_by(p.c.position)
+    ).scalars()
+    return Definition(
+        resource_id=row.resource_id,
+        py_file_ids=tuple(py_files),
+        conf=row.conf,
+        args=tuple(row.args),
+        spark_master=row.spark_master,
+        max_restarts=row.max_restarts,
+    )
+
+
+# The job row becomes the new revision. The generation moves on, in the same statement,
+# when the job has a live run that must take it now: a streaming job wanted running and
+# not at rest, or any such job when the caller asked for the restart (the owner then
+# stops its driver as for ``job restart``: runner.stop_reason). ``revision = :previous``
+# guards against a concurrent revision (the job row is locked; zero rows is an error).
+_REVISE = sa.text(
+    """
+    WITH old AS (
+        SELECT j.id, j.kind, j.desired, d.state, d.owner,
+               d.generation AS run_generation, d.revision AS run_revision,
+               (j.desired = 'running' AND (j.kind = 'streaming' OR :restart)
+                AND d.state <> ALL(:at_rest)) AS roll
+          FROM jobs j JOIN distribution d ON d.job_id = j.id
+         WHERE j.id = :job_id
+    )
+    UPDATE jobs j
+       SET resource_id = :resource_id,
+           conf = CAST(:conf AS jsonb),
+           args = CAST(:args AS jsonb),
+           spark_master = :spark_master,
+           max_restarts = :max_restarts,
+           revision = :revision,
+           generation = j.generation + CASE WHEN old.roll THEN 1 ELSE 0 END,
+           updated_at = now()
+      FROM old
+     WHERE j.id = old.id AND j.revision = :previous
+    RETURNING j.generation, old.roll, old.kind, old.desired, old.state, old.owner,
+              old.run_generation, old.run_revision
+    """
+)
+
+
+def _effect(row: sa.Row) -> Effect:
+    if row.roll:
+        return Effect.ROLLING if row.owner is not None else Effect.NEXT_CLAIM
+    if row.desired != states.Desired.RUNNING or row.state in states.TERMINAL:
+        return Effect.AT_REST
+    # A live batch job without the restart: a re-run of its present generation (after
+    # its owner was lost) keeps the revision that generation started with.
+    if row.owner is not None or (
+        row.run_generation == row.generation and row.run_revision is not None
+    ):
+        return Effect.KEPT
+    return Effect.NEXT_CLAIM
+
+
+def _revise(
+    conn: sa.Connection,
+    job_id: int,
+    name: str,
+    target: Definition,
+    *,
+    restart: bool,
+    actor: str | None,
+    rollback_of: int | None = None,
+) -> Revised:
+    """Make ``target`` the job's next revision (the job row is locked by the caller)."""
+    previous, current = _current(conn, job_id)
+    changed = target.changed_from(current)
+    if not changed:
+        run_revision = conn.execute(
+            sa.select(tables.distribution.c.revision).where(tables.distribution.c.job_id == job_id)
+        ).scalar_one()
+        return Revised(previous, previous, (), Effect.UNCHANGED, run_revision)
+    if _stored(conn, job_id, previous) is None:
+        # Created by a release without revisions (a rolling upgrade): keep what it was.
+        _insert_revision(conn, job_id, previous, current, actor=None)
+    revision = previous + 1
+    _insert_revision(
+        conn, job_id, revision, target, actor=actor, changed=changed, rollback_of=rollback_of
+    )
+    row = conn.execute(
+        _REVISE,
+        {
+            "job_id": job_id,
+            "restart": restart,
+            "at_rest": sorted(states.TERMINAL),
+            "resource_id": target.resource_id,
+            "conf": json.dumps(dict(target.conf)),
+            "args": json.dumps(list(target.args)),
+            "spark_master": target.spark_master,
+            "max_restarts": target.max_restarts,
+            "revision": revision,
+            "previous": previous,
+        },
+    ).one_or_none()
+    if row is None:
+        raise JobConflict(f"job {name!r} was revised concurrently; try again")
+    p = tables.job_py_files
+    conn.execute(sa.delete(p).where(p.c.job_id == job_id))
+    if target.py_file_ids:
+        conn.execute(
+            sa.insert(p),
+            [
+                {"job_id": job_id, "position": i, "resource_id": rid}
+                for i, rid in enumerate(target.py_file_ids)
+            ],
+        )
+    effect = _effect(row)
+    detail: dict[str, Any] = {
+        "revision": revision,
+        "previous": previous,
+        "changed": changed,
+        "effect": effect.value,
+    }
+    if rollback_of is not None:
+        detail["rollback_of"] = rollback_of
+    _event(conn, job_id, name, EventKind.REVISED, detail, actor)
+    notify.notify(conn, notify.JOBS_CHANNEL, name)
+    return Revised(revision, previous, tuple(changed), effect, row.run_revision)
+
+
+def update(
+    conn: sa.Connection,
+    name: str,
+    change: Change,
+    *,
+    restart: bool = False,
+    actor: str | None = None,
+) -> Revised:
+    """Make the job's definition with ``change`` applied its next revision.
+
+    Nothing changes (no revision, no event) when the result equals the current one. A
+    live streaming job rolls to the new revision (stop, then a claim from it; the same
+    checkpoint); a live batch run keeps its revision unless ``restart``; a job at rest
+    uses it at its next start. See :class:`Effect`.
+    """
+    job_id = _job_id(conn, name, lock=True)
+    _, current = _current(conn, job_id)
+    return _revise(conn, job_id, name, change.applied_to(current), restart=restart, actor=actor)
+
+
+def revise(
+    conn: sa.Connection,
+    name: str,
+    definition: Definition,
+    *,
+    restart: bool = False,
+    actor: str | None = None,
+) -> Revised:
+    """Make ``definition``, as a whole, the job's next revision (``sparkring apply``);
+    applied as :func:`update` is."""
+    job_id = _job_id(conn, name, lock=True)
+    return _revise(conn, job_id, name, definition, restart=restart, actor=actor)
+
+
+def set_label(conn: sa.Connection, name: str, label: str | None) -> bool:
+    """Mark the job as defined by the spec file of ``label``; True if it changed."""
+    return bool(
+        conn.execute(
+            sa.update(tables.jobs)
+            .where(tables.jobs.c.name == name, tables.jobs.c.label.is_distinct_from(label))
+            .values(label=label, updated_at=sa.func.now())
+        ).rowcount
+    )
+
+
+def rollback(
+    conn: sa.Connection,
+    name: str,
+    to: int | None = None,
+    *,
+    restart: bool = False,
+    actor: str | None = None,
+) -> Revised:
+    """Make revision ``to`` (default: the one before the current) the job's next
+    revision: history only grows, so a rollback is itself a revision. Applied to the
+    run as :func:`update` is."""
+    job_id = _job_id(conn, name, lock=True)
+    current, _ = _current(conn, job_id)
+    if to is None:
+        if current == 1:
+            raise JobError(f"job {name!r} has only revision 1: nothing to roll back to")
+        to = current - 1
+    definition = _stored(conn, job_id, to) if 0 < to <= current else None
+    if definition is None:
+        raise JobError(f"job {name!r} has no revision {to} (its revisions: 1 to {current})")
+    return _revise(conn, job_id, name, definition, restart=restart, actor=actor, rollback_of=to)
+
+
+_HISTORY = """
+    SELECT r.revision, r.created_at, r.created_by, r.changed, r.rollback_of, r.conf, r.args,
+           r.spark_master, r.max_restarts,
+           jsonb_build_object('id', res.id, 'name', res.name, 'version', res.version,
+                              'sha256', res.sha256, 'filename', res.filename) AS resource,
+           COALESCE((SELECT jsonb_agg(jsonb_build_object(
+                         'id', pr.id, 'name', pr.name, 'version', pr.version,
+                         'sha256', pr.sha256, 'filename', pr.filename) ORDER BY p.position)
+                       FROM job_revision_py_files p JOIN resources pr ON pr.id = p.resource_id
+                      WHERE p.job_id = r.job_id AND p.revision = r.revision),
+                    '[]'::jsonb) AS py_files
+      FROM job_revisions r
+      JOIN resources res ON res.id = r.resource_id
+"""
+
+
+def _revision_view(row: sa.Row) -> dict[str, Any]:
+    return {
+        "revision": row.revision,
+        "created_at": row.created_at,
+        "created_by": row.created_by,
+        "changed": row.changed,
+        "rollback_of": row.rollback_of,
+        "resource": row.resource,
+        "py_files": row.py_files,
+        "conf": row.conf,
+        "args": row.args,
+        "spark_master": row.spark_master,
+        "max_restarts": row.max_restarts,
+    }
+
+
+def revision_definition(conn: sa.Connection, job_id: int, revision: int) -> dict[str, Any] | None:
+    """What a driver of ``revision`` is started from (resource and py_files with their
+    file names, conf, args, spark_master, max_restarts), or None if no such revision is
+    kept (a job made by a release without revisions: its job row is the definition)."""
+    row = conn.execute(
+        sa.text(_HISTORY + " WHERE r.job_id = :job_id AND r.revision = :revision"),
+        {"job_id": job_id, "revision": revision},
+    ).one_or_none()
+    return None if row is None else _revision_view(row)
+
+
+def reference(resource: Mapping[str, Any]) -> str:
+    """An artifact as ``NAME:VERSION``."""
+    return f"{resource['name']}:{resource['version']}"
+
+
+def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The differences between two revisions (:func:`history` entries), one line each,
+    artifacts by ``NAME:VERSION``, conf key by key."""
+    lines = []
+    if reference(before["resource"]) != reference(after["resource"]):
+        lines.append(f"resource {reference(before['resource'])} -> {reference(after['resource'])}")
+    old_py = ",".join(reference(r) for r in before["py_files"]) or "(none)"
+    new_py = ",".join(reference(r) for r in after["py_files"]) or "(none)"
+    if old_py != new_py:
+        lines.append(f"py_files {old_py} -> {new_py}")
+    old_conf, new_conf = before["conf"], after["conf"]
+    for key in sorted(set(old_conf) | set(new_conf)):
+        if key not in new_conf:
+            lines.append(f"conf {key} unset (was {old_conf[key]!r})")
+        elif key not in old_conf:
+            lines.append(f"conf {key}={new_conf[key]!r} added")
+        elif old_conf[key] != new_conf[key]:
+            lines.append(f"conf {key} {old_conf[key]!r} -> {new_conf[key]!r}")
+    if list(before["args"]) != list(after["args"]):
+        lines.append(f"args {shlex.join(before['args'])!r} -> {shlex.join(after['args'])!r}")
+    if before["spark_master"] != after["spark_master"]:
+        lines.append(
+            f"master {before['spark_master'] or '(server default)'} -> "
+            f"{after['spark_master'] or '(server default)'}"
+        )
+    if before["max_restarts"] != after["max_restarts"]:
+        lines.append(f"max_restarts {before['max_restarts']} -> {after['max_restarts']}")
+    return lines
+
+
+def history(conn: sa.Connection, name: str) -> list[dict[str, Any]]:
+    """Every revision of the job, oldest first, each with ``diff`` (its differences from
+    the revision before it), ``current`` (the job's definition now) and ``running``
+    (the revision of the run its owner holds now, if any)."""
+    job = conn.execute(
+        sa.text(
+            """
+            SELECT j.id, j.revision, d.revision AS run_revision, d.owner
+              FROM jobs j JOIN distribution d ON d.job_id = j.id WHERE j.name = :name
+            """
+        ),
+        {"name": name},
+    ).one_or_none()
+    if job is None:
+        raise JobNotFound(f"no job named {name!r}")
+    rows = conn.execute(
+        sa.text(_HISTORY + " WHERE r.job_id = :job_id ORDER BY r.revision"), {"job_id": job.id}
+    ).all()
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        entry = _revision_view(row)
+        before = out[-1] if out and out[-1]["revision"] == row.revision - 1 else None
+        entry["diff"] = describe_changes(before, entry) if before else []
+        entry["current"] = row.revision == job.revision
+        entry["running"] = job.owner is not None and row.revision == job.run_revision
+        out.append(entry)
+    return out
+
+
 _SHOW = """
     SELECT j.id, j.name, j.kind, j.desired, j.generation AS job_generation, j.conf, j.args,
-           j.spark_master, j.max_restarts, j.created_at,
-           d.state, d.owner, d.target, d.epoch, d.attempt, d.restarts, d.lease_until,
+           j.spark_master, j.max_restarts, j.created_at, j.revision, j.label,
+           d.revision AS run_revision, d.state, d.owner, d.target, d.epoch, d.attempt,
+           d.restarts, d.lease_until,
            d.pending_reason, d.last_error, d.started_at, d.updated_at, d.not_before,
            r.id AS resource_id, r.name AS resource_name, r.version AS resource_version,
            r.sha256 AS resource_sha256, r.filename AS resource_filename,
@@ -318,6 +798,11 @@ def _view(row: sa.Row) -> dict[str, Any]:
         "restarts": row.restarts,
         "max_restarts": row.max_restarts,
         "generation": row.job_generation,
+        # The current revision (job history), and the one the present or last run was
+        # claimed with (None before the first claim).
+        "revision": row.revision,
+        "run_revision": row.run_revision,
+        "label": row.label,
         "resource": {
             "id": row.resource_id,
             "name": row.resource_name,

@@ -71,6 +71,7 @@ class EventKind(StrEnum):
     CRASHED = "crashed"  # a driver failed; restarts left: backoff
     FAILED = "failed"  # failed for good (own driver past its budget, or invalid)
     REAPED = "reaped"  # the coordinator cleared a departed owner's expired lease
+    REVISED = "revised"  # job update/rollback made a new revision (operator)
 
 
 S = RunState

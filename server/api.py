@@ -117,6 +117,39 @@ class JobCreate(BaseModel):
     )
 
 
+class JobUpdate(BaseModel):
+    """A new revision, as ``sparkring job update`` takes it: fields left out are kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resource: str | None = Field(None, description="Main artifact NAME or NAME:VERSION.")
+    py_files: list[str] | None = Field(None, description="Replaces the list ([] clears it).")
+    conf: dict[str, str] = Field(default_factory=dict, description="Keys set (others kept).")
+    unset_conf: list[str] = Field(default_factory=list, description="Conf keys removed.")
+    args: list[str] | None = Field(None, description="Replaces every argument.")
+    spark_master: str | None = Field(None, description="'' = the server's default.")
+    max_restarts: int | None = Field(None, ge=0)
+    restart: bool = Field(False, description="Also restart a running batch job now.")
+
+
+class JobRollback(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    to: int | None = Field(None, ge=1, description="Revision to restore (default: previous).")
+    restart: bool = Field(False, description="Also restart a running batch job now.")
+
+
+def _revised(name: str, revised: Any) -> dict[str, Any]:
+    return {
+        "job": name,
+        "revision": revised.revision,
+        "previous": revised.previous,
+        "changed": list(revised.changed),
+        "effect": revised.effect.value,
+        "run_revision": revised.run_revision,
+    }
+
+
 def _default(value: Any) -> str:
     """Datetimes in ISO 8601, as ``--json`` prints them; anything else as text."""
     return value.isoformat() if isinstance(value, datetime.datetime) else str(value)
@@ -418,6 +451,41 @@ def create_app(backend: Backend) -> FastAPI:
     def restart_job(name: str, principal: auth.Caller = operator) -> dict[str, str]:
         """Stop the current driver and run the job again (a new generation)."""
         return _command(name, jobs.restart, principal)
+
+    @app.get(f"{API}/jobs/{{name}}/revisions", tags=["jobs"])
+    def job_revisions(name: str, principal: auth.Caller = viewer) -> list[dict[str, Any]]:
+        """Every revision of the job, oldest first, with ``diff`` from the one before,
+        ``current`` and ``running`` marked (docs/jobs.md)."""
+        with backend.engine.connect() as conn:
+            return _json(jobs.history(conn, name))
+
+    @app.post(f"{API}/jobs/{{name}}/revisions", tags=["jobs"])
+    def update_job(name: str, body: JobUpdate, principal: auth.Caller = operator) -> dict:
+        """Make a new revision (``job update``). ``effect``: unchanged (no revision was
+        made), rolling, next claim, kept (a running batch run) or at rest."""
+        main = catalog.resolve(backend.engine, body.resource) if body.resource else None
+        extra = [catalog.resolve(backend.engine, ref) for ref in body.py_files or []]
+        change = jobs.Change(
+            resource_id=main.id if main is not None else None,
+            py_file_ids=None if body.py_files is None else [r.id for r in extra],
+            conf=body.conf,
+            unset_conf=body.unset_conf,
+            args=body.args,
+            spark_master=body.spark_master,
+            max_restarts=body.max_restarts,
+        )
+        with backend.engine.begin() as conn:
+            revised = jobs.update(conn, name, change, restart=body.restart, actor=principal.actor)
+        return _revised(name, revised)
+
+    @app.post(f"{API}/jobs/{{name}}/rollback", tags=["jobs"])
+    def rollback_job(name: str, body: JobRollback, principal: auth.Caller = operator) -> dict:
+        """Make an earlier revision current again, as a new revision (``job rollback``)."""
+        with backend.engine.begin() as conn:
+            revised = jobs.rollback(
+                conn, name, body.to, restart=body.restart, actor=principal.actor
+            )
+        return _revised(name, revised)
 
     @app.delete(f"{API}/jobs/{{name}}", tags=["jobs"])
     def delete_job(name: str, principal: auth.Caller = operator) -> dict[str, str]:

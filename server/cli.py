@@ -17,6 +17,7 @@ import typer
 from sqlalchemy import exc as sa_exc
 
 from server import (
+    cli_apply,
     cli_db,
     cli_health,
     cli_job,
@@ -46,6 +47,9 @@ app.add_typer(cli_server.app, name="server")
 app.add_typer(cli_job.app, name="job")
 app.add_typer(cli_ring.app, name="ring")
 app.add_typer(cli_token.app, name="token")
+app.command("apply", short_help="Create, revise, start, stop and prune jobs from a TOML spec.")(
+    cli_apply.apply
+)
 app.command("health", short_help="Probe a health URL: exit 0 on a 2xx answer, else 1.")(
     cli_health.health
 )

@@ -88,6 +88,156 @@ def create(
     )
 
 
+@app.command()
+def update(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="The job to revise."),
+    resource: str | None = typer.Option(
+        None,
+        "--resource",
+        help="New main artifact: NAME (latest version, pinned now) or NAME:VERSION.",
+    ),
+    py_files: list[str] = typer.Option(
+        [],
+        "--py-files",
+        help="Extra artifact NAME[:VERSION]; repeatable; replaces the whole list.",
+    ),
+    no_py_files: bool = typer.Option(False, "--no-py-files", help="Remove every --py-files."),
+    conf: list[str] = typer.Option(
+        [], "--conf", help="Set Spark conf KEY=VALUE (other keys kept); repeatable."
+    ),
+    unset_conf: list[str] = typer.Option(
+        [], "--unset-conf", help="Remove a Spark conf KEY; repeatable."
+    ),
+    arg: list[str] = typer.Option(
+        [], "--arg", help="Argument passed to the job; repeatable; replaces every argument."
+    ),
+    no_args: bool = typer.Option(False, "--no-args", help="Remove every argument."),
+    master: str | None = typer.Option(
+        None,
+        "--master",
+        help="Spark master for this job ('' = back to SPARKRING_SPARK_MASTER).",
+    ),
+    max_restarts: int | None = typer.Option(
+        None, "--max-restarts", min=0, help="Crash restarts before the job is FAILED."
+    ),
+    restart: bool = typer.Option(
+        False,
+        "--restart",
+        help="Also restart a running batch job now with the new revision "
+        "(a running streaming job always rolls to it).",
+    ),
+) -> None:
+    """Make a new revision of the job: the options given change it, the rest is kept.
+
+    A running streaming job rolls to the new revision at once: its driver is stopped,
+    then started again from the new revision with the same checkpoint (one move, fenced
+    like a restart). A running batch job keeps its revision until its next run unless
+    --restart. A job at rest uses it at its next start. Nothing changed: no revision.
+    Artifact versions are pinned per revision: see 'job history' and 'job rollback'.
+    """
+    from resource_center import catalog
+
+    if py_files and no_py_files:
+        raise console.fail("--py-files and --no-py-files exclude each other")
+    if arg and no_args:
+        raise console.fail("--arg and --no-args exclude each other")
+    conf_map = jobs.parse_conf(conf)
+    engine = console.engine(ctx)
+    main = catalog.resolve(engine, resource) if resource is not None else None
+    extra = [catalog.resolve(engine, ref) for ref in py_files]
+    change = jobs.Change(
+        resource_id=main.id if main is not None else None,
+        py_file_ids=[r.id for r in extra] if py_files else (() if no_py_files else None),
+        conf=conf_map,
+        unset_conf=unset_conf,
+        args=arg if arg else (() if no_args else None),
+        spark_master=master,
+        max_restarts=max_restarts,
+    )
+    with engine.begin() as conn:
+        revised = jobs.update(conn, name, change, restart=restart, actor=_actor())
+    console.out.print(_revised_message(name, revised))
+
+
+@app.command()
+def rollback(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="The job to roll back."),
+    to: int | None = typer.Option(
+        None, "--to", min=1, help="Revision to restore (default: the one before the current)."
+    ),
+    restart: bool = typer.Option(
+        False, "--restart", help="Also restart a running batch job now with it."
+    ),
+) -> None:
+    """Make an earlier revision current again, as a new revision (history only grows).
+
+    Applied to a running job as 'job update' is: a streaming job rolls to it, a batch
+    run keeps its revision unless --restart.
+    """
+    engine = console.engine(ctx)
+    with engine.begin() as conn:
+        revised = jobs.rollback(conn, name, to, restart=restart, actor=_actor())
+    console.out.print(_revised_message(name, revised))
+
+
+def _revised_message(name: str, revised: jobs.Revised) -> str:
+    """What ``update``/``rollback`` did and what happens to the run next, in one line."""
+    if revised.effect is jobs.Effect.UNCHANGED:
+        return f"job {name}: no change (still revision {revised.revision})"
+    head = f"job {name}: revision {revised.revision} ({', '.join(revised.changed)} changed)"
+    effect = {
+        jobs.Effect.ROLLING: "rolling the running driver to it (stop, then start from the "
+        "same checkpoint)",
+        jobs.Effect.NEXT_CLAIM: "the job starts from it when it is next claimed",
+        jobs.Effect.KEPT: f"the running batch run keeps revision {revised.run_revision}; "
+        "the next run uses the new one (--restart to restart it now)",
+        jobs.Effect.AT_REST: f"used at the next 'sparkring job start {name}'",
+    }[revised.effect]
+    return f"{head}; {effect}"
+
+
+@app.command()
+def history(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The job's revisions, oldest first, with what each changed (current and running
+    ones marked)."""
+    engine = console.engine(ctx)
+    with engine.connect() as conn:
+        rows = jobs.history(conn, name)
+    if as_json:
+        console.emit_json(rows)
+        return
+    console.table(
+        ["revision", "created_at", "by", "resource", "changes"],
+        [
+            [
+                str(r["revision"])
+                + (" current" if r["current"] else "")
+                + (" running" if r["running"] else ""),
+                r["created_at"],
+                r["created_by"],
+                f"{r['resource']['name']}:{r['resource']['version']}",
+                _changes(r),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def _changes(revision: dict[str, Any]) -> str:
+    if revision["revision"] == 1 and not revision["diff"]:
+        return "created"
+    lines = list(revision["diff"])
+    if revision["rollback_of"] is not None:
+        lines.insert(0, f"rollback to revision {revision['rollback_of']}")
+    return "; ".join(lines) or "-"
+
+
 def _actor() -> str:
     """How job events name a CLI user (``detail.by``); API writes name their token."""
     try:

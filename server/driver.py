@@ -100,6 +100,7 @@ class DriverSpec:
     spark_submit: Path = field(default_factory=lambda: default_spark_submit())
     python: str = sys.executable
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    revision: int | None = None  # the job revision run (SPARKRING_REVISION), if known
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,8 @@ def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
             "PYSPARK_DRIVER_PYTHON": spec.python,
         }
     )
+    if spec.revision is not None:
+        env["SPARKRING_REVISION"] = str(spec.revision)
     if spec.kind == "streaming":
         assert spec.checkpoint_dir is not None  # _check
         env["SPARKRING_CHECKPOINT_DIR"] = str(spec.checkpoint_dir)

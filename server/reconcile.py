@@ -21,8 +21,9 @@ The decisions, per job, in order:
 - a run whose outcome is not recorded yet: :class:`Record` it (again);
 - a running run whose row no longer names this incarnation and epoch: :class:`Drop`
   (kill the driver; the job is someone else's);
-- a running run whose job is wanted stopped, restarted (new generation) or targeted
-  elsewhere (once migrations are allowed): :class:`Stop` it, with the reason;
+- a running run whose job is wanted stopped, restarted (new generation: a restart, or a
+  new revision to roll to) or targeted elsewhere (once migrations are allowed):
+  :class:`Stop` it, with the reason;
 - a running run whose row still says ``starting`` (that record failed):
   :class:`MarkRunning` again;
 - a row with a live lease of this server id but no local run (a previous incarnation's,
@@ -166,6 +167,8 @@ def stop_reason(row: distribution.Row, me: str, may_migrate: bool) -> str | None
     if row.desired != states.Desired.RUNNING:
         return "stop requested"
     if row.job_generation != row.generation:
+        if row.job_revision is not None and row.job_revision != row.revision:
+            return f"rolling to revision {row.job_revision}"
         return "restart requested"
     if row.target != me and may_migrate:
         return f"migrating to {row.target or 'no server'}"

@@ -95,6 +95,9 @@ class Run:
     deadline: float  # lease-clock time the watchdog kills the driver unless confirmed
     owner: distribution.Owner  # this incarnation, or a previous one whose run ended here
     phase: reconcile.Phase = reconcile.Phase.STARTING
+    # The job revision the claim pinned (None: claimed by a release without revisions,
+    # or adopted): the driver is started from it, not from whatever is current later.
+    revision: int | None = None
     driver: driver.Driver | None = None
     # How the run ended, not yet recorded in PostgreSQL (retried until it is).
     unrecorded: Callable[[sa.Connection], object] | None = None
@@ -400,12 +403,19 @@ class Runner:
             # From the time before the claim was sent: PostgreSQL's lease ends later.
             deadline=t_sent + cfg.lease_ttl - cfg.watchdog_margin,
             owner=self.owner,
+            revision=claim.revision,
         )
         with self._lock:
             self._runs[run.job_id] = run
         log.info(
             "claimed",
-            extra={"action": "claim", "job": run.name, "epoch": run.epoch, "attempt": run.attempt},
+            extra={
+                "action": "claim",
+                "job": run.name,
+                "epoch": run.epoch,
+                "attempt": run.attempt,
+                "revision": run.revision,
+            },
         )
         self._tasks.submit(self._start, run)
 
@@ -414,6 +424,10 @@ class Runner:
         try:
             with self.engine.connect() as conn:
                 job = job_catalog.get(conn, run.job_id)
+                if run.revision is not None:
+                    # The revision the claim pinned: a newer one rolls the job anew.
+                    pinned = job_catalog.revision_definition(conn, run.job_id, run.revision)
+                    job = {**job, **(pinned or {})}
             artifacts = [job["resource"], *job["py_files"]]
             fetched = [(self._fetch(item["id"]), item["filename"]) for item in artifacts]
             # The run's own links, under the original names: the cache may evict them.
@@ -437,6 +451,7 @@ class Runner:
                     else None
                 ),
                 run_dir=run_dir(cfg.work_dir, run.name, run.epoch),
+                revision=run.revision,
             )
             with self._lock:
                 deadline = run.deadline

@@ -83,14 +83,25 @@ jobs = sa.Table(
     sa.Column("generation", sa.BigInteger, nullable=False, server_default="0"),
     _timestamp("created_at"),
     _timestamp("updated_at"),
+    # The current revision (job_revisions): resource_id, conf, args, spark_master,
+    # max_restarts and job_py_files above are always a copy of it.
+    sa.Column("revision", sa.Integer, nullable=False, server_default="1"),
+    # The label of the spec file that defines the job (``sparkring apply``): apply
+    # --prune deletes the jobs of its label that the file no longer has. NULL: none.
+    sa.Column("label", sa.Text, nullable=True),
     sa.CheckConstraint(_in("kind", JOB_KINDS), name="kind_known"),
     sa.CheckConstraint(_in("desired", DESIRED_STATES), name="desired_known"),
     sa.CheckConstraint("max_restarts >= 0", name="max_restarts_not_negative"),
     sa.CheckConstraint("generation >= 0", name="generation_not_negative"),
+    sa.CheckConstraint("revision > 0", name="revision_positive"),
     sa.CheckConstraint("jsonb_typeof(conf) = 'object'", name="conf_is_object"),
     sa.CheckConstraint("jsonb_typeof(args) = 'array'", name="args_is_array"),
     sa.CheckConstraint(r"name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'", name="name_charset"),
+    sa.CheckConstraint(
+        r"label IS NULL OR label ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'", name="label_charset"
+    ),
 )
+sa.Index("ix_jobs_label", jobs.c.label)
 
 # Extra artifacts passed to spark-submit --py-files, in order. Rows (not a JSON list)
 # so that a foreign key protects each referenced version from deletion.
@@ -106,6 +117,61 @@ job_py_files = sa.Table(
         sa.BigInteger,
         sa.ForeignKey("resources.id", ondelete="RESTRICT"),
         nullable=False,
+    ),
+    sa.CheckConstraint("position >= 0", name="position_not_negative"),
+)
+
+# Every definition a job has had, numbered from 1 (job create) by job update and
+# rollback; kept until the job is deleted. Each pins its artifact versions: RESTRICT
+# keeps them undeletable while a revision names them, so a rollback can always run.
+job_revisions = sa.Table(
+    "job_revisions",
+    metadata,
+    sa.Column(
+        "job_id", sa.BigInteger, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("revision", sa.Integer, primary_key=True),
+    sa.Column(
+        "resource_id",
+        sa.BigInteger,
+        sa.ForeignKey("resources.id", ondelete="RESTRICT"),
+        nullable=False,
+    ),
+    sa.Column("conf", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("args", JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
+    sa.Column("spark_master", sa.Text, nullable=True),
+    sa.Column("max_restarts", sa.Integer, nullable=False),
+    _timestamp("created_at"),
+    # Who made it (``cli:<user>`` or an API token), the fields it changed from the
+    # revision before it, and the revision it restores (job rollback).
+    sa.Column("created_by", sa.Text, nullable=True),
+    sa.Column("changed", JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
+    sa.Column("rollback_of", sa.Integer, nullable=True),
+    sa.CheckConstraint("revision > 0", name="revision_positive"),
+    sa.CheckConstraint("max_restarts >= 0", name="max_restarts_not_negative"),
+    sa.CheckConstraint("jsonb_typeof(conf) = 'object'", name="conf_is_object"),
+    sa.CheckConstraint("jsonb_typeof(args) = 'array'", name="args_is_array"),
+    sa.CheckConstraint("jsonb_typeof(changed) = 'array'", name="changed_is_array"),
+)
+
+# The --py-files of each revision, in order (rows, so that RESTRICT protects them).
+job_revision_py_files = sa.Table(
+    "job_revision_py_files",
+    metadata,
+    sa.Column("job_id", sa.BigInteger, primary_key=True),
+    sa.Column("revision", sa.Integer, primary_key=True),
+    sa.Column("position", sa.Integer, primary_key=True),
+    sa.Column(
+        "resource_id",
+        sa.BigInteger,
+        sa.ForeignKey("resources.id", ondelete="RESTRICT"),
+        nullable=False,
+    ),
+    sa.ForeignKeyConstraint(
+        ["job_id", "revision"],
+        ["job_revisions.job_id", "job_revisions.revision"],
+        ondelete="CASCADE",
+        name="fk_job_revision_py_files_job_id_job_revisions",
     ),
     sa.CheckConstraint("position >= 0", name="position_not_negative"),
 )
@@ -131,6 +197,9 @@ distribution = sa.Table(
     sa.Column("restarts", sa.Integer, nullable=False, server_default="0"),
     # The job generation this row's current run belongs to (see jobs.generation).
     sa.Column("generation", sa.BigInteger, nullable=False, server_default="0"),
+    # The job revision the current (or last) run was started from, set by its claim;
+    # NULL until the job's first claim.
+    sa.Column("revision", sa.Integer, nullable=True),
     sa.Column("ring_generation", sa.BigInteger, nullable=False, server_default="0"),
     # Why the job has no target (capacity exhausted, no live server), for users.
     sa.Column("pending_reason", sa.Text, nullable=True),

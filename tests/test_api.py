@@ -188,6 +188,37 @@ def test_job_lifecycle_through_the_api_records_the_token_in_each_event(stack: Ap
     assert {"job": name, "kind": "deleted"} in [{"job": e["job"], "kind": e["kind"]} for e in feed]
 
 
+def test_revisions_through_the_api(stack: ApiStack) -> None:
+    name = _name()
+    stack.create_job(name, args=["a"])
+    url = f"{API}/jobs/{name}"
+    with stack.client(stack.operator) as http:
+        revised = http.post(f"{url}/revisions", json={"args": ["b"], "conf": {"k": "v"}})
+        assert revised.json() == {
+            "job": name,
+            "revision": 2,
+            "previous": 1,
+            "changed": ["conf", "args"],
+            "effect": "at rest",
+            "run_revision": None,
+        }
+        same = http.post(f"{url}/revisions", json={"args": ["b"]}).json()
+        assert (same["revision"], same["effect"]) == (2, "unchanged")
+        _one_line_error(
+            http.post(f"{url}/revisions", json={"unset_conf": ["nope"]}), 400, "is not set"
+        )
+        _one_line_error(http.post(f"{url}/revisions", json={"resource": "ghost"}), 404, "ghost")
+        _one_line_error(http.post(f"{url}/rollback", json={"to": 9}), 400, "no revision 9")
+        back = http.post(f"{url}/rollback", json={}).json()
+        assert (back["revision"], back["changed"]) == (3, ["conf", "args"])
+        history = http.get(f"{url}/revisions").json()
+    assert [h["revision"] for h in history] == [1, 2, 3]
+    assert history[-1]["rollback_of"] == 1 and history[-1]["current"] is True
+    assert history[1]["created_by"] == "token:ops"
+    with stack.client(stack.viewer) as http:
+        _one_line_error(http.post(f"{url}/rollback", json={}), 403)
+
+
 def test_cli_commands_are_recorded_as_cli_in_events(stack: ApiStack) -> None:
     name = _name()
     stack.create_job(name)

@@ -98,7 +98,7 @@ def test_event_kinds_are_declared_once_and_guarded(engine: sa.Engine) -> None:
 
     from scheduler import states
 
-    latest = importlib.import_module("sql.migrations.versions.0005_event_kinds")
+    latest = importlib.import_module("sql.migrations.versions.0007_job_revisions")
     assert set(latest.KINDS) == {kind.value for kind in states.EventKind}
     with engine.begin() as connection:
         for kind in states.EventKind:
@@ -129,3 +129,70 @@ def test_batch_jobs_created_before_batch_retries_keep_retrying_none(engine: sa.E
         query = sa.select(tables.jobs.c.name, tables.jobs.c.max_restarts)
         budgets = {name: budget for name, budget in connection.execute(query)}
     assert budgets == {"etl-job": 0, "stream": 3}
+
+
+def test_upgrade_to_revisions_makes_each_existing_job_its_own_revision_1(
+    engine: sa.Engine,
+) -> None:
+    """0007 on a database with jobs: each job's definition as it stands becomes revision
+    1 (py-files in order), a job that has been claimed ran revision 1, and the jobs can
+    be revised afterwards."""
+    from scheduler import jobs
+
+    migrate.downgrade(engine, "0005")
+    with engine.begin() as connection:
+        ids = {}
+        for name, digit in (("main", "a"), ("lib", "b"), ("lib2", "c")):
+            ids[name] = connection.execute(
+                sa.text(
+                    "INSERT INTO resources (name, version, sha256, size, object_key, filename) "
+                    "VALUES (:n, 1, :h, 3, :k, :f) RETURNING id"
+                ),
+                {"n": name, "h": digit * 64, "k": f"sha256/{name}", "f": f"{name}.py"},
+            ).scalar_one()
+        jobs_made = {}
+        for name, epoch in (("ran", 4), ("never-ran", 0)):
+            job_id = connection.execute(
+                sa.text(
+                    "INSERT INTO jobs (name, kind, resource_id, conf, args, spark_master, "
+                    "max_restarts) VALUES (:n, 'streaming', :r, '{\"spark.x\": \"1\"}', "
+                    "'[\"--a\"]', 'local[1]', 5) RETURNING id"
+                ),
+                {"n": name, "r": ids["main"]},
+            ).scalar_one()
+            connection.execute(
+                sa.text("INSERT INTO distribution (job_id, epoch) VALUES (:j, :e)"),
+                {"j": job_id, "e": epoch},
+            )
+            jobs_made[name] = job_id
+        connection.execute(
+            sa.text(
+                "INSERT INTO job_py_files (job_id, position, resource_id) VALUES "
+                "(:j, 0, :b), (:j, 1, :a)"
+            ),
+            {"j": jobs_made["ran"], "a": ids["lib"], "b": ids["lib2"]},
+        )
+    migrate.upgrade(engine)
+    with engine.connect() as connection:
+        history = jobs.history(connection, "ran")
+        assert [(h["revision"], h["current"]) for h in history] == [(1, True)]
+        (first,) = history
+        assert first["resource"]["name"] == "main"
+        assert [r["name"] for r in first["py_files"]] == ["lib2", "lib"]
+        assert (first["conf"], first["args"], first["spark_master"], first["max_restarts"]) == (
+            {"spark.x": "1"},
+            ["--a"],
+            "local[1]",
+            5,
+        )
+        assert len(jobs.history(connection, "never-ran")) == 1
+        shown = {n: jobs.show(connection, n) for n in ("ran", "never-ran")}
+        assert [(s["revision"], s["run_revision"]) for s in shown.values()] == [(1, 1), (1, None)]
+    with engine.begin() as connection:
+        revised = jobs.update(connection, "ran", jobs.Change(unset_conf=["spark.x"]))
+    assert (revised.revision, revised.changed) == (2, ("conf",))
+    # And back down: the revisions and their events go, the jobs stay.
+    migrate.downgrade(engine, "0005")
+    assert "job_revisions" not in sa.inspect(engine).get_table_names()
+    with engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM jobs")).scalar_one() == 2

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from resource_center import cache, catalog, store
 from scheduler import distribution, jobs
 from scheduler.states import JobKind
-from server import runner
+from server import runner, watchdog
 from server import settings as settings_module
 from sql import database
 from tests import factories, services, waiting
@@ -486,3 +486,48 @@ def _adopt_during_a_poll(
         message="the adopted run did not finish",
     )
     assert (stage / "starts").read_text().split() == ["1"]
+
+
+def test_a_driver_starts_from_the_revision_its_claim_pinned(
+    engine: sa.Engine,
+    bucket: store.Store,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """A new revision committed between a claim and its driver's start does not reach
+    that driver (it would run a definition no claim recorded): the run starts from the
+    revision its claim pinned, and the new one rolls the job afresh (a new claim)."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    the_runner = long_lease_runner
+    t_sent = watchdog.lease_clock()
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, the_runner.owner, 30.0)
+    newer = tmp_path / "stage-2"
+    newer.mkdir()
+    with engine.begin() as conn:
+        jobs.update(conn, "b", jobs.Change(args=[str(newer)]))
+    run = runner.Run(
+        job_id=job_id,
+        name="b",
+        kind=JobKind.BATCH,
+        epoch=claim.epoch,
+        attempt=claim.attempt,
+        claimed_at=watchdog.lease_clock(),
+        deadline=t_sent + 30.0 - 3.0,
+        owner=the_runner.owner,
+        revision=claim.revision,
+    )
+    with the_runner._lock:
+        the_runner._runs[job_id] = run
+    the_runner._start(run)  # what the claim's task does
+    waiting.wait_until(
+        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+    )
+    assert claim.revision == 1 and not (newer / "starts").exists()
+    (stage / "go").write_text("0")
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "finished",
+        SPARK_START_S,
+        message="the batch run did not finish",
+    )

@@ -1,6 +1,6 @@
 """A light driver for end-to-end tests: no SparkSession, but started by spark-submit.
 
-Appends {"job","epoch","server","pid","t"} to HEARTBEATS every 0.2 s until SIGTERM
+Appends {"job","epoch","server","revision","pid","t"} to HEARTBEATS every 0.2 s until SIGTERM
 (exit 0) or, with --run-for, until that many seconds passed (exit --exit-code). Tests
 use the heartbeats to prove that two drivers of one job never ran at the same time.
 """
@@ -23,7 +23,9 @@ def main() -> int:
     args = parser.parse_args()
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    identity = {k: os.environ.get(f"SPARKRING_{k.upper()}") for k in ("job", "epoch", "server")}
+    identity = {
+        k: os.environ.get(f"SPARKRING_{k.upper()}") for k in ("job", "epoch", "server", "revision")
+    }
     started = time.monotonic()
     while not stopping:
         line = json.dumps({**identity, "pid": os.getpid(), "t": time.time()}) + "\n"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006_batch_retries"
+revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None

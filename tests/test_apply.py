@@ -1,0 +1,223 @@
+"""``sparkring apply`` over the real PostgreSQL and S3: the plan, idempotence, uploads of
+new content only, revisions of changed jobs, prune, and invalid specs refused whole."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from resource_center import catalog, store
+from scheduler import jobs
+from server import apply
+from server import settings as settings_module
+from sql import tables
+
+
+@pytest.fixture
+def bucket(settings: settings_module.Settings) -> store.Store:
+    bucket = store.Store(
+        endpoint=settings.s3_endpoint,
+        access_key=settings.s3_access_key.get_secret_value(),
+        secret_key=settings.s3_secret_key.get_secret_value(),
+        bucket=settings.s3_bucket,
+        secure=False,
+        region="us-east-1",
+    )
+    bucket.ensure_bucket()
+    return bucket
+
+
+def _write(folder: Path, text: str) -> Path:
+    spec = folder / "jobs.toml"
+    spec.write_text(textwrap.dedent(text))
+    return spec
+
+
+def _apply(
+    engine: sa.Engine, bucket: store.Store, spec_file: Path, *, prune: bool = False
+) -> list[apply.Step]:
+    spec = apply.parse(spec_file)
+    with engine.connect() as conn:
+        steps = apply.plan(conn, spec, prune=prune)
+    apply.execute(engine, bucket, spec, steps, max_bytes=1 << 20, actor="test", stop_timeout=5)
+    return steps
+
+
+def _plan(engine: sa.Engine, spec_file: Path, *, prune: bool = False) -> list[str]:
+    spec = apply.parse(spec_file)
+    with engine.connect() as conn:
+        return [apply.describe(step) for step in apply.plan(conn, spec, prune=prune)]
+
+
+def _resources(engine: sa.Engine) -> list[tuple[str, int]]:
+    return [(r.name, r.version) for r in catalog.list_resources(engine)]
+
+
+SPEC = """
+    label = "team-a"
+
+    [jobs.clicks]
+    resource = "./clicks.py"
+    conf = {{ "spark.sql.shuffle.partitions" = 4 }}
+    args = ["--input", "/data/clicks"]
+
+    [jobs.nightly]
+    kind = "batch"
+    resource = "lib:1"
+    py_files = ["./helpers.py"]
+    desired = "stopped"
+    max_restarts = {max_restarts}
+"""
+
+
+@pytest.fixture
+def folder(tmp_path: Path, engine: sa.Engine, bucket: store.Store) -> Path:
+    (tmp_path / "clicks.py").write_text("print('clicks v1')\n")
+    (tmp_path / "helpers.py").write_text("X = 1\n")
+    lib = tmp_path / "lib.py"
+    lib.write_text("print('lib')\n")
+    catalog.upload(engine, bucket, name="lib", path=lib, max_bytes=1 << 20)
+    return tmp_path
+
+
+def test_apply_creates_then_changes_nothing_the_second_time(
+    engine: sa.Engine, bucket: store.Store, folder: Path
+) -> None:
+    spec_file = _write(folder, SPEC.format(max_restarts=2))
+    assert _plan(engine, spec_file) == [
+        "create    clicks (streaming, clicks:new)",
+        "create    nightly (batch, lib:1, stopped)",
+    ]
+    assert _resources(engine) == [("lib", 1)]  # a plan writes nothing
+    _apply(engine, bucket, spec_file)
+    with engine.connect() as conn:
+        clicks, nightly = jobs.show(conn, "clicks"), jobs.show(conn, "nightly")
+    assert (clicks["desired"], clicks["label"], clicks["revision"]) == ("running", "team-a", 1)
+    assert clicks["conf"] == {"spark.sql.shuffle.partitions": "4"}
+    assert (nightly["desired"], nightly["max_restarts"]) == ("stopped", 2)
+    assert [p["name"] for p in nightly["py_files"]] == ["helpers"]
+    resources = _resources(engine)
+    assert resources == [("clicks", 1), ("helpers", 1), ("lib", 1)]
+    with engine.connect() as conn:
+        events = conn.execute(sa.select(sa.func.count()).select_from(tables.job_events)).scalar()
+    # Idempotent: the same file again plans and does nothing.
+    assert _plan(engine, spec_file) == ["unchanged clicks", "unchanged nightly"]
+    _apply(engine, bucket, spec_file)
+    assert _resources(engine) == resources
+    with engine.connect() as conn:
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(tables.job_events)).scalar()
+            == events
+        )
+
+
+def test_a_changed_file_makes_a_revision_uploading_only_new_content(
+    engine: sa.Engine, bucket: store.Store, folder: Path
+) -> None:
+    _apply(engine, bucket, _write(folder, SPEC.format(max_restarts=2)))
+    (folder / "clicks.py").write_text("print('clicks v2')\n")
+    spec_file = _write(folder, SPEC.format(max_restarts=5).replace("= 4", "= 8"))
+    assert _plan(engine, spec_file) == [
+        "update    clicks: resource clicks:1 -> clicks:new; "
+        "conf spark.sql.shuffle.partitions '4' -> '8'",
+        "update    nightly: max_restarts 2 -> 5",
+    ]
+    _apply(engine, bucket, spec_file)
+    assert _resources(engine) == [("clicks", 1), ("clicks", 2), ("helpers", 1), ("lib", 1)]
+    with engine.connect() as conn:
+        history = jobs.history(conn, "clicks")
+    assert [h["revision"] for h in history] == [1, 2]
+    assert history[-1]["diff"] == [
+        "resource clicks:1 -> clicks:2",
+        "conf spark.sql.shuffle.partitions '4' -> '8'",
+    ]
+    # Back to the first content: its version is found by sha256, nothing is uploaded.
+    (folder / "clicks.py").write_text("print('clicks v1')\n")
+    assert _plan(engine, spec_file)[0] == ("update    clicks: resource clicks:2 -> clicks:1")
+    _apply(engine, bucket, spec_file)
+    assert len(_resources(engine)) == 4
+
+
+def test_prune_deletes_the_jobs_of_the_label_no_longer_in_the_file(
+    engine: sa.Engine, bucket: store.Store, folder: Path
+) -> None:
+    _apply(engine, bucket, _write(folder, SPEC.format(max_restarts=2)))
+    with engine.begin() as conn:  # a job of no label: never pruned
+        jobs.create(conn, jobs.JobSpec("other", "batch", catalog.resolve(engine, "lib").id))
+    only_clicks = _write(folder, SPEC.format(max_restarts=2).split("[jobs.nightly]")[0])
+    assert _plan(engine, only_clicks) == ["unchanged clicks"]
+    assert _plan(engine, only_clicks, prune=True) == ["unchanged clicks", "delete    nightly"]
+    _apply(engine, bucket, only_clicks, prune=True)
+    with engine.connect() as conn:
+        assert [j["name"] for j in jobs.list_jobs(conn)] == ["clicks", "other"]
+    assert _plan(engine, only_clicks, prune=True) == ["unchanged clicks"]
+
+
+def test_an_invalid_spec_lists_every_error_with_its_location_and_applies_nothing(
+    engine: sa.Engine, bucket: store.Store, folder: Path
+) -> None:
+    spec_file = _write(
+        folder,
+        """
+        lable = "x"
+
+        [jobs.good]
+        resource = "./clicks.py"
+
+        [jobs.bad]
+        kind = "interactive"
+        resource = "./missing.py"
+        py_files = ["no such:ref"]
+        conf = { "k" = [1] }
+        max_restarts = -1
+        extra = true
+        """,
+    )
+    with pytest.raises(apply.SpecError) as refused:
+        apply.parse(spec_file)
+    problems = [line.split(": ", 1)[1] for line in refused.value.errors]
+    assert [p.split(":")[0] for p in problems] == [
+        "lable",
+        "jobs.bad.extra",
+        "jobs.bad.kind",
+        "jobs.bad.resource",
+        "jobs.bad.py_files[0]",
+        "jobs.bad.conf.k",
+        "jobs.bad.max_restarts",
+    ]
+    # Errors that need the catalog are listed together too, before anything is written.
+    spec_file = _write(
+        folder,
+        """
+        [jobs.a]
+        resource = "nope:3"
+        [jobs.b]
+        resource = "lib:7"
+        """,
+    )
+    with pytest.raises(apply.SpecError) as refused, engine.connect() as conn:
+        apply.plan(conn, apply.parse(spec_file), prune=True)
+    assert [line.split(": ", 2)[1] for line in refused.value.errors] == [
+        "label",
+        "jobs.a.resource",
+        "jobs.b.resource",
+    ]
+    with engine.connect() as conn:
+        assert jobs.list_jobs(conn) == []
+    assert _resources(engine) == [("lib", 1)]
+    broken = folder / "broken.toml"
+    broken.write_text("[jobs.x\n")
+    with pytest.raises(apply.SpecError, match="not valid TOML"):
+        apply.parse(broken)
+
+
+def test_a_kind_cannot_change_through_apply(
+    engine: sa.Engine, bucket: store.Store, folder: Path
+) -> None:
+    _apply(engine, bucket, _write(folder, SPEC.format(max_restarts=2)))
+    changed = _write(folder, SPEC.format(max_restarts=2).replace('kind = "batch"', ""))
+    with pytest.raises(apply.SpecError, match=r"jobs\.nightly\.kind: the job is batch"):
+        _plan(engine, changed)
