@@ -201,7 +201,34 @@ def main() -> int:
                 f"max {max(gaps):.2f} s, mean {sum(gaps) / len(gaps):.2f} s"
             )
 
-        step("5. stop: exactly-once check of the streaming output, then every server")
+        step("5. a new version of the streaming job: upload it, update the job, it rolls")
+        v2 = root / "v2" / "streaming_counter.py"
+        v2.parent.mkdir()
+        v2.write_text((JOBS_DIR / "streaming_counter.py").read_text() + "# version 2\n")
+        console.print(c.cli("resource", "upload", "clicks", str(v2)).stdout.strip())
+        before_roll = c.job("clicks")
+        console.print(c.cli("job", "update", "clicks", "--resource", "clicks").stdout.strip())
+        rolled = c.wait_job(
+            "clicks",
+            lambda j: running(j) and j["run_revision"] == 2,
+            180,
+            "clicks rolled to revision 2",
+        )
+        before = sink.committed_batches(output)
+        waiting.wait_until(lambda: sink.committed_batches(output) >= before + 2, 180, interval=0.5)
+        console.print(c.cli("job", "history", "clicks").stdout)
+        end = ended_at(c, "clicks", before_roll["epoch"])
+        start = started_at(c, "clicks", rolled["epoch"])
+        if end and start:
+            summary["version update: old driver ended -> revision 2 spawned"] = (
+                f"{start - end:.2f} s ({rolled['epoch'] - before_roll['epoch']} move)"
+            )
+        console.print(
+            f"clicks runs revision 2 on {rolled['owner']} from the same checkpoint: "
+            f"{sink.committed_batches(output)} micro-batches committed"
+        )
+
+        step("6. stop: exactly-once check of the streaming output, then every server")
         c.cli("job", "stop", "clicks")
         c.wait_job("clicks", lambda j: j["state"] == "stopped", 120, "clicks stopped")
         values = sink.committed_values(output)
