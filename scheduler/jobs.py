@@ -365,7 +365,8 @@ def start(conn: sa.Connection, name: str, actor: str | None = None) -> str:
 
 
 def stop(conn: sa.Connection, name: str, actor: str | None = None) -> str:
-    """Ask for the job to stop. Returns 'stopping', 'stopped' or 'already stopped'.
+    """Ask for the job to stop. Returns 'stopping', 'stopped', 'stopped (failed: no
+    driver runs)' (or finished) or 'already stopped'.
 
     Without an owner the run state goes straight to stopped; with one, the owner stops
     its driver gracefully and releases the job as stopped.
@@ -389,7 +390,17 @@ def stop(conn: sa.Connection, name: str, actor: str | None = None) -> str:
         return "already stopped"
     _event(conn, job_id, name, EventKind.STOP_REQUESTED, {}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
-    return "stopped" if unowned else "stopping"
+    if unowned:
+        return "stopped"
+    owner, state = conn.execute(
+        sa.select(tables.distribution.c.owner, tables.distribution.c.state).where(
+            tables.distribution.c.job_id == job_id
+        )
+    ).one()
+    if owner is None and state in (RunState.FINISHED, RunState.FAILED):
+        # Nothing runs and nothing will: the job keeps its final state.
+        return f"stopped ({state}: no driver runs)"
+    return "stopping"
 
 
 def restart(conn: sa.Connection, name: str, actor: str | None = None) -> str:

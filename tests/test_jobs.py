@@ -56,6 +56,25 @@ def test_stop_with_owner_leaves_the_driver_to_its_owner(engine: sa.Engine) -> No
     assert (row.owner, row.state) == ("s1", "starting")
 
 
+def test_stop_of_a_failed_job_says_that_nothing_runs(engine: sa.Engine) -> None:
+    """A failed (or finished) job has no driver to stop: the command says so instead of
+    "stopping", which promised a `stopped` the job never reaches (issue 15)."""
+    job_id = factories.job(engine, "b", kind=JobKind.BATCH)
+    factories.target(engine, job_id, "s1")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, owner("s1"), 10)
+        distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=1)
+        distribution.record_crash(
+            conn, job_id, owner("s1"), claim.epoch, "exit 1", retry=False,
+            backoff_base=0.5, backoff_max=2,
+        )  # fmt: skip
+    assert _do(engine, jobs.stop, "b") == "stopped (failed: no driver runs)"
+    assert _do(engine, jobs.stop, "b") == "already stopped"
+    with engine.connect() as conn:
+        shown = jobs.show(conn, "b")
+    assert (shown["desired"], shown["state"], shown["owner"]) == ("stopped", "failed", None)
+
+
 def test_start_reruns_a_finished_job_with_a_new_generation(engine: sa.Engine) -> None:
     job_id = factories.job(engine, "b", kind=JobKind.BATCH)
     factories.target(engine, job_id, "s1")
