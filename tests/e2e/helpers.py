@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from tests import sink, waiting
 from tests.cluster import HEARTBEAT_JOB, Cluster
 
 SERVERS = ("s1", "s2", "s3")
@@ -47,3 +49,22 @@ def start_running(c: Cluster, names: list[str], timeout: float = 120) -> dict[st
         heartbeat_job(c, name)
         c.cli("job", "start", name)
     return {name: c.wait_job(name, running, timeout, f"{name} running") for name in names}
+
+
+def stop_after_more_batches_exactly_once(
+    c: Cluster, job: str, output: Path, timeout: float, what: str
+) -> None:
+    """Wait until the streaming ``job`` committed three more micro-batches to ``output``
+    (``what`` names whose), stop it, and check that its output holds every value from 0
+    once: none written twice, none lost."""
+    before = sink.committed_batches(output)
+    waiting.wait_until(
+        lambda: sink.committed_batches(output) >= before + 3, timeout, interval=0.5,
+        message=f"{what} committed three more micro-batches",
+    )  # fmt: skip
+    c.cli("job", "stop", job)
+    c.wait_job(job, lambda j: j["state"] == "stopped", 60, "job stopped")
+    values = sink.committed_values(output)
+    assert len(values) == len(set(values)), "a value was written twice"
+    assert sorted(values) == list(range(min(values), max(values) + 1)), "a value was lost"
+    assert min(values) == 0

@@ -222,17 +222,7 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
         90,
         "job failed over",
     )
-    batches_before = sink.committed_batches(output)
-    waiting.wait_until(
-        lambda: sink.committed_batches(output) >= batches_before + 3, 120, interval=0.5,
-        message="the new driver committed three more micro-batches",
-    )  # fmt: skip
-    cluster.cli("job", "stop", "stream")
-    cluster.wait_job("stream", lambda j: j["state"] == "stopped", 60, "job stopped")
-    values = sink.committed_values(output)
-    assert len(values) == len(set(values)), "a value was written twice"
-    assert sorted(values) == list(range(min(values), max(values) + 1)), "a value was lost"
-    assert min(values) == 0
+    helpers.stop_after_more_batches_exactly_once(cluster, "stream", output, 120, "the new driver")
     assert moved["epoch"] > first["epoch"]
     heartbeats = cluster.heartbeat_records()
     new_driver = [h for h in heartbeats if h["epoch"] == str(moved["epoch"])]

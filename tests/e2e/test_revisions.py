@@ -160,15 +160,5 @@ def test_a_streaming_query_rolled_to_a_new_version_resumes_exactly_once(
     )
     assert second["epoch"] == first["epoch"] + 1
     assert second["resource"]["version"] == 2
-    batches_before = sink.committed_batches(output)
-    waiting.wait_until(
-        lambda: sink.committed_batches(output) >= batches_before + 3, 180, interval=0.5,
-        message="the new version committed three more micro-batches",
-    )  # fmt: skip
-    cluster.cli("job", "stop", "stream")
-    cluster.wait_job("stream", lambda j: j["state"] == "stopped", 60, "job stopped")
-    values = sink.committed_values(output)
-    assert len(values) == len(set(values)), "a value was written twice"
-    assert sorted(values) == list(range(min(values), max(values) + 1)), "a value was lost"
-    assert min(values) == 0
+    helpers.stop_after_more_batches_exactly_once(cluster, "stream", output, 180, "the new version")
     assert cluster_module.overlaps(cluster.driver_records()) == []
