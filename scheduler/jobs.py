@@ -31,7 +31,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from scheduler import notify, states
+from scheduler import health_policy, notify, run_health, states
 from scheduler.states import EventKind, JobKind, RunState
 from sql import tables
 
@@ -269,6 +269,13 @@ def _insert_revision(
         )
 
 
+def _check_health_conf(conf: Mapping[str, str]) -> None:
+    try:
+        health_policy.check(conf)
+    except health_policy.PolicyError as exc:
+        raise JobError(str(exc)) from None
+
+
 def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
     """Define a job (desired stopped). Its distribution row is created with it."""
     if not NAME.match(spec.name):
@@ -277,6 +284,7 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             "starting with a letter or digit"
         )
     max_restarts = restart_budget(spec.kind, spec.max_restarts)
+    _check_health_conf(spec.conf)
     inserted = conn.execute(
         sa.text(
             """
@@ -547,6 +555,7 @@ def _revise(
 ) -> Revised:
     """Make ``target`` the job's next revision (the job row is locked by the caller)."""
     previous, current = _current(conn, job_id)
+    _check_health_conf(target.conf)
     changed = target.changed_from(current)
     if not changed:
         run_revision = conn.execute(
@@ -776,7 +785,8 @@ def history(conn: sa.Connection, name: str) -> list[dict[str, Any]]:
     return out
 
 
-_SHOW = """
+_SHOW = (
+    """
     SELECT j.id, j.name, j.kind, j.desired, j.generation AS job_generation, j.conf, j.args,
            j.spark_master, j.max_restarts, j.created_at, j.revision, j.label,
            d.revision AS run_revision, d.state, d.owner, d.target, d.epoch, d.attempt,
@@ -788,11 +798,15 @@ _SHOW = """
                          'id', pr.id, 'name', pr.name, 'version', pr.version,
                          'sha256', pr.sha256, 'filename', pr.filename) ORDER BY p.position)
                        FROM job_py_files p JOIN resources pr ON pr.id = p.resource_id
-                      WHERE p.job_id = j.id), '[]'::jsonb) AS py_files
+                      WHERE p.job_id = j.id), '[]'::jsonb) AS py_files"""
+    + run_health.SELECT_COLUMNS
+    + """
       FROM jobs j
       JOIN distribution d ON d.job_id = j.id
-      JOIN resources r ON r.id = j.resource_id
-"""
+      JOIN resources r ON r.id = j.resource_id"""
+    + run_health.JOIN
+    + "\n"
+)
 
 
 def _view(row: sa.Row) -> dict[str, Any]:
@@ -832,6 +846,8 @@ def _view(row: sa.Row) -> dict[str, Any]:
         "started_at": row.started_at,
         "created_at": row.created_at,
         "updated_at": row.updated_at,
+        # What the owner's health monitor last saw of the present run (None: nothing).
+        "health": run_health.view(row),
     }
 
 

@@ -72,6 +72,16 @@ class EventKind(StrEnum):
     FAILED = "failed"  # failed for good (own driver past its budget, or invalid)
     REAPED = "reaped"  # the coordinator cleared a departed owner's expired lease
     REVISED = "revised"  # job update/rollback made a new revision (operator)
+    HEALTH_FLAGGED = "health_flagged"  # the owner's health monitor raised a HealthFlag
+    HEALTH_CLEARED = "health_cleared"  # ... and the flag no longer holds
+
+
+class HealthFlag(StrEnum):
+    """What the health monitor (server/health.py) says is wrong with a running job; it
+    informs and restarts nothing unless the job opted in (docs/drivers.md)."""
+
+    STALLED = "stalled"  # a streaming query completed no batch for the stall timeout
+    WAITING_FOR_RESOURCES = "waiting_for_resources"  # no executor cores for the timeout
 
 
 S = RunState

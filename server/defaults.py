@@ -94,6 +94,14 @@ PLACEMENT_SETTLE_S = 5.0
 # 1.10x of the ideal K/(N+1) with bounded loads (160 gives 1.15-1.2x, docs/benchmarks.md).
 RING_VNODES = 640
 
+# Health monitor of the local drivers (server/health.py): how often it reads their logs
+# and REST APIs, seconds; a streaming query that completed no new batch for
+# STALL_TIMEOUT_S is flagged stalled, an application without executor cores for
+# RESOURCE_WAIT_TIMEOUT_S waiting for resources (per job: sparkring.health.* conf).
+HEALTH_INTERVAL_S = 5.0
+STALL_TIMEOUT_S = 300.0
+RESOURCE_WAIT_TIMEOUT_S = 120.0
+
 # HTTP port for the API, the console, /healthz and /metrics; 0 picks a free port.
 HEALTH_PORT = 0
 # Database connections of the HTTP API, apart from the runner's (never starve renewals).

@@ -31,6 +31,11 @@ COUNTERS = {
     "sparkring_driver_starts_total": "Drivers spawned by this server.",
     "sparkring_lease_renew_errors_total": "Lease renewals that failed.",
     "sparkring_http_requests_total": "HTTP API requests answered, by method and status.",
+    "sparkring_health_stalled_total": "Runs of this server flagged stalled (server/health.py).",
+    "sparkring_health_waiting_for_resources_total": (
+        "Runs of this server flagged waiting for resources (no executor cores)."
+    ),
+    "sparkring_health_restarts_total": "Jobs restarted because they stalled (opt-in).",
 }
 HISTOGRAMS = {
     "sparkring_claim_seconds": "Latency of one claim statement, seconds.",
@@ -47,6 +52,10 @@ GAUGES = {
     "sparkring_coordinator": "1 while this server is the coordinator.",
     "sparkring_zk_connected": "1 while the ZooKeeper session is connected.",
     "sparkring_capacity": "Maximum concurrent drivers on this server.",
+    "sparkring_jobs_stalled": "Runs of this server flagged stalled now.",
+    "sparkring_jobs_waiting_for_resources": (
+        "Runs of this server flagged waiting for resources now."
+    ),
 }
 JOBS_BY_STATE_HELP = "Jobs of the cluster per run state (read from PostgreSQL at scrape time)."
 # Seconds: claims and renewals take milliseconds, driver starts and failovers seconds.

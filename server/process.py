@@ -28,11 +28,13 @@ import sqlalchemy as sa
 from registry import connection, servers, session
 from resource_center import cache
 from scheduler import coordinator, jobs, notify
+from scheduler.states import HealthFlag
 from server import (
     api,
     clients,
     defaults,
     exit_codes,
+    health,
     httpd,
     livelog,
     metrics,
@@ -65,6 +67,9 @@ class Server:
         self.http: httpd.HttpServer | None = None
         # The HTTP API's own small pool: requests must never starve lease renewals.
         self.api_engine: sa.Engine | None = None
+        # The health monitor of the local drivers, with its own one-connection pool.
+        self.health: health.HealthMonitor | None = None
+        self._health_engine: sa.Engine | None = None
         self.exit_code = exit_codes.ExitCode.OK
         self._work_dir_lock: IO[str] | None = None
         self._handing_over = False
@@ -147,6 +152,7 @@ class Server:
         # a live watchdog there) and renews their leases, so they outlive the wait. It
         # claims nothing, and migrates nothing, until ZooKeeper has accepted our id.
         self.runner.start()
+        self._start_health()
         self.registry.start(timeout=max(10.0, s.zk_session_timeout * 2))
         self.runner.registered(settle=defaults.ADOPTION_SETTLE_S)
         log.info(
@@ -185,6 +191,21 @@ class Server:
             raise StartupError(f"SPARKRING_HEALTH_PORT: {exc}") from None
         self.http.start()
 
+    def _start_health(self) -> None:
+        s = self.settings
+        assert self.runner is not None
+        self._health_engine = clients.engine(s, pool_size=1)
+        self.health = health.HealthMonitor(
+            self._health_engine,
+            self.id,
+            s.advertise_host,
+            self.runner.runs,
+            interval=s.health_interval,
+            stall_timeout=s.stall_timeout,
+            resource_wait_timeout=s.resource_wait_timeout,
+        )
+        self.health.start()
+
     def _jobs_by_state(self) -> dict[str, int]:
         engine = self.api_engine
         if engine is None:
@@ -205,6 +226,11 @@ class Server:
             ),
         )
         registry.gauge_fn("sparkring_capacity", lambda: float(capacity))
+        for flag in HealthFlag:
+            registry.gauge_fn(
+                f"sparkring_jobs_{flag.value}",
+                lambda flag=flag: float(self.health.flagged(flag)) if self.health else 0.0,
+            )
         registry.jobs_by_state(self._jobs_by_state)
 
     # ------------------------------------------------------------------ callbacks
@@ -383,12 +409,16 @@ class Server:
             if hand_off:
                 self.runner.hand_off(timeout=self.settings.stop_grace + 10)
             self.runner.stop()
+        if self.health is not None:
+            self.health.stop()
         if self.listener is not None:
             self.listener.stop()
         if self.http is not None:
             self.http.stop()
         if self.api_engine is not None:
             self.api_engine.dispose()
+        if self._health_engine is not None:
+            self._health_engine.dispose()
         if self.engine is not None:
             self.engine.dispose()
         if self._work_dir_lock is not None:

@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     # Settle window of sticky placement, seconds (server/defaults.py).
     placement_settle: float = Field(defaults.PLACEMENT_SETTLE_S, ge=0)
     health_port: int = Field(defaults.HEALTH_PORT, ge=0, le=65535)
+    # Health monitor of the local drivers, seconds (server/health.py, docs/drivers.md).
+    health_interval: float = Field(defaults.HEALTH_INTERVAL_S, gt=0)
+    stall_timeout: float = Field(defaults.STALL_TIMEOUT_S, gt=0)
+    resource_wait_timeout: float = Field(defaults.RESOURCE_WAIT_TIMEOUT_S, gt=0)
     # Host name other servers and the CLI use to reach this server's HTTP endpoint.
     advertise_host: str = Field(default_factory=socket.gethostname)
     # How long a driver start retries an unreachable S3 before deferring the job, seconds.

@@ -28,6 +28,7 @@ JOB_KINDS = tuple(kind.value for kind in states.JobKind)
 DESIRED_STATES = tuple(desired.value for desired in states.Desired)
 RUN_STATES = tuple(state.value for state in states.RunState)
 EVENT_KINDS = tuple(kind.value for kind in states.EventKind)
+HEALTH_FLAGS = tuple(flag.value for flag in states.HealthFlag)
 SERVER_NAME = r"^[A-Za-z0-9._-]{1,64}$"
 
 
@@ -278,6 +279,32 @@ job_events = sa.Table(
     sa.CheckConstraint(_in("kind", EVENT_KINDS), name="kind_known"),
 )
 sa.Index("ix_job_events_job_id_id", job_events.c.job_id, job_events.c.id)
+
+# What the owning server's health monitor last saw of each job's Spark application
+# (server/health.py): one row per job, for the run of ``epoch``; flags are informative.
+run_health = sa.Table(
+    "run_health",
+    metadata,
+    sa.Column(
+        "job_id", sa.BigInteger, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("server", sa.Text, nullable=False),
+    sa.Column("app_id", sa.Text, nullable=True),
+    sa.Column("ui_url", sa.Text, nullable=True),
+    sa.Column("app_state", sa.Text, nullable=False),
+    sa.Column("executors", sa.Integer, nullable=True),
+    sa.Column("cores", sa.Integer, nullable=True),
+    sa.Column("last_batch_id", sa.BigInteger, nullable=True),
+    sa.Column("last_batch_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("input_rate", sa.Float, nullable=True),
+    sa.Column("processing_rate", sa.Float, nullable=True),
+    sa.Column("flag", sa.Text, nullable=True),
+    sa.Column("flagged_at", sa.DateTime(timezone=True), nullable=True),
+    _timestamp("checked_at"),
+    sa.CheckConstraint(f"flag IS NULL OR {_in('flag', HEALTH_FLAGS)}", name="flag_known"),
+    sa.CheckConstraint("(flag IS NULL) = (flagged_at IS NULL)", name="flagged_at_with_flag"),
+)
 
 # Bearer tokens of the HTTP API: only a SHA-256 of each token is kept (a token is 32
 # random bytes, so a plain hash is enough; no salt or slow hash needed). Revoking sets

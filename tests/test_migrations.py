@@ -98,7 +98,7 @@ def test_event_kinds_are_declared_once_and_guarded(engine: sa.Engine) -> None:
 
     from scheduler import states
 
-    latest = importlib.import_module("sql.migrations.versions.0007_job_revisions")
+    latest = importlib.import_module("sql.migrations.versions.0009_run_health")
     assert set(latest.KINDS) == {kind.value for kind in states.EventKind}
     with engine.begin() as connection:
         for kind in states.EventKind:

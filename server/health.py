@@ -1,0 +1,376 @@
+"""The health monitor: what each local driver's Spark application is doing, and flags.
+
+A side thread of the server. Every ``interval`` seconds, for each run this server's
+runner has in phase ``running``, it reads the new bytes of the driver's log (the UI
+port, streaming progress: ``server/spark_status.py``), asks the driver's REST API for
+the application and its executors, and records what it saw in ``run_health``
+(``scheduler/run_health.py``). Two flags, from :func:`assess`:
+
+- ``waiting_for_resources``: the application has had no executor cores for the job's
+  resource-wait timeout (a full standalone cluster: "Initial job has not accepted any
+  resources");
+- ``stalled``: a streaming query that has reported progress completed no new batch for
+  the job's stall timeout.
+
+Raising or clearing a flag appends an event and moves a metric; nothing is restarted
+unless the job opted in (``sparkring.health.restartOnStall``), in which case a stall
+asks for a restart exactly as ``sparkring job restart`` does (once per run).
+
+The monitor never touches a lease or a driver: it writes with its own connection, and
+an error in one pass (PostgreSQL, a driver's UI) is logged and the next pass runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from scheduler import health_policy, jobs, run_health
+from scheduler.states import HealthFlag
+from server import metrics, reconcile, spark_status
+from server.runner import Run
+from sql import tables
+
+log = logging.getLogger(__name__)
+
+# The most log bytes read per run and pass: a driver logging faster than this is
+# caught up over several passes (progress is never lost, only later).
+MAX_READ_BYTES = 8 * 1024 * 1024
+# A row is written when something changed, and at least this often, seconds.
+REWRITE_INTERVAL_S = 30.0
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class Tracker:
+    """What the monitor knows of one run (job at epoch); see :func:`assess`."""
+
+    job_id: int
+    name: str
+    kind: str
+    epoch: int
+    log_file: Path
+    policy: health_policy.Policy
+    # When tracking began (the run was seen running): waits are counted from it.
+    since: dt.datetime
+    offset: int = 0
+    rest: bytes = b""
+    ui_port: int | None = None
+    app: spark_status.Application | None = None
+    reachable: bool = True
+    cores_seen_at: dt.datetime | None = None
+    # When executor cores came (back): a query cannot progress without them, so a stall
+    # is counted from then at the earliest.
+    cores_came_at: dt.datetime | None = None
+    progress_seen: bool = False
+    last_batch_id: int | None = None
+    last_batch_at: dt.datetime | None = None
+    input_rate: float | None = None
+    processing_rate: float | None = None
+    flag: HealthFlag | None = None
+    flagged_at: dt.datetime | None = None
+    restart_asked: bool = False
+    written: tuple[Any, ...] | None = None
+    written_at: dt.datetime | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def observe_progress(self, events: list[spark_status.Progress]) -> None:
+        for event in events:
+            self.progress_seen = True
+            self.input_rate = event.input_rows_per_second
+            self.processing_rate = event.processed_rows_per_second
+            if self.last_batch_id is None or event.batch_id > self.last_batch_id:
+                self.last_batch_id = event.batch_id
+                self.last_batch_at = event.completed_at
+
+    def observe_application(self, app: spark_status.Application | None, now: dt.datetime) -> None:
+        self.reachable = app is not None
+        if app is None:
+            return
+        had_cores = self.app is not None and self.app.cores > 0
+        self.app = app
+        if app.cores > 0:
+            self.cores_seen_at = now
+            if not had_cores:
+                self.cores_came_at = now
+
+    @property
+    def app_state(self) -> str:
+        if self.ui_port is None:
+            return "starting"
+        if not self.reachable:
+            return "unreachable"
+        if self.app is not None and self.app.completed:
+            return "completed"
+        return "running" if self.app is not None else "starting"
+
+
+def assess(tracker: Tracker, now: dt.datetime) -> tuple[HealthFlag | None, dict[str, Any]]:
+    """The flag the run deserves now, and the facts behind it (for its event).
+
+    Waiting for resources comes first: a query without executors cannot progress."""
+    policy = tracker.policy
+    app = tracker.app
+    if tracker.reachable and app is not None and not app.completed and app.cores == 0:
+        without = (now - (tracker.cores_seen_at or tracker.since)).total_seconds()
+        if without >= policy.resource_wait_timeout:
+            return HealthFlag.WAITING_FOR_RESOURCES, {
+                "without_cores_s": round(without, 1),
+                "timeout_s": policy.resource_wait_timeout,
+                "executors": app.executors,
+            }
+    if tracker.kind == "streaming" and tracker.progress_seen:
+        last = tracker.last_batch_at or tracker.since
+        idle = (now - max(last, tracker.since, tracker.cores_came_at or last)).total_seconds()
+        if idle >= policy.stall_timeout:
+            return HealthFlag.STALLED, {
+                "last_batch_id": tracker.last_batch_id,
+                "last_batch_at": None if tracker.last_batch_at is None else str(last),
+                "no_batch_for_s": round(idle, 1),
+                "timeout_s": policy.stall_timeout,
+            }
+    return None, {}
+
+
+def read_new(path: Path, offset: int, limit: int = MAX_READ_BYTES) -> tuple[bytes, int]:
+    """Bytes of ``path`` from ``offset`` (at most ``limit``) and the next offset; a file
+    that shrank (replaced) is read again from its start."""
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < offset:
+                offset = 0
+            f.seek(offset)
+            data = f.read(limit)
+    except OSError:
+        return b"", offset
+    return data, offset + len(data)
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        server: str,
+        advertise_host: str,
+        runs: Callable[[], dict[int, Run]],
+        *,
+        interval: float,
+        stall_timeout: float,
+        resource_wait_timeout: float,
+    ) -> None:
+        self.engine = engine
+        self.server = server
+        self.advertise_host = advertise_host
+        self._runs = runs
+        self.interval = interval
+        self.stall_timeout = stall_timeout
+        self.resource_wait_timeout = resource_wait_timeout
+        self.trackers: dict[tuple[int, int], Tracker] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="health-monitor", daemon=True)
+
+    # ------------------------------------------------------------------ thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=spark_status.REST_TIMEOUT_S * 4)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def flagged(self, flag: HealthFlag) -> int:
+        return sum(1 for t in self.trackers.values() if t.flag == flag)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check_once()
+            except Exception:  # one bad pass must not end the monitor
+                log.exception("health check failed; next pass in %.1f s", self.interval)
+
+    # ------------------------------------------------------------------ one pass
+
+    def check_once(self, now: dt.datetime | None = None) -> None:
+        """One pass over the local runs (tests call it directly)."""
+        running = {
+            (run.job_id, run.epoch): run
+            for run in self._runs().values()
+            if run.phase == reconcile.Phase.RUNNING and run.driver is not None
+        }
+        for key in list(self.trackers):
+            if key not in running:
+                del self.trackers[key]
+        for key, run in running.items():
+            tracker = self.trackers.get(key)
+            if tracker is None:
+                tracker = self._track(run, now or _now())
+                if tracker is None:
+                    continue
+                self.trackers[key] = tracker
+            self._check(tracker, now)
+
+    def _track(self, run: Run, now: dt.datetime) -> Tracker | None:
+        assert run.driver is not None
+        policy = self._policy(run)
+        if policy is None:
+            return None
+        return Tracker(
+            job_id=run.job_id,
+            name=run.name,
+            kind=run.kind,
+            epoch=run.epoch,
+            log_file=run.driver.log_file,
+            policy=policy,
+            since=now,
+        )
+
+    def _policy(self, run: Run) -> health_policy.Policy | None:
+        """The health policy of the run's revision (the job's conf if it has none)."""
+        r, j = tables.job_revisions, tables.jobs
+        with self.engine.connect() as conn:
+            conf = None
+            if run.revision is not None:
+                of_revision = (r.c.job_id == run.job_id) & (r.c.revision == run.revision)
+                conf = conn.execute(sa.select(r.c.conf).where(of_revision)).scalar_one_or_none()
+            if conf is None:
+                conf = conn.execute(
+                    sa.select(j.c.conf).where(j.c.id == run.job_id)
+                ).scalar_one_or_none()
+        if conf is None:
+            return None  # deleted meanwhile
+        try:
+            return health_policy.of(conf, self.stall_timeout, self.resource_wait_timeout)
+        except health_policy.PolicyError as exc:
+            log.warning("job %s: %s; using the server's defaults", run.name, exc)
+            return health_policy.of({}, self.stall_timeout, self.resource_wait_timeout)
+
+    def ui_url(self, tracker: Tracker) -> str | None:
+        if tracker.ui_port is None:
+            return None
+        return f"http://{self.advertise_host}:{tracker.ui_port}"
+
+    def _check(self, tracker: Tracker, now: dt.datetime | None) -> None:
+        data, tracker.offset = read_new(tracker.log_file, tracker.offset)
+        scan = spark_status.scan_log(tracker.rest + data)
+        if len(scan.rest) > MAX_READ_BYTES:
+            scan.rest = b""  # a line without end this long is no progress block
+        tracker.rest = scan.rest
+        if scan.ui_port is not None:
+            tracker.ui_port = scan.ui_port
+        tracker.observe_progress(scan.progress)
+        now = now or _now()
+        if tracker.ui_port is not None:
+            try:
+                app = spark_status.application(f"http://127.0.0.1:{tracker.ui_port}")
+            except spark_status.UnreachableError as exc:
+                log.debug("job %s: %s", tracker.name, exc)
+                app = None
+            tracker.observe_application(app, now)
+        flag, detail = assess(tracker, now)
+        previous = tracker.flag
+        if flag != previous:
+            tracker.flag = flag
+            tracker.flagged_at = now if flag is not None else None
+        self._write(tracker, now, previous, detail)
+        if flag == HealthFlag.STALLED and tracker.policy.restart_on_stall:
+            self._restart(tracker, detail)
+
+    def _report(self, tracker: Tracker) -> run_health.Report:
+        app = tracker.app
+        return run_health.Report(
+            job_id=tracker.job_id,
+            epoch=tracker.epoch,
+            server=self.server,
+            app_state=tracker.app_state,
+            app_id=app.app_id if app else None,
+            ui_url=self.ui_url(tracker),
+            executors=app.executors if app else None,
+            cores=app.cores if app else None,
+            last_batch_id=tracker.last_batch_id,
+            last_batch_at=tracker.last_batch_at,
+            input_rate=tracker.input_rate,
+            processing_rate=tracker.processing_rate,
+            flag=tracker.flag.value if tracker.flag else None,
+            flagged_at=tracker.flagged_at,
+        )
+
+    def _write(
+        self,
+        tracker: Tracker,
+        now: dt.datetime,
+        previous: HealthFlag | None,
+        detail: dict[str, Any],
+    ) -> None:
+        report = self._report(tracker)
+        changed = tracker.flag != previous
+        key = (
+            report.app_state,
+            report.app_id,
+            report.ui_url,
+            report.executors,
+            report.cores,
+            report.last_batch_id,
+            report.flag,
+        )
+        stale = tracker.written_at is None or (
+            (now - tracker.written_at).total_seconds() >= REWRITE_INTERVAL_S
+        )
+        if key == tracker.written and not stale and not changed:
+            return
+        with self.engine.begin() as conn:
+            written = run_health.record(conn, report)
+            if written and changed:
+                was = previous.value if previous else None
+                run_health.flag_changed(conn, report, tracker.name, was, detail)
+        tracker.written, tracker.written_at = key, now
+        if written and changed:
+            if tracker.flag is not None:
+                metrics.REGISTRY.inc(f"sparkring_health_{tracker.flag.value}_total")
+                log.warning(
+                    "job %s flagged %s",
+                    tracker.name,
+                    tracker.flag.value,
+                    extra={"action": "health_flagged", "job": tracker.name, **detail},
+                )
+            else:
+                log.info(
+                    "job %s no longer %s",
+                    tracker.name,
+                    previous.value if previous else "flagged",
+                    extra={"action": "health_cleared", "job": tracker.name},
+                )
+
+    def _restart(self, tracker: Tracker, detail: dict[str, Any]) -> None:
+        """The job opted in: a stall restarts it (a new generation), once per run."""
+        if tracker.restart_asked:
+            return
+        tracker.restart_asked = True
+        why = f"server {self.server}: stalled, no batch for {detail.get('no_batch_for_s')} s"
+        try:
+            with self.engine.begin() as conn:
+                jobs.restart(conn, tracker.name, actor=why)
+        except jobs.JobError as exc:
+            log.warning("job %s: restart on stall not done: %s", tracker.name, exc)
+            return
+        metrics.REGISTRY.inc("sparkring_health_restarts_total")
+        log.warning(
+            "job %s restarted: stalled",
+            tracker.name,
+            extra={"action": "restart_on_stall", "job": tracker.name, **detail},
+        )
