@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from scheduler import jobs, states
+from scheduler import health_policy, jobs, states
 from scheduler.states import JobKind, RunState
 from server import clients, console, tokens
 
@@ -57,11 +57,19 @@ def create(
         "Default: 0.",
         show_default=False,
     ),
+    restart_on_stall: bool = typer.Option(
+        False,
+        "--restart-on-stall",
+        help="Restart the job when its streaming query is flagged stalled (no new batch "
+        "for the stall timeout). Default: flag only (docs/drivers.md, 'Health').",
+    ),
 ) -> None:
     """Define a job (stopped). Artifact versions are pinned at creation."""
     from resource_center import catalog
 
     conf_map = jobs.parse_conf(conf)
+    if restart_on_stall:
+        conf_map[health_policy.RESTART_ON_STALL] = "true"
     budget = jobs.restart_budget(kind, max_restarts, max_retries)
     engine = console.engine(ctx)
     main = catalog.resolve(engine, resource)
@@ -127,6 +135,13 @@ def update(
         help="Also restart a running batch job now with the new revision "
         "(a running streaming job always rolls to it).",
     ),
+    restart_on_stall: bool | None = typer.Option(
+        None,
+        "--restart-on-stall/--no-restart-on-stall",
+        help="Restart the job when it is flagged stalled, or only flag it. A change of "
+        "the conf like any other (a new revision). Default: kept as it is.",
+        show_default=False,
+    ),
 ) -> None:
     """Make a new revision of the job: the options given change it, the rest is kept.
 
@@ -143,6 +158,8 @@ def update(
     if arg and no_args:
         raise console.fail("--arg and --no-args exclude each other")
     conf_map = jobs.parse_conf(conf)
+    if restart_on_stall is not None:
+        conf_map[health_policy.RESTART_ON_STALL] = "true" if restart_on_stall else "false"
     engine = console.engine(ctx)
     main = catalog.resolve(engine, resource) if resource is not None else None
     extra = [catalog.resolve(engine, ref) for ref in py_files]
@@ -405,7 +422,10 @@ def list_(
         console.emit_json(rows)
         return
     console.table(
-        ["name", "kind", "desired", "state", "owner", "target", "epoch", "restarts", "resource"],
+        [
+            "name", "kind", "desired", "state", "owner", "target", "epoch", "restarts",
+            "resource", "health",
+        ],
         [
             [
                 r["name"],
@@ -417,10 +437,11 @@ def list_(
                 r["epoch"],
                 _restarts(r),
                 f"{r['resource']['name']}:{r['resource']['version']}",
+                _health(r),
             ]
             for r in rows
         ],
-    )
+    )  # fmt: skip
 
 
 @app.command()
@@ -437,7 +458,57 @@ def show(
         console.emit_json(job)
         return
     shown = {**job, "desired": _desired(job), "restarts": _restarts(job)}
+    shown.pop("health")
+    shown.update(_health_fields(job))
     console.fields((key, _shown(key, value)) for key, value in shown.items())
+
+
+def _flag(job: dict[str, Any]) -> str | None:
+    """The health flag of a job whose run is live (an ended run's flag is history)."""
+    health = job["health"]
+    if health is None or health["flag"] is None or job["owner"] is None:
+        return None
+    return str(health["flag"]).replace("_", " ")
+
+
+def _health(job: dict[str, Any]) -> str:
+    """The ``health`` column: the flag, else the last streaming batch, else the state of
+    the Spark application as the owner's health monitor last saw it."""
+    health = job["health"]
+    if health is None or job["owner"] is None:
+        return "-"
+    if (flag := _flag(job)) is not None:
+        return flag
+    if health["last_batch_id"] is not None:
+        return f"batch {health['last_batch_id']}"
+    return str(health["app_state"])
+
+
+def _health_fields(job: dict[str, Any]) -> dict[str, Any]:
+    """The health lines of ``job show``."""
+    health = job["health"]
+    if health is None:
+        return {"health": "- (no report from the owner's health monitor)"}
+    flag = _flag(job)
+    fields: dict[str, Any] = {
+        "health": f"{flag} since {console.text(health['flagged_at'])}" if flag else "ok",
+        "spark_app": f"{health['app_id'] or '-'} ({health['app_state']})",
+        "spark_ui": health["ui_url"],
+        "executors": (
+            None if health["cores"] is None else f"{health['executors']} ({health['cores']} cores)"
+        ),
+    }
+    if job["kind"] == JobKind.STREAMING:
+        batch = health["last_batch_id"]
+        fields["last_batch"] = (
+            None if batch is None else f"{batch} at {console.text(health['last_batch_at'])}"
+        )
+        rates = (health["input_rate"], health["processing_rate"])
+        fields["rows_per_s"] = (
+            None if None in rates else f"input {rates[0]:.1f}, processed {rates[1]:.1f}"
+        )
+    fields["health_checked_at"] = health["checked_at"]
+    return fields
 
 
 def _desired(job: dict[str, Any]) -> str:
