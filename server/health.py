@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 # The most log bytes read per run and pass: a driver logging faster than this is
 # caught up over several passes (progress is never lost, only later).
 MAX_READ_BYTES = 8 * 1024 * 1024
+# The UI port is logged while the SparkContext starts: within this many first bytes.
+HEAD_BYTES = 1024 * 1024
 # A row is written when something changed, and at least this often, seconds.
 REWRITE_INTERVAL_S = 30.0
 
@@ -230,7 +232,7 @@ class HealthMonitor:
         policy = self._policy(run)
         if policy is None:
             return None
-        return Tracker(
+        tracker = Tracker(
             job_id=run.job_id,
             name=run.name,
             kind=run.kind,
@@ -239,6 +241,17 @@ class HealthMonitor:
             policy=policy,
             since=now,
         )
+        # A long log (an adopted driver's): its head names the UI port, its last
+        # MAX_READ_BYTES hold the recent progress; what lies between is history.
+        try:
+            size = tracker.log_file.stat().st_size
+        except OSError:
+            size = 0
+        if size > MAX_READ_BYTES:
+            head, _ = read_new(tracker.log_file, 0, HEAD_BYTES)
+            tracker.ui_port = spark_status.scan_log(head).ui_port
+            tracker.offset = size - MAX_READ_BYTES
+        return tracker
 
     def _policy(self, run: Run) -> health_policy.Policy | None:
         """The health policy of the run's revision (the job's conf if it has none)."""

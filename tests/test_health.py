@@ -300,3 +300,19 @@ def test_a_report_of_an_older_epoch_never_overwrites_a_newer_one(engine: sa.Engi
         assert run_health.record(conn, newer)
         row = conn.execute(sa.select(tables.run_health)).one()
     assert (row.server, row.epoch, row.app_state) == ("s2", 5, "running")
+
+
+def test_a_long_log_is_read_from_its_head_and_its_recent_end(
+    engine: sa.Engine, tmp_path: Path, ui: spark_ui.SparkUi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An adopted driver's log: the UI port at its start, old batches, then new ones.
+    monkeypatch.setattr(health, "MAX_READ_BYTES", 4096)
+    run = _running(engine, "adopted", tmp_path, {})
+    _log(run, f"x INFO Utils: Successfully started service 'SparkUI' on port {ui.port}.\n")
+    _log(run, _progress_block(1, s(-3600)) + "filler line\n" * 2000)
+    _log(run, _progress_block(500, s(-1)))
+    monitor = _monitor(engine, run)
+    monitor.check_once(now=s(0))
+    shown = _shown(engine, "adopted")
+    assert shown["ui_url"] == f"http://host-a:{ui.port}"
+    assert shown["last_batch_id"] == 500
