@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from resource_center import catalog, errors, store, validation
-from scheduler import jobs
+from scheduler import health_policy, jobs
 from scheduler.states import Desired, JobKind
 from sql import tables
 
@@ -172,6 +172,10 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
                 problems.append(f"{at}.conf.{key}: must be a string, number or boolean")
             else:
                 conf[key] = text
+        try:
+            health_policy.check(conf)
+        except health_policy.PolicyError as exc:
+            problems.append(f"{at}.conf: {exc}")
     args = body.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         problems.append(f"{at}.args: must be a list of strings")

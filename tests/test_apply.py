@@ -171,7 +171,7 @@ def test_an_invalid_spec_lists_every_error_with_its_location_and_applies_nothing
         kind = "interactive"
         resource = "./missing.py"
         py_files = ["no such:ref"]
-        conf = { "k" = [1] }
+        conf = { "k" = [1], "sparkring.health.stallTimeout" = "soon" }
         max_restarts = -1
         extra = true
         """,
@@ -186,8 +186,10 @@ def test_an_invalid_spec_lists_every_error_with_its_location_and_applies_nothing
         "jobs.bad.resource",
         "jobs.bad.py_files[0]",
         "jobs.bad.conf.k",
+        "jobs.bad.conf",
         "jobs.bad.max_restarts",
     ]
+    assert "sparkring.health.stallTimeout" in problems[6]
     # Errors that need the catalog are listed together too, before anything is written.
     spec_file = _write(
         folder,
