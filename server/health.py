@@ -9,8 +9,8 @@ the application and its executors, and records what it saw in ``run_health``
 - ``waiting_for_resources``: the application has had no executor cores for the job's
   resource-wait timeout (a full standalone cluster: "Initial job has not accepted any
   resources");
-- ``stalled``: a streaming query that has reported progress completed no new batch for
-  the job's stall timeout.
+- ``stalled``: once a streaming query has started, no new batch completed for the
+  job's stall timeout (a query that failed while its driver lives on included).
 
 Raising or clearing a flag appends an event and moves a metric; nothing is restarted
 unless the job opted in (``sparkring.health.restartOnStall``), in which case a stall
@@ -75,7 +75,10 @@ class Tracker:
     # When executor cores came (back): a query cannot progress without them, so a stall
     # is counted from then at the earliest.
     cores_came_at: dt.datetime | None = None
-    progress_seen: bool = False
+    # A streaming query has started (or reported progress): from then on it is judged.
+    query_seen: bool = False
+    query_started_at: dt.datetime | None = None
+    query_error: str | None = None  # the last query's failure, until another starts
     last_batch_id: int | None = None
     last_batch_at: dt.datetime | None = None
     input_rate: float | None = None
@@ -87,9 +90,19 @@ class Tracker:
     written_at: dt.datetime | None = None
     notes: list[str] = field(default_factory=list)
 
+    def observe_queries(self, scan: spark_status.LogScan, now: dt.datetime) -> None:
+        """Queries that started or failed in the newly read log (before its progress)."""
+        if scan.queries_started:
+            self.query_seen = True
+            self.query_started_at = now
+            self.query_error = None
+        if scan.query_errors:
+            self.query_seen = True
+            self.query_error = scan.query_errors[-1]
+
     def observe_progress(self, events: list[spark_status.Progress]) -> None:
         for event in events:
-            self.progress_seen = True
+            self.query_seen = True
             self.input_rate = event.input_rows_per_second
             self.processing_rate = event.processed_rows_per_second
             if self.last_batch_id is None or event.batch_id > self.last_batch_id:
@@ -132,16 +145,27 @@ def assess(tracker: Tracker, now: dt.datetime) -> tuple[HealthFlag | None, dict[
                 "timeout_s": policy.resource_wait_timeout,
                 "executors": app.executors,
             }
-    if tracker.kind == "streaming" and tracker.progress_seen:
+    if tracker.kind == "streaming" and tracker.query_seen:
         last = tracker.last_batch_at or tracker.since
-        idle = (now - max(last, tracker.since, tracker.cores_came_at or last)).total_seconds()
+        idle = (
+            now
+            - max(
+                last,
+                tracker.since,
+                tracker.cores_came_at or last,
+                tracker.query_started_at or last,
+            )
+        ).total_seconds()
         if idle >= policy.stall_timeout:
-            return HealthFlag.STALLED, {
+            detail: dict[str, Any] = {
                 "last_batch_id": tracker.last_batch_id,
                 "last_batch_at": None if tracker.last_batch_at is None else str(last),
                 "no_batch_for_s": round(idle, 1),
                 "timeout_s": policy.stall_timeout,
             }
+            if tracker.query_error is not None:
+                detail["query_error"] = tracker.query_error
+            return HealthFlag.STALLED, detail
     return None, {}
 
 
@@ -286,8 +310,9 @@ class HealthMonitor:
         tracker.rest = scan.rest
         if scan.ui_port is not None:
             tracker.ui_port = scan.ui_port
-        tracker.observe_progress(scan.progress)
         now = now or _now()
+        tracker.observe_queries(scan, now)
+        tracker.observe_progress(scan.progress)
         if tracker.ui_port is not None:
             try:
                 app = spark_status.application(f"http://127.0.0.1:{tracker.ui_port}")

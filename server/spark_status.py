@@ -13,8 +13,10 @@ Where each fact comes from (Spark 4, the default log4j profile, docs/drivers.md)
 - executors and their cores: ``GET /api/v1/applications/<id>/executors`` (the entry
   ``driver`` has cores only in local mode; on a cluster the executors bring them);
 - streaming progress: ``ProgressReporter: Streaming query made progress: {json}``
-  (INFO, one multi-line JSON per trigger; Spark has no REST endpoint for it). A job
-  that lowers its log level below INFO hides it: the progress is then unknown.
+  (INFO, one multi-line JSON per trigger; Spark has no REST endpoint for it), and a
+  query's start (``Starting new streaming query.``, INFO) and failure (``Query ...
+  terminated with error``, ERROR). A job that lowers its log level below INFO hides
+  the first two: its progress is then unknown.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ import json
 import re
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # "Utils: Successfully started service 'SparkUI' on port 4041."
 _UI_PORT = re.compile(rb"Successfully started service 'SparkUI' on port (\d+)")
+# StreamExecution, as a query starts and when it fails (its driver may well live on).
+_QUERY_START = b"Starting new streaming query."
+_QUERY_FAILED = re.compile(rb"Query .*terminated with error")
 _PROGRESS_START = b"Streaming query made progress: {"
 # The progress JSON is pretty-printed; its closing brace is alone on a line.
 _PROGRESS_END = b"}"
@@ -61,6 +66,9 @@ class LogScan:
     ui_port: int | None
     progress: list[Progress]
     rest: bytes
+    queries_started: int = 0
+    # The log lines of queries that terminated with an error, in order.
+    query_errors: list[str] = field(default_factory=list)
 
 
 def _timestamp(text: str) -> dt.datetime:
@@ -101,6 +109,8 @@ def scan_log(chunk: bytes) -> LogScan:
     returned in ``rest``, to be scanned again with the bytes that follow."""
     ui_port: int | None = None
     progress: list[Progress] = []
+    started = 0
+    errors: list[str] = []
     end = chunk.rfind(b"\n") + 1
     lines = chunk[:end].split(b"\n")[:-1]
     rest = chunk[end:]
@@ -109,6 +119,10 @@ def scan_log(chunk: bytes) -> LogScan:
         line = lines[i]
         if (match := _UI_PORT.search(line)) is not None:
             ui_port = int(match.group(1))
+        if _QUERY_START in line:
+            started += 1
+        elif _QUERY_FAILED.search(line) is not None:
+            errors.append(line.decode(errors="replace").strip()[:500])
         at = line.find(_PROGRESS_START)
         if at < 0:
             i += 1
@@ -132,7 +146,7 @@ def scan_log(chunk: bytes) -> LogScan:
         if event is not None:
             progress.append(event)
         i = j + 1
-    return LogScan(ui_port=ui_port, progress=progress, rest=rest)
+    return LogScan(ui_port, progress, rest, queries_started=started, query_errors=errors)
 
 
 @dataclass(frozen=True)

@@ -64,13 +64,39 @@ def test_a_query_with_no_new_batch_for_the_timeout_is_stalled() -> None:
     assert health.assess(tracker, s(81))[0] is None
 
 
-def test_no_stall_before_the_first_progress_nor_for_a_batch_job() -> None:
-    # A streaming job that never reported progress (no query, or its log level hides
-    # it) is not judged; nor is a batch job, whose "batches" are not a heartbeat.
+def test_no_stall_before_a_query_starts_nor_for_a_batch_job() -> None:
+    # A streaming job whose log shows no query (none, or its log level hides it) is not
+    # judged; nor is a batch job, whose "batches" are not a heartbeat.
     assert health.assess(_tracker(), s(3600))[0] is None
     batch = _tracker(kind="batch")
     batch.observe_progress([_progress(0, s(0))])
     assert health.assess(batch, s(3600))[0] is None
+
+
+def _scan(started: int = 0, errors: tuple[str, ...] = ()) -> spark_status.LogScan:
+    return spark_status.LogScan(None, [], b"", queries_started=started, query_errors=[*errors])
+
+
+def test_a_query_that_never_completes_a_batch_is_stalled_from_its_start() -> None:
+    tracker = _tracker()
+    tracker.observe_queries(_scan(started=1), s(100))
+    assert health.assess(tracker, s(159))[0] is None
+    flag, detail = health.assess(tracker, s(160))
+    assert flag == HealthFlag.STALLED and detail["last_batch_id"] is None
+
+
+def test_a_query_that_failed_while_its_driver_lives_is_stalled_with_its_error() -> None:
+    tracker = _tracker()
+    tracker.observe_queries(_scan(started=1), s(0))
+    tracker.observe_progress([_progress(0, s(1))])
+    tracker.observe_queries(_scan(errors=("Query q terminated with error",)), s(5))
+    flag, detail = health.assess(tracker, s(62))
+    assert flag == HealthFlag.STALLED
+    assert detail["query_error"] == "Query q terminated with error"
+    # A new query (the job restarted it itself) forgets the old error.
+    tracker.observe_queries(_scan(started=1), s(70))
+    assert health.assess(tracker, s(71))[0] is None
+    assert "query_error" not in health.assess(tracker, s(130))[1]
 
 
 def test_a_stall_counts_from_when_tracking_began_not_from_an_old_batch() -> None:

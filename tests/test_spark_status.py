@@ -104,3 +104,18 @@ def test_a_ui_that_answers_nonsense_or_nothing_is_unreachable(
         spark_status.application(url)
     with pytest.raises(spark_status.UnreachableError):
         spark_status.application("http://127.0.0.1:9", timeout=0.5)
+
+
+def test_query_starts_and_failures_are_counted() -> None:
+    # Lines as Spark 4 writes them (tests/data has the start of a healthy query).
+    failed = (
+        b"26/11/24 08:28:12 ERROR MicroBatchExecution: Query admission_control_test "
+        b"[id = 2d9a9bb5-5dc2-4b21-8d74-4bfd27ba0364, runId = 4e6ae365] terminated with error\n"
+        b"org.apache.spark.SparkException: Python worker failed to connect back.\n"
+    )
+    started = b"26/11/24 08:27:58 INFO MicroBatchExecution: Starting new streaming query.\n"
+    scan = spark_status.scan_log(started + failed + started)
+    assert scan.queries_started == 2
+    assert len(scan.query_errors) == 1
+    assert "admission_control_test" in scan.query_errors[0]
+    assert spark_status.scan_log(LOG).queries_started == 0  # the excerpt starts later
