@@ -28,7 +28,7 @@ Callers pass a ``sqlalchemy.Connection`` inside a transaction (``engine.begin()`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -178,6 +178,21 @@ _RENEW = sa.text(
     RETURNING job_id, epoch
     """
 )
+
+
+def finished_at(conn: sa.Connection, epochs: Mapping[int, int]) -> set[int]:
+    """Of ``epochs`` (job id -> epoch of a local run), the jobs whose run at that epoch
+    is recorded ``finished`` and unowned: its watchdog recorded the driver's exit 0."""
+    if not epochs:
+        return set()
+    rows = conn.execute(
+        sa.text(
+            "SELECT job_id, epoch FROM distribution "
+            "WHERE job_id = ANY(:ids) AND state = 'finished' AND owner IS NULL"
+        ),
+        {"ids": sorted(epochs)},
+    )
+    return {r.job_id for r in rows if epochs.get(r.job_id) == r.epoch}
 
 
 def renew_leases(conn: sa.Connection, owner: Owner, ttl: float) -> dict[int, int]:
@@ -522,7 +537,8 @@ def reap(conn: sa.Connection, live: Iterable[str], server: str) -> list[tuple[in
 _POLL = sa.text(
     """
     WITH mine AS MATERIALIZED (
-        SELECT * FROM distribution WHERE target = :server OR owner = :server
+        SELECT * FROM distribution
+         WHERE target = :server OR owner = :server OR job_id = ANY(:also)
     )
     SELECT d.job_id, j.name, j.kind, j.desired, j.generation AS job_generation,
            j.max_restarts, d.target, d.owner, d.owner_incarnation, d.epoch, d.state,
@@ -544,9 +560,10 @@ _POLL = sa.text(
 )
 
 
-def poll(conn: sa.Connection, owner: Owner) -> list[Row]:
-    """Every job targeted at or owned by the server (any incarnation of it): what its
-    poll loop acts on. ``due_in`` counts down another owner's lease, a previous
+def poll(conn: sa.Connection, owner: Owner, also: Iterable[int] = ()) -> list[Row]:
+    """Every job targeted at or owned by the server (any incarnation of it), and the
+    jobs ``also`` (its local runs: a run's row that moved on is read, not missing):
+    what its poll loop acts on. ``due_in`` counts down another owner's lease, a previous
     incarnation's included."""
     return [
         Row(
@@ -569,7 +586,7 @@ def poll(conn: sa.Connection, owner: Owner) -> list[Row]:
             job_revision=r.job_revision,
             revision=r.revision,
         )
-        for r in conn.execute(_POLL, owner.params())
+        for r in conn.execute(_POLL, {**owner.params(), "also": sorted(also)})
     ]
 
 

@@ -20,7 +20,9 @@ The decisions, per job, in order:
 
 - a run whose outcome is not recorded yet: :class:`Record` it (again);
 - a running run whose row no longer names this incarnation and epoch: :class:`Drop`
-  (kill the driver; the job is someone else's);
+  (kill the driver; the job is someone else's), unless the row says its watchdog
+  recorded the driver's exit 0 (``finished`` at its epoch, unowned): that run is
+  ending, and the next poll reaps it;
 - a running run whose job is wanted stopped, restarted (new generation: a restart, or a
   new revision to roll to) or targeted elsewhere (once migrations are allowed):
   :class:`Stop` it, with the reason;
@@ -162,6 +164,12 @@ def holds(row: distribution.Row, owner: distribution.Owner, epoch: int) -> bool:
     )
 
 
+def finished_by_its_watchdog(row: distribution.Row, epoch: int) -> bool:
+    """The run of ``epoch`` is recorded finished and unowned: its watchdog recorded the
+    driver's exit 0 (just before exiting itself). Not a lost lease: nothing to kill."""
+    return row.epoch == epoch and row.owner is None and row.state == states.RunState.FINISHED
+
+
 def stop_reason(row: distribution.Row, me: str, may_migrate: bool) -> str | None:
     """Why a running driver of this row must stop, or None."""
     if row.desired != states.Desired.RUNNING:
@@ -204,6 +212,8 @@ def decide(
             actions.append(Record(job_id))
         elif run.phase is not Phase.RUNNING:
             continue
+        elif row is not None and finished_by_its_watchdog(row, run.epoch):
+            continue  # ending: the next poll reaps it (and ships its log)
         elif row is None or not holds(row, run.owner, run.epoch):
             actions.append(Drop(job_id, "the job is no longer ours"))
         elif reason := stop_reason(row, me, conditions.may_migrate):

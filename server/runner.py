@@ -303,8 +303,11 @@ class Runner:
                     continue
                 elif run.claimed_at < t_sent:
                     lost.append(run)
+        lost = self._not_finished(lost)
+        with self._lock:
             for run in lost:
-                self._runs.pop(run.job_id, None)
+                if self._runs.get(run.job_id) is run:
+                    del self._runs[run.job_id]
         for run in lost:
             log.error(
                 "lease lost; killing the driver",
@@ -313,6 +316,19 @@ class Runner:
             if run.driver is not None:
                 run.driver.kill()
         return True
+
+    def _not_finished(self, runs: list[Run]) -> list[Run]:
+        """``runs`` (not renewed) but those whose watchdog recorded the driver's exit 0
+        just now (it is exiting: the poll reaps it). If that cannot be read, all of them:
+        a run is lost unless PostgreSQL says otherwise."""
+        if not runs:
+            return runs
+        try:
+            with self.engine.connect() as conn:
+                finished = distribution.finished_at(conn, {r.job_id: r.epoch for r in runs})
+        except DBAPIError:
+            return runs
+        return [run for run in runs if run.job_id not in finished]
 
     # ------------------------------------------------------------------ poll
 
@@ -346,7 +362,7 @@ class Runner:
         # incarnation left it, and be dropped (its driver killed) as "no longer ours".
         runs = self.runs()
         with self.engine.connect() as conn:
-            rows = {row.job_id: row for row in distribution.poll(conn, self.owner)}
+            rows = {row.job_id: row for row in distribution.poll(conn, self.owner, runs)}
         conditions = reconcile.Conditions(
             me=self.owner,
             capacity=cfg.capacity,

@@ -75,6 +75,23 @@ def decide(
 # ------------------------------------------------------------------ local runs
 
 
+def test_a_run_whose_watchdog_recorded_its_exit_0_is_awaited_not_dropped() -> None:
+    """The watchdog records a batch driver's exit 0 itself (``finished``, owner cleared)
+    just before it exits: a poll woken by that write sees the row no longer owned while
+    the local run is still running. It is ending, not lost: no kill, no drop (the next
+    poll reaps it and ships its log). Found running Spark's pi.py: its log was never
+    shipped and the server logged 'no longer ours; killing the driver'."""
+    finished = row(epoch=3, state=RunState.FINISHED, desired="running")
+    assert decide([finished], [run(epoch=3)]) == []
+    # A finished row of another epoch, or a job someone else finished, is still lost.
+    assert decide([row(epoch=4, state=RunState.FINISHED)], [run(epoch=3)]) == [
+        reconcile.Drop(1, "the job is no longer ours")
+    ]
+    assert decide([row(epoch=3, state=RunState.STOPPED)], [run(epoch=3)]) == [
+        reconcile.Drop(1, "the job is no longer ours")
+    ]
+
+
 def test_an_unrecorded_outcome_is_recorded_again_whatever_the_row_says() -> None:
     ended = run(phase=Phase.ENDED, unrecorded=True)
     assert decide([mine()], [ended]) == [reconcile.Record(1)]

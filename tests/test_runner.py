@@ -14,7 +14,7 @@ import dataclasses
 import json
 import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -419,6 +419,56 @@ def test_a_batch_exit_0_as_its_migration_begins_is_finished_not_rerun(
     assert (stage / "starts").read_text().split() == ["1"]
 
 
+def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """A batch driver's watchdog records ``finished`` (the owner cleared) and only then
+    exits. A poll woken by that write, or a renewal, in between sees a run whose row no
+    longer names it: that run is ending, not lost. Before, the server logged 'the job
+    is no longer ours; killing the driver', dropped the run and never shipped its log
+    (found running Spark's pi.py: 'job logs pi' said 'no driver log yet')."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    runner_ = long_lease_runner
+    runner_.poll_once()  # claims; the driver starts in a task
+    waiting.wait_until(
+        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+    )
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "running" or runner_.poll_once() < 0,
+        30,
+        message="the run was not recorded running",
+    )
+    # The watchdog's write, as it commits it before exiting; the coordinator then
+    # retargets the finished job to nobody.
+    with engine.begin() as conn:
+        distribution.finish(conn, job_id, runner_.owner, 1)
+    factories.target(engine, job_id, None)
+    runner_.poll_once()
+    runner_.renew_once()
+    (run,) = runner_.runs().values()
+    assert run.driver is not None and not run.driver.ended(), "the ending run was killed"
+    # The watchdog exits: the next polls reap the run and ship its log.
+    (stage / "go").write_text("0")
+    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
+    waiting.wait_until(
+        lambda: not runner_.runs() or runner_.poll_once() < 0,
+        30,
+        message="the ended run was not forgotten",
+    )
+    assert json.loads((run_dir / "result.json").read_text())["reason"] == "exited"
+    waiting.wait_until(
+        lambda: bucket.exists(runner.log_key("b", 1)), 10, message="the log was not shipped"
+    )
+    kinds = _kinds(database_url)
+    assert kinds.count("claimed") == 1 and kinds.count("finished") == 1, kinds
+
+
 def test_an_adoption_committed_while_a_poll_reads_its_rows_kills_nothing(
     engine: sa.Engine,
     bucket: store.Store,
@@ -460,8 +510,10 @@ def _adopt_during_a_poll(
 ) -> None:
     read_rows = distribution.poll
 
-    def poll_then_adopt(conn: sa.Connection, owner: distribution.Owner) -> list:
-        rows = read_rows(conn, owner)
+    def poll_then_adopt(
+        conn: sa.Connection, owner: distribution.Owner, also: Iterable[int] = ()
+    ) -> list:
+        rows = read_rows(conn, owner, also)
         if not successor.runs():
             (row,) = [r for r in rows if r.job_id == job_id]
             successor._clean_orphan(row)  # what the adoption task does, right now
