@@ -666,6 +666,11 @@ def _plan(conn: sa.Connection, sql: str, params: Mapping[str, Any]) -> list[str]
     return list(conn.execute(sa.text(f"EXPLAIN (ANALYZE, BUFFERS) {sql}"), params).scalars())
 
 
+def _poll_params(server: str) -> dict[str, Any]:
+    """distribution.poll's parameters for ``server`` with no local runs."""
+    return {**_owner(server).params(), "also": []}
+
+
 def _generic_plan(conn: sa.Connection, sql: str, server: str) -> list[str]:
     """The plan a prepared poll settles on once PostgreSQL switches to a generic plan
     (psycopg prepares a statement after five executions)."""
@@ -674,12 +679,14 @@ def _generic_plan(conn: sa.Connection, sql: str, server: str) -> list[str]:
     conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
     incarnation = _owner(server).incarnation
     statement = sql.replace(":server", "$1").replace(":incarnation", "$2")
-    conn.exec_driver_sql(f"PREPARE bench_poll(text, text) AS {statement}")
+    statement = statement.replace(":also", "$3")
+    conn.exec_driver_sql(f"PREPARE bench_poll(text, text, bigint[]) AS {statement}")
     try:
         # EXPLAIN EXECUTE takes no bound parameters; the name is checked above.
         return list(
             conn.exec_driver_sql(
-                f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_poll('{server}', '{incarnation}')"
+                f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_poll('{server}', '{incarnation}', "
+                "'{}')"
             ).scalars()
         )
     finally:
@@ -751,7 +758,7 @@ def bench_poll(
     sql = distribution._POLL.text
     with engine.connect() as conn:
         samples = _poll_latency(conn, server, expected, calls)
-        custom = _plan(conn, sql, _owner(server).params())
+        custom = _plan(conn, sql, _poll_params(server))
         generic = _generic_plan(conn, sql, server)
         conn.rollback()
 
@@ -764,7 +771,7 @@ def bench_poll(
         conn.commit()
         try:
             index_join_samples = _poll_latency(conn, server, expected, calls)
-            index_join_plan = _plan(conn, sql, _owner(server).params())
+            index_join_plan = _plan(conn, sql, _poll_params(server))
         finally:
             conn.rollback()
             for setting in INDEX_JOIN:
