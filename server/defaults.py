@@ -94,6 +94,17 @@ PLACEMENT_SETTLE_S = 5.0
 # 1.10x of the ideal K/(N+1) with bounded loads (160 gives 1.15-1.2x, docs/benchmarks.md).
 RING_VNODES = 640
 
+# History retention (docs/operations.md#history-retention): job events and shipped
+# driver logs older than this are deleted; 0 keeps them forever, seconds (30 days).
+HISTORY_RETENTION_S = 30 * 24 * 3600.0
+# How often a server runs the retention pass, seconds; only the server holding the
+# retention advisory lock prunes, the others skip that pass. The first pass comes
+# HISTORY_PRUNE_FIRST_DELAY_S after start-up, so a restart loop never prunes in a loop.
+HISTORY_PRUNE_INTERVAL_S = 3600.0
+HISTORY_PRUNE_FIRST_DELAY_S = 60.0
+# Job events deleted per transaction by a prune, rows: each batch is one short DELETE.
+HISTORY_PRUNE_BATCH = 1000
+
 # HTTP port for the API, the console, /healthz and /metrics; 0 picks a free port.
 HEALTH_PORT = 0
 # Database connections of the HTTP API, apart from the runner's (never starve renewals).
