@@ -278,6 +278,8 @@ job_events = sa.Table(
     sa.CheckConstraint(_in("kind", EVENT_KINDS), name="kind_known"),
 )
 sa.Index("ix_job_events_job_id_id", job_events.c.job_id, job_events.c.id)
+# History retention deletes events older than a cutoff (server/retention.py).
+sa.Index("ix_job_events_at", job_events.c.at)
 
 # Bearer tokens of the HTTP API: only a SHA-256 of each token is kept (a token is 32
 # random bytes, so a plain hash is enough; no salt or slow hash needed). Revoking sets
