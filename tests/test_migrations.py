@@ -196,3 +196,43 @@ def test_upgrade_to_revisions_makes_each_existing_job_its_own_revision_1(
     assert "job_revisions" not in sa.inspect(engine).get_table_names()
     with engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM jobs")).scalar_one() == 2
+
+
+def _job_events_at_index(engine: sa.Engine) -> list[tuple[str, bool]]:
+    with engine.connect() as connection:
+        return [
+            tuple(row)
+            for row in connection.execute(
+                sa.text(
+                    "SELECT c.relname, i.indisvalid FROM pg_index i "
+                    "JOIN pg_class c ON c.oid = i.indexrelid "
+                    "WHERE c.relname = 'ix_job_events_at'"
+                )
+            )
+        ]
+
+
+def test_history_index_is_built_concurrently_and_rebuilt_when_left_invalid(
+    engine: sa.Engine,
+) -> None:
+    """0008 builds ix_job_events_at outside a transaction (CONCURRENTLY): a failed
+    build leaves an INVALID index, which the next upgrade replaces."""
+    assert _job_events_at_index(engine) == [("ix_job_events_at", True)]
+    migrate.downgrade(engine, "0007")
+    assert _job_events_at_index(engine) == []
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text("INSERT INTO job_events (job_id, job_name, kind) VALUES (1, 'j', 'created')")
+        )
+        # What an interrupted CREATE INDEX CONCURRENTLY leaves behind.
+        connection.execute(sa.text("CREATE INDEX ix_job_events_at ON job_events (at)"))
+        connection.execute(
+            sa.text(
+                "UPDATE pg_index SET indisvalid = false "
+                "WHERE indexrelid = 'ix_job_events_at'::regclass"
+            )
+        )
+    assert _job_events_at_index(engine) == [("ix_job_events_at", False)]
+    migrate.upgrade(engine)
+    assert migrate.current(engine) == "0008"
+    assert _job_events_at_index(engine) == [("ix_job_events_at", True)]
