@@ -11,7 +11,7 @@ What is deleted (``prune``), for a cutoff time:
   ``sparkring job logs`` still shows its last run.
 
 Events go in batches of ``batch_size`` rows, each batch one short transaction (a
-``DELETE ... WHERE id IN (SELECT ... ORDER BY id LIMIT n)``): no long transaction, no
+``DELETE ... WHERE id = ANY(ARRAY(SELECT ... ORDER BY id LIMIT n))``): no long transaction, no
 lock held between batches. Deleting events takes row locks on ``job_events`` only,
 which nothing else updates, so it never blocks a lease renewal or a claim.
 
@@ -55,11 +55,14 @@ _PRUNABLE = """
                     WHERE newer.job_id = e.job_id AND newer.id > e.id)
     )
 """
+# ``id = ANY(ARRAY(...))``, not ``id IN (...)``: the batch's ids are computed once and
+# deleted through the primary key. With IN, PostgreSQL may hash-join the batch against a
+# sequential scan of the whole table, for every batch (benchmarks/history_prune.py).
 _DELETE_BATCH = sa.text(
     f"""
-    DELETE FROM job_events WHERE id IN (
+    DELETE FROM job_events WHERE id = ANY(ARRAY(
         SELECT e.id FROM job_events e WHERE {_PRUNABLE} ORDER BY e.id LIMIT :n
-    )
+    ))
     RETURNING id
     """
 )
