@@ -7,12 +7,14 @@ an S3 bucket of their own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -90,6 +92,23 @@ def drop_database(database_url: str) -> None:
     with admin.connect() as connection:
         connection.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
     admin.dispose()
+
+
+@contextlib.contextmanager
+def scratch_database(url: str | None, prefix: str) -> Iterator[str]:
+    """A database of a benchmark's own, copied from a template of this process's own;
+    both dropped on exit. ``url``: the PostgreSQL server (None: refused with the hint)."""
+    if not url:
+        raise SystemExit(
+            'SPARKRING_DATABASE_URL is not set: eval "$(python3 scripts/stack.py env)"'
+        )
+    create_template(url)
+    database_url = create_test_database(url, prefix=prefix)
+    try:
+        yield database_url
+    finally:
+        drop_database(database_url)
+        drop_template(url)
 
 
 def bench_databases(url: str) -> set[str]:
