@@ -244,13 +244,21 @@ class Store:
         return sorted(name for name in names if name and OBJECT_KEY.fullmatch(name))
 
     def listed(self, prefix: str) -> list[tuple[str, datetime]]:
-        """Every object under ``prefix``: (key, LastModified), sorted by key."""
+        """Every object under ``prefix``: (key, LastModified), sorted by key. A bucket
+        not created yet (nothing was ever uploaded) holds nothing."""
         with self._translated(f"list {prefix} in bucket {self.bucket}"):
-            found = [
-                (item.object_name, item.last_modified)
-                for item in self._client.list_objects(self.bucket, prefix=prefix, recursive=True)
-                if item.object_name and item.last_modified is not None
-            ]
+            try:
+                found = [
+                    (item.object_name, item.last_modified)
+                    for item in self._client.list_objects(
+                        self.bucket, prefix=prefix, recursive=True
+                    )
+                    if item.object_name and item.last_modified is not None
+                ]
+            except minio_error.S3Error as exc:
+                if exc.code != "NoSuchBucket":
+                    raise
+                return []
         return sorted(found)
 
     def remove_many(self, keys: Sequence[str]) -> None:

@@ -194,6 +194,17 @@ def test_shipped_logs_older_than_the_cutoff_go_and_each_live_jobs_newest_stays(
     assert bucket.exists(store.object_key("0" * 64))
 
 
+def test_a_bucket_never_created_holds_no_logs_to_prune(
+    engine: sa.Engine, settings: settings_module.Settings
+) -> None:
+    """A new cluster's first pass: nothing was ever uploaded, so there is no bucket."""
+    bucket = clients.bucket(settings)  # this test's bucket name, never created
+    _events_of_a_gone_job(engine, 1, days=3)
+    with engine.connect() as conn:
+        pruned = retention.prune(conn, bucket, retention.cutoff(DAY), batch_size=10)
+    assert (pruned.events, pruned.logs) == (1, 0)
+
+
 def test_which_logs_may_go() -> None:
     now = datetime(2026, 11, 24, tzinfo=UTC)
     old, new = now - timedelta(days=40), now - timedelta(days=1)
