@@ -113,4 +113,5 @@ def test_history_prune_benchmark_reports_every_figure(
     assert figures["batches"] == 7 and figures["nothing_to_prune_deleted"] == 0
     assert figures["longest_batch_ms"] > 0
     assert PERCENTILES <= figures["renewals_during_prune"].keys()
+    assert PERCENTILES <= figures["renewals_without_prune"].keys()
     assert services.bench_databases(postgres_url) == before, "the scratch database was left behind"
