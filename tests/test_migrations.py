@@ -212,27 +212,18 @@ def _job_events_at_index(engine: sa.Engine) -> list[tuple[str, bool]]:
         ]
 
 
-def test_history_index_is_built_concurrently_and_rebuilt_when_left_invalid(
-    engine: sa.Engine,
-) -> None:
-    """0008 builds ix_job_events_at outside a transaction (CONCURRENTLY): a failed
-    build leaves an INVALID index, which the next upgrade replaces."""
+def test_history_index_comes_and_goes_with_0008_and_events_stay(engine: sa.Engine) -> None:
+    """0008 adds ix_job_events_at (the retention scan, server/retention.py); a
+    downgrade drops it and keeps the events."""
     assert _job_events_at_index(engine) == [("ix_job_events_at", True)]
-    migrate.downgrade(engine, "0007")
-    assert _job_events_at_index(engine) == []
     with engine.begin() as connection:
         connection.execute(
             sa.text("INSERT INTO job_events (job_id, job_name, kind) VALUES (1, 'j', 'created')")
         )
-        # What an interrupted CREATE INDEX CONCURRENTLY leaves behind.
-        connection.execute(sa.text("CREATE INDEX ix_job_events_at ON job_events (at)"))
-        connection.execute(
-            sa.text(
-                "UPDATE pg_index SET indisvalid = false "
-                "WHERE indexrelid = 'ix_job_events_at'::regclass"
-            )
-        )
-    assert _job_events_at_index(engine) == [("ix_job_events_at", False)]
+    migrate.downgrade(engine, "0007")
+    assert _job_events_at_index(engine) == []
     migrate.upgrade(engine)
     assert migrate.current(engine) == "0008"
     assert _job_events_at_index(engine) == [("ix_job_events_at", True)]
+    with engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM job_events")).scalar_one() == 1

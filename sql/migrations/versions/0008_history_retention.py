@@ -6,24 +6,26 @@ Create Date: 2026-11-24
 
 ``sparkring events prune`` and the servers' hourly retention pass
 (``server/retention.py``) look for events older than a cutoff; without an index on
-``at`` each pass would read the whole table, which only grows until it is pruned.
+``at`` a pass with nothing to delete would read the whole table.
 
-The index is built ``CONCURRENTLY``, in an autocommit block (``CREATE INDEX
-CONCURRENTLY`` cannot run inside a transaction): writers of ``job_events`` (every
-claim, renewal outcome and command appends an event) are never blocked while it is
-built on a large table. The price is that this migration is not one transaction, unlike
-the others: if the build fails (a lock timeout, a cancelled run), PostgreSQL leaves an
-INVALID index and ``alembic_version`` stays at 0007; running ``sparkring db upgrade``
-again drops that index and builds it anew. The build waits for transactions already
-open on this database to end, so it finishes only once long transactions have.
+A plain ``CREATE INDEX``, inside this migration's transaction, not ``CONCURRENTLY``:
+``sparkring db upgrade`` run from several processes at once queues them on an advisory
+lock (``sql/migrate.py``), and each queued process waits inside a statement, holding a
+snapshot. ``CREATE INDEX CONCURRENTLY`` waits for every transaction holding an older
+snapshot to end, so it waits for the queued upgrades while they wait for its lock:
+PostgreSQL reports a deadlock and the upgrade fails (seen in
+``tests/test_upgrade.py::test_concurrent_upgrades_from_several_processes``). The plain
+build keeps the migration one transaction (a failure rolls it back whole) and blocks
+writes of job events while it runs: about 0.4 s per million events on the development
+machine. Lease renewals write no event and go on; a claim or a state change that
+waits longer than the servers' ``SPARKRING_DB_LOCK_TIMEOUT`` fails and is retried.
 
-Expand only: servers of the previous release do not use the index. Downgrade drops it
-(concurrently too); no data is lost either way.
+Expand only: servers of the previous release do not use the index. Downgrade drops it;
+no data is lost either way.
 """
 
 from __future__ import annotations
 
-import sqlalchemy as sa
 from alembic import op
 
 revision = "0008"
@@ -31,34 +33,10 @@ down_revision = "0007"
 branch_labels = None
 depends_on = None
 
-INDEX = "ix_job_events_at"
-
 
 def upgrade() -> None:
-    with op.get_context().autocommit_block():
-        # An INVALID index left by a build that failed half-way: drop it, build again.
-        invalid = (
-            op.get_bind()
-            .execute(
-                sa.text(
-                    "SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:name)"
-                ),
-                {"name": INDEX},
-            )
-            .scalar()
-        )
-        if invalid:
-            op.drop_index(INDEX, table_name="job_events", postgresql_concurrently=True)
-        op.create_index(
-            INDEX,
-            "job_events",
-            ["at"],
-            unique=False,
-            postgresql_concurrently=True,
-            if_not_exists=True,
-        )
+    op.create_index("ix_job_events_at", "job_events", ["at"], unique=False)
 
 
 def downgrade() -> None:
-    with op.get_context().autocommit_block():
-        op.drop_index(INDEX, table_name="job_events", postgresql_concurrently=True, if_exists=True)
+    op.drop_index("ix_job_events_at", table_name="job_events")
