@@ -96,19 +96,30 @@ def drop_database(database_url: str) -> None:
 
 @contextlib.contextmanager
 def scratch_database(url: str | None, prefix: str) -> Iterator[str]:
-    """A database of a benchmark's own, copied from a template of this process's own;
-    both dropped on exit. ``url``: the PostgreSQL server (None: refused with the hint)."""
+    """A database of a benchmark's own, copied from this process's template, dropped on
+    exit. The template is made (and dropped on exit) only if this process has none: a
+    benchmark run inside a pytest session must leave the session's template alone.
+    ``url``: the PostgreSQL server (None: refused with the hint)."""
     if not url:
         raise SystemExit(
             'SPARKRING_DATABASE_URL is not set: eval "$(python3 scripts/stack.py env)"'
         )
-    create_template(url)
+    admin = admin_engine(url)
+    with admin.connect() as connection:
+        has_template = connection.execute(
+            sa.text("SELECT 1 FROM pg_database WHERE datname = :name"),
+            {"name": TEMPLATE_DATABASE},
+        ).scalar_one_or_none()
+    admin.dispose()
+    if not has_template:
+        create_template(url)
     database_url = create_test_database(url, prefix=prefix)
     try:
         yield database_url
     finally:
         drop_database(database_url)
-        drop_template(url)
+        if not has_template:
+            drop_template(url)
 
 
 def bench_databases(url: str) -> set[str]:
