@@ -226,7 +226,6 @@ class Pruner:
         self._server = server
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="history-pruner", daemon=True)
-        self.passes = 0  # passes attempted, failed ones included (for tests and status)
 
     def start(self) -> None:
         self._thread.start()
@@ -253,8 +252,6 @@ class Pruner:
                     extra={"action": "prune_failed", "server": self._server},
                 )
                 continue
-            finally:
-                self.passes += 1
             if pruned is not None:
                 log.info(
                     "history pruned",
