@@ -110,17 +110,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     checkouts = [path.resolve() for path in args.checkout or [REPO]]
     url = services.stack_env().get("SPARKRING_DATABASE_URL")
-    if not url:
-        raise SystemExit(
-            'SPARKRING_DATABASE_URL is not set: eval "$(python3 scripts/stack.py env)"'
-        )
-    services.create_template(url)
-    database_url = services.create_test_database(url, prefix="bench_cli")
-    try:
+    with services.scratch_database(url, prefix="bench_cli") as database_url:
         figures = measure(database_url, checkouts, args.runs)
-    finally:
-        services.drop_database(database_url)
-        services.drop_template(url)
     if args.json:
         print(json.dumps({"runs": args.runs, "commands": figures}, indent=2))
         return

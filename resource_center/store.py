@@ -19,13 +19,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
 import minio
 import urllib3
+from minio import deleteobjects
 from minio import error as minio_error
 
 from resource_center import errors
@@ -42,6 +44,9 @@ PART_BYTES = 16 * 1024 * 1024
 
 # Called with the number of bytes just sent (rich's ``Progress.advance`` fits).
 Progress = Callable[[int], None]
+
+# Keys per DeleteObjects request: the most S3 accepts in one.
+DELETE_BATCH = 1000
 
 _MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject"})
 _CREATED_CODES = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
@@ -237,6 +242,42 @@ class Store:
                 )
             ]
         return sorted(name for name in names if name and OBJECT_KEY.fullmatch(name))
+
+    def listed(self, prefix: str) -> list[tuple[str, datetime]]:
+        """Every object under ``prefix``: (key, LastModified), sorted by key. A bucket
+        not created yet (nothing was ever uploaded) holds nothing."""
+        with self._translated(f"list {prefix} in bucket {self.bucket}"):
+            try:
+                found = [
+                    (item.object_name, item.last_modified)
+                    for item in self._client.list_objects(
+                        self.bucket, prefix=prefix, recursive=True
+                    )
+                    if item.object_name and item.last_modified is not None
+                ]
+            except minio_error.S3Error as exc:
+                if exc.code != "NoSuchBucket":
+                    raise
+                return []
+        return sorted(found)
+
+    def remove_many(self, keys: Sequence[str]) -> None:
+        """Remove objects, up to :data:`DELETE_BATCH` per request; a key already gone is
+        not an error (S3 reports none), any other refusal is a StoreError."""
+        for start in range(0, len(keys), DELETE_BATCH):
+            chunk = keys[start : start + DELETE_BATCH]
+            with self._translated(f"remove {len(chunk)} objects"):
+                failures = list(
+                    self._client.remove_objects(
+                        self.bucket, [deleteobjects.DeleteObject(key) for key in chunk]
+                    )
+                )
+            if failures:
+                first = failures[0]
+                raise errors.StoreError(
+                    f"S3 at {self.endpoint} refused to remove {len(failures)} objects "
+                    f"({first.code}: {first.message}, e.g. {first.name})"
+                )
 
 
 def _reason(exc: BaseException) -> str:

@@ -19,6 +19,7 @@ from sqlalchemy import exc as sa_exc
 from server import (
     cli_apply,
     cli_db,
+    cli_events,
     cli_health,
     cli_job,
     cli_resource,
@@ -47,6 +48,7 @@ app.add_typer(cli_server.app, name="server")
 app.add_typer(cli_job.app, name="job")
 app.add_typer(cli_ring.app, name="ring")
 app.add_typer(cli_token.app, name="token")
+app.add_typer(cli_events.app, name="events")
 app.command("apply", short_help="Create, revise, start, stop and prune jobs from a TOML spec.")(
     cli_apply.apply
 )

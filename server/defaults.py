@@ -101,6 +101,16 @@ RING_VNODES = 640
 HEALTH_INTERVAL_S = 5.0
 STALL_TIMEOUT_S = 300.0
 RESOURCE_WAIT_TIMEOUT_S = 120.0
+# History retention (docs/operations.md#history-retention): job events and shipped
+# driver logs older than this are deleted; 0 keeps them forever, seconds (30 days).
+HISTORY_RETENTION_S = 30 * 24 * 3600.0
+# How often a server runs the retention pass, seconds; only the server holding the
+# retention advisory lock prunes, the others skip that pass. The first pass comes
+# HISTORY_PRUNE_FIRST_DELAY_S after start-up, so a restart loop never prunes in a loop.
+HISTORY_PRUNE_INTERVAL_S = 3600.0
+HISTORY_PRUNE_FIRST_DELAY_S = 60.0
+# Job events deleted per transaction by a prune, rows: each batch is one short DELETE.
+HISTORY_PRUNE_BATCH = 1000
 
 # HTTP port for the API, the console, /healthz and /metrics; 0 picks a free port.
 HEALTH_PORT = 0

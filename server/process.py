@@ -38,12 +38,13 @@ from server import (
     httpd,
     livelog,
     metrics,
+    retention,
     runner,
     watchdog,
     workdir,
 )
 from server import settings as settings_module
-from sql import migrate
+from sql import database, migrate
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -70,6 +71,10 @@ class Server:
         # The health monitor of the local drivers, with its own one-connection pool.
         self.health: health.HealthMonitor | None = None
         self._health_engine: sa.Engine | None = None
+        # History retention: a side thread with a connection of its own (never the
+        # runner's pool), which prunes while it holds the retention advisory lock.
+        self.pruner: retention.Pruner | None = None
+        self._prune_engine: sa.Engine | None = None
         self.exit_code = exit_codes.ExitCode.OK
         self._work_dir_lock: IO[str] | None = None
         self._handing_over = False
@@ -155,6 +160,7 @@ class Server:
         self._start_health()
         self.registry.start(timeout=max(10.0, s.zk_session_timeout * 2))
         self.runner.registered(settle=defaults.ADOPTION_SETTLE_S)
+        self._start_pruner(bucket)
         log.info(
             "server started",
             extra={
@@ -205,6 +211,34 @@ class Server:
             resource_wait_timeout=s.resource_wait_timeout,
         )
         self.health.start()
+
+    def _start_pruner(self, bucket: Any) -> None:
+        """Prune job events and shipped logs older than SPARKRING_HISTORY_RETENTION
+        about hourly (0: keep them forever, no thread). Housekeeping: a failed pass is
+        logged and retried, and this thread's death never stops the server."""
+        s = self.settings
+        if s.history_retention <= 0:
+            return
+        # One connection with the server's session limits, so a prune batch can never
+        # wait on a lock longer than a renewal may. Not checked here: a PostgreSQL
+        # that blinks now only fails the first pass.
+        self._prune_engine = database.create_engine(
+            s.database_url.get_secret_value(), pool_size=1, limits=clients.server_limits(s)
+        )
+        engine = self._prune_engine
+        self.pruner = retention.Pruner(
+            lambda keep_going: retention.run_pass(
+                engine,
+                bucket,
+                s.history_retention,
+                batch_size=defaults.HISTORY_PRUNE_BATCH,
+                keep_going=keep_going,
+            ),
+            interval=defaults.HISTORY_PRUNE_INTERVAL_S,
+            first_delay=defaults.HISTORY_PRUNE_FIRST_DELAY_S,
+            server=self.id,
+        )
+        self.pruner.start()
 
     def _jobs_by_state(self) -> dict[str, int]:
         engine = self.api_engine
@@ -334,6 +368,8 @@ class Server:
             "lease_renew_age_s": None if renew_age is None else round(renew_age, 3),
             "loops_alive": loops_alive,
             "listener_alive": listener_alive,
+            # Informational: history pruning is housekeeping, not part of health.
+            "history_pruner_alive": bool(self.pruner and self.pruner.is_alive()),
             "stopping": self._stop.is_set(),
         }
 
@@ -398,6 +434,8 @@ class Server:
             if self._coordinator is not None:
                 self._coordinator.stop()
                 self._coordinator = None
+        if self.pruner is not None:
+            self.pruner.stop()  # between two batches: nothing is left half-done
         if self._handing_over and self.runner is not None:
             # Loops first (a renewal must not shorten the extended leases), then extend
             # the leases and the watchdogs' deadlines, then leave ZooKeeper.
@@ -419,6 +457,8 @@ class Server:
             self.api_engine.dispose()
         if self._health_engine is not None:
             self._health_engine.dispose()
+        if self._prune_engine is not None:
+            self._prune_engine.dispose()
         if self.engine is not None:
             self.engine.dispose()
         if self._work_dir_lock is not None:

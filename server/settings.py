@@ -15,7 +15,9 @@ it is used (``server/clients.py``), with the same error naming the key.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import socket
 import tomllib
 import urllib.parse
@@ -41,6 +43,29 @@ SERVICE_KEYS = ("database_url", "zk_hosts", "s3_endpoint", "s3_access_key", "s3_
 DATABASE_KEYS = ("database_url",)
 ZOOKEEPER_KEYS = ("zk_hosts",)
 S3_KEYS = ("s3_endpoint", "s3_access_key", "s3_secret_key")
+
+
+# A duration as operators write it: "30d", "12h", "90m", "3600s" or plain seconds.
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+DURATION_HELP = "a duration like 30d, 12h, 90m, 3600s or plain seconds"
+
+
+def parse_duration(value: object) -> float:
+    """Seconds of a duration: ``"30d"``, ``"12h"``, ``"90m"``, ``"3600s"``, ``"3600"`` or
+    a non-negative number. Raises ValueError (without echoing the value) otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be {DURATION_HELP}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.fullmatch(str(value).strip().lower())
+        if match is None:
+            raise ValueError(f"must be {DURATION_HELP}")
+        seconds = float(match[1]) * _UNIT_SECONDS[match[2]]
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"must be {DURATION_HELP}")
+    return seconds
 
 
 class Role(StrEnum):
@@ -100,6 +125,9 @@ class Settings(BaseSettings):
     advertise_host: str = Field(default_factory=socket.gethostname)
     # How long a driver start retries an unreachable S3 before deferring the job, seconds.
     s3_fetch_retry: float = Field(defaults.S3_FETCH_RETRY_S, ge=0)
+    # How long job events and shipped driver logs are kept, seconds; a duration such as
+    # "30d" is accepted (parse_duration). 0 keeps them forever.
+    history_retention: float = defaults.HISTORY_RETENTION_S
     # Optional JSON-lines file where watchdogs record each driver's start and end
     # (job, epoch, server, pid, time): evidence for chaos tests and audits.
     driver_records: Path | None = None
@@ -122,6 +150,11 @@ class Settings(BaseSettings):
                     "(e.g. zk1:2181,zk2:2181)"
                 )
         return value
+
+    @field_validator("history_retention", mode="before")
+    @classmethod
+    def _history_retention_is_a_duration(cls, value: object) -> float:
+        return parse_duration(value) if value is not None else defaults.HISTORY_RETENTION_S
 
     @field_validator("zk_root")
     @classmethod

@@ -279,6 +279,8 @@ job_events = sa.Table(
     sa.CheckConstraint(_in("kind", EVENT_KINDS), name="kind_known"),
 )
 sa.Index("ix_job_events_job_id_id", job_events.c.job_id, job_events.c.id)
+# History retention deletes events older than a cutoff (server/retention.py).
+sa.Index("ix_job_events_at", job_events.c.at)
 
 # What the owning server's health monitor last saw of each job's Spark application
 # (server/health.py): one row per job, for the run of ``epoch``; flags are informative.

@@ -7,12 +7,14 @@ an S3 bucket of their own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -90,6 +92,34 @@ def drop_database(database_url: str) -> None:
     with admin.connect() as connection:
         connection.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
     admin.dispose()
+
+
+@contextlib.contextmanager
+def scratch_database(url: str | None, prefix: str) -> Iterator[str]:
+    """A database of a benchmark's own, copied from this process's template, dropped on
+    exit. The template is made (and dropped on exit) only if this process has none: a
+    benchmark run inside a pytest session must leave the session's template alone.
+    ``url``: the PostgreSQL server (None: refused with the hint)."""
+    if not url:
+        raise SystemExit(
+            'SPARKRING_DATABASE_URL is not set: eval "$(python3 scripts/stack.py env)"'
+        )
+    admin = admin_engine(url)
+    with admin.connect() as connection:
+        has_template = connection.execute(
+            sa.text("SELECT 1 FROM pg_database WHERE datname = :name"),
+            {"name": TEMPLATE_DATABASE},
+        ).scalar_one_or_none()
+    admin.dispose()
+    if not has_template:
+        create_template(url)
+    database_url = create_test_database(url, prefix=prefix)
+    try:
+        yield database_url
+    finally:
+        drop_database(database_url)
+        if not has_template:
+            drop_template(url)
 
 
 def bench_databases(url: str) -> set[str]:

@@ -1,4 +1,5 @@
-"""The PostgreSQL benchmark of the distribution table runs end to end at a tiny size.
+"""The PostgreSQL benchmarks (distribution table, history prune) run end to end at a tiny
+size.
 
 It keeps ``benchmarks/distribution_db.py`` from rotting: every figure must still be in
 its JSON, its own checks (each contended job claimed once, renewals and polls returning
@@ -23,8 +24,8 @@ PLAN = {"seq_scan", "uses_target_index", "uses_owner_index", "seq_scan_jobs", "j
 STEP = {"step", "servers", "changed", "read_s", "place_s", "write_s", "commit_s", "total_s"}
 
 
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("distribution_db_benchmark", SCRIPT)
+def _script(path: Path = SCRIPT) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_benchmark", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -91,4 +92,26 @@ def test_distribution_benchmark_reports_every_figure(
     for figure in (poll["index_join"], poll["proposed"], poll["reap"]):
         assert PERCENTILES <= figure.keys()
 
+    assert services.bench_databases(postgres_url) == before, "the scratch database was left behind"
+
+
+def test_history_prune_benchmark_reports_every_figure(
+    postgres_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``benchmarks/history_prune.py`` at a tiny size: every figure, its own checks."""
+    before = services.bench_databases(postgres_url)
+    _script(SCRIPT.with_name("history_prune.py")).main(
+        [
+            *("--events", "300", "--jobs", "4", "--recent", "20", "--batch-size", "50"),
+            *("--database-url", postgres_url, "--json"),
+        ]
+    )
+    figures = json.loads(capsys.readouterr().out)
+    # 300 generated + 2 events of each of the 4 jobs, moved back with the rest.
+    assert (figures["events_old"], figures["deleted"]) == (308, 306)
+    assert figures["kept_newest_of_live_jobs"] == 2  # the 2 jobs without recent events
+    assert figures["batches"] == 7 and figures["nothing_to_prune_deleted"] == 0
+    assert figures["longest_batch_ms"] > 0
+    assert PERCENTILES <= figures["renewals_during_prune"].keys()
+    assert PERCENTILES <= figures["renewals_without_prune"].keys()
     assert services.bench_databases(postgres_url) == before, "the scratch database was left behind"

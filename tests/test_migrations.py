@@ -196,3 +196,34 @@ def test_upgrade_to_revisions_makes_each_existing_job_its_own_revision_1(
     assert "job_revisions" not in sa.inspect(engine).get_table_names()
     with engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM jobs")).scalar_one() == 2
+
+
+def _job_events_at_index(engine: sa.Engine) -> list[tuple[str, bool]]:
+    with engine.connect() as connection:
+        return [
+            tuple(row)
+            for row in connection.execute(
+                sa.text(
+                    "SELECT c.relname, i.indisvalid FROM pg_index i "
+                    "JOIN pg_class c ON c.oid = i.indexrelid "
+                    "WHERE c.relname = 'ix_job_events_at'"
+                )
+            )
+        ]
+
+
+def test_history_index_comes_and_goes_with_0008_and_events_stay(engine: sa.Engine) -> None:
+    """0008 adds ix_job_events_at (the retention scan, server/retention.py); a
+    downgrade drops it and keeps the events."""
+    assert _job_events_at_index(engine) == [("ix_job_events_at", True)]
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text("INSERT INTO job_events (job_id, job_name, kind) VALUES (1, 'j', 'created')")
+        )
+    migrate.downgrade(engine, "0007")
+    assert _job_events_at_index(engine) == []
+    migrate.upgrade(engine)
+    assert migrate.current(engine) == migrate.heads()[0]
+    assert _job_events_at_index(engine) == [("ix_job_events_at", True)]
+    with engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM job_events")).scalar_one() == 1

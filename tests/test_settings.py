@@ -155,3 +155,40 @@ def test_missing_and_bad_keys_are_named_together(monkeypatch: pytest.MonkeyPatch
         settings_module.load()
     message = str(caught.value)
     assert "SPARKRING_CAPACITY" in message and "SPARKRING_DATABASE_URL is not set" in message
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("30d", 2592000.0),
+        ("12h", 43200.0),
+        ("90m", 5400.0),
+        ("3600s", 3600.0),
+        ("3600", 3600.0),
+        ("0", 0.0),
+        ("1.5h", 5400.0),
+        (" 7D ", 604800.0),
+    ],
+)
+def test_history_retention_is_a_duration(
+    monkeypatch: pytest.MonkeyPatch, value: str, seconds: float
+) -> None:
+    monkeypatch.setenv("SPARKRING_HISTORY_RETENTION", value)
+    assert settings_module.load(require=()).history_retention == seconds
+
+
+def test_history_retention_defaults_to_30_days_and_a_toml_number_is_seconds(
+    tmp_path: Path,
+) -> None:
+    assert settings_module.load(require=()).history_retention == 30 * 86400
+    config = tmp_path / "retention.toml"
+    config.write_text("history_retention = 7200\n")
+    assert settings_module.load(config, require=()).history_retention == 7200
+
+
+@pytest.mark.parametrize("value", ["30 days", "-1d", "d", "1w", "", "1e3"])
+def test_a_bad_history_retention_is_named(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("SPARKRING_HISTORY_RETENTION", value)
+    with pytest.raises(settings_module.SettingsError) as caught:
+        settings_module.load(require=())
+    assert "SPARKRING_HISTORY_RETENTION: must be a duration like 30d" in str(caught.value)

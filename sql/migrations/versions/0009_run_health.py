@@ -1,7 +1,7 @@
 """run health: what each job's current Spark application reports, and its health flags
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-11-24
 
 ``run_health`` holds one row per job: the Spark application of its present (or last)
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
