@@ -1,6 +1,11 @@
 """CPU time of short CLI commands: ``job list``, ``job show``, ``job start`` and the bare
 import of the CLI, as a user's shell runs them (one process each).
 
+Two reference rows come with them: ``job list --json`` through the installed console
+script (``sparkring``, which imports the checkout's code first on ``PYTHONPATH``) to show
+what ``python -m`` adds, and the floor: a bare import of the libraries every database
+command loads (SQLAlchemy and its PostgreSQL dialect, psycopg, pydantic-settings, typer).
+
 Runs in a throwaway database copied from the migrated test template
 (``tests/services.py``) with one job in it, and dropped at the end::
 
@@ -14,7 +19,10 @@ worktree add /tmp/before <commit>``) with this virtualenv: several checkouts are
 turn, one run of each before the next, so that they share the machine's load and can be
 compared side by side. ``job start`` is measured on a stopped job that has a target, so
 the command returns as soon as it has read the decision (it does not wait for a
-coordinator). Only PostgreSQL is needed.
+coordinator). The children may write bytecode (``PYTHONDONTWRITEBYTECODE`` is dropped),
+so after the warm-up run each checkout is measured with its ``.pyc`` files, as an
+installed package runs. The load average is recorded before and after. Only PostgreSQL
+is needed.
 """
 
 from __future__ import annotations
@@ -37,12 +45,19 @@ from scheduler import jobs  # noqa: E402
 from tests import factories, services  # noqa: E402
 
 JOB = "bench-job"
+# The console script of this virtualenv, run with its interpreter like ``-m server``.
+CONSOLE_SCRIPT = str(Path(sys.executable).parent / "sparkring")
+# What every database command imports before any code of sparkring runs.
+LIBRARIES = "sqlalchemy.dialects.postgresql.psycopg, psycopg, pydantic_settings, typer"
 COMMANDS: dict[str, list[str]] = {
     "import server.cli": ["-c", "import server.cli"],
     "job list": ["-m", "server", "job", "list"],
     "job list --json": ["-m", "server", "job", "list", "--json"],
     "job show": ["-m", "server", "job", "show", JOB],
+    "job show --json": ["-m", "server", "job", "show", JOB, "--json"],
     "job start": ["-m", "server", "job", "start", JOB],
+    "sparkring job list --json": [CONSOLE_SCRIPT, "job", "list", "--json"],
+    "floor: libraries": ["-c", f"import {LIBRARIES}"],
 }
 
 
@@ -76,6 +91,7 @@ def measure(
     engine = sa.create_engine(sa.make_url(database_url).set(drivername="postgresql+psycopg"))
     job_id = factories.job(engine, JOB, start=False)
     env = {**os.environ, "SPARKRING_DATABASE_URL": database_url}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # measured with .pyc files, as installed
     figures: dict[str, dict[str, dict[str, float]]] = {}
     try:
         for name, args in COMMANDS.items():
@@ -116,24 +132,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     services.create_template(url)
     database_url = services.create_test_database(url, prefix="bench_cli")
+    load_before = os.getloadavg()
     try:
         figures = measure(database_url, checkouts, args.runs)
     finally:
         services.drop_database(database_url)
         services.drop_template(url)
+    load = {"before": load_before, "after": os.getloadavg()}
     if args.json:
-        print(json.dumps({"runs": args.runs, "commands": figures}, indent=2))
+        print(json.dumps({"runs": args.runs, "load_average": load, "commands": figures}, indent=2))
         return
     print(f"CPU seconds (user + system) per command, median / min of {args.runs} runs")
+    for when, averages in load.items():
+        print(f"  load average {when}: " + " ".join(f"{a:.2f}" for a in averages))
     for number, checkout in enumerate(checkouts, 1):
         print(f"  [{number}] {checkout}")
-    print(f"{'command':<20}" + "".join(f"{f'[{n}]':>16}" for n in range(1, len(checkouts) + 1)))
+    print(f"{'command':<28}" + "".join(f"{f'[{n}]':>16}" for n in range(1, len(checkouts) + 1)))
     for name, by_checkout in figures.items():
         cells = "".join(
             f"{figure['median_s']:.3f} / {figure['min_s']:.3f}".rjust(16)
             for figure in by_checkout.values()
         )
-        print(f"{name:<20}{cells}")
+        print(f"{name:<28}{cells}")
 
 
 if __name__ == "__main__":
