@@ -23,6 +23,11 @@ coordinator). The children may write bytecode (``PYTHONDONTWRITEBYTECODE`` is dr
 so after the warm-up run each checkout is measured with its ``.pyc`` files, as an
 installed package runs. The load average is recorded before and after. Only PostgreSQL
 is needed.
+
+``--breakdown`` (no database needed) splits the import of ``server.cli`` of the first
+checkout into the libraries it loads, in the order ``job list`` loads them: the CPU
+seconds of each group measured inside one process (``getrusage`` before and after),
+median of ``--runs`` processes. Each group's figure excludes what earlier groups loaded.
 """
 
 from __future__ import annotations
@@ -49,6 +54,33 @@ JOB = "bench-job"
 CONSOLE_SCRIPT = str(Path(sys.executable).parent / "sparkring")
 # What every database command imports before any code of sparkring runs.
 LIBRARIES = "sqlalchemy.dialects.postgresql.psycopg, psycopg, pydantic_settings, typer"
+# --breakdown: groups of modules, imported in this order (comma-separated in a group).
+IMPORT_GROUPS: dict[str, str] = {
+    "python + site": "",
+    "sqlalchemy": "sqlalchemy",
+    "sqlalchemy postgresql dialect": "sqlalchemy.dialects.postgresql.psycopg",
+    "psycopg": "psycopg",
+    "pydantic": "pydantic,pydantic.types,pydantic.functional_validators",
+    "pydantic-settings": "pydantic_settings",
+    "typer": "typer",
+    "rich": "rich.console,rich.table",
+    "sparkring tables, jobs, settings": "sql.tables,scheduler.jobs,server.settings",
+    "sparkring CLI modules": "server.cli",
+}
+# Prints the CPU seconds spent before the first group, then those of each group (JSON).
+BREAKDOWN_PROBE = """
+import importlib, json, resource, sys
+def cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+spent = [cpu()]
+for group in sys.argv[1:]:
+    before = cpu()
+    for module in filter(None, group.split(",")):
+        importlib.import_module(module)
+    spent.append(cpu() - before)
+print(json.dumps(spent))
+"""
 COMMANDS: dict[str, list[str]] = {
     "import server.cli": ["-c", "import server.cli"],
     "job list": ["-m", "server", "job", "list"],
@@ -76,6 +108,28 @@ def cpu_seconds(args: list[str], checkout: Path, env: dict[str, str]) -> float:
     if child.returncode != 0:
         raise SystemExit(f"python {' '.join(args)} failed ({child.returncode}): {stderr}")
     return usage.ru_utime + usage.ru_stime
+
+
+def breakdown(checkout: Path, runs: int) -> dict[str, float]:
+    """{group: median CPU seconds of its import} (:data:`IMPORT_GROUPS`)."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    groups = list(IMPORT_GROUPS.values())[1:]
+    samples = []
+    for _ in range(runs + 1):  # the first run warms the page cache
+        result = subprocess.run(
+            [sys.executable, "-c", BREAKDOWN_PROBE, *groups],
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        samples.append(json.loads(result.stdout))
+    return {
+        name: round(statistics.median(sample[i] for sample in samples[1:]), 3)
+        for i, name in enumerate(IMPORT_GROUPS)
+    }
 
 
 def _stopped_with_a_target(engine: sa.Engine, job_id: int) -> None:
@@ -123,8 +177,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="checkout whose CLI runs; repeatable (default: this one)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="CPU of importing the CLI, split into the libraries it loads (no database)",
+    )
     args = parser.parse_args(argv)
     checkouts = [path.resolve() for path in args.checkout or [REPO]]
+    if args.breakdown:
+        groups = breakdown(checkouts[0], args.runs)
+        if args.json:
+            print(json.dumps({"runs": args.runs, "groups": groups}, indent=2))
+            return
+        print(f"CPU seconds of each import group, median of {args.runs} runs ({checkouts[0]})")
+        for name, seconds in groups.items():
+            print(f"{name:<34}{seconds:.3f}")
+        print(f"{'total':<34}{sum(groups.values()):.3f}")
+        return
     url = services.stack_env().get("SPARKRING_DATABASE_URL")
     if not url:
         raise SystemExit(
