@@ -4,6 +4,10 @@ Output that is piped or redirected is read by programs and people with ``grep``:
 never wrapped or cut at a width (Rich assumes 80 columns when stdout is not a
 terminal), and on a terminal a cell too long for its column folds onto the next line
 rather than losing its end to an ellipsis.
+
+Rich is imported when something is printed through it (``out``, ``err``, tables): a
+command whose only output is ``--json`` never loads it, nor SQLAlchemy until it opens the
+database (``engine``).
 """
 
 from __future__ import annotations
@@ -14,29 +18,49 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from server import clients
 from server import settings as settings_module
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+    from rich.console import Console
 
 # Width of output that is not a terminal: wide enough for any value, so never wrapped.
 UNBOUNDED_WIDTH = 1_000_000
 
 
 def _stdout() -> Console:
+    from rich.console import Console
+
     if sys.stdout.isatty():
         return Console()
     return Console(width=UNBOUNDED_WIDTH, soft_wrap=True)
 
 
-out = _stdout()
-err = Console(stderr=True)
+def _stderr() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+# The consoles ``console.out`` (stdout) and ``console.err`` (stderr), made at first use.
+_CONSOLES = {"out": _stdout, "err": _stderr}
+
+
+def _made(name: str) -> Console:
+    if name not in globals():
+        globals()[name] = _CONSOLES[name]()
+    return globals()[name]
+
+
+def __getattr__(name: str) -> Console:
+    """``console.out`` and ``console.err`` (PEP 562: looked up here until first made)."""
+    if name in _CONSOLES:
+        return _made(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -57,6 +81,8 @@ class Context:
 
 def engine(ctx: typer.Context) -> sa.Engine:
     """A checked engine from this invocation's settings (one connection is plenty)."""
+    from server import clients
+
     return clients.engine(context(ctx).settings())
 
 
@@ -69,8 +95,10 @@ def context(ctx: typer.Context) -> Context:
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print one clear line to stderr; ``raise fail(...)`` ends the command."""
+    from rich.text import Text
+
     # Text, not markup: a message may quote brackets ("HOST:PORT[,HOST:PORT...]").
-    err.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
+    _made("err").print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -111,19 +139,24 @@ def _word(value: Any) -> str:
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     grid = Table(title=title, show_edge=False, header_style="bold")
     for column in columns:
         grid.add_column(column, overflow="fold")
     for row in rows:
         # Text, not str: a value is never read as markup ("[bold]" in a job's error).
         grid.add_row(*(Text(text(value)) for value in row))
-    out.print(grid)
+    _made("out").print(grid)
 
 
 def fields(pairs: Iterable[tuple[str, str]], width: int = 15) -> None:
     """One ``key value`` line per pair, keys right-aligned (a record such as ``job show``)."""
+    from rich.text import Text
+
     for key, value in pairs:
-        out.print(Text.assemble((f"{key:>{width}}", "bold"), " ", value))
+        _made("out").print(Text.assemble((f"{key:>{width}}", "bold"), " ", value))
 
 
 def write_raw(data: str) -> None:
