@@ -721,6 +721,16 @@ def revision_definition(conn: sa.Connection, job_id: int, revision: int) -> dict
     return None if row is None else _revision_view(row)
 
 
+def run_definition(conn: sa.Connection, job_id: int, revision: int | None) -> dict[str, Any]:
+    """The job as a run of ``revision`` is started from: its listing (:func:`get`) with
+    the revision's definition over it, or the job row alone when ``revision`` is None or
+    not kept. Raises JobNotFound."""
+    job = get(conn, job_id)
+    if revision is not None:
+        job = {**job, **(revision_definition(conn, job_id, revision) or {})}
+    return job
+
+
 def reference(resource: Mapping[str, Any]) -> str:
     """An artifact as ``NAME:VERSION``."""
     return f"{resource['name']}:{resource['version']}"

@@ -37,7 +37,6 @@ from scheduler import health_policy, jobs, run_health
 from scheduler.states import HealthFlag
 from server import metrics, reconcile, spark_status
 from server.runner import Run
-from sql import tables
 
 log = logging.getLogger(__name__)
 
@@ -279,17 +278,10 @@ class HealthMonitor:
 
     def _policy(self, run: Run) -> health_policy.Policy | None:
         """The health policy of the run's revision (the job's conf if it has none)."""
-        r, j = tables.job_revisions, tables.jobs
-        with self.engine.connect() as conn:
-            conf = None
-            if run.revision is not None:
-                of_revision = (r.c.job_id == run.job_id) & (r.c.revision == run.revision)
-                conf = conn.execute(sa.select(r.c.conf).where(of_revision)).scalar_one_or_none()
-            if conf is None:
-                conf = conn.execute(
-                    sa.select(j.c.conf).where(j.c.id == run.job_id)
-                ).scalar_one_or_none()
-        if conf is None:
+        try:
+            with self.engine.connect() as conn:
+                conf = jobs.run_definition(conn, run.job_id, run.revision)["conf"]
+        except jobs.JobNotFound:
             return None  # deleted meanwhile
         try:
             return health_policy.of(conf, self.stall_timeout, self.resource_wait_timeout)

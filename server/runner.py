@@ -439,11 +439,8 @@ class Runner:
         cfg = self.config
         try:
             with self.engine.connect() as conn:
-                job = job_catalog.get(conn, run.job_id)
-                if run.revision is not None:
-                    # The revision the claim pinned: a newer one rolls the job anew.
-                    pinned = job_catalog.revision_definition(conn, run.job_id, run.revision)
-                    job = {**job, **(pinned or {})}
+                # The revision the claim pinned: a newer one rolls the job anew.
+                job = job_catalog.run_definition(conn, run.job_id, run.revision)
             artifacts = [job["resource"], *job["py_files"]]
             fetched = [(self._fetch(item["id"]), item["filename"]) for item in artifacts]
             # The run's own links, under the original names: the cache may evict them.
