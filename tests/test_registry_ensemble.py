@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from registry import connection, servers
-from tests import services
+from tests import conftest, services
 from tests import test_registry as helpers
 from tests.waiting import wait_until
 
@@ -24,7 +24,7 @@ def make(zk_hosts: str, zk_root: str) -> Iterator[helpers.Factory]:
 @pytest.fixture
 def killed_leader(zk_hosts: str) -> Iterator[None]:
     if len(zk_hosts.split(",")) < 3:
-        pytest.skip("needs the 3-node ensemble: python3 scripts/stack.py up --zk-nodes 3")
+        conftest.unavailable("needs the 3-node ensemble: python3 scripts/stack.py up --zk-nodes 3")
     yield
     # Start every stopped node again (idempotent) and wait for a quorum.
     subprocess.run([*STACK, "zk", "start"], check=True, capture_output=True, timeout=120)

@@ -17,13 +17,13 @@ import pytest
 import sqlalchemy as sa
 
 from resource_center import cache, catalog, errors, store
-from tests import services, waiting
+from tests import conftest, services, waiting
 
 
 @pytest.fixture
 def throwaway_s3(s3_endpoint: str) -> Iterator[services.ThrowawayS3]:
     if not services.MOTO_SERVER.exists():
-        pytest.skip(f"{services.MOTO_SERVER} is not installed")
+        conftest.unavailable(f"{services.MOTO_SERVER} is not installed")
     server = services.ThrowawayS3()
     server.start()
     yield server
