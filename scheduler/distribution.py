@@ -178,6 +178,18 @@ _RENEW = sa.text(
     RETURNING job_id, epoch
     """
 )
+# The same, for the leases of the given jobs only (a server's local runs).
+_RENEW_JOBS = sa.text(
+    """
+    UPDATE distribution
+       SET lease_until = now() + make_interval(secs => :ttl)
+     WHERE owner = :server
+       AND owner_incarnation = :incarnation
+       AND lease_until > now()
+       AND job_id = ANY(:job_ids)
+    RETURNING job_id, epoch
+    """
+)
 
 
 def finished_at(conn: sa.Connection, epochs: Mapping[int, int]) -> set[int]:
@@ -195,14 +207,22 @@ def finished_at(conn: sa.Connection, epochs: Mapping[int, int]) -> set[int]:
     return {r.job_id for r in rows if epochs.get(r.job_id) == r.epoch}
 
 
-def renew_leases(conn: sa.Connection, owner: Owner, ttl: float) -> dict[int, int]:
-    """Extend every unexpired lease of this incarnation of a server in one statement.
+def renew_leases(
+    conn: sa.Connection, owner: Owner, ttl: float, job_ids: Iterable[int] | None = None
+) -> dict[int, int]:
+    """Extend every unexpired lease of this incarnation of a server in one statement;
+    with ``job_ids``, only the leases of those jobs.
 
     Returns job id -> epoch of the leases renewed. A lease that had already expired is
     not renewed: another server may claim it, and the local watchdog has killed (or is
-    about to kill) its driver.
+    about to kill) its driver. The runner renews the leases of its local runs only: a
+    lease it holds without knowing it (a claim whose commit outcome was lost with the
+    connection) must expire, not be held for ever with no driver behind it.
     """
-    rows = conn.execute(_RENEW, {**owner.params(), "ttl": ttl})
+    if job_ids is None:
+        rows = conn.execute(_RENEW, {**owner.params(), "ttl": ttl})
+    else:
+        rows = conn.execute(_RENEW_JOBS, {**owner.params(), "ttl": ttl, "job_ids": sorted(job_ids)})
     return {row.job_id: row.epoch for row in rows}
 
 

@@ -272,11 +272,16 @@ class Runner:
 
     def renew_once(self) -> bool:
         cfg = self.config
+        # Only the leases of local runs (of this incarnation): a lease this process holds
+        # without a run (a claim whose commit answer was lost) must expire. A run added
+        # after this list is judged by the next renewal, not this one.
+        with self._lock:
+            sent = {job_id for job_id, run in self._runs.items() if run.owner == self.owner}
         t_sent = watchdog.lease_clock()
         started = time.perf_counter()
         try:
             with self.engine.begin() as conn:
-                renewed = distribution.renew_leases(conn, self.owner, cfg.lease_ttl)
+                renewed = distribution.renew_leases(conn, self.owner, cfg.lease_ttl, sent)
         except DBAPIError as exc:
             metrics.REGISTRY.inc("sparkring_lease_renew_errors_total")
             log.warning(
@@ -292,6 +297,8 @@ class Runner:
             for run in self._runs.values():
                 if run.phase is reconcile.Phase.ENDED or run.owner != self.owner:
                     continue  # its driver is gone; only its outcome is left to record
+                if run.job_id not in sent:
+                    continue  # added after the renewal was sent
                 if renewed.get(run.job_id) == run.epoch:
                     run.deadline = deadline
                     if run.driver is not None:

@@ -641,3 +641,63 @@ def test_a_watchdog_killed_with_sigkill_leaves_no_process_of_its_run_when_releas
     )
     assert left_at_release[0] == [], f"released while these lived: {left_at_release[0]}"
     assert watchdog.marked_processes(run_dir) == []
+
+
+def _lease_expired(engine: sa.Engine, job_id: int) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.text("SELECT lease_until < now() FROM distribution WHERE job_id = :j"),
+                {"j": job_id},
+            ).scalar_one()
+        )
+
+
+def test_a_claim_whose_commit_outcome_is_unknown_is_not_held_for_ever(
+    engine: sa.Engine,
+    bucket: store.Store,
+    stepped_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hole H3: the connection drops while a claim commits. PostgreSQL has the claim,
+    the runner does not know it and has no local run. Before, every renewal extended that
+    lease (it renewed every lease of its incarnation), the orphan check found no trace and
+    left it 'to expire', and the job stayed ``starting`` with no driver for as long as
+    the server lived. Renewals now extend only the leases of local runs: the unknown
+    claim expires and the job is claimed again."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    claim = distribution.claim
+
+    def claim_then_lose_the_answer(conn: sa.Connection, *args: object, **kwargs: object) -> None:
+        with engine.begin() as own:  # committed, whatever happens to the caller's
+            claim(own, *args, **kwargs)  # type: ignore[arg-type]
+        raise sa.exc.OperationalError("COMMIT", {}, Exception("connection reset"))
+
+    monkeypatch.setattr(distribution, "claim", claim_then_lose_the_answer)
+    with pytest.raises(sa.exc.OperationalError):
+        stepped_runner.poll_once()
+    monkeypatch.setattr(distribution, "claim", claim)
+    assert not stepped_runner.runs() and factories.row(engine, job_id).state == "starting"
+    stepped_runner.poll_once()  # an orphan of this incarnation with no trace here
+    waiting.wait_until(
+        lambda: stepped_runner.renew_once() and _lease_expired(engine, job_id),
+        3 * TTL,
+        interval=0.5,
+        message="the unknown claim's lease was renewed past its TTL",
+    )
+    waiting.wait_until(
+        lambda: stepped_runner.poll_once() >= 0 and stepped_runner.runs(),
+        10,
+        message="the job was not claimed again",
+    )
+    (run,) = stepped_runner.runs().values()
+    assert run.epoch == 2
+    waiting.wait_until(
+        lambda: stepped_runner.renew_once() and (stage / "starts").exists(),
+        SPARK_START_S,
+        interval=0.5,
+        message="the driver did not start",
+    )
+    assert (stage / "starts").read_text().split() == ["2"]
