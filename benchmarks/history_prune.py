@@ -134,7 +134,8 @@ def _ms(samples: Sequence[float]) -> dict[str, float]:
 def _prune(engine: sa.Engine, batch_size: int) -> tuple[retention.Pruned, float]:
     with engine.connect() as conn:
         started = time.monotonic()
-        pruned = retention.prune(conn, None, retention.cutoff(RETENTION_S), batch_size=batch_size)
+        before = retention.cutoff(conn, RETENTION_S)
+        pruned = retention.prune(conn, None, before, batch_size=batch_size)
         return pruned, time.monotonic() - started
 
 

@@ -7,6 +7,9 @@ job, the run state directly; an owning server reacts to the desired state itself
 commands are safe: two ``start`` commands racing on a stopped job make exactly one
 generation, the second finds the job already pending and does nothing (at most one start
 per generation). Every command appends to ``job_events`` and NOTIFYs the cluster.
+One restart is asked by the job's owner rather than an operator: ``restart_run`` (a
+stalled run, ``server/health.py``) is fenced like an owner write (owner, incarnation,
+epoch) and spends the restart budget a crash spends.
 
 Revisions: a job's definition (main artifact and --py-files pinned to versions, conf,
 args, master, max_restarts) is numbered. ``create`` makes revision 1; ``update`` and
@@ -31,7 +34,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from scheduler import health_policy, notify, run_health, states
+from scheduler import distribution, health_policy, notify, run_health, states
 from scheduler.states import EventKind, JobKind, RunState
 from sql import tables
 
@@ -55,6 +58,10 @@ class JobNotFound(JobError):
 
 class JobConflict(JobError):
     """The command clashes with the job's current state or name (the HTTP API: 409)."""
+
+
+class RestartBudgetSpent(JobConflict):
+    """An automatic restart was refused: the run's ``restarts`` reached ``max_restarts``."""
 
 
 @dataclass(frozen=True)
@@ -432,6 +439,118 @@ def restart(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     _event(conn, job_id, name, EventKind.RESTART_REQUESTED, {"generation": generation}, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return outcome
+
+
+# A restart asked by the run's own owner (the health monitor's restart on stall): fenced
+# like an owner write, and paid from the restart budget crashes use. The job row is
+# locked first (module docstring of scheduler/distribution.py); the distribution row is
+# the UPDATE's target, so its guard is checked again on the row's latest version.
+_RESTART_RUN = sa.text(
+    """
+    WITH j AS (
+        SELECT id, name, generation, max_restarts FROM jobs
+         WHERE id = :job_id AND desired = 'running'
+           FOR UPDATE
+    ), spent AS (
+        UPDATE distribution d
+           SET restarts = d.restarts + 1, updated_at = now()
+          FROM j
+         WHERE d.job_id = j.id
+           AND d.owner = :server
+           AND d.owner_incarnation = :incarnation
+           AND d.epoch = :epoch
+           AND d.state = 'running'
+           AND d.lease_until > now()
+           AND d.generation = j.generation
+           AND d.restarts < j.max_restarts
+        RETURNING d.job_id, j.name, d.epoch, d.restarts, j.max_restarts
+    ), changed AS (
+        UPDATE jobs
+           SET generation = jobs.generation + 1, updated_at = now()
+          FROM spent
+         WHERE jobs.id = spent.job_id
+        RETURNING jobs.id AS job_id, spent.name, spent.epoch, jobs.generation,
+                  spent.restarts, spent.max_restarts
+    ), event AS (
+        INSERT INTO job_events (job_id, job_name, kind, server, epoch, detail)
+        SELECT job_id, name, 'restart_requested', :server, epoch,
+               jsonb_build_object('generation', generation, 'restarts', restarts,
+                                  'max_restarts', max_restarts,
+                                  'by', CAST(:reason AS text))
+          FROM changed
+    )
+    SELECT name, generation, restarts, max_restarts FROM changed
+    """
+)
+
+# Why a restart of a run matched no row (read after the fact, for the message only).
+_RUN_NOW = sa.text(
+    """
+    SELECT j.desired, j.generation AS job_generation, j.max_restarts, d.owner,
+           d.owner_incarnation, d.epoch, d.state, d.generation, d.restarts,
+           (d.lease_until IS NOT NULL AND d.lease_until > now()) AS live
+      FROM jobs j JOIN distribution d ON d.job_id = j.id
+     WHERE j.id = :job_id
+    """
+)
+
+
+@dataclass(frozen=True)
+class RunRestarted:
+    """A run restarted by :func:`restart_run`."""
+
+    name: str
+    generation: int  # the job's new generation
+    restarts: int  # the run's restarts, this one included
+    max_restarts: int
+
+
+def restart_run(
+    conn: sa.Connection,
+    job_id: int,
+    owner: distribution.Owner,
+    epoch: int,
+    reason: str,
+) -> RunRestarted:
+    """Restart the job (a new generation, as :func:`restart` does) only if its row still
+    names ``owner`` (this incarnation) at ``epoch``, running under a live lease, in the
+    job's current generation, and the run has restarts left (``restarts <
+    max_restarts``, the budget :func:`distribution.record_crash` spends too: the
+    restart spends one). One statement; ``reason`` goes in the event's ``by``.
+
+    Zero rows matched changes nothing and raises: :class:`RestartBudgetSpent` when only
+    the budget stood in the way, else :class:`distribution.FencedError` (the run moved
+    on: another owner or epoch, an expired lease, a restart or stop already asked).
+    Asking twice for one run restarts it once: the first restart moved the generation.
+    """
+    row = conn.execute(
+        _RESTART_RUN, {"job_id": job_id, **owner.params(), "epoch": epoch, "reason": reason}
+    ).one_or_none()
+    if row is not None:
+        notify.notify(conn, notify.JOBS_CHANNEL, row.name)
+        return RunRestarted(row.name, row.generation, row.restarts, row.max_restarts)
+    now = conn.execute(_RUN_NOW, {"job_id": job_id}).one_or_none()
+    if now is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    ours = (
+        now.owner == owner.server
+        and now.owner_incarnation == owner.incarnation
+        and now.epoch == epoch
+        and now.state == RunState.RUNNING
+        and now.live
+        and now.desired == "running"
+        and now.generation == now.job_generation
+    )
+    if ours and now.restarts >= now.max_restarts:
+        raise RestartBudgetSpent(
+            f"job {job_id}: restart budget spent ({now.restarts} of {now.max_restarts} restarts)"
+        )
+    raise distribution.FencedError(
+        f"job {job_id}: the run of {owner.server} at epoch {epoch} is not restarted: the row "
+        f"names {now.owner} at epoch {now.epoch} ({now.state}, generation {now.generation} "
+        f"of {now.job_generation}, desired {now.desired}, lease "
+        f"{'live' if now.live else 'expired or none'})"
+    )
 
 
 def delete(conn: sa.Connection, name: str, actor: str | None = None) -> None:

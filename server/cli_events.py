@@ -64,9 +64,8 @@ def prune(
     bucket = None if events_only else clients.bucket(settings)
     engine = console.engine(ctx)
     with engine.connect() as conn:
-        pruned = retention.prune(
-            conn, bucket, retention.cutoff(seconds), batch_size=batch_size, dry_run=dry_run
-        )
+        before = retention.cutoff(conn, seconds)
+        pruned = retention.prune(conn, bucket, before, batch_size=batch_size, dry_run=dry_run)
     if as_json:
         console.emit_json(pruned.as_dict())
         return

@@ -14,7 +14,16 @@ the application and its executors, and records what it saw in ``run_health``
 
 Raising or clearing a flag appends an event and moves a metric; nothing is restarted
 unless the job opted in (``sparkring.health.restartOnStall``), in which case a stall
-asks for a restart exactly as ``sparkring job restart`` does (once per run).
+restarts the job (a new generation, as ``sparkring job restart``), at most once per run,
+with ``jobs.restart_run``: fenced by this incarnation and the run's epoch (a run that
+moved on is never restarted from here) and paid from the job's restart budget (a query
+that can never finish a batch within the timeout is restarted ``max_restarts`` times,
+then left running, flagged). The restart counts as asked only once its write committed.
+
+Durations ("no batch for ...", "no cores for ...") are measured on the lease clock
+(``watchdog.lease_clock``, CLOCK_BOOTTIME), never on the wall clock: a clock step must
+not flag, let alone restart, every job of a host. Wall times are only shown and
+recorded (``run_health``, events).
 
 The monitor never touches a lease or a driver: it writes with its own connection, and
 an error in one pass (PostgreSQL, a driver's UI) is logged and the next pass runs.
@@ -33,9 +42,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from scheduler import health_policy, jobs, run_health
+from scheduler import distribution, health_policy, jobs, run_health
 from scheduler.states import HealthFlag
-from server import metrics, reconcile, spark_status
+from server import metrics, reconcile, spark_status, watchdog
 from server.runner import Run
 
 log = logging.getLogger(__name__)
@@ -53,9 +62,20 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+@dataclass(frozen=True)
+class Instant:
+    """One moment of a pass on both clocks."""
+
+    wall: dt.datetime  # shown and recorded only
+    mono: float  # watchdog.lease_clock(), seconds: every duration is measured on it
+
+
 @dataclass
 class Tracker:
-    """What the monitor knows of one run (job at epoch); see :func:`assess`."""
+    """What the monitor knows of one run (job at epoch); see :func:`assess`.
+
+    Its ``float`` times are lease-clock seconds (:class:`Instant`), its ``datetime``
+    ones wall-clock times, only shown and recorded."""
 
     job_id: int
     name: str
@@ -64,42 +84,54 @@ class Tracker:
     log_file: Path
     policy: health_policy.Policy
     # When tracking began (the run was seen running): waits are counted from it.
-    since: dt.datetime
+    since: float
+    # The incarnation holding the run (the runner's): a restart is fenced by it and epoch.
+    owner: distribution.Owner | None = None
     offset: int = 0
     rest: bytes = b""
     ui_port: int | None = None
     app: spark_status.Application | None = None
     reachable: bool = True
-    cores_seen_at: dt.datetime | None = None
+    cores_seen_at: float | None = None
     # When executor cores came (back): a query cannot progress without them, so a stall
     # is counted from then at the earliest.
-    cores_came_at: dt.datetime | None = None
+    cores_came_at: float | None = None
     # A streaming query has started (or reported progress): from then on it is judged.
     query_seen: bool = False
-    query_started_at: dt.datetime | None = None
+    query_started_at: float | None = None
     query_error: str | None = None  # the last query's failure, until another starts
     last_batch_id: int | None = None
-    last_batch_at: dt.datetime | None = None
+    last_batch_at: dt.datetime | None = None  # its completion as the driver logged it
+    last_batch_done: float | None = None  # the same on the lease clock (observe_progress)
     input_rate: float | None = None
     processing_rate: float | None = None
     flag: HealthFlag | None = None
     flagged_at: dt.datetime | None = None
-    restart_asked: bool = False
+    looked_at: float | None = None  # the previous pass
+    restart_asked: bool = False  # a restart was decided (done, fenced or refused)
     written: tuple[Any, ...] | None = None
-    written_at: dt.datetime | None = None
+    written_at: float | None = None
     notes: list[str] = field(default_factory=list)
 
-    def observe_queries(self, scan: spark_status.LogScan, now: dt.datetime) -> None:
+    def observe_queries(self, scan: spark_status.LogScan, now: Instant) -> None:
         """Queries that started or failed in the newly read log (before its progress)."""
         if scan.queries_started:
             self.query_seen = True
-            self.query_started_at = now
+            self.query_started_at = now.mono
             self.query_error = None
         if scan.query_errors:
             self.query_seen = True
             self.query_error = scan.query_errors[-1]
 
-    def observe_progress(self, events: list[spark_status.Progress]) -> None:
+    def observe_progress(self, events: list[spark_status.Progress], now: Instant) -> None:
+        """Progress events in the newly read log.
+
+        A batch's completion on the lease clock is this pass minus its age by the
+        driver's timestamp (the host's wall clock), the age taken as no more than the
+        time since the previous pass: it completed after that pass read the log. So a
+        wall clock step moves it by one pass interval at most, and a run's first pass
+        (an adopted driver's old batches) counts its batches as completed now."""
+        since_look = now.mono - (self.since if self.looked_at is None else self.looked_at)
         for event in events:
             self.query_seen = True
             self.input_rate = event.input_rows_per_second
@@ -107,17 +139,19 @@ class Tracker:
             if self.last_batch_id is None or event.batch_id > self.last_batch_id:
                 self.last_batch_id = event.batch_id
                 self.last_batch_at = event.completed_at
+                age = (now.wall - event.completed_at).total_seconds()
+                self.last_batch_done = now.mono - min(max(age, 0.0), max(since_look, 0.0))
 
-    def observe_application(self, app: spark_status.Application | None, now: dt.datetime) -> None:
+    def observe_application(self, app: spark_status.Application | None, now: Instant) -> None:
         self.reachable = app is not None
         if app is None:
             return
         had_cores = self.app is not None and self.app.cores > 0
         self.app = app
         if app.cores > 0:
-            self.cores_seen_at = now
+            self.cores_seen_at = now.mono
             if not had_cores:
-                self.cores_came_at = now
+                self.cores_came_at = now.mono
 
     @property
     def app_state(self) -> str:
@@ -130,14 +164,16 @@ class Tracker:
         return "running" if self.app is not None else "starting"
 
 
-def assess(tracker: Tracker, now: dt.datetime) -> tuple[HealthFlag | None, dict[str, Any]]:
-    """The flag the run deserves now, and the facts behind it (for its event).
+def assess(tracker: Tracker, now: float) -> tuple[HealthFlag | None, dict[str, Any]]:
+    """The flag the run deserves at ``now`` (lease clock), and the facts behind it (for
+    its event).
 
     Waiting for resources comes first: a query without executors cannot progress."""
     policy = tracker.policy
     app = tracker.app
     if tracker.reachable and app is not None and not app.completed and app.cores == 0:
-        without = (now - (tracker.cores_seen_at or tracker.since)).total_seconds()
+        cores_seen = tracker.since if tracker.cores_seen_at is None else tracker.cores_seen_at
+        without = now - cores_seen
         if without >= policy.resource_wait_timeout:
             return HealthFlag.WAITING_FOR_RESOURCES, {
                 "without_cores_s": round(without, 1),
@@ -145,20 +181,19 @@ def assess(tracker: Tracker, now: dt.datetime) -> tuple[HealthFlag | None, dict[
                 "executors": app.executors,
             }
     if tracker.kind == "streaming" and tracker.query_seen:
-        last = tracker.last_batch_at or tracker.since
-        idle = (
-            now
-            - max(
-                last,
-                tracker.since,
-                tracker.cores_came_at or last,
-                tracker.query_started_at or last,
-            )
-        ).total_seconds()
+        starts = (
+            tracker.since,
+            tracker.last_batch_done,
+            tracker.cores_came_at,
+            tracker.query_started_at,
+        )
+        idle = now - max(t for t in starts if t is not None)
         if idle >= policy.stall_timeout:
             detail: dict[str, Any] = {
                 "last_batch_id": tracker.last_batch_id,
-                "last_batch_at": None if tracker.last_batch_at is None else str(last),
+                "last_batch_at": (
+                    None if tracker.last_batch_at is None else str(tracker.last_batch_at)
+                ),
                 "no_batch_for_s": round(idle, 1),
                 "timeout_s": policy.stall_timeout,
             }
@@ -194,6 +229,8 @@ class HealthMonitor:
         interval: float,
         stall_timeout: float,
         resource_wait_timeout: float,
+        clock: Callable[[], float] = watchdog.lease_clock,
+        wall_clock: Callable[[], dt.datetime] = _now,
     ) -> None:
         self.engine = engine
         self.server = server
@@ -202,6 +239,8 @@ class HealthMonitor:
         self.interval = interval
         self.stall_timeout = stall_timeout
         self.resource_wait_timeout = resource_wait_timeout
+        self._clock = clock
+        self._wall_clock = wall_clock
         self.trackers: dict[tuple[int, int], Tracker] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="health-monitor", daemon=True)
@@ -231,8 +270,12 @@ class HealthMonitor:
 
     # ------------------------------------------------------------------ one pass
 
-    def check_once(self, now: dt.datetime | None = None) -> None:
-        """One pass over the local runs (tests call it directly)."""
+    def check_once(self, now: dt.datetime | None = None, mono: float | None = None) -> None:
+        """One pass over the local runs (tests call it directly, with both clocks' times:
+        ``now`` the wall clock's, ``mono`` the lease clock's)."""
+        at = Instant(
+            self._wall_clock() if now is None else now, self._clock() if mono is None else mono
+        )
         running = {
             (run.job_id, run.epoch): run
             for run in self._runs().values()
@@ -244,13 +287,14 @@ class HealthMonitor:
         for key, run in running.items():
             tracker = self.trackers.get(key)
             if tracker is None:
-                tracker = self._track(run, now or _now())
+                tracker = self._track(run, at.mono)
                 if tracker is None:
                     continue
                 self.trackers[key] = tracker
-            self._check(tracker, now)
+            tracker.owner = run.owner
+            self._check(tracker, at)
 
-    def _track(self, run: Run, now: dt.datetime) -> Tracker | None:
+    def _track(self, run: Run, now: float) -> Tracker | None:
         assert run.driver is not None
         policy = self._policy(run)
         if policy is None:
@@ -263,6 +307,7 @@ class HealthMonitor:
             log_file=run.driver.log_file,
             policy=policy,
             since=now,
+            owner=run.owner,
         )
         # A long log (an adopted driver's): its head names the UI port, its last
         # MAX_READ_BYTES hold the recent progress; what lies between is history.
@@ -294,7 +339,7 @@ class HealthMonitor:
             return None
         return f"http://{self.advertise_host}:{tracker.ui_port}"
 
-    def _check(self, tracker: Tracker, now: dt.datetime | None) -> None:
+    def _check(self, tracker: Tracker, now: Instant) -> None:
         data, tracker.offset = read_new(tracker.log_file, tracker.offset)
         scan = spark_status.scan_log(tracker.rest + data)
         if len(scan.rest) > MAX_READ_BYTES:
@@ -302,9 +347,8 @@ class HealthMonitor:
         tracker.rest = scan.rest
         if scan.ui_port is not None:
             tracker.ui_port = scan.ui_port
-        now = now or _now()
         tracker.observe_queries(scan, now)
-        tracker.observe_progress(scan.progress)
+        tracker.observe_progress(scan.progress, now)
         if tracker.ui_port is not None:
             try:
                 app = spark_status.application(f"http://127.0.0.1:{tracker.ui_port}")
@@ -312,11 +356,12 @@ class HealthMonitor:
                 log.debug("job %s: %s", tracker.name, exc)
                 app = None
             tracker.observe_application(app, now)
-        flag, detail = assess(tracker, now)
+        tracker.looked_at = now.mono
+        flag, detail = assess(tracker, now.mono)
         previous = tracker.flag
         if flag != previous:
             tracker.flag = flag
-            tracker.flagged_at = now if flag is not None else None
+            tracker.flagged_at = now.wall if flag is not None else None
         self._write(tracker, now, previous, detail)
         if flag == HealthFlag.STALLED and tracker.policy.restart_on_stall:
             self._restart(tracker, detail)
@@ -343,7 +388,7 @@ class HealthMonitor:
     def _write(
         self,
         tracker: Tracker,
-        now: dt.datetime,
+        now: Instant,
         previous: HealthFlag | None,
         detail: dict[str, Any],
     ) -> None:
@@ -358,9 +403,7 @@ class HealthMonitor:
             report.last_batch_id,
             report.flag,
         )
-        stale = tracker.written_at is None or (
-            (now - tracker.written_at).total_seconds() >= REWRITE_INTERVAL_S
-        )
+        stale = tracker.written_at is None or now.mono - tracker.written_at >= REWRITE_INTERVAL_S
         if key == tracker.written and not stale and not changed:
             return
         with self.engine.begin() as conn:
@@ -368,7 +411,7 @@ class HealthMonitor:
             if written and changed:
                 was = previous.value if previous else None
                 run_health.flag_changed(conn, report, tracker.name, was, detail)
-        tracker.written, tracker.written_at = key, now
+        tracker.written, tracker.written_at = key, now.mono
         if written and changed:
             if tracker.flag is not None:
                 metrics.REGISTRY.inc(f"sparkring_health_{tracker.flag.value}_total")
@@ -387,20 +430,58 @@ class HealthMonitor:
                 )
 
     def _restart(self, tracker: Tracker, detail: dict[str, Any]) -> None:
-        """The job opted in: a stall restarts it (a new generation), once per run."""
-        if tracker.restart_asked:
+        """The job opted in: a stall restarts it (a new generation), once per run.
+
+        Only while this incarnation still holds the run at the epoch watched, and with
+        restarts left (``jobs.restart_run``). Asked again at the next pass until the
+        write committed or was refused; a retry after a commit whose outcome was lost
+        is refused (the generation moved), never a second restart."""
+        if tracker.restart_asked or tracker.owner is None:
             return
-        tracker.restart_asked = True
         why = f"server {self.server}: stalled, no batch for {detail.get('no_batch_for_s')} s"
+        facts = {"job": tracker.name, "epoch": tracker.epoch, **detail}
         try:
             with self.engine.begin() as conn:
-                jobs.restart(conn, tracker.name, actor=why)
-        except jobs.JobError as exc:
-            log.warning("job %s: restart on stall not done: %s", tracker.name, exc)
+                done = jobs.restart_run(conn, tracker.job_id, tracker.owner, tracker.epoch, why)
+        except sa.exc.DBAPIError as exc:
+            log.warning(
+                "job %s: restart on stall not recorded, next pass asks again: %s",
+                tracker.name,
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                extra={"action": "restart_on_stall_retry", **facts},
+            )
             return
+        except jobs.RestartBudgetSpent as exc:
+            tracker.restart_asked = True
+            metrics.REGISTRY.inc("sparkring_health_restarts_refused_total")
+            log.warning(
+                "job %s stalled, not restarted: %s; it keeps running, flagged",
+                tracker.name,
+                exc,
+                extra={"action": "restart_on_stall_refused", **facts},
+            )
+            return
+        except (distribution.FencedError, jobs.JobError) as exc:
+            tracker.restart_asked = True
+            log.warning(
+                "job %s: restart on stall not done: %s",
+                tracker.name,
+                exc,
+                extra={"action": "restart_on_stall_fenced", **facts},
+            )
+            return
+        tracker.restart_asked = True
         metrics.REGISTRY.inc("sparkring_health_restarts_total")
         log.warning(
-            "job %s restarted: stalled",
+            "job %s restarted: stalled (restart %d of %d)",
             tracker.name,
-            extra={"action": "restart_on_stall", "job": tracker.name, **detail},
+            done.restarts,
+            done.max_restarts,
+            extra={
+                "action": "restart_on_stall",
+                "generation": done.generation,
+                "restarts": done.restarts,
+                "max_restarts": done.max_restarts,
+                **facts,
+            },
         )

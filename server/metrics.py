@@ -36,6 +36,9 @@ COUNTERS = {
         "Runs of this server flagged waiting for resources (no executor cores)."
     ),
     "sparkring_health_restarts_total": "Jobs restarted because they stalled (opt-in).",
+    "sparkring_health_restarts_refused_total": (
+        "Stalled jobs (opted in) not restarted: their restart budget was spent."
+    ),
 }
 HISTOGRAMS = {
     "sparkring_claim_seconds": "Latency of one claim statement, seconds.",

@@ -1,6 +1,8 @@
 """History retention: deleting old job events and shipped driver logs.
 
-What is deleted (``prune``), for a cutoff time:
+What is deleted (``prune``), for a cutoff time (:func:`cutoff`: PostgreSQL's ``now()``
+minus the retention, never this host's clock, which events' ``at`` was not written
+with: a server clock ahead would delete recent history):
 
 - ``job_events`` rows with ``at`` before the cutoff, except the newest event of each job
   that still exists (``jobs.id = job_events.job_id``), so ``sparkring job events`` never
@@ -29,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -84,10 +86,15 @@ class Pruned:
         return asdict(self)
 
 
-def cutoff(older_than: float, now: datetime | None = None) -> datetime:
-    """The time before which history goes: ``now`` (default: this host's clock) minus
-    ``older_than`` seconds."""
-    return (now or datetime.now(UTC)) - timedelta(seconds=older_than)
+def cutoff(conn: sa.Connection, older_than: float) -> datetime:
+    """The time before which history goes: PostgreSQL's ``now()`` minus ``older_than``
+    seconds (the clock every event's ``at`` was written with). Leaves ``conn`` outside
+    a transaction, as :func:`prune` needs it."""
+    before = conn.execute(
+        sa.text("SELECT now() - make_interval(secs => :older_than)"), {"older_than": older_than}
+    ).scalar_one()
+    conn.rollback()
+    return before.astimezone(UTC)
 
 
 def _always() -> bool:
@@ -178,7 +185,6 @@ def run_pass(
     retention: float,
     *,
     batch_size: int,
-    now: datetime | None = None,
     keep_going: Callable[[], bool] = _always,
 ) -> Pruned | None:
     """One server's retention pass: prune history older than ``retention`` seconds
@@ -195,7 +201,7 @@ def run_pass(
             return prune(
                 conn,
                 bucket,
-                cutoff(retention, now),
+                cutoff(conn, retention),
                 batch_size=batch_size,
                 keep_going=keep_going,
             )

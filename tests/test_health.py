@@ -1,7 +1,11 @@
 """The health monitor (server/health.py): its flags as a pure function, and one monitor
 pass at a time against a real PostgreSQL, with the driver's log written by the test
 and its REST API answered by tests/spark_ui.py (the real Spark cases are in
-tests/e2e/test_health.py)."""
+tests/e2e/test_health.py).
+
+Both clocks are the test's: ``at(t)`` / ``check(monitor, t)`` is ``t`` seconds on the
+lease clock and ``s(t)`` on the wall clock; a test that steps the wall clock moves
+only the second."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from scheduler import health_policy, jobs, run_health
+from scheduler import distribution, health_policy, jobs, run_health
 from scheduler.states import HealthFlag, JobKind
 from server import driver, health, reconcile, spark_status
 from server.runner import Run
@@ -28,7 +32,7 @@ POLICY = health_policy.Policy(stall_timeout=60.0, resource_wait_timeout=30.0)
 def _tracker(kind: str = "streaming", **changes: object) -> health.Tracker:
     tracker = health.Tracker(
         job_id=1, name="j", kind=kind, epoch=1, log_file=Path("/nonexistent"),
-        policy=POLICY, since=T0,
+        policy=POLICY, since=0.0,
     )  # fmt: skip
     for name, value in changes.items():
         setattr(tracker, name, value)
@@ -47,30 +51,36 @@ def s(seconds: float) -> dt.datetime:
     return T0 + dt.timedelta(seconds=seconds)
 
 
+def at(seconds: float, wall_step: float = 0.0) -> health.Instant:
+    """``seconds`` into the test on the lease clock; the wall clock ``wall_step`` off."""
+    return health.Instant(s(seconds + wall_step), seconds)
+
+
 # ---------------------------------------------------------------- assess (pure)
 
 
 def test_a_query_with_no_new_batch_for_the_timeout_is_stalled() -> None:
     tracker = _tracker()
-    tracker.observe_progress([_progress(0, s(0)), _progress(1, s(10))])
-    assert health.assess(tracker, s(70))[0] is None  # 59.5 s since batch 1 completed
-    flag, detail = health.assess(tracker, s(71))
+    tracker.observe_progress([_progress(0, s(0)), _progress(1, s(10))], at(11))
+    assert health.assess(tracker, 70)[0] is None  # 59.5 s since batch 1 completed
+    flag, detail = health.assess(tracker, 71)
     assert flag == HealthFlag.STALLED
     assert detail["last_batch_id"] == 1 and detail["no_batch_for_s"] == 60.5
+    assert detail["last_batch_at"] == str(s(10.5))  # as the driver logged it
     # Progress events of an idle query repeat the batch id: still stalled.
-    tracker.observe_progress([_progress(1, s(80))])
-    assert health.assess(tracker, s(81))[0] == HealthFlag.STALLED
-    tracker.observe_progress([_progress(2, s(80))])
-    assert health.assess(tracker, s(81))[0] is None
+    tracker.observe_progress([_progress(1, s(80))], at(80.5))
+    assert health.assess(tracker, 81)[0] == HealthFlag.STALLED
+    tracker.observe_progress([_progress(2, s(80))], at(81))
+    assert health.assess(tracker, 81)[0] is None
 
 
 def test_no_stall_before_a_query_starts_nor_for_a_batch_job() -> None:
     # A streaming job whose log shows no query (none, or its log level hides it) is not
     # judged; nor is a batch job, whose "batches" are not a heartbeat.
-    assert health.assess(_tracker(), s(3600))[0] is None
+    assert health.assess(_tracker(), 3600)[0] is None
     batch = _tracker(kind="batch")
-    batch.observe_progress([_progress(0, s(0))])
-    assert health.assess(batch, s(3600))[0] is None
+    batch.observe_progress([_progress(0, s(0))], at(1))
+    assert health.assess(batch, 3600)[0] is None
 
 
 def _scan(started: int = 0, errors: tuple[str, ...] = ()) -> spark_status.LogScan:
@@ -79,59 +89,79 @@ def _scan(started: int = 0, errors: tuple[str, ...] = ()) -> spark_status.LogSca
 
 def test_a_query_that_never_completes_a_batch_is_stalled_from_its_start() -> None:
     tracker = _tracker()
-    tracker.observe_queries(_scan(started=1), s(100))
-    assert health.assess(tracker, s(159))[0] is None
-    flag, detail = health.assess(tracker, s(160))
+    tracker.observe_queries(_scan(started=1), at(100))
+    assert health.assess(tracker, 159)[0] is None
+    flag, detail = health.assess(tracker, 160)
     assert flag == HealthFlag.STALLED and detail["last_batch_id"] is None
 
 
 def test_a_query_that_failed_while_its_driver_lives_is_stalled_with_its_error() -> None:
     tracker = _tracker()
-    tracker.observe_queries(_scan(started=1), s(0))
-    tracker.observe_progress([_progress(0, s(1))])
-    tracker.observe_queries(_scan(errors=("Query q terminated with error",)), s(5))
-    flag, detail = health.assess(tracker, s(62))
+    tracker.observe_queries(_scan(started=1), at(0))
+    tracker.observe_progress([_progress(0, s(1))], at(2))
+    tracker.observe_queries(_scan(errors=("Query q terminated with error",)), at(5))
+    flag, detail = health.assess(tracker, 62)
     assert flag == HealthFlag.STALLED
     assert detail["query_error"] == "Query q terminated with error"
     # A new query (the job restarted it itself) forgets the old error.
-    tracker.observe_queries(_scan(started=1), s(70))
-    assert health.assess(tracker, s(71))[0] is None
-    assert "query_error" not in health.assess(tracker, s(130))[1]
+    tracker.observe_queries(_scan(started=1), at(70))
+    assert health.assess(tracker, 71)[0] is None
+    assert "query_error" not in health.assess(tracker, 130)[1]
 
 
 def test_a_stall_counts_from_when_tracking_began_not_from_an_old_batch() -> None:
     # An adopted run whose log shows a batch from long ago: the monitor started now.
     tracker = _tracker()
-    tracker.observe_progress([_progress(5, T0 - dt.timedelta(hours=2))])
-    assert health.assess(tracker, s(59))[0] is None
-    assert health.assess(tracker, s(61))[0] == HealthFlag.STALLED
+    tracker.observe_progress([_progress(5, T0 - dt.timedelta(hours=2))], at(0))
+    assert health.assess(tracker, 59)[0] is None
+    assert health.assess(tracker, 61)[0] == HealthFlag.STALLED
 
 
 def test_an_application_without_cores_for_the_timeout_waits_for_resources() -> None:
     tracker = _tracker()
-    tracker.observe_application(_app(0), s(1))
-    assert health.assess(tracker, s(29))[0] is None
-    flag, detail = health.assess(tracker, s(30))
+    tracker.observe_application(_app(0), at(1))
+    assert health.assess(tracker, 29)[0] is None
+    flag, detail = health.assess(tracker, 30)
     assert flag == HealthFlag.WAITING_FOR_RESOURCES and detail["timeout_s"] == 30.0
     # Waiting wins over stalled: the query cannot progress without executors.
-    tracker.observe_progress([_progress(0, s(0))])
-    assert health.assess(tracker, s(100))[0] == HealthFlag.WAITING_FOR_RESOURCES
+    tracker.observe_progress([_progress(0, s(0))], at(1))
+    assert health.assess(tracker, 100)[0] == HealthFlag.WAITING_FOR_RESOURCES
     # Cores arrive: the wait is over, counted afresh if they go again; a stall is
     # counted from their arrival, not from the last batch before the wait.
-    tracker.observe_application(_app(2), s(101))
-    assert health.assess(tracker, s(102))[0] is None
-    assert health.assess(tracker, s(161))[0] == HealthFlag.STALLED
-    tracker.observe_application(_app(0), s(103))
-    assert health.assess(tracker, s(130))[0] is None
-    assert health.assess(tracker, s(131))[0] == HealthFlag.WAITING_FOR_RESOURCES
+    tracker.observe_application(_app(2), at(101))
+    assert health.assess(tracker, 102)[0] is None
+    assert health.assess(tracker, 161)[0] == HealthFlag.STALLED
+    tracker.observe_application(_app(0), at(103))
+    assert health.assess(tracker, 130)[0] is None
+    assert health.assess(tracker, 131)[0] == HealthFlag.WAITING_FOR_RESOURCES
 
 
 def test_a_completed_or_unreachable_application_is_not_waiting() -> None:
     tracker = _tracker()
-    tracker.observe_application(_app(0, completed=True), s(1))
-    assert health.assess(tracker, s(100))[0] is None
-    tracker.observe_application(None, s(101))
-    assert health.assess(tracker, s(200))[0] is None
+    tracker.observe_application(_app(0, completed=True), at(1))
+    assert health.assess(tracker, 100)[0] is None
+    tracker.observe_application(None, at(101))
+    assert health.assess(tracker, 200)[0] is None
+
+
+def test_a_batch_read_after_a_wall_clock_step_is_dated_at_most_one_pass_back() -> None:
+    """Durations are read on the lease clock; the driver's timestamps (wall clock) only
+    place a batch between the previous pass and this one."""
+    tracker = _tracker()
+    tracker.observe_progress([_progress(0, s(0))], at(1))
+    assert tracker.last_batch_done == 0.5
+    # The wall clock steps an hour forward after the pass at 5 s. Batch 1 completed at
+    # 10 s, read at 15 s: an hour and 5 s old by the stepped clock, dated at the
+    # previous pass (5 s), not an hour back.
+    tracker.looked_at = 5.0
+    tracker.observe_progress([_progress(1, s(9.5))], at(15, wall_step=3600))
+    assert tracker.last_batch_done == 5.0
+    assert health.assess(tracker, 64)[0] is None
+    assert health.assess(tracker, 65)[0] == HealthFlag.STALLED
+    # Stepped back: a batch "from the future" is dated when it was read.
+    tracker.looked_at = 15.0
+    tracker.observe_progress([_progress(2, s(100))], at(20, wall_step=-3600))
+    assert tracker.last_batch_done == 20.0
 
 
 def test_the_policy_comes_from_the_conf_and_refuses_bad_values() -> None:
@@ -169,30 +199,38 @@ def ui() -> Iterator[spark_ui.SparkUi]:
         yield stand_in
 
 
-def _running(engine: sa.Engine, name: str, tmp_path: Path, conf: dict[str, str]) -> Run:
-    """A started job at epoch 1 in its distribution row, and its local run here."""
+S1 = factories.owner("s1")
+
+
+def _running(
+    engine: sa.Engine, name: str, tmp_path: Path, conf: dict[str, str], max_restarts: int = 3
+) -> Run:
+    """A started job claimed by s1 (epoch 1, driver started), and its local run here."""
     with engine.begin() as conn:
         job_id = jobs.create(
             conn,
             jobs.JobSpec(
                 name=name, kind=JobKind.STREAMING, resource_id=factories.resource(conn),
-                conf=conf,
+                conf=conf, max_restarts=max_restarts,
             ),
         )  # fmt: skip
         jobs.start(conn, name)
-        conn.execute(
-            sa.update(tables.distribution)
-            .where(tables.distribution.c.job_id == job_id)
-            .values(epoch=1)
-        )
-    run_dir = tmp_path / name
-    run_dir.mkdir()
-    run = Run(
-        job_id=job_id, name=name, kind="streaming", epoch=1, attempt=1, claimed_at=0.0,
-        deadline=0.0, owner=factories.owner("s1"), phase=reconcile.Phase.RUNNING,
-        revision=1, driver=driver.Driver(run_dir, os.getpid(), is_child=False),
+    factories.target(engine, job_id, "s1")
+    return _claimed(engine, job_id, name, tmp_path)
+
+
+def _claimed(engine: sa.Engine, job_id: int, name: str, tmp_path: Path) -> Run:
+    """Claim the job for s1 and record its driver started: the run, here."""
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, S1, 3600)
+        distribution.mark_running(conn, job_id, S1, claim.epoch, pid=os.getpid())
+    run_dir = tmp_path / name / str(claim.epoch)
+    run_dir.mkdir(parents=True)
+    return Run(
+        job_id=job_id, name=name, kind="streaming", epoch=claim.epoch, attempt=claim.attempt,
+        claimed_at=0.0, deadline=0.0, owner=S1, phase=reconcile.Phase.RUNNING,
+        revision=claim.revision, driver=driver.Driver(run_dir, os.getpid(), is_child=False),
     )  # fmt: skip
-    return run
 
 
 def _log(run: Run, text: str) -> None:
@@ -201,11 +239,11 @@ def _log(run: Run, text: str) -> None:
         f.write(text)
 
 
-def _progress_block(batch_id: int, at: dt.datetime) -> str:
+def _progress_block(batch_id: int, when: dt.datetime) -> str:
     body = json.dumps(
         {
             "id": "q1",
-            "timestamp": at.isoformat().replace("+00:00", "Z"),
+            "timestamp": when.isoformat().replace("+00:00", "Z"),
             "batchId": batch_id,
             "batchDuration": 1000,
             "inputRowsPerSecond": 4.5,
@@ -216,11 +254,26 @@ def _progress_block(batch_id: int, at: dt.datetime) -> str:
     return f"26/11/24 INFO ProgressReporter: Streaming query made progress: {body}\n"
 
 
-def _monitor(engine: sa.Engine, run: Run) -> health.HealthMonitor:
+def _no_clock() -> float:
+    raise AssertionError("a test pass gives both clocks' times (check)")
+
+
+def _monitor(
+    engine: sa.Engine, run: Run, runs: dict[int, Run] | None = None
+) -> health.HealthMonitor:
+    """A monitor of ``run`` (or of ``runs``, a dict the test may change)."""
+    live = {run.job_id: run} if runs is None else runs
     return health.HealthMonitor(
-        engine, "s1", "host-a", lambda: {run.job_id: run},
+        engine, "s1", "host-a", lambda: live,
         interval=1.0, stall_timeout=60.0, resource_wait_timeout=30.0,
+        clock=_no_clock, wall_clock=lambda: T0 + dt.timedelta(seconds=_no_clock()),
     )  # fmt: skip
+
+
+def check(monitor: health.HealthMonitor, seconds: float, wall_step: float = 0.0) -> None:
+    """One pass ``seconds`` into the test (lease clock), the wall clock ``wall_step`` off."""
+    moment = at(seconds, wall_step)
+    monitor.check_once(now=moment.wall, mono=moment.mono)
 
 
 def _events(engine: sa.Engine, name: str) -> list[tuple[str, dict[str, object]]]:
@@ -247,27 +300,27 @@ def test_a_stall_is_recorded_with_an_event_then_cleared(
     run = _running(engine, "stream", tmp_path, {})
     monitor = _monitor(engine, run)
     _log(run, f"x INFO Utils: Successfully started service 'SparkUI' on port {port}.\n")
-    monitor.check_once(now=s(0))
+    check(monitor, 0)
     shown = _shown(engine, "stream")
     assert shown["ui_url"] == f"http://host-a:{port}"
     assert (shown["app_id"], shown["app_state"], shown["cores"]) == ("app-7", "running", 2)
     assert shown["flag"] is None
 
     _log(run, _progress_block(3, s(1)))
-    monitor.check_once(now=s(30))
+    check(monitor, 30)
     shown = _shown(engine, "stream")
     assert (shown["last_batch_id"], shown["input_rate"], shown["processing_rate"]) == (
         3, 4.5, 12.25,
     )  # fmt: skip
-    monitor.check_once(now=s(61))  # batch 3 completed at 2 s: 59 s ago
+    check(monitor, 61)  # batch 3 completed at 2 s: 59 s ago
     assert _shown(engine, "stream")["flag"] is None
-    monitor.check_once(now=s(62.5))
+    check(monitor, 62.5)
     shown = _shown(engine, "stream")
     assert shown["flag"] == HealthFlag.STALLED.value
     assert monitor.flagged(HealthFlag.STALLED) == 1
-    monitor.check_once(now=s(70))  # still stalled: no second event
+    check(monitor, 70)  # still stalled: no second event
     _log(run, _progress_block(4, s(71)))
-    monitor.check_once(now=s(73))
+    check(monitor, 73)
     assert _shown(engine, "stream")["flag"] is None
     events = _events(engine, "stream")
     assert [kind for kind, _ in events] == ["health_flagged", "health_cleared"]
@@ -286,34 +339,160 @@ def test_a_job_without_cores_is_flagged_waiting_for_resources(
     run = _running(engine, "starved", tmp_path, {health_policy.RESOURCE_WAIT_TIMEOUT: "10"})
     monitor = _monitor(engine, run)
     _log(run, f"x INFO Utils: Successfully started service 'SparkUI' on port {port}.\n")
-    monitor.check_once(now=s(0))
-    monitor.check_once(now=s(9))
+    check(monitor, 0)
+    check(monitor, 9)
     assert _shown(engine, "starved")["flag"] is None
-    monitor.check_once(now=s(10))  # the job's own timeout, not the server's 30 s
+    check(monitor, 10)  # the job's own timeout, not the server's 30 s
     shown = _shown(engine, "starved")
     assert (shown["flag"], shown["executors"], shown["cores"]) == ("waiting_for_resources", 0, 0)
     ui.set_cores(1)
-    monitor.check_once(now=s(11))
+    check(monitor, 11)
     assert _shown(engine, "starved")["flag"] is None
     assert [k for k, _ in _events(engine, "starved")] == ["health_flagged", "health_cleared"]
+
+
+RESTART_ON_STALL = {health_policy.RESTART_ON_STALL: "true", health_policy.STALL_TIMEOUT: "20"}
+
+
+def _kinds(engine: sa.Engine, name: str) -> list[str]:
+    return [kind for kind, _ in _events(engine, name)]
+
+
+def _generation(engine: sa.Engine, name: str) -> int:
+    with engine.connect() as conn:
+        return int(jobs.show(conn, name)["generation"])
 
 
 def test_a_job_that_opted_in_is_restarted_once_when_it_stalls(
     engine: sa.Engine, tmp_path: Path
 ) -> None:
-    conf = {health_policy.RESTART_ON_STALL: "true", health_policy.STALL_TIMEOUT: "20"}
-    run = _running(engine, "flaky", tmp_path, conf)
+    run = _running(engine, "flaky", tmp_path, RESTART_ON_STALL)
     monitor = _monitor(engine, run)
-    monitor.check_once(now=s(0))
+    check(monitor, 0)
     _log(run, _progress_block(0, s(0)))
-    monitor.check_once(now=s(5))
-    monitor.check_once(now=s(22))
-    monitor.check_once(now=s(30))
+    check(monitor, 5)
+    check(monitor, 22)
+    check(monitor, 30)
     events = _events(engine, "flaky")
     assert [k for k, _ in events] == ["health_flagged", "restart_requested"]
     assert "stalled" in str(events[1][1]["by"])
-    with engine.connect() as conn:
-        assert jobs.show(conn, "flaky")["generation"] == 2
+    assert (events[1][1]["restarts"], events[1][1]["max_restarts"]) == (1, 3)
+    assert _generation(engine, "flaky") == 2
+
+
+@pytest.mark.parametrize(
+    "moved",
+    [
+        # The server was stopped (SIGSTOP) past its lease: the job runs on s2 now.
+        "owner = 's2', owner_incarnation = 's2-incarnation', epoch = 2",
+        "epoch = 2",  # claimed again by this server: another run
+        "owner_incarnation = 's1-next'",  # a later incarnation of s1 adopted it
+        "lease_until = now() - interval '1 second'",  # expired: its driver is dying
+    ],
+)
+def test_a_stalled_run_that_is_no_longer_ours_is_never_restarted(
+    engine: sa.Engine, tmp_path: Path, moved: str
+) -> None:
+    """Case 1 of H9: the tracker still holds the old run (the runner has not dropped it
+    yet) and sees a long idle; the job, healthy elsewhere, must not be restarted."""
+    run = _running(engine, "moved", tmp_path, RESTART_ON_STALL)
+    monitor = _monitor(engine, run)
+    check(monitor, 0)
+    _log(run, _progress_block(0, s(0)))
+    check(monitor, 5)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(f"UPDATE distribution SET {moved} WHERE job_id = :j"), {"j": run.job_id}
+        )
+    check(monitor, 22)
+    check(monitor, 30)
+    assert "restart_requested" not in _kinds(engine, "moved")
+    assert _generation(engine, "moved") == 1
+    assert monitor.trackers[(run.job_id, run.epoch)].restart_asked  # refused for good
+
+
+def test_a_wall_clock_step_restarts_nothing(engine: sa.Engine, tmp_path: Path) -> None:
+    """Case 2 of H9: the host's wall clock steps an hour forward; the stall is measured
+    on the lease clock, so nothing is flagged, and a real stall still is, on time."""
+    run = _running(engine, "stepped", tmp_path, RESTART_ON_STALL)
+    monitor = _monitor(engine, run)
+    check(monitor, 0)
+    _log(run, _progress_block(0, s(0)))
+    check(monitor, 5)
+    check(monitor, 10, wall_step=3600)
+    check(monitor, 15, wall_step=3600)
+    assert _kinds(engine, "stepped") == []
+    assert _generation(engine, "stepped") == 1
+    # The driver's batches carry the stepped clock too; then the query stops.
+    _log(run, _progress_block(1, s(16 + 3600)))
+    check(monitor, 18, wall_step=3600)
+    check(monitor, 36, wall_step=3600)  # 19 s after batch 1 completed (17 s): not yet
+    assert _kinds(engine, "stepped") == []
+    check(monitor, 37, wall_step=3600)
+    assert _kinds(engine, "stepped") == ["health_flagged", "restart_requested"]
+
+
+def test_a_restart_whose_write_failed_is_asked_again_at_the_next_pass(
+    engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _running(engine, "retried", tmp_path, RESTART_ON_STALL)
+    monitor = _monitor(engine, run)
+    real = jobs.restart_run
+    calls: list[int] = []
+
+    def fails_once(*args: object, **kwargs: object) -> jobs.RunRestarted:
+        calls.append(1)
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("restart_run", {}, Exception("connection lost"))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(jobs, "restart_run", fails_once)
+    check(monitor, 0)
+    _log(run, _progress_block(0, s(0)))
+    check(monitor, 5)
+    check(monitor, 22)  # stalled; the restart's write fails
+    assert _kinds(engine, "retried") == ["health_flagged"]
+    assert not monitor.trackers[(run.job_id, run.epoch)].restart_asked
+    check(monitor, 23)  # asked again: done
+    check(monitor, 30)  # once
+    assert len(calls) == 2
+    assert _kinds(engine, "retried") == ["health_flagged", "restart_requested"]
+    assert _generation(engine, "retried") == 2
+
+
+def test_restarts_on_stall_spend_the_restart_budget_then_the_job_is_left_flagged(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    """A query whose first batch takes longer than the stall timeout would be restarted
+    forever: the restarts are paid from the job's max_restarts, then it keeps running."""
+    run = _running(engine, "slow", tmp_path, RESTART_ON_STALL, max_restarts=1)
+    runs = {run.job_id: run}
+    monitor = _monitor(engine, run, runs)
+    _log(run, "x INFO MicroBatchExecution: Starting new streaming query.\n")
+    check(monitor, 0)
+    check(monitor, 20)  # no batch yet, 20 s after the query started: restart 1 of 1
+    assert _kinds(engine, "slow") == ["health_flagged", "restart_requested"]
+    # Its owner stops the old generation; the job is claimed again here.
+    with engine.begin() as conn:
+        distribution.begin_stop(conn, run.job_id, S1, run.epoch, "restart")
+        distribution.release(conn, run.job_id, S1, run.epoch)
+    again = _claimed(engine, run.job_id, "slow", tmp_path)
+    runs[run.job_id] = again
+    _log(again, "x INFO MicroBatchExecution: Starting new streaming query.\n")
+    check(monitor, 30)
+    check(monitor, 50)  # stalled again: the budget is spent
+    check(monitor, 60)
+    assert _kinds(engine, "slow") == [
+        "health_flagged", "restart_requested", "health_flagged",
+    ]  # fmt: skip
+    assert _generation(engine, "slow") == 2
+    row = factories.row(engine, run.job_id)
+    assert (row.state, row.epoch, row.restarts) == ("running", again.epoch, 1)
+    assert monitor.trackers[(again.job_id, again.epoch)].restart_asked
+    # Its first batch completes at last: the flag clears, the run carries on.
+    _log(again, _progress_block(0, s(60)))
+    check(monitor, 62)
+    assert _kinds(engine, "slow")[-1] == "health_cleared"
 
 
 def test_a_report_of_an_older_epoch_never_overwrites_a_newer_one(engine: sa.Engine) -> None:
@@ -338,7 +517,7 @@ def test_a_long_log_is_read_from_its_head_and_its_recent_end(
     _log(run, _progress_block(1, s(-3600)) + "filler line\n" * 2000)
     _log(run, _progress_block(500, s(-1)))
     monitor = _monitor(engine, run)
-    monitor.check_once(now=s(0))
+    check(monitor, 0)
     shown = _shown(engine, "adopted")
     assert shown["ui_url"] == f"http://host-a:{ui.port}"
     assert shown["last_batch_id"] == 500

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -97,6 +98,140 @@ def test_restart_of_an_owned_job_bumps_the_generation(engine: sa.Engine) -> None
     with engine.connect() as conn:
         (row,) = distribution.poll(conn, owner("s1"))
     assert row.job_generation == row.generation + 1
+
+
+def _running_on_s1(engine: sa.Engine, name: str, max_restarts: int = 3) -> tuple[int, int]:
+    """A streaming job running on s1 (claimed, driver started): (job id, epoch)."""
+    job_id = factories.job(engine, name, max_restarts=max_restarts)
+    factories.target(engine, job_id, "s1")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, owner("s1"), 60)
+        distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=1)
+    return job_id, claim.epoch
+
+
+def _restart_run(engine: sa.Engine, job_id: int, epoch: int, who: str = "s1") -> jobs.RunRestarted:
+    with engine.begin() as conn:
+        return jobs.restart_run(conn, job_id, owner(who), epoch, "stalled")
+
+
+def test_a_run_restarted_by_its_owner_gets_one_new_generation_and_spends_a_restart(
+    engine: sa.Engine,
+) -> None:
+    job_id, epoch = _running_on_s1(engine, "s")
+    done = _restart_run(engine, job_id, epoch)
+    assert (done.name, done.generation, done.restarts, done.max_restarts) == ("s", 2, 1, 3)
+    # Asked again (a retry after a commit whose outcome was lost): the generation moved
+    # past the run's, so nothing happens.
+    with pytest.raises(distribution.FencedError, match="generation 1 of 2"):
+        _restart_run(engine, job_id, epoch)
+    with engine.connect() as conn:
+        shown = jobs.show(conn, "s")
+        events = jobs.events(conn, "s")
+    assert (shown["generation"], shown["restarts"], shown["owner"]) == (2, 1, "s1")
+    restarts = [e for e in events if e["kind"] == "restart_requested"]
+    assert len(restarts) == 1
+    assert (restarts[0]["server"], restarts[0]["epoch"]) == ("s1", epoch)
+    assert restarts[0]["detail"] == {
+        "generation": 2,
+        "restarts": 1,
+        "max_restarts": 3,
+        "by": "stalled",
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ("owner = 's2', owner_incarnation = 's2-incarnation', epoch = epoch + 1", "s2 at epoch 2"),
+        ("epoch = epoch + 1", "s1 at epoch 2"),  # claimed again here
+        ("owner_incarnation = 'a-later-one'", "s1 at epoch 1"),
+        ("lease_until = now() - interval '1 second'", "expired or none"),
+        ("state = 'stopping'", "s1 at epoch 1 (stopping"),
+    ],
+)
+def test_a_run_restart_is_fenced_by_owner_incarnation_epoch_and_a_live_lease(
+    engine: sa.Engine, change: str, names: str
+) -> None:
+    job_id, epoch = _running_on_s1(engine, "s")
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE distribution SET {change} WHERE job_id = :j"), {"j": job_id})
+    before = factories.row(engine, job_id)
+    with pytest.raises(distribution.FencedError, match=re.escape(names)):
+        _restart_run(engine, job_id, epoch)
+    with engine.connect() as conn:
+        shown = jobs.show(conn, "s")
+        kinds = [e["kind"] for e in jobs.events(conn, "s")]
+    assert (shown["generation"], shown["restarts"]) == (1, before.restarts)
+    assert "restart_requested" not in kinds
+
+
+def test_a_run_restart_waits_for_nothing_the_operator_asked(engine: sa.Engine) -> None:
+    """A stop or restart asked meanwhile wins: the run is not restarted on top of it."""
+    job_id, epoch = _running_on_s1(engine, "s")
+    assert _do(engine, jobs.restart, "s") == "restarting"
+    with pytest.raises(distribution.FencedError, match="generation 1 of 2"):
+        _restart_run(engine, job_id, epoch)
+    assert _do(engine, jobs.stop, "s") == "stopping"
+    with pytest.raises(distribution.FencedError, match="desired stopped"):
+        _restart_run(engine, job_id, epoch)
+    with engine.connect() as conn:
+        assert jobs.show(conn, "s")["generation"] == 2
+
+
+def test_a_run_restart_waiting_behind_a_stop_sees_the_stop(engine: sa.Engine) -> None:
+    """The run restart locks the job row first: one that waits behind an operator's
+    uncommitted stop checks its guard again on the committed row (no restart)."""
+    job_id, epoch = _running_on_s1(engine, "s")
+    outcome: list[object] = []
+
+    def restart_run() -> None:
+        try:
+            outcome.append(_restart_run(engine, job_id, epoch))
+        except Exception as exc:
+            outcome.append(exc)
+
+    with engine.connect() as operator:
+        with operator.begin():
+            assert jobs.stop(operator, "s") == "stopping"
+            waiter = threading.Thread(target=restart_run)
+            waiter.start()
+            waiter.join(0.5)
+            assert waiter.is_alive() and not outcome  # waiting for the job row
+        waiter.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], distribution.FencedError), outcome
+    with engine.connect() as conn:
+        shown = jobs.show(conn, "s")
+    assert (shown["desired"], shown["generation"], shown["restarts"]) == ("stopped", 1, 0)
+
+
+def test_run_restarts_share_the_crash_budget(engine: sa.Engine) -> None:
+    job_id, epoch = _running_on_s1(engine, "s", max_restarts=1)
+    _restart_run(engine, job_id, epoch)
+    # The owner stops the old generation and the job is claimed again.
+    with engine.begin() as conn:
+        distribution.begin_stop(conn, job_id, owner("s1"), epoch, "restart")
+        distribution.release(conn, job_id, owner("s1"), epoch)
+        claim = distribution.claim(conn, job_id, owner("s1"), 60)
+        distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=2)
+    with pytest.raises(jobs.RestartBudgetSpent, match="1 of 1 restarts"):
+        _restart_run(engine, job_id, claim.epoch)
+    assert factories.row(engine, job_id).state == "running"  # refused: left running
+    # A crash now finds the budget spent too: failed, not backoff.
+    with engine.begin() as conn:
+        state = distribution.record_crash(
+            conn, job_id, owner("s1"), claim.epoch, "exit 1", retry=True,
+            backoff_base=0.5, backoff_max=2,
+        )  # fmt: skip
+    assert state == RunState.FAILED
+
+
+def test_a_stopped_job_is_never_restarted_by_a_run_restart(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "idle", start=False)
+    with pytest.raises(distribution.FencedError):
+        _restart_run(engine, job_id, 0)
+    with pytest.raises(jobs.JobNotFound):
+        _restart_run(engine, 424242, 1)
 
 
 def test_delete_refuses_a_running_job_and_keeps_events(engine: sa.Engine) -> None:

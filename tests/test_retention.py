@@ -69,7 +69,7 @@ def _prune(
         return retention.prune(
             conn,
             None,
-            retention.cutoff(older_than),
+            retention.cutoff(conn, older_than),
             batch_size=batch_size,
             dry_run=dry_run,
             keep_going=keep_going,
@@ -97,6 +97,36 @@ def test_old_events_go_recent_stay_and_each_live_jobs_newest_is_kept(engine: sa.
     assert (pruned.events, pruned.event_batches, pruned.logs) == (4, 1, None)
     # A second prune finds nothing: the kept newest event is not deleted later either.
     assert _prune(engine, 30 * DAY).events == 0
+
+
+class _YearAhead(datetime):
+    """This host's clock, a year ahead of PostgreSQL's."""
+
+    @classmethod
+    def now(cls, tz=None):  # type: ignore[no-untyped-def]
+        return datetime.now(tz) + timedelta(days=365)
+
+
+def test_the_cutoff_is_postgresqls_clock_so_a_server_clock_ahead_deletes_nothing_recent(
+    engine: sa.Engine, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events' ``at`` is PostgreSQL's now(); a server whose clock runs a year ahead (NTP
+    gone, a bad step) must not count a minute-old event as a year old."""
+    _events_of_a_gone_job(engine, 2, days=3)
+    _events_of_a_gone_job(engine, 3, days=0)
+    monkeypatch.setattr(retention, "datetime", _YearAhead)
+    pass_engine = database.create_engine(database_url, pool_size=1)
+    try:
+        pruned = retention.run_pass(pass_engine, None, DAY, batch_size=10)
+    finally:
+        pass_engine.dispose()
+    assert pruned is not None and pruned.events == 2
+    assert _kinds(engine) == {"gone": ["claimed"] * 3}
+    with engine.connect() as conn:
+        db_now = conn.execute(sa.select(sa.func.now())).scalar_one()
+        assert abs((db_now - timedelta(days=1) - pruned.cutoff).total_seconds()) < 60
+        assert retention.cutoff(conn, 0) >= db_now  # and it left conn ready for prune
+        assert retention.prune(conn, None, retention.cutoff(conn, DAY), batch_size=10).events == 0
 
 
 def test_a_deleted_jobs_events_all_go_by_age(engine: sa.Engine) -> None:
@@ -175,20 +205,16 @@ def test_shipped_logs_older_than_the_cutoff_go_and_each_live_jobs_newest_stays(
     modified = dict(bucket.listed(retention.LOG_PREFIX))
     assert set(modified) == set(keys)
 
-    # S3 sets LastModified itself, so the cutoff moves instead: "older than 0 s" at a
-    # chosen now. A log exactly as old as the cutoff is not older than it.
+    # S3 sets LastModified itself, so the cutoff moves instead: a chosen time. A log
+    # exactly as old as the cutoff is not older than it.
     with engine.connect() as conn:
         at_oldest = min(modified.values())
-        kept_all = retention.prune(
-            conn, bucket, retention.cutoff(0, now=at_oldest), batch_size=10, dry_run=False
-        )
+        kept_all = retention.prune(conn, bucket, at_oldest, batch_size=10, dry_run=False)
         assert kept_all.logs == 0
         after_all = max(modified.values()) + timedelta(milliseconds=1)
-        dry = retention.prune(
-            conn, bucket, retention.cutoff(0, now=after_all), batch_size=10, dry_run=True
-        )
+        dry = retention.prune(conn, bucket, after_all, batch_size=10, dry_run=True)
         assert dry.logs == 3 and set(dict(bucket.listed(retention.LOG_PREFIX))) == set(keys)
-        pruned = retention.prune(conn, bucket, retention.cutoff(0, now=after_all), batch_size=10)
+        pruned = retention.prune(conn, bucket, after_all, batch_size=10)
     assert pruned.logs == 3
     assert [key for key, _ in bucket.listed(retention.LOG_PREFIX)] == [runner.log_key("live", 2)]
     assert bucket.exists(store.object_key("0" * 64))
@@ -201,7 +227,7 @@ def test_a_bucket_never_created_holds_no_logs_to_prune(
     bucket = clients.bucket(settings)  # this test's bucket name, never created
     _events_of_a_gone_job(engine, 1, days=3)
     with engine.connect() as conn:
-        pruned = retention.prune(conn, bucket, retention.cutoff(DAY), batch_size=10)
+        pruned = retention.prune(conn, bucket, retention.cutoff(conn, DAY), batch_size=10)
     assert (pruned.events, pruned.logs) == (1, 0)
 
 
