@@ -313,6 +313,7 @@ class Server:
                 # window after its old session expired; a planned restart within the
                 # hand-over window (set it cluster-wide).
                 hold=max(s.placement_settle, s.handover_window),
+                lapse=s.lease_lapse_grace,
                 on_deposed=self._deposed,
                 still_leader=lambda: bool(self.registry and self.registry.confirm_leader()),
             )

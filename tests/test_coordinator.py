@@ -458,3 +458,54 @@ def test_after_zookeeper_lost_its_history_the_confirmed_leader_takes_over(
             assert _targets(engine) == {1: None}
     finally:
         loop.stop()
+
+
+# ---------------------------------------------------------------- lapsed leases (H7)
+
+
+def _lapse(engine: sa.Engine, job_id: int, seconds: float) -> None:
+    """Make the job's lease have expired ``seconds`` ago (its live owner stopped renewing:
+    cut off from PostgreSQL while still in ZooKeeper)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE distribution SET lease_until = now() - make_interval(secs => :s) "
+                "WHERE job_id = :j"
+            ),
+            {"j": job_id, "s": seconds},
+        )
+
+
+def test_a_live_owner_whose_lease_lapsed_past_the_grace_loses_its_job(engine: sa.Engine) -> None:
+    """H7: a server cut off from PostgreSQL only stays in ZooKeeper. Once its lease has
+    been expired for longer than the grace, its job is placed on another server (which
+    may claim over the expired lease) and it takes no new job; a lease expired a second
+    ago moves nothing (the owner re-claims it at its next poll)."""
+    from scheduler import distribution
+    from tests.factories import owner
+
+    job_id = factories.job(engine, "j")
+    _become(engine, 5)
+    _rebalance(engine, 5)
+    first = _targets(engine)[job_id]
+    with engine.begin() as conn:
+        distribution.claim(conn, job_id, owner(first), 60.0)
+
+    def planned() -> coordinator.Plan:
+        with engine.connect() as conn:
+            return coordinator.plan(conn, SERVERS, epsilon=0.25, vnodes=160, lapse=16.0)
+
+    _lapse(engine, job_id, 1.0)
+    assert planned().placement.targets["j"] == first
+    _lapse(engine, job_id, 30.0)
+    moved = planned()
+    assert moved.placement.targets["j"] not in (first, None)
+    assert moved.lapsed == {"j": first}
+    # Every lease of that server lapsed: its renewals fail, so it gets no new job.
+    for i in range(12):
+        factories.job(engine, f"new{i}")
+    assert first not in planned().placement.targets.values()
+    # Without a lapse threshold (the coordinator just reconnected) nothing moves.
+    with engine.connect() as conn:
+        kept = coordinator.plan(conn, SERVERS, epsilon=0.25, vnodes=160)
+    assert kept.placement.targets["j"] == first
