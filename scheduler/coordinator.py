@@ -34,7 +34,10 @@ expired lease), and a live server whose every lease lapsed that long is not plac
 at all (:func:`not_renewing`) until it renews again. The grace only counts while the
 coordinator itself has reached PostgreSQL for that long (:class:`CoordinatorLoop`):
 after an outage of PostgreSQL itself every lease has lapsed, and every owner re-claims
-its own jobs at its next poll.
+its own jobs at its next poll. In the same way a server that deferred a job
+``defer_streak`` times with no driver started since (:func:`deferring`: a full work
+dir, a broken spark-submit; it would claim and defer it for ever) is avoided for that
+job for ``defer_window`` seconds.
 
 While any member is settling, *new* jobs wait (orphaned jobs never wait), so that
 servers starting seconds apart do not make a job hop. ``sparkring ring rebalance`` sets
@@ -214,6 +217,46 @@ def not_renewing(rows: Iterable[sa.Row], lapsed_owners: Iterable[str]) -> set[st
     return suspects - renewing
 
 
+_DEFERRING = sa.text(
+    f"""
+    SELECT j.name, e.server
+      FROM distribution d
+      JOIN jobs j ON j.id = d.job_id
+     CROSS JOIN LATERAL (
+           SELECT e.server FROM job_events e
+            WHERE e.job_id = d.job_id
+              AND e.kind = '{states.EventKind.DEFERRED}'
+              AND e.at > now() - make_interval(secs => :window)
+              AND e.id > COALESCE((
+                      SELECT s.id FROM job_events s
+                       WHERE s.job_id = d.job_id AND s.kind = '{states.EventKind.DRIVER_STARTED}'
+                       ORDER BY s.id DESC LIMIT 1), 0)
+           ) e
+     WHERE d.state IN ('pending', 'backoff', 'starting')
+       AND d.last_error IS NOT NULL
+       AND e.server IS NOT NULL
+     GROUP BY j.name, e.server
+    HAVING count(*) >= :streak
+    """
+)
+
+
+def deferring(conn: sa.Connection, streak: int, window: float) -> dict[str, frozenset[str]]:
+    """Jobs not running that a server deferred at least ``streak`` times within the last
+    ``window`` seconds with no driver of the job started (anywhere) since: job -> those
+    servers.
+
+    A deferral is a start that failed for a reason that may pass (its event records the
+    error); the server claims the job again after a short backoff, so a cause local to
+    it that does not pass (a full work dir, a broken spark-submit) would keep the job
+    down for ever. Only jobs with a ``last_error`` (every deferral sets it) are read,
+    through the events' (job, id) index."""
+    found: dict[str, set[str]] = {}
+    for name, server in conn.execute(_DEFERRING, {"streak": streak, "window": window}):
+        found.setdefault(name, set()).add(server)
+    return {name: frozenset(servers) for name, servers in found.items()}
+
+
 def departures(conn: sa.Connection) -> dict[str, float]:
     """Servers that left the ring (``ring_members.left_at``): seconds since each left."""
     rows = conn.execute(
@@ -320,6 +363,7 @@ class Plan:
     held: dict[str, float]  # job -> seconds until its departed owner's lease expires
     lapsed: dict[str, str] = dataclasses.field(default_factory=dict)  # job -> live owner
     not_renewing: frozenset[str] = frozenset()  # live servers given no job (lapsed leases)
+    deferring: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -370,6 +414,8 @@ def plan(
     full: bool = False,
     hold: float = 0.0,
     lapse: float | None = None,
+    defer_streak: int = 0,
+    defer_window: float = 0.0,
 ) -> Plan:
     """The job rows and their sticky placement on the live ``servers``; reads only.
 
@@ -380,6 +426,8 @@ def plan(
     owner's lease expired longer ago than that is placed on another server, and a live
     server with only such leases gets no job (:func:`lapsed`, :func:`not_renewing`);
     None: never (the coordinator has not reached PostgreSQL for that long itself).
+    With ``defer_streak`` above 0, a job is not placed on a server that deferred it that
+    many times within ``defer_window`` seconds (:func:`deferring`).
     """
     usable = placeable(conn, servers)
     rows = job_rows(conn)
@@ -391,6 +439,9 @@ def plan(
     avoid: dict[str, set[str]] = {}
     for name, owner in lapsed_at.items():
         avoid.setdefault(name, set()).add(owner)
+    stuck = deferring(conn, defer_streak, defer_window) if defer_streak > 0 else {}
+    for name, deferred_by in stuck.items():
+        avoid.setdefault(name, set()).update(deferred_by)
     wanted = set(active_jobs(rows))
     jobs = {
         r.name: placement.Job(
@@ -411,7 +462,7 @@ def plan(
         epsilon=epsilon,
         vnodes=vnodes,
     )
-    return Plan(rows, result, keep, lapsed_at, frozenset(failing))
+    return Plan(rows, result, keep, lapsed_at, frozenset(failing), stuck)
 
 
 def _avoidable(avoid: set[str], usable: Mapping[str, int]) -> frozenset[str]:
@@ -433,6 +484,8 @@ def rebalance(
     settle: float = 0.0,
     hold: float = 0.0,
     lapse: float | None = None,
+    defer_streak: int = 0,
+    defer_window: float = 0.0,
 ) -> Rebalance:
     """Decide every target for the live ``servers`` (id -> capacity) and write changes.
 
@@ -440,7 +493,8 @@ def rebalance(
     docstring); the others get no target. ``settle`` is the settle window in seconds,
     ``hold`` how long a departed owner's jobs keep their targets (:func:`held`),
     ``lapse`` how long a live owner's lease may stay expired (:func:`lapsed`; None: no
-    limit).
+    limit), ``defer_streak`` and ``defer_window`` when a server steps back from a job
+    it keeps deferring (:func:`deferring`; 0: never).
     Must run inside a transaction; raises :class:`DeposedError` when ``term`` is no
     longer the recorded one.
     """
@@ -460,6 +514,8 @@ def rebalance(
         full=full,
         hold=hold,
         lapse=lapse,
+        defer_streak=defer_streak,
+        defer_window=defer_window,
     )
     rows, result = planned.rows, planned.placement
     changes = []
@@ -565,6 +621,8 @@ class CoordinatorLoop:
         settle: float = 0.0,
         hold: float = 0.0,
         lapse: float | None = None,
+        defer_streak: int = 0,
+        defer_window: float = 0.0,
         on_deposed: Callable[[], None] = lambda: None,
         on_rebalance: Callable[[Rebalance], None] = lambda _: None,
         still_leader: Callable[[], bool] = lambda: False,
@@ -581,6 +639,8 @@ class CoordinatorLoop:
         self._settle = settle
         self._hold = hold
         self._lapse = lapse
+        self._defer_streak = defer_streak
+        self._defer_window = defer_window
         # When this loop's PostgreSQL access last began (monotonic; None: failing now).
         self._reachable_since: float | None = None
         self._next_wait = interval
@@ -694,6 +754,8 @@ class CoordinatorLoop:
                 settle=self._settle,
                 hold=self._hold,
                 lapse=self._lapse_now(),
+                defer_streak=self._defer_streak,
+                defer_window=self._defer_window,
             )
         # Look again as soon as a settle window ends: a joiner then takes its jobs and
         # held new jobs are placed.

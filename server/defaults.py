@@ -56,6 +56,13 @@ LEASE_RENEW_INTERVAL_S = 1.5
 # is down for about TTL + this (the server also withdraws from ZooKeeper after one TTL
 # without a renewal, which usually moves its jobs sooner).
 LEASE_LAPSE_GRACE_S = 2 * LEASE_TTL_S
+# A server that deferred a job (a start failed for a reason that may pass) this many
+# times in a row, with no driver of it started since, steps back from it: the
+# coordinator places the job elsewhere for DEFER_AVOID_S (then that server may be tried
+# again: its disk may have been freed). 0 = never; deferrals, seconds. Three: a single
+# PostgreSQL or S3 blip defers once, and each retry comes after RESTART_BACKOFF_BASE_S.
+DEFER_STREAK = 3
+DEFER_AVOID_S = 300.0
 # PostgreSQL session limits of a server process, seconds (sql/database.SessionLimits):
 # a wait for a row lock gives up after DB_LOCK_TIMEOUT_S (a renewal then retries at
 # once), and a transaction left idle (its holder paused) is ended after

@@ -320,6 +320,8 @@ class Server:
                 # hand-over window (set it cluster-wide).
                 hold=max(s.placement_settle, s.handover_window),
                 lapse=s.lease_lapse_grace,
+                defer_streak=s.defer_streak,
+                defer_window=s.defer_avoid,
                 on_deposed=self._deposed,
                 still_leader=lambda: bool(self.registry and self.registry.confirm_leader()),
             )

@@ -104,6 +104,8 @@ class Settings(BaseSettings):
     watchdog_margin: float = Field(defaults.WATCHDOG_MARGIN_S, gt=0)
     lease_renew_interval: float = Field(defaults.LEASE_RENEW_INTERVAL_S, gt=0)
     lease_lapse_grace: float = Field(defaults.LEASE_LAPSE_GRACE_S, gt=0)
+    defer_streak: int = Field(defaults.DEFER_STREAK, ge=0)
+    defer_avoid: float = Field(defaults.DEFER_AVOID_S, ge=0)
     poll_interval: float = Field(defaults.POLL_INTERVAL_S, gt=0)
     handover_window: float = Field(defaults.HANDOVER_WINDOW_S, ge=0)
     db_lock_timeout: float = Field(defaults.DB_LOCK_TIMEOUT_S, gt=0)
