@@ -143,15 +143,19 @@ class Election:
         return self.term
 
     def leave(self) -> None:
-        """Stop standing: delete our node (a new coordinator is elected at once)."""
+        """Stop standing: delete our node (a new coordinator is elected at once).
+
+        The node is forgotten only once deleted: after a failed delete (ZooKeeper
+        unreachable) a retry must still find it, or it would stay the lowest candidate
+        with nobody acting on it."""
         node = self.node
-        self.forget()
         if node is None:
             return
         try:
             self._call(self._client.delete_async(f"{self._path}/{node}"))
         except NoNodeError:
             pass
+        self.forget()
         log.info(
             "left the coordinator election",
             extra={"action": "election_leave", "server": self._server_id},

@@ -20,6 +20,12 @@ Connection-state policy (states and transitions in :mod:`registry.connection`):
 - REFUSED: while we were away another live server registered our id; we never register
   again. The server process should exit.
 - A ZooKeeper outage alone never stops running drivers: the PostgreSQL lease decides.
+- Withdrawn (:meth:`Registry.withdraw`, asked by a server that cannot renew its
+  leases: cut off from PostgreSQL only): the session stays, but our node and our
+  candidacy are deleted (a coordinator steps down first), so peers see a departure,
+  place our jobs elsewhere and elect another coordinator. Nothing registers again
+  until the withdrawal is lifted; then the node is created again (refused, as after
+  LOST, if another live server took our id meanwhile) and we stand again.
 """
 
 from __future__ import annotations
@@ -105,6 +111,8 @@ class Registry:
         self._election_dirty = True
         self._step_down_at: float | None = None
         self._retry_at: float | None = None
+        self._withdrawn = False  # asked (withdraw()): stay out of membership and election
+        self._out = False  # done (session thread only): our node and candidacy are deleted
 
     # ------------------------------------------------------------------ public view
 
@@ -117,6 +125,21 @@ class Registry:
     def safe_mode(self) -> bool:
         """True while this server must claim and start nothing new."""
         return self.state in connection.SAFE_MODE
+
+    @property
+    def withdrawn(self) -> bool:
+        """True while :meth:`withdraw` asks us to stay out of membership and election."""
+        with self._lock:
+            return self._withdrawn
+
+    def withdraw(self, withdrawn: bool) -> None:
+        """Leave membership and the election while ``withdrawn`` (keeping the session),
+        or come back. Idempotent; done by the registry's thread, retried until done."""
+        with self._lock:
+            if self._withdrawn == withdrawn:
+                return
+            self._withdrawn = withdrawn
+        self._events.put(("withdraw", withdrawn))
 
     @property
     def is_coordinator(self) -> bool:
@@ -369,9 +392,15 @@ class Registry:
         if not self._client.connected or self.state in (State.REFUSED, State.CLOSED):
             return  # a state event will wake us
         try:
-            if self._must_register:
+            withdrawn = self.withdrawn
+            if withdrawn and not self._out:
+                self._leave()
+            elif not withdrawn and self._out:
+                self._out = False
+                self._must_register = True
+            if self._must_register and not self._out:
                 self._register_again()
-            if self.state == State.CONNECTED and self._election is not None:
+            if self.state == State.CONNECTED and self._election is not None and not self._out:
                 if self._election_dirty:
                     self._election_dirty = False
                     self._evaluate()
@@ -383,6 +412,18 @@ class Registry:
                 "registry operation failed; retrying",
                 extra={"action": "retry", "server": self._info.id, "error": type(exc).__name__},
             )
+
+    def _leave(self) -> None:
+        """Withdraw: step down, leave the election, delete our node; the session stays."""
+        self._step_down("withdrawn")
+        if self._election is not None:
+            self._election.leave()
+        self._deregister()
+        self._out = True
+        log.warning(
+            "withdrawn from membership and the election",
+            extra={"action": "withdraw", "server": self._info.id},
+        )
 
     def _register_again(self) -> None:
         session_id = self._current_session()

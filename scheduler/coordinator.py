@@ -26,6 +26,19 @@ failover tells joiners from known servers exactly as the old one did:
     left -> member (unchanged)     back within the settle window: a flap, nothing moves
     left -> member (settling)      back later: a fresh join
 
+A live server may still fail its jobs: cut off from PostgreSQL only, it stays in
+ZooKeeper, its leases lapse and its watchdogs kill its drivers, but its targets would
+stay (H7). So a job whose *live* owner's lease has been expired for longer than the
+``lapse`` grace is placed elsewhere (:func:`lapsed`; the new target claims over the
+expired lease), and a live server whose every lease lapsed that long is not placeable
+at all (:func:`not_renewing`) until it renews again. The grace only counts while the
+coordinator itself has reached PostgreSQL for that long (:class:`CoordinatorLoop`):
+after an outage of PostgreSQL itself every lease has lapsed, and every owner re-claims
+its own jobs at its next poll. In the same way a server that deferred a job
+``defer_streak`` times with no driver started since (:func:`deferring`: a full work
+dir, a broken spark-submit; it would claim and defer it for ever) is avoided for that
+job for ``defer_window`` seconds.
+
 While any member is settling, *new* jobs wait (orphaned jobs never wait), so that
 servers starting seconds apart do not make a job hop. ``sparkring ring rebalance`` sets
 ``coordinator.rebalance_requested_at``; the next rebalance moves every streaming job to
@@ -37,6 +50,7 @@ changes (debounced), when a settle window ends, and by a periodic timer as a fal
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -172,6 +186,77 @@ def held(
     return kept
 
 
+def lapsed(rows: Iterable[sa.Row], live: Iterable[str], lapse: float) -> dict[str, str]:
+    """Jobs whose live owner let the lease expire more than ``lapse`` seconds ago: job ->
+    that owner.
+
+    A live owner whose lease expired re-claims the job (still targeted at it) or
+    releases it at its next poll, within seconds. One that has done neither for
+    ``lapse`` seconds cannot reach PostgreSQL (or is wedged): its driver is dead (its
+    watchdog's deadline passed) and, left alone, the job would stay targeted at it for
+    the whole fault, since nobody else may claim a row targeted elsewhere and the
+    reaper skips live owners."""
+    alive = set(live)
+    return {
+        r.name: r.owner
+        for r in rows
+        if r.owner in alive
+        and r.state in states.OWNED
+        and r.lease_left is not None
+        and r.lease_left < -lapse
+    }
+
+
+def not_renewing(rows: Iterable[sa.Row], lapsed_owners: Iterable[str]) -> set[str]:
+    """Of the owners of lapsed leases, those that hold no live lease at all: their
+    renewals fail (a server that renews extends every unexpired lease it holds in one
+    statement), so they must not be given any job until one of their leases is live
+    again (they claim, or re-claim)."""
+    suspects = set(lapsed_owners)
+    renewing = {r.owner for r in rows if r.owner in suspects and (r.lease_left or 0) > 0}
+    return suspects - renewing
+
+
+_DEFERRING = sa.text(
+    f"""
+    SELECT j.name, e.server
+      FROM distribution d
+      JOIN jobs j ON j.id = d.job_id
+     CROSS JOIN LATERAL (
+           SELECT e.server FROM job_events e
+            WHERE e.job_id = d.job_id
+              AND e.kind = '{states.EventKind.DEFERRED}'
+              AND e.at > now() - make_interval(secs => :window)
+              AND e.id > COALESCE((
+                      SELECT s.id FROM job_events s
+                       WHERE s.job_id = d.job_id AND s.kind = '{states.EventKind.DRIVER_STARTED}'
+                       ORDER BY s.id DESC LIMIT 1), 0)
+           ) e
+     WHERE d.state IN ('pending', 'backoff', 'starting')
+       AND d.last_error IS NOT NULL
+       AND e.server IS NOT NULL
+     GROUP BY j.name, e.server
+    HAVING count(*) >= :streak
+    """
+)
+
+
+def deferring(conn: sa.Connection, streak: int, window: float) -> dict[str, frozenset[str]]:
+    """Jobs not running that a server deferred at least ``streak`` times within the last
+    ``window`` seconds with no driver of the job started (anywhere) since: job -> those
+    servers.
+
+    A deferral is a start that failed for a reason that may pass (its event records the
+    error); the server claims the job again after a short backoff, so a cause local to
+    it that does not pass (a full work dir, a broken spark-submit) would keep the job
+    down for ever. Only jobs with a ``last_error`` (every deferral sets it) are read,
+    through the events' (job, id) index."""
+    found: dict[str, set[str]] = {}
+    for name, server in conn.execute(_DEFERRING, {"streak": streak, "window": window}):
+        found.setdefault(name, set()).add(server)
+    return {name: frozenset(servers) for name, servers in found.items()}
+
+
 def departures(conn: sa.Connection) -> dict[str, float]:
     """Servers that left the ring (``ring_members.left_at``): seconds since each left."""
     rows = conn.execute(
@@ -276,6 +361,9 @@ class Plan:
     rows: list[sa.Row]  # the jobs placed (those held by a departed owner left out)
     placement: placement.Sticky
     held: dict[str, float]  # job -> seconds until its departed owner's lease expires
+    lapsed: dict[str, str] = dataclasses.field(default_factory=dict)  # job -> live owner
+    not_renewing: frozenset[str] = frozenset()  # live servers given no job (lapsed leases)
+    deferring: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -288,6 +376,8 @@ class Rebalance:
     moved: int = 0  # jobs whose target changed from one server to another
     settle_due: float | None = None  # seconds until a settling member's window ends
     held_due: float | None = None  # seconds until a departed owner's live lease expires
+    lapsed: int = 0  # jobs whose live owner's lease lapsed past the grace (H7)
+    not_renewing: tuple[str, ...] = ()  # live servers given no job: their leases all lapsed
 
 
 _UPDATE_TARGETS = sa.text(
@@ -323,24 +413,42 @@ def plan(
     hold_new: str | None = None,
     full: bool = False,
     hold: float = 0.0,
+    lapse: float | None = None,
+    defer_streak: int = 0,
+    defer_window: float = 0.0,
 ) -> Plan:
     """The job rows and their sticky placement on the live ``servers``; reads only.
 
     ``full`` is the operator's explicit rebalance (every streaming job placed afresh).
     ``sparkring ring rebalance --dry-run`` and ``ring explain`` call this too. Jobs
     :func:`held` by a departed owner's live lease, for up to ``hold`` seconds after it
-    left, are left out (their targets stay).
+    left, are left out (their targets stay). With ``lapse`` (seconds), a job whose live
+    owner's lease expired longer ago than that is placed on another server, and a live
+    server with only such leases gets no job (:func:`lapsed`, :func:`not_renewing`);
+    None: never (the coordinator has not reached PostgreSQL for that long itself).
+    With ``defer_streak`` above 0, a job is not placed on a server that deferred it that
+    many times within ``defer_window`` seconds (:func:`deferring`).
     """
     usable = placeable(conn, servers)
     rows = job_rows(conn)
     keep = held(rows, servers, departures(conn) if hold > 0 else {}, hold)
     rows = [r for r in rows if r.name not in keep]
+    lapsed_at = lapsed(rows, servers, lapse) if lapse is not None else {}
+    failing = not_renewing(rows, lapsed_at.values())
+    usable = {sid: cap for sid, cap in usable.items() if sid not in failing}
+    avoid: dict[str, set[str]] = {}
+    for name, owner in lapsed_at.items():
+        avoid.setdefault(name, set()).add(owner)
+    stuck = deferring(conn, defer_streak, defer_window) if defer_streak > 0 else {}
+    for name, deferred_by in stuck.items():
+        avoid.setdefault(name, set()).update(deferred_by)
     wanted = set(active_jobs(rows))
     jobs = {
         r.name: placement.Job(
             current=current(r, usable),
             streaming=r.kind == states.JobKind.STREAMING,
             queued_at=r.queued_at,
+            avoid=_avoidable(avoid.get(r.name, set()), usable),
         )
         for r in rows
         if r.name in wanted
@@ -354,7 +462,15 @@ def plan(
         epsilon=epsilon,
         vnodes=vnodes,
     )
-    return Plan(rows, result, keep)
+    return Plan(rows, result, keep, lapsed_at, frozenset(failing), stuck)
+
+
+def _avoidable(avoid: set[str], usable: Mapping[str, int]) -> frozenset[str]:
+    """The servers a job avoids, unless that leaves it nowhere to go: then it stays
+    (a single server, or every server failing it, is still the best there is)."""
+    if not avoid or not set(usable) - avoid:
+        return frozenset()
+    return frozenset(avoid & set(usable))
 
 
 def rebalance(
@@ -367,12 +483,18 @@ def rebalance(
     vnodes: int,
     settle: float = 0.0,
     hold: float = 0.0,
+    lapse: float | None = None,
+    defer_streak: int = 0,
+    defer_window: float = 0.0,
 ) -> Rebalance:
     """Decide every target for the live ``servers`` (id -> capacity) and write changes.
 
     Jobs wanted running and not finished or failed are placed (sticky: see the module
     docstring); the others get no target. ``settle`` is the settle window in seconds,
-    ``hold`` how long a departed owner's jobs keep their targets (:func:`held`).
+    ``hold`` how long a departed owner's jobs keep their targets (:func:`held`),
+    ``lapse`` how long a live owner's lease may stay expired (:func:`lapsed`; None: no
+    limit), ``defer_streak`` and ``defer_window`` when a server steps back from a job
+    it keeps deferring (:func:`deferring`; 0: never).
     Must run inside a transaction; raises :class:`DeposedError` when ``term`` is no
     longer the recorded one.
     """
@@ -391,6 +513,9 @@ def rebalance(
         hold_new=settling_reason(view.settling, settle) if view.settling else None,
         full=full,
         hold=hold,
+        lapse=lapse,
+        defer_streak=defer_streak,
+        defer_window=defer_window,
     )
     rows, result = planned.rows, planned.placement
     changes = []
@@ -447,6 +572,8 @@ def rebalance(
         moved=sum(1 for r, t in moved if r.target is not None and t is not None),
         settle_due=view.due_in,
         held_due=min(planned.held.values(), default=None),
+        lapsed=len(planned.lapsed),
+        not_renewing=tuple(sorted(planned.not_renewing)),
     )
 
 
@@ -472,6 +599,11 @@ class CoordinatorLoop:
     ``live()`` every live server id (including coordinator-only ones); both are read
     from the registry's membership view. ``on_deposed`` is called once if PostgreSQL
     reports a newer term; the loop then ends.
+
+    ``lapse`` is the grace of a live owner's expired lease (:func:`lapsed`). It applies
+    only once this loop has reached PostgreSQL without a failure for that long: after
+    an outage of PostgreSQL every lease in the table has expired, and each owner needs
+    a poll to re-claim its own jobs, which must not be moved meanwhile.
     """
 
     def __init__(
@@ -488,6 +620,9 @@ class CoordinatorLoop:
         interval: float,
         settle: float = 0.0,
         hold: float = 0.0,
+        lapse: float | None = None,
+        defer_streak: int = 0,
+        defer_window: float = 0.0,
         on_deposed: Callable[[], None] = lambda: None,
         on_rebalance: Callable[[Rebalance], None] = lambda _: None,
         still_leader: Callable[[], bool] = lambda: False,
@@ -503,6 +638,11 @@ class CoordinatorLoop:
         self._interval = interval
         self._settle = settle
         self._hold = hold
+        self._lapse = lapse
+        self._defer_streak = defer_streak
+        self._defer_window = defer_window
+        # When this loop's PostgreSQL access last began (monotonic; None: failing now).
+        self._reachable_since: float | None = None
         self._next_wait = interval
         self._on_deposed = on_deposed
         self._still_leader = still_leader
@@ -546,6 +686,8 @@ class CoordinatorLoop:
                         "coordinator term recorded",
                         extra={"action": "become", "term": self.term, "server": self.server},
                     )
+                if self._reachable_since is None:
+                    self._reachable_since = time.monotonic()
                 self._cycle()
                 retry = 0.2
             except DeposedError as exc:
@@ -555,6 +697,7 @@ class CoordinatorLoop:
             except DBAPIError as exc:
                 # The state store is slow or failing over: retry with backoff, keep the job
                 # set untouched, say so (never silently drop anything).
+                self._reachable_since = None
                 log.warning(
                     "rebalance failed (PostgreSQL unreachable or failing over); retrying",
                     extra={"action": "rebalance_retry", "error": type(exc.orig).__name__},
@@ -592,6 +735,13 @@ class CoordinatorLoop:
                 },
             )
 
+    def _lapse_now(self) -> float | None:
+        """The lapse grace, once PostgreSQL has been reachable for that long."""
+        since = self._reachable_since
+        if self._lapse is None or since is None:
+            return None
+        return self._lapse if time.monotonic() - since >= self._lapse else None
+
     def _cycle(self) -> None:
         with self.engine.begin() as conn:
             result = rebalance(
@@ -603,6 +753,9 @@ class CoordinatorLoop:
                 vnodes=self._vnodes,
                 settle=self._settle,
                 hold=self._hold,
+                lapse=self._lapse_now(),
+                defer_streak=self._defer_streak,
+                defer_window=self._defer_window,
             )
         # Look again as soon as a settle window ends: a joiner then takes its jobs and
         # held new jobs are placed.
@@ -624,6 +777,8 @@ class CoordinatorLoop:
                     "moved": result.moved,
                     "pending": result.pending,
                     "reaped": len(reaped),
+                    "lapsed": result.lapsed,
+                    "not_renewing": list(result.not_renewing),
                     "seconds": round(result.seconds, 3),
                 },
             )

@@ -237,6 +237,7 @@ class Why(StrEnum):
     REBALANCED = "rebalanced"  # moved by the operator's explicit full rebalance
     PLACED = "placed"  # a new job placed by bounded loads
     ORPHANED = "orphaned"  # its server left, drains or has capacity 0: placed again
+    AVOIDED = "avoided"  # its server is avoided for it (Job.avoid): placed elsewhere
     SHED = "shed"  # its server's capacity fell below its jobs: placed again
     WAITING = "waiting"  # no target: cluster full (FIFO by start request) or settling
 
@@ -248,6 +249,10 @@ class Job:
     current: str | None = None  # where it is now: its owner while owned, else its target
     streaming: bool = True  # only streaming jobs move to a joiner or on a rebalance
     queued_at: float = 0.0  # its start request (seconds): FIFO order when the cluster is full
+    # Servers this job must not be placed on although they are live: its lease lapsed
+    # there while that server stayed registered, or it failed to start there several
+    # times in a row (``scheduler/coordinator.py``). Usually empty.
+    avoid: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +278,8 @@ def stick(
     ``jobs`` maps each active job to where it is now; ``servers`` are the placeable
     servers (id -> capacity, 0 = no jobs). The rules, in order:
 
-    1. A job whose current server is among ``servers`` with capacity > 0 keeps it. If
+    1. A job whose current server is among ``servers`` with capacity > 0, and not one
+       it avoids (:attr:`Job.avoid`), keeps it. If
        a server has more such jobs than its capacity, it keeps batch jobs before
        streaming ones, then earlier start requests, then names; the rest are shed.
     2. Each streaming job whose ideal target (:func:`place` over every job and server)
@@ -288,7 +294,9 @@ def stick(
        not all fit, they are admitted in FIFO order: jobs that already ran somewhere
        first, then by ``queued_at``, then by name; the others wait with a reason. A new
        job (``current`` None) waits with the reason ``hold_new`` when it is given
-       (membership is settling); orphaned and shed jobs never wait for that.
+       (membership is settling); orphaned and shed jobs never wait for that. No job is
+       placed or moved on a server in its :attr:`Job.avoid` (with no avoided server
+       anywhere, the result is exactly the one without this rule).
 
     A pure function of its arguments: the same answer in any order on every machine.
     """
@@ -307,8 +315,10 @@ def stick(
     on_server: dict[str, list[str]] = {}
     for name in names:
         current = infos[name].current
-        if current in usable:
+        if current in usable and current not in infos[name].avoid:
             on_server.setdefault(current, []).append(name)
+        elif current in usable:
+            free[name] = Why.AVOIDED
         else:
             free[name] = Why.PLACED if current is None else Why.ORPHANED
     for server, held in on_server.items():
@@ -336,6 +346,7 @@ def stick(
                 and infos[name].streaming
                 and targets[name] != to
                 and load[to] < bound[to]
+                and to not in infos[name].avoid
             ):
                 load[targets[name]] -= 1
                 load[to] += 1
@@ -355,12 +366,12 @@ def stick(
     the_ring = ring.build(usable, vnodes)
     # First up to each server's bound, then (only if that is short) up to its capacity.
     room = {s: max(0, min(bound[s], usable[s]) - load[s]) for s in usable}
-    placed, _ = _walk(admitted, the_ring, room)
+    placed = _walk_each(admitted, the_ring, room, infos)
     for server in placed.values():
         load[server] += 1
     rest = [name for name in admitted if name not in placed]
     if rest:
-        more, _ = _walk(rest, the_ring, {s: usable[s] - load[s] for s in usable})
+        more = _walk_each(rest, the_ring, {s: usable[s] - load[s] for s in usable}, infos)
         for server in more.values():
             load[server] += 1
         placed.update(more)
@@ -379,6 +390,24 @@ def stick(
         why=dict(sorted(why.items())),
         ideal=ideal,
     )
+
+
+def _walk_each(
+    names: list[str], the_ring: ring.Ring, room: dict[str, int], infos: Mapping[str, Job]
+) -> dict[str, str]:
+    """:func:`_walk` for the jobs that avoid no server, then each job that avoids some
+    (few: a lapsed lease, repeated failed starts) to the first server clockwise from its
+    position that has room and that it does not avoid. ``room`` is consumed in place."""
+    plain = [name for name in names if not infos[name].avoid]
+    placed, _ = _walk(plain, the_ring, room)
+    avoiding = sorted((ring.position(n), n) for n in names if infos[n].avoid)
+    for at, name in avoiding:
+        for server, _ in ring.walk(the_ring, at):
+            if room.get(server, 0) > 0 and server not in infos[name].avoid:
+                placed[name] = server
+                room[server] -= 1
+                break
+    return placed
 
 
 def _top_up(
@@ -404,7 +433,12 @@ def _top_up(
         near = ring.build([joiner], 1)
         movable: dict[str, list[tuple[int, str]]] = {}
         for name, server in targets.items():
-            if server not in joiners and why.get(name) == Why.KEPT and infos[name].streaming:
+            if (
+                server not in joiners
+                and why.get(name) == Why.KEPT
+                and infos[name].streaming
+                and joiner not in infos[name].avoid
+            ):
                 at = ring.position(name)
                 gap = ring.distance(at, near.points[ring.successor(near, at)])
                 movable.setdefault(server, []).append((gap, name))
@@ -426,6 +460,8 @@ def _job(name: str, job: object) -> Job:
         raise ring.RingError(f"job {name!r} must be described by a placement.Job, got {job!r}")
     if job.current is not None and (not isinstance(job.current, str) or not job.current):
         raise ring.RingError(f"current server of job {name!r} must be a name, got {job.current!r}")
+    if not isinstance(job.avoid, frozenset):
+        raise ring.RingError(f"servers avoided by job {name!r} must be a frozenset")
     return job
 
 

@@ -95,6 +95,12 @@ def _decision(why: placement.Why, row, result: placement.Sticky, ideal: str | No
             f"moves to {target}: {where} left, is drained or has capacity 0, so the job is "
             "placed again by bounded loads (the nearest server on the ring with room)"
         )
+    if why == placement.Why.AVOIDED:
+        return (
+            f"moves to {target}: {where} is avoided for this job (its lease there lapsed "
+            "while the server stayed registered, or it deferred the job several times in "
+            "a row), so the job is placed on the nearest other server with room"
+        )
     if why == placement.Why.SHED:
         return (
             f"moves to {target}: {where} has more jobs than its capacity and sheds "
@@ -133,6 +139,9 @@ def explain(
             {s.id: s.capacity for s in live},
             epsilon=settings.placement_epsilon,
             vnodes=defaults.RING_VNODES,
+            lapse=settings.lease_lapse_grace,
+            defer_streak=settings.defer_streak,
+            defer_window=settings.defer_avoid,
         )
     result = planned.placement
     e = placement.explain(
@@ -212,6 +221,9 @@ def rebalance(
             epsilon=settings.placement_epsilon,
             vnodes=defaults.RING_VNODES,
             full=True,
+            lapse=settings.lease_lapse_grace,
+            defer_streak=settings.defer_streak,
+            defer_window=settings.defer_avoid,
         )
     rows, result = planned.rows, planned.placement
     moves = [

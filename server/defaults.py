@@ -47,6 +47,22 @@ LEASE_TTL_S = 8.0
 WATCHDOG_MARGIN_S = 3.0
 # How often leases are renewed, seconds (several renewals fit in one TTL).
 LEASE_RENEW_INTERVAL_S = 1.5
+# A live server's expired lease (H7, docs/distribution.md#lapsed-leases): once a lease
+# has been expired this long and its owner, still in ZooKeeper, has neither re-claimed
+# nor released the job, the coordinator places the job on another server (and gives
+# a server whose every lease lapsed no job), seconds. A healthy owner acts on its own
+# expired lease at its next poll (POLL_INTERVAL_S, NOTIFY sooner); two TTLs leave ample
+# room for that while bounding the outage: the driver died at its deadline, so the job
+# is down for about TTL + this (the server also withdraws from ZooKeeper after one TTL
+# without a renewal, which usually moves its jobs sooner).
+LEASE_LAPSE_GRACE_S = 2 * LEASE_TTL_S
+# A server that deferred a job (a start failed for a reason that may pass) this many
+# times in a row, with no driver of it started since, steps back from it: the
+# coordinator places the job elsewhere for DEFER_AVOID_S (then that server may be tried
+# again: its disk may have been freed). 0 = never; deferrals, seconds. Three: a single
+# PostgreSQL or S3 blip defers once, and each retry comes after RESTART_BACKOFF_BASE_S.
+DEFER_STREAK = 3
+DEFER_AVOID_S = 300.0
 # PostgreSQL session limits of a server process, seconds (sql/database.SessionLimits):
 # a wait for a row lock gives up after DB_LOCK_TIMEOUT_S (a renewal then retries at
 # once), and a transaction left idle (its holder paused) is ended after

@@ -7,6 +7,12 @@ another live server holds the id), listen for NOTIFY, start the runner. The regi
 calls back when membership changes (the coordinator rebalances) and when this server
 becomes or stops being coordinator (start or stop the coordinator loop).
 
+A server that cannot renew its leases for longer than the lease TTL (cut off from
+PostgreSQL only: its drivers are dead by then) withdraws from ZooKeeper
+(``Registry.withdraw``: its node and candidacy go, the session stays), so the
+coordinator places its jobs elsewhere and another server coordinates; it comes back
+as soon as a renewal succeeds (H7, ``docs/operations.md``).
+
 Shutdown (SIGTERM, or ``stop()``): stop claiming -> leave ZooKeeper (so the coordinator
 retargets our jobs at once) -> stop each driver gracefully and release its job as
 pending, renewing leases meanwhile -> stop the loops -> close. A second signal exits at
@@ -313,6 +319,9 @@ class Server:
                 # window after its old session expired; a planned restart within the
                 # hand-over window (set it cluster-wide).
                 hold=max(s.placement_settle, s.handover_window),
+                lapse=s.lease_lapse_grace,
+                defer_streak=s.defer_streak,
+                defer_window=s.defer_avoid,
                 on_deposed=self._deposed,
                 still_leader=lambda: bool(self.registry and self.registry.confirm_leader()),
             )
@@ -356,12 +365,15 @@ class Server:
             loops_alive
             and listener_alive
             and state == connection.State.CONNECTED
+            and not (self.registry and self.registry.withdrawn)
             and (not runs or (renew_age is not None and renew_age < s.lease_guard))
         )
         return healthy, {
             "server": self.id,
             "role": s.role.value,
             "zookeeper": str(state),
+            # Out of membership and the election: renewals fail (PostgreSQL unreachable).
+            "withdrawn": bool(self.registry and self.registry.withdrawn),
             "coordinator": self._coordinator is not None,
             "jobs": sorted(run.name for run in runs.values()),
             "capacity": s.capacity,
@@ -393,6 +405,7 @@ class Server:
         """Serve until asked to stop, watching the supervised threads; then shut down."""
         try:
             while not self._stop.wait(1.0):
+                self._withdraw_unless_renewing()
                 dead = self.dead_component()
                 if dead is not None:
                     # Half-alive is worse than dead: a server that renews leases but no
@@ -407,6 +420,27 @@ class Server:
         finally:
             self.shutdown()
         return self.exit_code
+
+    def _withdraw_unless_renewing(self) -> None:
+        """Withdraw from ZooKeeper after a lease TTL without a successful renewal, come
+        back after the next one. The renewal statement runs every renew interval even
+        with no lease to renew, so its success is this server's proof that it reaches
+        PostgreSQL. Without it the server would stay placeable while its watchdogs kill
+        every driver it starts, and its jobs would stay down for the whole fault."""
+        runner, registry = self.runner, self.registry
+        if runner is None or registry is None or runner.last_renew_ok is None:
+            return
+        age = watchdog.lease_clock() - runner.last_renew_ok
+        withdraw = age > self.settings.lease_ttl
+        if withdraw == registry.withdrawn:
+            return
+        log.warning(
+            "no lease renewal for more than the lease TTL: withdrawing from ZooKeeper"
+            if withdraw
+            else "lease renewals succeed again: registering again",
+            extra={"action": "withdraw" if withdraw else "return", "renew_age_s": round(age, 3)},
+        )
+        registry.withdraw(withdraw)
 
     def dead_component(self) -> str | None:
         """The name of a supervised side thread that died, if any."""

@@ -170,3 +170,20 @@ class ThrowawayS3:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+
+
+def set_connections(database_url: str, allowed: bool) -> None:
+    """Open or close this test's database to new sessions; closing ends the open ones."""
+    name = sa.make_url(database_url).database
+    admin = admin_engine(database_url)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {allowed}'))
+        if not allowed:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+    admin.dispose()

@@ -458,3 +458,103 @@ def test_after_zookeeper_lost_its_history_the_confirmed_leader_takes_over(
             assert _targets(engine) == {1: None}
     finally:
         loop.stop()
+
+
+# ---------------------------------------------------------------- lapsed leases (H7)
+
+
+def _lapse(engine: sa.Engine, job_id: int, seconds: float) -> None:
+    """Make the job's lease have expired ``seconds`` ago (its live owner stopped renewing:
+    cut off from PostgreSQL while still in ZooKeeper)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE distribution SET lease_until = now() - make_interval(secs => :s) "
+                "WHERE job_id = :j"
+            ),
+            {"j": job_id, "s": seconds},
+        )
+
+
+def test_a_live_owner_whose_lease_lapsed_past_the_grace_loses_its_job(engine: sa.Engine) -> None:
+    """H7: a server cut off from PostgreSQL only stays in ZooKeeper. Once its lease has
+    been expired for longer than the grace, its job is placed on another server (which
+    may claim over the expired lease) and it takes no new job; a lease expired a second
+    ago moves nothing (the owner re-claims it at its next poll)."""
+    from scheduler import distribution
+    from tests.factories import owner
+
+    job_id = factories.job(engine, "j")
+    _become(engine, 5)
+    _rebalance(engine, 5)
+    first = _targets(engine)[job_id]
+    with engine.begin() as conn:
+        distribution.claim(conn, job_id, owner(first), 60.0)
+
+    def planned() -> coordinator.Plan:
+        with engine.connect() as conn:
+            return coordinator.plan(conn, SERVERS, epsilon=0.25, vnodes=160, lapse=16.0)
+
+    _lapse(engine, job_id, 1.0)
+    assert planned().placement.targets["j"] == first
+    _lapse(engine, job_id, 30.0)
+    moved = planned()
+    assert moved.placement.targets["j"] not in (first, None)
+    assert moved.lapsed == {"j": first}
+    # Every lease of that server lapsed: its renewals fail, so it gets no new job.
+    for i in range(12):
+        factories.job(engine, f"new{i}")
+    assert first not in planned().placement.targets.values()
+    # Without a lapse threshold (the coordinator just reconnected) nothing moves.
+    with engine.connect() as conn:
+        kept = coordinator.plan(conn, SERVERS, epsilon=0.25, vnodes=160)
+    assert kept.placement.targets["j"] == first
+
+
+def test_a_server_that_defers_a_job_three_times_in_a_row_steps_back_from_it(
+    engine: sa.Engine,
+) -> None:
+    """H7 (same class): a server whose every start of a job fails for a reason that may
+    pass (a full work dir, a broken spark-submit) defers it and claims it again for
+    ever. After ``defer_streak`` deferrals there with no driver started since, the job
+    is placed on another server for ``defer_window`` seconds; fewer move nothing."""
+    from scheduler import distribution
+    from tests.factories import owner
+
+    job_id = factories.job(engine, "j")
+    _become(engine, 5)
+    _rebalance(engine, 5)
+    first = _targets(engine)[job_id]
+
+    def defer_once() -> None:
+        with engine.begin() as conn:
+            claim = distribution.claim(conn, job_id, owner(first), 60.0)
+            distribution.defer(conn, job_id, owner(first), claim.epoch, "No space left", 0.0)
+
+    def planned(window: float = 300.0) -> coordinator.Plan:
+        with engine.connect() as conn:
+            return coordinator.plan(
+                conn, SERVERS, epsilon=0.25, vnodes=160, defer_streak=3, defer_window=window
+            )
+
+    defer_once()
+    defer_once()
+    assert planned().placement.targets["j"] == first
+    defer_once()
+    moved = planned()
+    assert moved.placement.targets["j"] not in (first, None)
+    assert moved.placement.why["j"] == "avoided"
+    assert moved.deferring == {"j": frozenset({first})}
+    # Older than the window: the server may have been repaired, it is tried again.
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE job_events SET at = at - interval '301 seconds'"))
+    assert planned().placement.targets["j"] == first
+    # A driver started since (there or anywhere) ends the streak.
+    for _ in range(3):
+        defer_once()
+    assert planned().placement.targets["j"] != first
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, owner(first), 60.0)
+        distribution.mark_running(conn, job_id, owner(first), claim.epoch, pid=1)
+        distribution.release(conn, job_id, owner(first), claim.epoch)
+    assert planned().placement.targets["j"] == first

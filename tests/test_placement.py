@@ -448,3 +448,25 @@ def test_join_and_leave_move_only_what_they_must_at_scale(n: int, k: int) -> Non
     assert moved == {name for name, t in before.targets.items() if t == "server-00"}
     if k / (n - 1) >= 10:
         assert max(after_leave.loads.values()) / (k / (n - 1)) <= 1.10
+
+
+def test_a_job_never_goes_to_a_server_it_avoids_and_nothing_else_moves() -> None:
+    """A job whose current server is avoided for it (its lease lapsed there, or that
+    server failed to start it several times in a row) is placed on another server; every
+    other job stays where it is."""
+    servers = {"a": 10, "b": 10, "c": 10}
+    names = [f"j{i}" for i in range(12)]
+    before = placement.stick(dict.fromkeys(names, placement.Job()), servers, vnodes=16)
+    moved = names[0]
+    home = before.targets[moved]
+    jobs = {name: placement.Job(current=before.targets[name]) for name in names}
+    jobs[moved] = placement.Job(current=home, avoid=frozenset({home}))
+    after = placement.stick(jobs, servers, vnodes=16)
+    assert after.targets[moved] != home
+    assert after.why[moved] == placement.Why.AVOIDED
+    assert {n: t for n, t in after.targets.items() if n != moved} == {
+        n: t for n, t in before.targets.items() if n != moved
+    }
+    # A new job that avoids every server but one goes to that one.
+    jobs["new"] = placement.Job(avoid=frozenset({"a", "b"}))
+    assert placement.stick(jobs, servers, vnodes=16).targets["new"] == "c"

@@ -573,3 +573,39 @@ def test_digest_acl_protects_the_registry_and_the_secret_is_never_logged(
         admin.delete(root, recursive=True)
         admin.stop()
         admin.close()
+
+
+# ---------------------------------------------------------------- withdrawal (H7)
+
+
+def test_a_withdrawn_server_leaves_membership_and_the_election_then_comes_back(
+    make: Factory, zk: KazooClient, zk_root: str
+) -> None:
+    """A server that cannot renew its leases (cut off from PostgreSQL only) withdraws:
+    its node and its candidacy go, so peers place its jobs elsewhere and a coordinator
+    among them takes over; its session stays. It registers again when asked."""
+    a, a_events = make("a")
+    b, b_events = make("b")
+    a.start()
+    wait_until(lambda: a.is_coordinator, 5, message="a was not elected")
+    b.start()
+    wait_until(lambda: set(b_events.last_view()) == {"a", "b"}, 5, message="b never saw a")
+
+    a.withdraw(True)
+    a.withdraw(True)  # idempotent
+    wait_until(lambda: set(b_events.last_view()) == {"b"}, 5, message="b still lists a")
+    wait_until(lambda: b.is_coordinator, 5, message="b did not take over")
+    assert not a.is_coordinator and a_events.last_term() is None
+    assert a.withdrawn and a.state == State.CONNECTED
+    assert zk.exists(servers.server_path(zk_root, "a")) is None
+    assert all(not n.startswith("a-") for n in zk.get_children(servers.election_path(zk_root)))
+
+    a.withdraw(False)
+    wait_until(lambda: set(b_events.last_view()) == {"a", "b"}, 5, message="a did not return")
+    assert not a.withdrawn and owner(zk, zk_root, "a") == a.info.session_id
+    wait_until(
+        lambda: any(n.startswith("a-") for n in zk.get_children(servers.election_path(zk_root))),
+        5,
+        message="a did not stand for election again",
+    )
+    assert b.is_coordinator and not a.is_coordinator  # b's candidacy is older now

@@ -129,23 +129,6 @@ def _batch_job(engine: sa.Engine, bucket: store.Store, stage: Path, tmp_path: Pa
     return job_id
 
 
-def _set_connections(database_url: str, allowed: bool) -> None:
-    """Open or close this test's database to new sessions; closing ends the open ones."""
-    name = sa.make_url(database_url).database
-    admin = services.admin_engine(database_url)
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {allowed}'))
-        if not allowed:
-            conn.execute(
-                sa.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :name AND pid <> pg_backend_pid()"
-                ),
-                {"name": name},
-            )
-    admin.dispose()
-
-
 def _kinds(database_url: str) -> list[str]:
     engine = database.create_engine(database_url, pool_size=1)
     try:
@@ -177,7 +160,7 @@ def test_a_batch_driver_exiting_0_while_postgresql_is_away_ends_finished_and_run
         SPARK_START_S,
         message="the batch driver did not start",
     )
-    _set_connections(database_url, allowed=False)
+    services.set_connections(database_url, allowed=False)
     try:
         (stage / "go").write_text("0")  # the driver exits 0 while PostgreSQL is away
         run_dir = runner.run_dir(tmp_path / "work", "b", 1)
@@ -190,7 +173,7 @@ def test_a_batch_driver_exiting_0_while_postgresql_is_away_ends_finished_and_run
             message="the driver's exit was not noticed",
         )
     finally:
-        _set_connections(database_url, allowed=True)
+        services.set_connections(database_url, allowed=True)
     engine.dispose()  # drop the pool's terminated sessions
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "finished" and not the_runner.runs(),
