@@ -713,7 +713,19 @@ class Runner:
 
     def _stop_driver(self, run: Run) -> None:
         started = watchdog.lease_clock()
-        outcome = run.driver.stop(self.config.stop_grace) if run.driver is not None else None
+        try:
+            outcome = run.driver.stop(self.config.stop_grace) if run.driver is not None else None
+        except Exception:
+            # The graceful stop itself failed (its stop file could not be written: a full
+            # disk, EIO, the run dir gone). Left as it was, the run stayed ``stopping``
+            # for ever with its lease renewed and its driver alive: kill it instead.
+            log.exception(
+                "stopping the driver failed; killing it",
+                extra={"action": "stop_failed", "job": run.name, "epoch": run.epoch},
+            )
+            assert run.driver is not None
+            run.driver.kill()
+            outcome = run.driver.poll()
         metrics.REGISTRY.observe("sparkring_driver_stop_seconds", watchdog.lease_clock() - started)
         if outcome is not None and outcome.reason == "exited" and outcome.exit_code == 0:
             # It ran to its end on its own before the stop reached it: a batch run that

@@ -684,3 +684,41 @@ def test_a_claim_whose_commit_outcome_is_unknown_is_not_held_for_ever(
         message="the driver did not start",
     )
     assert (stage / "starts").read_text().split() == ["2"]
+
+
+def test_a_stop_that_cannot_write_its_stop_file_still_stops_the_driver(
+    engine: sa.Engine,
+    bucket: store.Store,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hole H8: an error while stopping a driver (here the stop file cannot be written:
+    a full disk, EIO, the run dir removed) left the run ``stopping`` for ever: the poll
+    skips stopping runs and the renewals kept the lease and the driver alive, so the
+    operator's stop never took effect. The stop falls back to killing the run, then
+    releases the job."""
+    job_id, run = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
+    write = watchdog.write_json_atomically
+
+    def disk_full_for_the_stop_file(path: Path, payload: dict[str, object]) -> None:
+        if path.name == "stop.json":
+            raise OSError(28, "No space left on device", str(path))
+        write(path, payload)
+
+    monkeypatch.setattr(watchdog, "write_json_atomically", disk_full_for_the_stop_file)
+    with engine.begin() as conn:
+        jobs.stop(conn, "b")
+    waiting.wait_until(
+        lambda: (
+            factories.row(engine, job_id).state == "stopped" or long_lease_runner.poll_once() < 0
+        ),
+        60,
+        interval=0.2,
+        message="the stop never completed",
+    )
+    assert run.driver is not None and run.driver.poll() is not None
+    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    assert watchdog.marked_processes(run_dir) == []
+    waiting.wait_until(lambda: not long_lease_runner.runs(), 10, message="the run was kept")
