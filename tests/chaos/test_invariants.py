@@ -92,6 +92,7 @@ def test_a_write_by_an_old_epoch_after_a_newer_claim_is_stale() -> None:
 
 def test_lost_jobs_are_wanted_running_without_a_live_owner() -> None:
     base = {"desired": "running", "target": "s1", "last_error": None, "max_restarts": 3}
+    base["epoch"] = 1
     jobs = [
         {**base, "name": "ok", "state": "running", "owner": "s1"},
         {**base, "name": "dead-owner", "state": "running", "owner": "s9"},
@@ -101,8 +102,64 @@ def test_lost_jobs_are_wanted_running_without_a_live_owner() -> None:
         {**base, "name": "done", "state": "finished", "owner": None},
         {**base, "name": "off", "desired": "stopped", "state": "stopped", "owner": None},
     ]
-    lost = invariants.lost_jobs(jobs, live={"s1"}, events=[])
+    behind = _life("ok", 1, "s1", 0, None) + _life("dead-owner", 1, "s9", 0, None)
+    lost = invariants.lost_jobs(jobs, live={"s1"}, events=[], lifetimes=behind, heartbeats=[])
     assert [p.split(":")[0] for p in lost] == ["dead-owner", "pending", "backoff", "stopped"]
+
+
+def _running(name: str = "j", owner: str = "s1", epoch: int = 2) -> dict:
+    return {
+        "name": name,
+        "desired": "running",
+        "state": "running",
+        "owner": owner,
+        "target": owner,
+        "epoch": epoch,
+        "last_error": None,
+        "max_restarts": 3,
+    }
+
+
+def test_a_running_row_with_no_driver_behind_it_is_lost() -> None:
+    """The row is not evidence that a driver runs (holes H3(b), H4): a job running on a
+    live owner needs an un-ended lifetime record at (job, epoch, owner), or a heartbeat of
+    that driver within the window before the check."""
+
+    def lost(lifetimes: list[dict], heartbeats: list[dict]) -> list[str]:
+        return invariants.lost_jobs(
+            [_running()],
+            {"s1"},
+            [],
+            lifetimes=lifetimes,
+            heartbeats=heartbeats,
+            now=100.0,
+            now_mono=1000.0,
+        )
+
+    # Nothing behind the row: lost, whatever the row says.
+    nothing = lost([], [])
+    assert len(nothing) == 1 and "no live driver" in nothing[0], nothing
+    # A driver of this epoch on the owner, not ended: observed.
+    assert lost(_life("j", 2, "s1", 10, None), []) == []
+    # Ended, of another epoch, or on another server: not this row's driver.
+    assert len(lost(_life("j", 2, "s1", 10, 20), [])) == 1
+    assert len(lost(_life("j", 1, "s1", 10, None), [])) == 1
+    assert len(lost(_life("j", 2, "s2", 10, None), [])) == 1
+    # A heartbeat of that driver within the window (on the one clock both sides have:
+    # BOOTTIME) is enough; an old one is not, nor one of another epoch.
+    beat = {"job": "j", "epoch": "2", "server": "s1", "pid": 5, "t": 50.0, "mono": 998.0}
+    assert lost([], [beat]) == []
+    assert len(lost([], [{**beat, "mono": 900.0}])) == 1
+    assert len(lost([], [{**beat, "epoch": "1"}])) == 1
+    # A heartbeat without ``mono`` (an older driver) is compared on the wall clock.
+    wall = {k: v for k, v in beat.items() if k != "mono"}
+    assert lost([], [{**wall, "t": 98.0}]) == []
+    assert len(lost([], [{**wall, "t": 50.0}])) == 1
+
+
+def _lost(jobs: list[dict], events: list[dict]) -> list[str]:
+    """S3 for jobs that are not running (no driver evidence needed), s1 live."""
+    return invariants.lost_jobs(jobs, {"s1"}, events, lifetimes=[], heartbeats=[])
 
 
 def _failed_job(name: str, max_restarts: int = 2) -> dict:
@@ -126,30 +183,30 @@ def test_failed_counts_as_lost_unless_its_own_driver_failed_past_its_budget() ->
     started = [_event(0, "start_requested", None, None, "j", generation=1)]
     # max_restarts 2: three driver failures (two crashes, then the failure) are the budget.
     budget = started + _crashes("j", 1, 2, exited) + _crashes("j", 3, 1, exited, "failed")
-    assert invariants.lost_jobs([_failed_job("j")], {"s1"}, budget) == []
+    assert _lost([_failed_job("j")], budget) == []
     # A reason in last_error is not enough: with no such events the job was lost.
-    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, started)) == 1
+    assert len(_lost([_failed_job("j")], started)) == 1
     # Two driver failures, then a transient start-up error made terminal (hole 5).
     transient = (
         started
         + _crashes("j", 1, 2, exited)
         + _crashes("j", 3, 1, "lease deadline passed while preparing the driver", "failed")
     )
-    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, transient)) == 1
+    assert len(_lost([_failed_job("j")], transient)) == 1
     # Deferrals are not failures of the driver.
     deferred = (
         started
         + _crashes("j", 1, 3, "artifact unavailable: S3 down", "deferred")
         + _crashes("j", 4, 1, exited, "failed")
     )
-    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, deferred)) == 1
+    assert len(_lost([_failed_job("j")], deferred)) == 1
     # Failures of an earlier generation do not count against the current one.
     earlier = [
         *budget,
         _event(9, "restart_requested", None, None, "j", generation=2),
         *_crashes("j", 10, 1, exited, "failed"),
     ]
-    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, earlier)) == 1
+    assert len(_lost([_failed_job("j")], earlier)) == 1
 
 
 def test_a_batch_job_failed_before_its_retries_were_spent_is_lost() -> None:
@@ -161,11 +218,11 @@ def test_a_batch_job_failed_before_its_retries_were_spent_is_lost() -> None:
     started = [_event(0, "start_requested", None, None, "b", generation=1)]
     batch = {**_failed_job("b", max_restarts=2), "kind": "batch"}
     first = started + _crashes("b", 1, 1, exited, "failed")
-    assert len(invariants.lost_jobs([batch], {"s1"}, first)) == 1
+    assert len(_lost([batch], first)) == 1
     spent = started + _crashes("b", 1, 2, exited) + _crashes("b", 3, 1, exited, "failed")
-    assert invariants.lost_jobs([batch], {"s1"}, spent) == []
+    assert _lost([batch], spent) == []
     no_retries = {**batch, "max_restarts": 0}
-    assert invariants.lost_jobs([no_retries], {"s1"}, first) == []
+    assert _lost([no_retries], first) == []
 
 
 def test_failed_for_an_invalid_artifact_or_spec_is_not_lost() -> None:
@@ -173,14 +230,14 @@ def test_failed_for_an_invalid_artifact_or_spec_is_not_lost() -> None:
     refused = started + _crashes(
         "j", 1, 1, "artifact refused: sha256 mismatch for heartbeat:2", "failed"
     )
-    assert invariants.lost_jobs([_failed_job("j")], {"s1"}, refused) == []
+    assert _lost([_failed_job("j")], refused) == []
     spec = started + _crashes("j", 1, 1, "job j: invalid Spark conf key 'a b'", "failed")
-    assert invariants.lost_jobs([_failed_job("j")], {"s1"}, spec) == []
+    assert _lost([_failed_job("j")], spec) == []
     # The runner names the cause in the event: "invalid" is legitimate, "driver" is not
     # unless the budget is spent.
     for cause, lost in (("invalid", 0), ("driver", 1)):
         event = _event(1, "failed", "s1", 1, "j", error="whatever went wrong", cause=cause)
-        assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, [*started, event])) == lost
+        assert len(_lost([_failed_job("j")], [*started, event])) == lost
 
 
 def test_a_finished_job_claimed_again_is_resurrected() -> None:

@@ -29,7 +29,7 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 from resource_center import catalog, store
 from scheduler import distribution, jobs, placement
 from scheduler.states import JobKind
-from server import defaults
+from server import defaults, watchdog
 from tests import waiting
 from tests.chaos import invariants
 from tests.cluster import HEARTBEAT_JOB, Cluster
@@ -416,17 +416,29 @@ class Trial:
         start = self._t_healed or self._t_fault or time.monotonic()
         o.recovery_s = self.wait_stable(start, bound)
         c = self.cluster
+        # The rows first, then the evidence behind them: a driver a row names started
+        # before the row was read, so its records are in what is read after (S3).
         rows = self.job_rows()
         o.jobs = len(rows)
         events = self.events()
         since = [e for e in events if e["id"] > self._event_mark]
         lifetimes = c.driver_records()
+        heartbeats = c.heartbeat_records()
+        now, now_mono = time.time(), watchdog.lease_clock()
         kinds = {r["name"]: r["kind"] for r in rows}
         checks = {
-            "S1": invariants.double_runs(c.heartbeat_records(), lifetimes),
+            "S1": invariants.double_runs(heartbeats, lifetimes),
             "early": invariants.early_handoffs(events, lifetimes),
             "S2": invariants.stale_writes(events) + probe_stale_writes(c.engine, events),
-            "S3": invariants.lost_jobs(rows, self.live_servers(), events),
+            "S3": invariants.lost_jobs(
+                rows,
+                self.live_servers(),
+                events,
+                lifetimes=lifetimes,
+                heartbeats=heartbeats,
+                now=now,
+                now_mono=now_mono,
+            ),
             "S4": invariants.resurrections(
                 self.sentinels, {n: c.job(n) for n in self.sentinels}, since
             )
