@@ -519,6 +519,71 @@ def batch_generations(
     return problems
 
 
+def _driver_failures(lives: Sequence[_Life], items: Sequence[Mapping[str, Any]]) -> set[int]:
+    """Epochs of one job whose driver failed on its own: its watchdog recorded it
+    ``exited`` with a non-zero code, or the server recorded ``driver exited with exit
+    code N`` (a ``crashed`` or ``failed`` event). Either is enough: the watchdog's record
+    is lost when it is killed, the server's when the owner stalls (hole H5)."""
+    failing = {
+        life.epoch
+        for life in lives
+        if life.reason == "exited" and life.exit_code is not None and life.exit_code != 0
+    }
+    failing |= {
+        int(e["epoch"])
+        for e in items
+        if e["kind"] in ("crashed", "failed")
+        and e.get("epoch") is not None
+        and DRIVER_FAILURE.match(str(_detail(e).get("error") or ""))
+    }
+    return failing
+
+
+def budget_overruns(
+    jobs: Iterable[Mapping[str, Any]],
+    lifetimes: Iterable[Mapping[str, Any]],
+    events: Iterable[Mapping[str, Any]],
+) -> list[str]:
+    """A job run past its budget (hole H5): within one generation, a driver started after
+    ``max_restarts + 1`` drivers of that generation had failed on their own
+    (:func:`_driver_failures`). Batch and streaming alike: a batch job's
+    ``--max-retries`` is its ``max_restarts``, and the last allowed failure makes the
+    job FAILED, so no driver of the generation may follow it.
+
+    Drivers are ordered by epoch (every claim takes the next one), so no clock is
+    involved. The budget is counted per generation, which is the most it can be (a
+    restart of a running job gives a new generation but keeps the restart count), so
+    the check never reports a legal run; it takes the job's current ``max_restarts``."""
+    by_job = _by_job(events)
+    lives_of: dict[str, list[_Life]] = defaultdict(list)
+    for life in _lives(lifetimes, clock="t"):
+        lives_of[life.job].append(life)
+    problems = []
+    for j in sorted(jobs, key=lambda j: j["name"]):
+        job, budget = j["name"], int(j["max_restarts"]) + 1
+        items = by_job.get(job, [])
+        gen_of_epoch = claim_generations(items)
+        failing = _driver_failures(lives_of[job], items)
+        started = {life.epoch: life for life in lives_of[job]}
+        per_gen: dict[int, list[int]] = defaultdict(list)
+        for epoch in sorted(failing | set(started)):
+            if epoch in gen_of_epoch:  # a driver at an unclaimed epoch: batch_generations
+                per_gen[gen_of_epoch[epoch]].append(epoch)
+        for gen, epochs in sorted(per_gen.items()):
+            failures: list[int] = []
+            for epoch in epochs:
+                if len(failures) >= budget and epoch in started:
+                    problems.append(
+                        f"{job}: generation {gen} run past its budget: driver "
+                        f"{started[epoch].label} started after {len(failures)} driver "
+                        f"failures (epochs {failures}; max_restarts {budget - 1})"
+                    )
+                    break
+                if epoch in failing:
+                    failures.append(epoch)
+    return problems
+
+
 def corrupt_starts(
     names: Iterable[str],
     lifetimes: Iterable[Mapping[str, Any]],

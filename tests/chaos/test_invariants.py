@@ -335,6 +335,43 @@ def test_a_batch_generation_runs_to_its_end_once() -> None:
     assert len(invariants.batch_generations(kinds, stray, _claims((1, 1)))) == 1
 
 
+def test_a_generation_whose_driver_failed_past_its_budget_ran_again() -> None:
+    """Hole H5: a batch driver with no retries (max_restarts 0) exits 1 while its owner
+    is stalled; nobody records the failure, the lease expires and a claim runs the
+    generation again. Its lifetime records show a failure and then another life."""
+    no_retries = [{"name": "b", "max_restarts": 0}]
+    claims = [*_claims((1, 1)), _event(9, "claimed", "s2", 2, "b")]
+    again = _life("b", 1, "s1", 0, 3, exit_code=1) + _life("b", 2, "s2", 5, 9)
+    problems = invariants.budget_overruns(no_retries, again, claims)
+    assert len(problems) == 1 and "run past its budget" in problems[0], problems
+    # One retry allowed: two lives, the first failed, are within the budget.
+    assert invariants.budget_overruns([{"name": "b", "max_restarts": 1}], again, claims) == []
+    # A driver killed for a lost lease (or stopped, or killed) did not fail on its own.
+    lease = _life("b", 1, "s1", 0, 3, reason="lease_expired", exit_code=-9)
+    assert invariants.budget_overruns(no_retries, lease + again[2:], claims) == []
+    # A failure the server recorded counts as well, even without an exit in the records
+    # (the watchdog was killed before it could write one).
+    recorded = [
+        *claims,
+        _event(10, "crashed", "s1", 1, "b", error="driver exited with exit code 1"),
+    ]
+    killed = _life("b", 1, "s1", 0, 3, reason="killed", exit_code=None) + again[2:]
+    assert len(invariants.budget_overruns(no_retries, killed, recorded)) == 1
+    # A new generation (an operator's start or restart) has a budget of its own.
+    rerun = _claims((1, 1), (2, 2))
+    assert invariants.budget_overruns(no_retries, again, rerun) == []
+    # Streaming jobs spend max_restarts the same way: four failures of max_restarts 3,
+    # then a fifth driver.
+    three = [{"name": "st", "max_restarts": 3}]
+    epochs = [_event(i, "claimed", "s1", i, "st") for i in range(1, 6)]
+    crashing = [
+        r for i in range(1, 5) for r in _life("st", i, "s1", i * 10, i * 10 + 5, exit_code=2)
+    ]
+    assert invariants.budget_overruns(three, crashing, epochs) == []
+    fifth = crashing + _life("st", 5, "s1", 60, None)
+    assert len(invariants.budget_overruns(three, fifth, epochs)) == 1
+
+
 def test_a_lease_released_or_claimed_while_its_driver_lives_is_early() -> None:
     def at(event: dict, t: float) -> dict:
         return {**event, "at_s": t}

@@ -58,6 +58,7 @@ class Outcome:
     corrupt_starts: int = 0
     early: int = 0  # leases released or claimed while a driver they fence lived
     batch: int = 0  # batch generations run to their end twice, or re-run unproven
+    budget: int = 0  # generations that started a driver after their budget was spent
     restarts: int = 0  # claims after the fault: drivers (re)started by the recovery
     recovery_s: float | None = None
     problems: list[str] = dataclasses.field(default_factory=list)
@@ -69,7 +70,7 @@ class Outcome:
     def violations(self) -> int:
         return (
             self.double_runs + self.early + self.stale_writes + self.lost
-            + self.resurrected + self.corrupt_starts + self.batch
+            + self.resurrected + self.corrupt_starts + self.batch + self.budget
         )  # fmt: skip
 
     @property
@@ -445,6 +446,7 @@ class Trial:
             + invariants.terminal_resurrections(events),
             "S5": invariants.corrupt_starts(self.broken_artifacts, lifetimes, events),
             "batch": invariants.batch_generations(kinds, lifetimes, events),
+            "budget": invariants.budget_overruns(rows, lifetimes, events),
         }
         o.double_runs = len(checks["S1"])
         o.early = len(checks["early"])
@@ -454,6 +456,7 @@ class Trial:
         o.resurrected = len({p.split(":", 1)[0] for p in checks["S4"]})
         o.corrupt_starts = len(checks["S5"])
         o.batch = len(checks["batch"])
+        o.budget = len(checks["budget"])
         o.restarts = sum(1 for e in since if e["kind"] == "claimed")
         o.problems = [f"{k} {p}" for k, items in checks.items() for p in items]
         return o
