@@ -22,6 +22,32 @@ def test_heartbeats_of_two_drivers_at_once_are_a_double_run() -> None:
     assert invariants.heartbeat_overlaps(twice, margin=2.0) == []
 
 
+def test_records_are_compared_on_boottime_not_the_wall_clock() -> None:
+    """A wall-clock step (NTP, an operator) between two drivers' lives must neither hide
+    a double run nor invent one: records that all carry ``mono`` (CLOCK_BOOTTIME) are
+    compared on it."""
+
+    def stepped(beats: list[dict], mono_shift: float, wall_shift: float) -> list[dict]:
+        return [{**b, "mono": b["t"] + mono_shift, "t": b["t"] + wall_shift} for b in beats]
+
+    # Driver 2 started 1 s after driver 1 ended, but the wall clock was stepped back
+    # 3 s in between: on ``t`` they overlap, on ``mono`` they do not.
+    first, second = _beats("a", 1, 0, 5), _beats("a", 2, 6, 9)
+    apart = stepped(first, 100, 0) + stepped(second, 100, -3)
+    assert invariants.heartbeat_overlaps(apart) == []
+    # Driver 2 started while driver 1 still beat, and the clock was stepped forward 10 s
+    # meanwhile: on ``t`` they are apart, on ``mono`` they overlap.
+    overlapping = stepped(first, 100, 0) + stepped(_beats("a", 2, 4, 9), 100, 10)
+    assert len(invariants.heartbeat_overlaps(overlapping)) == 1
+    # The same for lifetime records, and an un-ended life compared with ``now`` on
+    # BOOTTIME.
+    one = [{**r, "mono": r["t"] + 100} for r in _life("a", 1, "s1", 0, 5)]
+    two = [{**r, "mono": r["t"] + 100, "t": r["t"] + 10} for r in _life("a", 2, "s1", 4, None)]
+    assert len(invariants.lifetime_overlaps(one + two, now=110)) == 1
+    # One record without ``mono`` puts the whole comparison on the wall clock.
+    assert invariants.records_clock([*one, *_life("a", 3, "s1", 0, 1)]) == "t"
+
+
 def test_one_pid_on_two_servers_is_two_drivers() -> None:
     # Keyed by pid alone, these two drivers were one span 0-9 s: the overlap was unseen.
     same_pid = _beats("a", 7, 0, 5, server="s1") + _beats("a", 7, 3, 9, server="s2")
