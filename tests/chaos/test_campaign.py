@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from scheduler import jobs
 from server import exit_codes
-from tests import waiting
+from tests import conftest, waiting
 from tests.chaos import faults
 from tests.chaos.trial import HEARTBEAT_JOB, Outcome, Trial
 
@@ -49,6 +49,14 @@ def _distinct_copy(folder: Path, name: str) -> Path:
     with copy.open("a") as f:
         f.write(f"# {name}: distinct bytes, so no server has it cached\n")
     return copy
+
+
+def _need_namespaces() -> None:
+    """Skip locally, fail under CI=true, when network namespaces or iptables are missing:
+    a case that cannot inject its fault must not pass CI by skipping."""
+    reason = faults.namespaces_unavailable()
+    if reason:
+        conftest.unavailable(reason)
 
 
 def _assert_safe(outcome: Outcome) -> None:
@@ -138,9 +146,7 @@ def test_server_cut_off_from_zookeeper_but_not_postgresql(
     """A server in its own network namespace loses ZooKeeper (silently dropped packets)
     but keeps PostgreSQL: the others see it leave, its jobs are retargeted, it hands
     them over (stop, release) before the new owners claim; then the partition heals."""
-    reason = faults.namespaces_unavailable()
-    if reason:
-        pytest.skip(reason)
+    _need_namespaces()
     control = faults.Stack(stack_env)
     partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
     try:
@@ -588,9 +594,7 @@ def test_s3_down_while_a_job_starts(trial: Trial, tmp_path: Path) -> None:
     """S3 refuses connections when a job starts (an iptables REJECT in front of a
     throwaway S3 server that keeps its objects): the job waits in backoff with the
     reason, never FAILED; when S3 is back the job runs."""
-    reason = faults.namespaces_unavailable()
-    if reason:
-        pytest.skip(reason)
+    _need_namespaces()
     s3 = faults.ThrowawayS3()
     s3.start()
     try:
