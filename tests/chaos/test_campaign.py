@@ -113,6 +113,34 @@ def test_kill_9_of_a_server(trial: Trial) -> None:
     _assert_safe(outcome)
 
 
+def test_kill_9_of_a_watchdog(trial: Trial) -> None:
+    """A running driver's watchdog SIGKILLed (the OOM killer, an operator's kill -9):
+    it can neither kill its driver nor record its end. Its server finds it dead and
+    releases the job, which runs again; every process of the old driver must be gone
+    before that (hole H1: the Python main, a child of the JVM, outlived the watchdog
+    and beat beside the next driver)."""
+    c = trial.start(SERVERS)
+    trial.populate()
+    name = trial.live_jobs[0]
+    job = c.job(name)
+    # The driver's Python main is up (it beats): the process H1 leaves behind.
+    waiting.wait_until(
+        lambda: any(
+            b["job"] == name and b["epoch"] == str(job["epoch"]) for b in c.heartbeat_records()
+        ),
+        60,
+        interval=0.2,
+        message=f"{name}'s driver beating",
+    )
+    targets = [w for w in trial.running_watchdogs() if w.job == name]
+    assert len(targets) == 1, targets
+    trial.inject(lambda: trial.kill_watchdog(targets[0]))
+    outcome = trial.verify()
+    claims = [e for e in c.events(name) if e["kind"] == "claimed"]
+    assert any(e["epoch"] > job["epoch"] for e in claims), "the job did not run again"
+    _assert_safe(outcome)
+
+
 def test_sigstop_past_the_session_timeout_then_sigcont(trial: Trial) -> None:
     """The zombie: paused until its jobs run elsewhere, then resumed. It must not write
     over the new owners and no second driver may appear."""
