@@ -27,7 +27,11 @@ Faults (one at a time; the command threads run throughout):
   work dir of its own (another host taking over the name: nothing to adopt);
 - ``duplicate_id``: a second process started with a live server's id: it must be
   refused without touching any lease (it is killed after 30 s otherwise, and counted);
-- ``command_storm``: eight concurrent start/stop/restart commands on one job.
+- ``command_storm``: eight concurrent start/stop/restart commands on one job;
+- ``watchdog_kill9``: SIGKILL of the watchdog of a running job's driver (hole H1 when
+  its server does not sweep the driver's processes);
+- ``pg_partition``: the server living in a network namespace loses PostgreSQL (packets
+  dropped) for 5-20 s while it keeps ZooKeeper (needs root, like ``zk_partition``).
 """
 
 from __future__ import annotations
@@ -73,10 +77,12 @@ FAULTS = (
     "same_id_fresh_dir",
     "duplicate_id",
     "command_storm",
+    "watchdog_kill9",
+    "pg_partition",
 )
 # Faults that need a network namespace and iptables (root): left out without them,
 # locally; under CI=true their absence fails the run.
-NETNS_FAULTS = frozenset({"zk_partition"})
+NETNS_FAULTS = frozenset({"zk_partition", "pg_partition"})
 COMMANDS: dict[str, Callable[[sa.Connection, str], str]] = {
     "start": jobs.start,
     "stop": jobs.stop,
@@ -249,6 +255,35 @@ class RandomChaos:
         finally:
             partition.heal()
         self.log.note("healed", server=PARTITIONED)
+
+    def pg_partition(self) -> None:
+        assert self.partition is not None
+        cut = round(self.rng.uniform(5.0, 20.0), 1)
+        self.log.note("pg_partition", server=PARTITIONED, cut_s=cut)
+        partition = self.partition
+        self.trial.inject(lambda: partition.cut([self.stack.pg_port]))
+        try:
+            time.sleep(cut)  # the partition is the fault
+        finally:
+            partition.heal()
+        self.log.note("healed", server=PARTITIONED)
+
+    def watchdog_kill9(self) -> None:
+        # Sorted, so that the seed picks the same (job, server) whenever the same
+        # drivers run; which ones run still follows the cluster's timing.
+        targets = sorted(self.trial.running_watchdogs(), key=lambda w: (w.job, w.server))
+        if not targets:
+            self.log.note("watchdog_kill9_skipped", reason="no running job's watchdog")
+            return
+        target = self.rng.choice(targets)
+        self.log.note(
+            "watchdog_kill9",
+            job=target.job,
+            epoch=target.epoch,
+            server=target.server,
+            pid=target.pid,
+        )
+        self.trial.inject(lambda: self.trial.kill_watchdog(target))
 
     def pg_restart(self) -> None:
         down = round(self.rng.uniform(1.0, 10.0), 1)
