@@ -68,6 +68,9 @@ _SECRET_NAME = re.compile(
 )
 # How long stop() waits beyond the grace for the watchdog itself before killing it, s.
 _WATCHDOG_SLACK_S = 10.0
+# How long a poll that finds a watchdog dead without a result spends killing what is
+# left of its run before it looks again later (the poll thread must not block), s.
+_POLL_SWEEP_S = 1.0
 
 
 class DriverError(Exception):
@@ -306,6 +309,8 @@ class Driver:
         if self._watchdog_alive():
             return None
         outcome = self._read_outcome()
+        if outcome is None:
+            return None  # processes of the run survive its watchdog: not over yet
         with self._lock:
             if self._outcome is None:
                 self._outcome = outcome
@@ -331,11 +336,23 @@ class Driver:
         it is gone."""
         return (self.run_dir / RESULT_FILE).exists() or self.poll() is not None
 
-    def _read_outcome(self) -> Outcome:
+    def _read_outcome(self) -> Outcome | None:
         if (self.run_dir / RESULT_FILE).exists():
             return self.outcome_of(self.run_dir)
-        # No result: the watchdog was SIGKILLed (by kill(), or by SIGTERM before it had
-        # installed its handler when a stop was requested right after the launch).
+        # No result: the watchdog was SIGKILLed (by kill(), by an operator or the OOM
+        # killer, or by SIGTERM before it had installed its handler when a stop was
+        # requested right after the launch). Its driver group's leader died with it
+        # (PDEATHSIG), but not the job's Python main, the leader's child, nor anything
+        # that left the group: they are orphaned to init and would run on beside the
+        # job's next driver. The run is over only once none of them is left.
+        left = sweep(self.run_dir, within=_POLL_SWEEP_S)
+        if left:
+            log.error(
+                "the watchdog died and processes of its run survive SIGKILL; "
+                "the run is not over until they are gone",
+                extra={"action": "sweep", "pids": left, "run_dir": str(self.run_dir)},
+            )
+            return None
         stopped = self._stop_requested and self._status == -signal.SIGTERM
         return Outcome(
             exit_code=None,
@@ -412,26 +429,34 @@ class Driver:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             self.wait(_WATCHDOG_SLACK_S)
-        sweep(self.run_dir)
+        if left := sweep(self.run_dir):
+            log.error(
+                "processes of a killed run survive SIGKILL (uninterruptible sleep?)",
+                extra={"action": "sweep", "pids": left, "run_dir": str(self.run_dir)},
+            )
 
 
-def sweep(run_dir: Path) -> None:
+def sweep(run_dir: Path, within: float = _WATCHDOG_SLACK_S) -> list[int]:
     """SIGKILL every process left of the run in ``run_dir`` (its driver group and any
-    process carrying its mark) until none is left; record the end if nobody did."""
+    process carrying its mark) until none is left or ``within`` seconds passed (a
+    process in uninterruptible sleep dies only when it leaves it); record the end if
+    nobody did. Returns the pids still alive (empty: the run's processes are gone)."""
     # Read only now: the watchdog may have spawned the driver until it died.
     state = watchdog.read_json(run_dir / STATE_FILE) or {}
     pgid = state.get("driver_pgid")
-    end = time.monotonic() + _WATCHDOG_SLACK_S
-    while time.monotonic() < end:
+    end = time.monotonic() + within
+    while True:
         left = watchdog.marked_processes(run_dir)
         if isinstance(pgid, int) and pgid > 1:
             left += list(watchdog.group_members(pgid))
-        if not left:
+        if not left or time.monotonic() >= end:
             break
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.01)
+    if left:
+        return sorted(set(left))
     records = state.get("records")
     if records and not (run_dir / RESULT_FILE).exists():
         # The watchdog died before writing its own "ended" record: write it for it,
@@ -450,6 +475,7 @@ def sweep(run_dir: Path) -> None:
                 "exit_code": None,
             },
         )
+    return []
 
 
 def pin_artifacts(run_dir: Path, artifacts: Sequence[tuple[Path, str]]) -> list[Path]:

@@ -759,7 +759,13 @@ class Runner:
             outcome = driver.Driver.outcome_of(path)
             write = self._outcome_write(run, outcome)
         elif (path / driver.STATE_FILE).exists():
-            driver.sweep(path)
+            if left := driver.sweep(path):
+                log.error(
+                    "processes of a previous incarnation's run survive SIGKILL: "
+                    "its lease is left to expire",
+                    extra={"action": "orphan_left", "job": row.name, "pids": left},
+                )
+                return
             write = lambda conn: distribution.release(  # noqa: E731
                 conn, row.job_id, previous, row.epoch
             )

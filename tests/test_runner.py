@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import textwrap
 import uuid
 from collections.abc import Iterable, Iterator
@@ -583,3 +585,59 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
         SPARK_START_S,
         message="the batch run did not finish",
     )
+
+
+def _running_batch(
+    engine: sa.Engine, bucket: store.Store, the_runner: runner.Runner, stage: Path, tmp_path: Path
+) -> tuple[int, runner.Run]:
+    """A batch job claimed by ``the_runner``, its gated driver started and recorded running."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    the_runner.poll_once()  # claims; the driver starts in a task
+    waiting.wait_until(
+        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+    )
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "running" or the_runner.poll_once() < 0,
+        30,
+        message="the run was not recorded running",
+    )
+    (run,) = the_runner.runs().values()
+    return job_id, run
+
+
+def test_a_watchdog_killed_with_sigkill_leaves_no_process_of_its_run_when_released(
+    engine: sa.Engine,
+    bucket: store.Store,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hole H1: a watchdog OOM-killed or ``kill -9``'d leaves no result. Its driver group's
+    leader (the JVM) dies with it, but the job's Python main is the JVM's child, orphaned
+    to init, and keeps running. The job must not be released (claimable elsewhere) while
+    any process of the run lives: before, the poll reaped the run as ``killed`` and
+    released it at once, and the new driver ran beside the old Python main."""
+    _, run = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
+    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    assert watchdog.marked_processes(run_dir), "the run has no marked process to survive"
+    state = watchdog.read_json(run_dir / "watchdog.json")
+    assert state is not None
+    os.kill(state["watchdog_pid"], signal.SIGKILL)
+    assert run.driver is not None
+    waiting.wait_until(lambda: run.driver.poll() is not None, 10, message="watchdog not reaped")
+    left_at_release: list[list[int]] = []
+    release = distribution.release
+
+    def release_and_look(conn: sa.Connection, *args: object, **kwargs: object) -> object:
+        left_at_release.append(watchdog.marked_processes(run_dir))
+        return release(conn, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(distribution, "release", release_and_look)
+    waiting.wait_until(
+        lambda: left_at_release or long_lease_runner.poll_once() < 0,
+        30,
+        message="the run of the killed watchdog was never released",
+    )
+    assert left_at_release[0] == [], f"released while these lived: {left_at_release[0]}"
+    assert watchdog.marked_processes(run_dir) == []

@@ -409,6 +409,29 @@ def test_kill_ends_watchdog_and_group_and_records_the_end(
     assert ended_record(tmp_path)["reason"] == "killed"
 
 
+def test_a_watchdog_killed_with_sigkill_is_over_only_once_its_run_is_gone(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    """Hole H1: SIGKILL of the watchdog itself (an operator, the OOM killer) leaves no
+    result, and its subreaper is gone: the driver's children and anything that left the
+    group are orphaned to init. ``poll()`` must not report the run over (the job would be
+    released and started elsewhere) while any of them lives."""
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path), "family"],
+        watchdog.lease_clock() + 60,
+    )
+    pid = wait_ready(tmp_path)
+    inner, escaped = map(int, (tmp_path / "family").read_text().split())
+    os.kill(handle.pid, signal.SIGKILL)
+    waiting.wait_until(lambda: handle.poll() is not None, 15, message="the run never ended")
+    outcome = handle.poll()
+    assert outcome is not None and outcome.reason == driver.Reason.KILLED
+    assert not alive(pid) and not alive(inner) and not alive(escaped)
+    assert ended_record(tmp_path)["reason"] == "killed"
+
+
 def test_adopt_reattaches_to_a_live_watchdog(
     tmp_path: Path, child: Path, started: list[driver.Driver]
 ) -> None:
