@@ -10,9 +10,10 @@
 - ``stack`` restores ZooKeeper and PostgreSQL after every case that stops them.
 - At the end, a table of every case (faults injected, double runs, early hand-offs,
   stale writes accepted, lost jobs, resurrected jobs, corrupt starts, batch generations
-  run twice or re-run unproven, recovery time) and the totals is printed;
-  ``CHAOS_RESULTS=path.json`` also writes them as JSON. A case marked xfail (a known
-  hole of issue 11) shows ``xfail`` when it finds its violation, ``XPASS`` when not.
+  run twice or re-run unproven, generations run past their budget, recovery time) and
+  the totals is printed; ``CHAOS_RESULTS=path.json`` also writes them as JSON. A case
+  marked xfail (a known hole) shows ``xfail`` when it finds its violation, ``XPASS``
+  when not.
 
 Every test under ``tests/chaos`` is marked ``chaos``, and skipped unless the command line
 names ``tests/chaos``: a plain ``pytest`` over ``tests/`` never stops shared services.
@@ -163,7 +164,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     tr.section("chaos campaign")
     header = (
         f"{'fault':<52} {'rnd':>3} {'inj':>3} {'jobs':>4} {'double':>6} {'early':>5} {'stale':>5} "
-        f"{'lost':>4} {'resur':>5} {'corrupt':>7} {'batch':>5} {'restarts':>8} "
+        f"{'lost':>4} {'resur':>5} {'corrupt':>7} {'batch':>5} {'budget':>6} {'restarts':>8} "
         f"{'recovery s':>10}  result"
     )
     tr.write_line(header)
@@ -173,7 +174,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"{o.fault[:52]:<52} {o.round:>3} {o.injected:>3} {o.jobs:>4} {o.double_runs:>6} "
             f"{o.early:>5} "
             f"{o.stale_writes:>5} {o.lost:>4} {o.resurrected:>5} {o.corrupt_starts:>7} "
-            f"{o.batch:>5} "
+            f"{o.batch:>5} {o.budget:>6} "
             f"{o.restarts:>8} {_fmt(o.recovery_s):>10}  {o.verdict}"
         )
         for problem in o.problems[:12]:
@@ -195,6 +196,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         "resurrected_jobs": sum(o.resurrected for o in ran),
         "corrupt_starts": sum(o.corrupt_starts for o in ran),
         "batch_reruns": sum(o.batch for o in ran),
+        "budget_overruns": sum(o.budget for o in ran),
         "worst_recovery_s": max(recoveries) if recoveries else None,
     }
     tr.write_line("-" * len(header))

@@ -1,6 +1,7 @@
 """Fault injectors of the chaos campaign: the stack's ZooKeeper and PostgreSQL stopped and
-started (``scripts/stack.py``), a server cut off from ZooKeeper alone (a network
-namespace, a veth pair and iptables), and a throwaway S3 server a test may kill.
+started (``scripts/stack.py``), a server cut off from ZooKeeper alone or from PostgreSQL
+alone (a network namespace, a veth pair and iptables), a driver's watchdog SIGKILLed,
+and a throwaway S3 server a test may kill.
 
 Stopping ZooKeeper or PostgreSQL affects everything that uses the stack at that moment:
 the chaos suite runs alone, after every other test (``scripts/test.sh``). Every
@@ -10,9 +11,11 @@ in their teardown whatever the test's outcome.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from server import watchdog
 from tests import services
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,8 +130,9 @@ class Partition:
     (``route_localnet`` allows that on the veth) and the source is rewritten to
     127.0.0.1 (PostgreSQL's pg_hba trusts loopback only). ``cut(ports)`` drops what the
     namespace sends to those ports (a silent partition: no RST, the ZooKeeper session
-    expires); ``heal()`` removes the drop. Every rule carries a comment naming this
-    partition, so ``close()`` removes exactly ours.
+    expires; ``cut([pg_port])`` cuts PostgreSQL alone); ``heal()`` removes the drop.
+    Every rule carries a comment naming this partition, so ``close()`` removes exactly
+    ours.
     """
 
     def __init__(self, ports: Sequence[int]) -> None:
@@ -225,6 +230,54 @@ def namespaces_unavailable() -> str | None:
             if argv[0] == "ip":
                 subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
     return None
+
+
+# ---------------------------------------------------------------- watchdogs
+
+
+@dataclasses.dataclass(frozen=True)
+class Watchdog:
+    """A live watchdog of one run: (job, epoch, server) and its process."""
+
+    job: str
+    epoch: int
+    server: str
+    pid: int
+    run_dir: Path
+
+
+def live_watchdogs(root: Path) -> list[Watchdog]:
+    """Every watchdog alive under a cluster's folder (``servers/*/work/runs/<job>/<epoch>``,
+    fresh work dirs of same-id restarts included), found through its run dir's
+    ``watchdog.json``: its pid must still be the process that started when the file says
+    (not a reused pid, not a zombie its server has yet to reap)."""
+    found = []
+    for state_file in sorted(root.glob("servers/*/work/runs/*/*/watchdog.json")):
+        state = watchdog.read_json(state_file) or {}
+        pid, ticks = state.get("watchdog_pid"), state.get("watchdog_start_ticks")
+        if not isinstance(pid, int) or not isinstance(ticks, int):
+            continue
+        if watchdog.process_start_ticks(pid) != ticks:
+            continue
+        run_dir = state_file.parent
+        found.append(
+            Watchdog(
+                job=str(state.get("job")),
+                epoch=int(state.get("epoch") or run_dir.name),
+                server=str(state.get("server")),
+                pid=pid,
+                run_dir=run_dir,
+            )
+        )
+    return found
+
+
+def kill_watchdog(target: Watchdog) -> None:
+    """SIGKILL one watchdog (the OOM killer's or an operator's ``kill -9``): it cannot
+    kill its driver or write its ``ended`` record; its server finds it dead. The
+    driver's processes must then be swept by the server (hole H1); the caller sweeps
+    them with ``server.driver.sweep(run_dir)`` at the end, in case they were not."""
+    os.kill(target.pid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- S3

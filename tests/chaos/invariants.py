@@ -3,13 +3,24 @@
 Pure functions over three kinds of records, so that each check is unit-tested
 (``tests/chaos/test_invariants.py``) before the campaign trusts it:
 
-- heartbeats the light driver appends every 0.2 s: ``{"job","epoch","server","pid","t"}``;
+- heartbeats the light driver appends every 0.2 s:
+  ``{"job","epoch","server","pid","t","mono"}``;
 - watchdog lifetime records: one ``started`` and one ``ended`` per driver, whose
-  interval contains the driver's whole life (``docs/drivers.md``);
+  interval contains the driver's whole life (``docs/drivers.md``), with ``t`` and
+  ``mono``;
 - ``job_events`` rows (``id``, ``job_name``, ``kind``, ``server``, ``epoch``, ``detail``),
   every fenced write of a server and every operator command included.
 
 Each check returns a list of human-readable problems; an empty list means it holds.
+
+Clocks: ``t`` is the wall clock (``time.time()``), which an NTP step or an operator
+moves; ``mono`` is CLOCK_BOOTTIME (:func:`server.watchdog.lease_clock`, the clock of
+every lease deadline), which never steps and is one clock for every process of the
+host. Records are compared with each other on ``mono`` whenever every record of the
+comparison has it (:func:`records_clock`): heartbeat against heartbeat, life against
+life, a heartbeat's age against the check's time. Only :func:`early_handoffs` still
+compares on the wall clock: its events carry PostgreSQL's ``now()``, which has no
+BOOTTIME (the stack runs on the watchdogs' host, so both read one wall clock).
 
 Generations come from the events alone: an operator command that gives a job a new
 generation (``start_requested`` of a terminal job, ``restart_requested``:
@@ -27,6 +38,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from server import watchdog
+
+# A driver is observed alive (S3) with a heartbeat at most this long before the check:
+# the light drivers beat every 0.2 s; the rest is room for a loaded 2-core machine.
+HEARTBEAT_WINDOW_S = 5.0
 # Events only the owner of an epoch may write (each one a statement fenced by
 # owner and epoch in scheduler/distribution.py).
 OWNER_WRITES = frozenset(
@@ -68,12 +84,15 @@ def heartbeat_overlaps(records: Iterable[Mapping[str, Any]], margin: float = 0.0
     A driver's span runs from its first to its last heartbeat; two spans of one job
     that overlap by more than ``margin`` seconds are a double run. A driver is
     (job, server, pid): pids of different servers (hosts, namespaces) may coincide.
+    Beats are compared on ``mono`` (BOOTTIME) when every one carries it, else on ``t``.
     """
+    records = list(records)
+    clock = records_clock(records)
     first_last: dict[tuple[str, str, int], list[float]] = {}
     for r in records:
         key = (r["job"], str(r.get("server")), r["pid"])
-        span = first_last.setdefault(key, [r["t"], r["t"]])
-        span[0], span[1] = min(span[0], r["t"]), max(span[1], r["t"])
+        span = first_last.setdefault(key, [r[clock], r[clock]])
+        span[0], span[1] = min(span[0], r[clock]), max(span[1], r[clock])
     spans: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
     for (job, server, pid), (start, end) in first_last.items():
         spans[job].append((f"pid {pid} on {server}", start, end))
@@ -84,11 +103,15 @@ def lifetime_overlaps(
     records: Iterable[Mapping[str, Any]], margin: float = 0.0, now: float | None = None
 ) -> list[str]:
     """S1 from the watchdogs' lifetime records; a driver with no ``ended`` record is
-    alive until ``now``. A driver is (job, epoch, server, pid): two incarnations of one
+    alive until ``now`` (on the records' clock, :func:`records_clock`; default: that
+    clock read now). A driver is (job, epoch, server, pid): two incarnations of one
     server id may each start a driver for the same epoch."""
-    now = time.time() if now is None else now
+    records = list(records)
+    clock = records_clock(records)
+    if now is None:
+        now = watchdog.lease_clock() if clock == "mono" else time.time()
     spans: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
-    for life in _lives(records):
+    for life in _lives(records, clock):
         end = now if life.end is None else life.end
         spans[life.job].append((life.label, life.start, end))
     return _overlapping(spans, margin)
@@ -116,22 +139,33 @@ class _Life:
         return self.reason == "exited" and self.exit_code == 0
 
 
-def _lives(records: Iterable[Mapping[str, Any]]) -> list[_Life]:
+def records_clock(records: Iterable[Mapping[str, Any]]) -> str:
+    """The one clock a set of records can be compared on: ``mono`` (CLOCK_BOOTTIME,
+    :func:`server.watchdog.lease_clock`: never steps) when every record carries it,
+    else ``t`` (the wall clock), never a mix of the two."""
+    return "mono" if all("mono" in r for r in records) else "t"
+
+
+def _lives(records: Iterable[Mapping[str, Any]], clock: str = "auto") -> list[_Life]:
     """Pair each ``started`` record with its ``ended`` record (same job, epoch, server
-    and driver pid); an ``ended`` record without a start is ignored."""
+    and driver pid); an ``ended`` record without a start is ignored. Times are on
+    ``clock`` (``auto``: :func:`records_clock` of the records)."""
+    records = list(records)
+    if clock == "auto":
+        clock = records_clock(records)
     lives: dict[tuple[str, int, str, Any], _Life] = {}
     ends: dict[tuple[str, int, str, Any], Mapping[str, Any]] = {}
     for r in records:
         key = (r["job"], int(r["epoch"]), str(r["server"]), r.get("pid"))
         if r["event"] == "started":
-            lives[key] = _Life(key[0], key[1], key[2], key[3], float(r["t"]))
+            lives[key] = _Life(key[0], key[1], key[2], key[3], float(r[clock]))
         elif r["event"] == "ended":
             ends[key] = r
     for key, r in ends.items():
         life = lives.get(key)
         if life is not None:
             life.end, life.reason, life.exit_code = (
-                float(r["t"]),
+                float(r[clock]),
                 r.get("reason"),
                 r.get("exit_code"),
             )
@@ -238,13 +272,29 @@ def lost_jobs(
     jobs: Iterable[Mapping[str, Any]],
     live: Iterable[str],
     events: Iterable[Mapping[str, Any]],
+    *,
+    lifetimes: Sequence[Mapping[str, Any]],
+    heartbeats: Sequence[Mapping[str, Any]],
+    now: float | None = None,
+    now_mono: float | None = None,
+    window: float = HEARTBEAT_WINDOW_S,
 ) -> list[str]:
     """S3, once faults healed and the recovery bound passed: a job wanted running that
-    is neither running on a live server, nor finished, nor FAILED for a cause its
-    events prove (:func:`failed_with_cause`). A FAILED job whose events show no such
-    cause was lost to a fault (a transient error made terminal)."""
+    is neither running on a live server with a driver observed behind it, nor finished,
+    nor FAILED for a cause its events prove (:func:`failed_with_cause`). A FAILED job
+    whose events show no such cause was lost to a fault (a transient error made
+    terminal).
+
+    The row alone proves no driver (holes H3(b), H4: a lease renewed with nothing
+    behind it): a ``running`` row (``epoch`` and ``owner``) needs an un-ended lifetime
+    record at (job, epoch, owner), or a heartbeat of that driver at most ``window``
+    seconds before the check (``now_mono`` on BOOTTIME, ``now`` on the wall clock for
+    a heartbeat without ``mono``; both default to the clocks read now). Read the rows
+    before the records: a driver that ended between the two reads still has a recent
+    heartbeat."""
     live = set(live)
     by_job = _by_job(events)
+    observed = _observed_drivers(lifetimes, heartbeats, now, now_mono, window)
     problems = []
     for j in jobs:
         if j["desired"] != "running" or j["state"] == "finished":
@@ -259,9 +309,41 @@ def lost_jobs(
             )
             continue
         if j["state"] == "running" and j["owner"] in live:
+            if (j["name"], str(j["epoch"]), j["owner"]) in observed:
+                continue
+            problems.append(
+                f"{j['name']}: running on {j['owner']} at epoch {j['epoch']} with no live "
+                f"driver observed (no un-ended lifetime record there, no heartbeat in the "
+                f"last {window:g} s)"
+            )
             continue
         problems.append(f"{j['name']}: {j['state']} (owner {j['owner']}, target {j['target']})")
     return problems
+
+
+def _observed_drivers(
+    lifetimes: Sequence[Mapping[str, Any]],
+    heartbeats: Sequence[Mapping[str, Any]],
+    now: float | None,
+    now_mono: float | None,
+    window: float,
+) -> set[tuple[str, str, str]]:
+    """(job, epoch as text, server) of every driver with an un-ended lifetime record or a
+    heartbeat within ``window`` of the check time (heartbeats carry the epoch as text)."""
+    now = time.time() if now is None else now
+    now_mono = watchdog.lease_clock() if now_mono is None else now_mono
+    out = {
+        (life.job, str(life.epoch), life.server)
+        for life in _lives(lifetimes, clock="t")
+        if life.end is None
+    }
+    for beat in heartbeats:
+        # One clock per comparison: BOOTTIME where the heartbeat has it (immune to a
+        # wall-clock step), else the wall clock (a heartbeat of an older driver).
+        age = now_mono - beat["mono"] if "mono" in beat else now - beat["t"]
+        if age <= window:
+            out.add((beat["job"], str(beat["epoch"]), str(beat.get("server"))))
+    return out
 
 
 def resurrections(
@@ -302,7 +384,8 @@ def early_handoffs(
     ``Driver.kill``) writes once every process of the group is gone: a correct hand-off
     writes it before the release, so no tolerance is needed."""
     lives_of: dict[str, list[_Life]] = defaultdict(list)
-    for life in _lives(lifetimes):
+    # PostgreSQL has no BOOTTIME of this host: events and lives meet on the wall clock.
+    for life in _lives(lifetimes, clock="t"):
         lives_of[life.job].append(life)
     problems = []
 
@@ -433,6 +516,71 @@ def batch_generations(
                         f"{job}: generation {gen}: {b.label} started before {a.label} "
                         f"provably ended ({end})"
                     )
+    return problems
+
+
+def _driver_failures(lives: Sequence[_Life], items: Sequence[Mapping[str, Any]]) -> set[int]:
+    """Epochs of one job whose driver failed on its own: its watchdog recorded it
+    ``exited`` with a non-zero code, or the server recorded ``driver exited with exit
+    code N`` (a ``crashed`` or ``failed`` event). Either is enough: the watchdog's record
+    is lost when it is killed, the server's when the owner stalls (hole H5)."""
+    failing = {
+        life.epoch
+        for life in lives
+        if life.reason == "exited" and life.exit_code is not None and life.exit_code != 0
+    }
+    failing |= {
+        int(e["epoch"])
+        for e in items
+        if e["kind"] in ("crashed", "failed")
+        and e.get("epoch") is not None
+        and DRIVER_FAILURE.match(str(_detail(e).get("error") or ""))
+    }
+    return failing
+
+
+def budget_overruns(
+    jobs: Iterable[Mapping[str, Any]],
+    lifetimes: Iterable[Mapping[str, Any]],
+    events: Iterable[Mapping[str, Any]],
+) -> list[str]:
+    """A job run past its budget (hole H5): within one generation, a driver started after
+    ``max_restarts + 1`` drivers of that generation had failed on their own
+    (:func:`_driver_failures`). Batch and streaming alike: a batch job's
+    ``--max-retries`` is its ``max_restarts``, and the last allowed failure makes the
+    job FAILED, so no driver of the generation may follow it.
+
+    Drivers are ordered by epoch (every claim takes the next one), so no clock is
+    involved. The budget is counted per generation, which is the most it can be (a
+    restart of a running job gives a new generation but keeps the restart count), so
+    the check never reports a legal run; it takes the job's current ``max_restarts``."""
+    by_job = _by_job(events)
+    lives_of: dict[str, list[_Life]] = defaultdict(list)
+    for life in _lives(lifetimes, clock="t"):
+        lives_of[life.job].append(life)
+    problems = []
+    for j in sorted(jobs, key=lambda j: j["name"]):
+        job, budget = j["name"], int(j["max_restarts"]) + 1
+        items = by_job.get(job, [])
+        gen_of_epoch = claim_generations(items)
+        failing = _driver_failures(lives_of[job], items)
+        started = {life.epoch: life for life in lives_of[job]}
+        per_gen: dict[int, list[int]] = defaultdict(list)
+        for epoch in sorted(failing | set(started)):
+            if epoch in gen_of_epoch:  # a driver at an unclaimed epoch: batch_generations
+                per_gen[gen_of_epoch[epoch]].append(epoch)
+        for gen, epochs in sorted(per_gen.items()):
+            failures: list[int] = []
+            for epoch in epochs:
+                if len(failures) >= budget and epoch in started:
+                    problems.append(
+                        f"{job}: generation {gen} run past its budget: driver "
+                        f"{started[epoch].label} started after {len(failures)} driver "
+                        f"failures (epochs {failures}; max_restarts {budget - 1})"
+                    )
+                    break
+                if epoch in failing:
+                    failures.append(epoch)
     return problems
 
 

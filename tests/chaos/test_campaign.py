@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from scheduler import jobs
 from server import exit_codes
-from tests import waiting
+from tests import conftest, waiting
 from tests.chaos import faults
 from tests.chaos.trial import HEARTBEAT_JOB, Outcome, Trial
 
@@ -40,6 +40,9 @@ MARGIN_S = 3.0  # the watchdogs kill this long before a lease can expire
 # a claim before the handed-over lease ran out would show, and than a successor's start
 # on this loaded machine (2-5 s).
 HANDOVER_S = 20.0
+# How long the PostgreSQL-only partition lasts: past a lease (8 s) and the watchdogs'
+# deadlines, long enough for a failover that does not depend on PostgreSQL.
+PG_CUT_S = 25.0
 
 
 def _distinct_copy(folder: Path, name: str) -> Path:
@@ -49,6 +52,14 @@ def _distinct_copy(folder: Path, name: str) -> Path:
     with copy.open("a") as f:
         f.write(f"# {name}: distinct bytes, so no server has it cached\n")
     return copy
+
+
+def _need_namespaces() -> None:
+    """Skip locally, fail under CI=true, when network namespaces or iptables are missing:
+    a case that cannot inject its fault must not pass CI by skipping."""
+    reason = faults.namespaces_unavailable()
+    if reason:
+        conftest.unavailable(reason)
 
 
 def _assert_safe(outcome: Outcome) -> None:
@@ -105,6 +116,34 @@ def test_kill_9_of_a_server(trial: Trial) -> None:
     _assert_safe(outcome)
 
 
+def test_kill_9_of_a_watchdog(trial: Trial) -> None:
+    """A running driver's watchdog SIGKILLed (the OOM killer, an operator's kill -9):
+    it can neither kill its driver nor record its end. Its server finds it dead and
+    releases the job, which runs again; every process of the old driver must be gone
+    before that (hole H1: the Python main, a child of the JVM, outlived the watchdog
+    and beat beside the next driver)."""
+    c = trial.start(SERVERS)
+    trial.populate()
+    name = trial.live_jobs[0]
+    job = c.job(name)
+    # The driver's Python main is up (it beats): the process H1 leaves behind.
+    waiting.wait_until(
+        lambda: any(
+            b["job"] == name and b["epoch"] == str(job["epoch"]) for b in c.heartbeat_records()
+        ),
+        60,
+        interval=0.2,
+        message=f"{name}'s driver beating",
+    )
+    targets = [w for w in trial.running_watchdogs() if w.job == name]
+    assert len(targets) == 1, targets
+    trial.inject(lambda: trial.kill_watchdog(targets[0]))
+    outcome = trial.verify()
+    claims = [e for e in c.events(name) if e["kind"] == "claimed"]
+    assert any(e["epoch"] > job["epoch"] for e in claims), "the job did not run again"
+    _assert_safe(outcome)
+
+
 def test_sigstop_past_the_session_timeout_then_sigcont(trial: Trial) -> None:
     """The zombie: paused until its jobs run elsewhere, then resumed. It must not write
     over the new owners and no second driver may appear."""
@@ -138,9 +177,7 @@ def test_server_cut_off_from_zookeeper_but_not_postgresql(
     """A server in its own network namespace loses ZooKeeper (silently dropped packets)
     but keeps PostgreSQL: the others see it leave, its jobs are retargeted, it hands
     them over (stop, release) before the new owners claim; then the partition heals."""
-    reason = faults.namespaces_unavailable()
-    if reason:
-        pytest.skip(reason)
+    _need_namespaces()
     control = faults.Stack(stack_env)
     partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
     try:
@@ -176,6 +213,67 @@ def test_server_cut_off_from_zookeeper_but_not_postgresql(
             trial.cluster.kill("p3")  # before its network goes away
         partition.close()
     _assert_safe(outcome)
+
+
+def test_server_cut_off_from_postgresql_but_not_zookeeper(
+    trial: Trial, stack_env: dict[str, str]
+) -> None:
+    """A server in its own network namespace loses PostgreSQL (silently dropped packets)
+    for PG_CUT_S but keeps ZooKeeper: its renewals fail, its watchdogs kill its drivers
+    at their deadlines, and whatever it writes once the partition heals is fenced.
+    Safety (S1-S5) is asserted hard. Liveness while the cut lasts (its jobs run on the
+    others) is hole H7: it stays a live member, so the coordinator keeps its jobs
+    targeted at it and nobody else may claim them; the case is xfail (not strict) with
+    that reason when they did not move."""
+    _need_namespaces()
+    control = faults.Stack(stack_env)
+    partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
+    moved = False
+    try:
+        partition.create()
+        netns_env = {
+            "SPARKRING_ZK_HOSTS": ",".join(partition.address(p) for p in control.zk_ports),
+            "SPARKRING_DATABASE_URL": trial.database_url.replace(
+                f"127.0.0.1:{control.pg_port}", partition.address(control.pg_port)
+            ),
+            "SPARKRING_S3_ENDPOINT": partition.address(control.s3_port),
+        }
+        # s1 first: it becomes the coordinator, so the cut-off server is a plain member.
+        trial.start(["s1"])
+        trial.start(["s2", "p3"], special={"p3": {"wrapper": partition.wrapper, "env": netns_env}})
+        trial.populate()
+        owned = _owned_by(trial, "p3")
+        assert owned, "the cut-off server must own a job"
+
+        def elsewhere() -> bool:
+            rows = {r["name"]: r for r in trial.job_rows()}
+            return all(
+                rows[n]["state"] == "running" and rows[n]["owner"] not in (None, "p3")
+                for n in owned
+            )
+
+        trial.inject(lambda: partition.cut([control.pg_port]))
+        cut_until = time.monotonic() + PG_CUT_S
+        try:
+            waiting.wait_until(elsewhere, PG_CUT_S, interval=0.2)
+            moved = True
+        except AssertionError:
+            pass  # H7: judged after the safety checks
+        time.sleep(max(0.0, cut_until - time.monotonic()))  # the cut lasts PG_CUT_S
+        partition.heal()
+        trial.healed()
+        trial.wait_members(set(trial.cluster.servers), timeout=60)
+        outcome = trial.verify()
+    finally:
+        if "p3" in trial.cluster.servers:
+            trial.cluster.kill("p3")  # before its network goes away
+        partition.close()
+    _assert_safe(outcome)
+    if not moved:
+        pytest.xfail(
+            f"H7: the jobs of the server cut off from PostgreSQL ({', '.join(owned)}) did "
+            f"not run elsewhere during the {PG_CUT_S:g} s cut"
+        )
 
 
 def test_server_restarted_with_the_same_id(trial: Trial) -> None:
@@ -588,9 +686,7 @@ def test_s3_down_while_a_job_starts(trial: Trial, tmp_path: Path) -> None:
     """S3 refuses connections when a job starts (an iptables REJECT in front of a
     throwaway S3 server that keeps its objects): the job waits in backoff with the
     reason, never FAILED; when S3 is back the job runs."""
-    reason = faults.namespaces_unavailable()
-    if reason:
-        pytest.skip(reason)
+    _need_namespaces()
     s3 = faults.ThrowawayS3()
     s3.start()
     try:

@@ -22,6 +22,32 @@ def test_heartbeats_of_two_drivers_at_once_are_a_double_run() -> None:
     assert invariants.heartbeat_overlaps(twice, margin=2.0) == []
 
 
+def test_records_are_compared_on_boottime_not_the_wall_clock() -> None:
+    """A wall-clock step (NTP, an operator) between two drivers' lives must neither hide
+    a double run nor invent one: records that all carry ``mono`` (CLOCK_BOOTTIME) are
+    compared on it."""
+
+    def stepped(beats: list[dict], mono_shift: float, wall_shift: float) -> list[dict]:
+        return [{**b, "mono": b["t"] + mono_shift, "t": b["t"] + wall_shift} for b in beats]
+
+    # Driver 2 started 1 s after driver 1 ended, but the wall clock was stepped back
+    # 3 s in between: on ``t`` they overlap, on ``mono`` they do not.
+    first, second = _beats("a", 1, 0, 5), _beats("a", 2, 6, 9)
+    apart = stepped(first, 100, 0) + stepped(second, 100, -3)
+    assert invariants.heartbeat_overlaps(apart) == []
+    # Driver 2 started while driver 1 still beat, and the clock was stepped forward 10 s
+    # meanwhile: on ``t`` they are apart, on ``mono`` they overlap.
+    overlapping = stepped(first, 100, 0) + stepped(_beats("a", 2, 4, 9), 100, 10)
+    assert len(invariants.heartbeat_overlaps(overlapping)) == 1
+    # The same for lifetime records, and an un-ended life compared with ``now`` on
+    # BOOTTIME.
+    one = [{**r, "mono": r["t"] + 100} for r in _life("a", 1, "s1", 0, 5)]
+    two = [{**r, "mono": r["t"] + 100, "t": r["t"] + 10} for r in _life("a", 2, "s1", 4, None)]
+    assert len(invariants.lifetime_overlaps(one + two, now=110)) == 1
+    # One record without ``mono`` puts the whole comparison on the wall clock.
+    assert invariants.records_clock([*one, *_life("a", 3, "s1", 0, 1)]) == "t"
+
+
 def test_one_pid_on_two_servers_is_two_drivers() -> None:
     # Keyed by pid alone, these two drivers were one span 0-9 s: the overlap was unseen.
     same_pid = _beats("a", 7, 0, 5, server="s1") + _beats("a", 7, 3, 9, server="s2")
@@ -92,6 +118,7 @@ def test_a_write_by_an_old_epoch_after_a_newer_claim_is_stale() -> None:
 
 def test_lost_jobs_are_wanted_running_without_a_live_owner() -> None:
     base = {"desired": "running", "target": "s1", "last_error": None, "max_restarts": 3}
+    base["epoch"] = 1
     jobs = [
         {**base, "name": "ok", "state": "running", "owner": "s1"},
         {**base, "name": "dead-owner", "state": "running", "owner": "s9"},
@@ -101,8 +128,64 @@ def test_lost_jobs_are_wanted_running_without_a_live_owner() -> None:
         {**base, "name": "done", "state": "finished", "owner": None},
         {**base, "name": "off", "desired": "stopped", "state": "stopped", "owner": None},
     ]
-    lost = invariants.lost_jobs(jobs, live={"s1"}, events=[])
+    behind = _life("ok", 1, "s1", 0, None) + _life("dead-owner", 1, "s9", 0, None)
+    lost = invariants.lost_jobs(jobs, live={"s1"}, events=[], lifetimes=behind, heartbeats=[])
     assert [p.split(":")[0] for p in lost] == ["dead-owner", "pending", "backoff", "stopped"]
+
+
+def _running(name: str = "j", owner: str = "s1", epoch: int = 2) -> dict:
+    return {
+        "name": name,
+        "desired": "running",
+        "state": "running",
+        "owner": owner,
+        "target": owner,
+        "epoch": epoch,
+        "last_error": None,
+        "max_restarts": 3,
+    }
+
+
+def test_a_running_row_with_no_driver_behind_it_is_lost() -> None:
+    """The row is not evidence that a driver runs (holes H3(b), H4): a job running on a
+    live owner needs an un-ended lifetime record at (job, epoch, owner), or a heartbeat of
+    that driver within the window before the check."""
+
+    def lost(lifetimes: list[dict], heartbeats: list[dict]) -> list[str]:
+        return invariants.lost_jobs(
+            [_running()],
+            {"s1"},
+            [],
+            lifetimes=lifetimes,
+            heartbeats=heartbeats,
+            now=100.0,
+            now_mono=1000.0,
+        )
+
+    # Nothing behind the row: lost, whatever the row says.
+    nothing = lost([], [])
+    assert len(nothing) == 1 and "no live driver" in nothing[0], nothing
+    # A driver of this epoch on the owner, not ended: observed.
+    assert lost(_life("j", 2, "s1", 10, None), []) == []
+    # Ended, of another epoch, or on another server: not this row's driver.
+    assert len(lost(_life("j", 2, "s1", 10, 20), [])) == 1
+    assert len(lost(_life("j", 1, "s1", 10, None), [])) == 1
+    assert len(lost(_life("j", 2, "s2", 10, None), [])) == 1
+    # A heartbeat of that driver within the window (on the one clock both sides have:
+    # BOOTTIME) is enough; an old one is not, nor one of another epoch.
+    beat = {"job": "j", "epoch": "2", "server": "s1", "pid": 5, "t": 50.0, "mono": 998.0}
+    assert lost([], [beat]) == []
+    assert len(lost([], [{**beat, "mono": 900.0}])) == 1
+    assert len(lost([], [{**beat, "epoch": "1"}])) == 1
+    # A heartbeat without ``mono`` (an older driver) is compared on the wall clock.
+    wall = {k: v for k, v in beat.items() if k != "mono"}
+    assert lost([], [{**wall, "t": 98.0}]) == []
+    assert len(lost([], [{**wall, "t": 50.0}])) == 1
+
+
+def _lost(jobs: list[dict], events: list[dict]) -> list[str]:
+    """S3 for jobs that are not running (no driver evidence needed), s1 live."""
+    return invariants.lost_jobs(jobs, {"s1"}, events, lifetimes=[], heartbeats=[])
 
 
 def _failed_job(name: str, max_restarts: int = 2) -> dict:
@@ -126,30 +209,30 @@ def test_failed_counts_as_lost_unless_its_own_driver_failed_past_its_budget() ->
     started = [_event(0, "start_requested", None, None, "j", generation=1)]
     # max_restarts 2: three driver failures (two crashes, then the failure) are the budget.
     budget = started + _crashes("j", 1, 2, exited) + _crashes("j", 3, 1, exited, "failed")
-    assert invariants.lost_jobs([_failed_job("j")], {"s1"}, budget) == []
+    assert _lost([_failed_job("j")], budget) == []
     # A reason in last_error is not enough: with no such events the job was lost.
-    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, started)) == 1
+    assert len(_lost([_failed_job("j")], started)) == 1
     # Two driver failures, then a transient start-up error made terminal (hole 5).
     transient = (
         started
         + _crashes("j", 1, 2, exited)
         + _crashes("j", 3, 1, "lease deadline passed while preparing the driver", "failed")
     )
-    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, transient)) == 1
+    assert len(_lost([_failed_job("j")], transient)) == 1
     # Deferrals are not failures of the driver.
     deferred = (
         started
         + _crashes("j", 1, 3, "artifact unavailable: S3 down", "deferred")
         + _crashes("j", 4, 1, exited, "failed")
     )
-    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, deferred)) == 1
+    assert len(_lost([_failed_job("j")], deferred)) == 1
     # Failures of an earlier generation do not count against the current one.
     earlier = [
         *budget,
         _event(9, "restart_requested", None, None, "j", generation=2),
         *_crashes("j", 10, 1, exited, "failed"),
     ]
-    assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, earlier)) == 1
+    assert len(_lost([_failed_job("j")], earlier)) == 1
 
 
 def test_a_batch_job_failed_before_its_retries_were_spent_is_lost() -> None:
@@ -161,11 +244,11 @@ def test_a_batch_job_failed_before_its_retries_were_spent_is_lost() -> None:
     started = [_event(0, "start_requested", None, None, "b", generation=1)]
     batch = {**_failed_job("b", max_restarts=2), "kind": "batch"}
     first = started + _crashes("b", 1, 1, exited, "failed")
-    assert len(invariants.lost_jobs([batch], {"s1"}, first)) == 1
+    assert len(_lost([batch], first)) == 1
     spent = started + _crashes("b", 1, 2, exited) + _crashes("b", 3, 1, exited, "failed")
-    assert invariants.lost_jobs([batch], {"s1"}, spent) == []
+    assert _lost([batch], spent) == []
     no_retries = {**batch, "max_restarts": 0}
-    assert invariants.lost_jobs([no_retries], {"s1"}, first) == []
+    assert _lost([no_retries], first) == []
 
 
 def test_failed_for_an_invalid_artifact_or_spec_is_not_lost() -> None:
@@ -173,14 +256,14 @@ def test_failed_for_an_invalid_artifact_or_spec_is_not_lost() -> None:
     refused = started + _crashes(
         "j", 1, 1, "artifact refused: sha256 mismatch for heartbeat:2", "failed"
     )
-    assert invariants.lost_jobs([_failed_job("j")], {"s1"}, refused) == []
+    assert _lost([_failed_job("j")], refused) == []
     spec = started + _crashes("j", 1, 1, "job j: invalid Spark conf key 'a b'", "failed")
-    assert invariants.lost_jobs([_failed_job("j")], {"s1"}, spec) == []
+    assert _lost([_failed_job("j")], spec) == []
     # The runner names the cause in the event: "invalid" is legitimate, "driver" is not
     # unless the budget is spent.
     for cause, lost in (("invalid", 0), ("driver", 1)):
         event = _event(1, "failed", "s1", 1, "j", error="whatever went wrong", cause=cause)
-        assert len(invariants.lost_jobs([_failed_job("j")], {"s1"}, [*started, event])) == lost
+        assert len(_lost([_failed_job("j")], [*started, event])) == lost
 
 
 def test_a_finished_job_claimed_again_is_resurrected() -> None:
@@ -276,6 +359,43 @@ def test_a_batch_generation_runs_to_its_end_once() -> None:
     assert invariants.batch_generations(kinds, streaming, []) == []
     stray = _life("b", 7, "s3", 0, 1)
     assert len(invariants.batch_generations(kinds, stray, _claims((1, 1)))) == 1
+
+
+def test_a_generation_whose_driver_failed_past_its_budget_ran_again() -> None:
+    """Hole H5: a batch driver with no retries (max_restarts 0) exits 1 while its owner
+    is stalled; nobody records the failure, the lease expires and a claim runs the
+    generation again. Its lifetime records show a failure and then another life."""
+    no_retries = [{"name": "b", "max_restarts": 0}]
+    claims = [*_claims((1, 1)), _event(9, "claimed", "s2", 2, "b")]
+    again = _life("b", 1, "s1", 0, 3, exit_code=1) + _life("b", 2, "s2", 5, 9)
+    problems = invariants.budget_overruns(no_retries, again, claims)
+    assert len(problems) == 1 and "run past its budget" in problems[0], problems
+    # One retry allowed: two lives, the first failed, are within the budget.
+    assert invariants.budget_overruns([{"name": "b", "max_restarts": 1}], again, claims) == []
+    # A driver killed for a lost lease (or stopped, or killed) did not fail on its own.
+    lease = _life("b", 1, "s1", 0, 3, reason="lease_expired", exit_code=-9)
+    assert invariants.budget_overruns(no_retries, lease + again[2:], claims) == []
+    # A failure the server recorded counts as well, even without an exit in the records
+    # (the watchdog was killed before it could write one).
+    recorded = [
+        *claims,
+        _event(10, "crashed", "s1", 1, "b", error="driver exited with exit code 1"),
+    ]
+    killed = _life("b", 1, "s1", 0, 3, reason="killed", exit_code=None) + again[2:]
+    assert len(invariants.budget_overruns(no_retries, killed, recorded)) == 1
+    # A new generation (an operator's start or restart) has a budget of its own.
+    rerun = _claims((1, 1), (2, 2))
+    assert invariants.budget_overruns(no_retries, again, rerun) == []
+    # Streaming jobs spend max_restarts the same way: four failures of max_restarts 3,
+    # then a fifth driver.
+    three = [{"name": "st", "max_restarts": 3}]
+    epochs = [_event(i, "claimed", "s1", i, "st") for i in range(1, 6)]
+    crashing = [
+        r for i in range(1, 5) for r in _life("st", i, "s1", i * 10, i * 10 + 5, exit_code=2)
+    ]
+    assert invariants.budget_overruns(three, crashing, epochs) == []
+    fifth = crashing + _life("st", 5, "s1", 60, None)
+    assert len(invariants.budget_overruns(three, fifth, epochs)) == 1
 
 
 def test_a_lease_released_or_claimed_while_its_driver_lives_is_early() -> None:

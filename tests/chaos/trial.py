@@ -29,9 +29,9 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 from resource_center import catalog, store
 from scheduler import distribution, jobs, placement
 from scheduler.states import JobKind
-from server import defaults
+from server import defaults, driver, watchdog
 from tests import waiting
-from tests.chaos import invariants
+from tests.chaos import faults, invariants
 from tests.cluster import HEARTBEAT_JOB, Cluster
 
 # Every wanted job must be running again this long after the fault healed (fast timeouts:
@@ -58,6 +58,7 @@ class Outcome:
     corrupt_starts: int = 0
     early: int = 0  # leases released or claimed while a driver they fence lived
     batch: int = 0  # batch generations run to their end twice, or re-run unproven
+    budget: int = 0  # generations that started a driver after their budget was spent
     restarts: int = 0  # claims after the fault: drivers (re)started by the recovery
     recovery_s: float | None = None
     problems: list[str] = dataclasses.field(default_factory=list)
@@ -69,7 +70,7 @@ class Outcome:
     def violations(self) -> int:
         return (
             self.double_runs + self.early + self.stale_writes + self.lost
-            + self.resurrected + self.corrupt_starts + self.batch
+            + self.resurrected + self.corrupt_starts + self.batch + self.budget
         )  # fmt: skip
 
     @property
@@ -103,6 +104,7 @@ class Trial:
         self.sentinels: dict[str, dict[str, Any]] = {}
         self.broken_artifacts: list[str] = []  # jobs whose artifact is corrupt or gone
         self.paused: set[str] = set()  # servers under SIGSTOP: not live
+        self.killed_watchdogs: list[Path] = []  # run dirs swept at close (hole H1)
         self._event_mark = 0
         self._t_fault: float | None = None
         self._t_healed: float | None = None
@@ -172,6 +174,10 @@ class Trial:
         } - self.paused
 
     def close(self) -> None:
+        # A killed watchdog's driver processes, if its server left them (hole H1),
+        # are orphans that nothing else would end: the harness kills by watchdog.
+        for run_dir in self.killed_watchdogs:
+            driver.sweep(run_dir)
         if self._zk is not None:
             try:
                 self._zk.stop()
@@ -381,6 +387,22 @@ class Trial:
 
     # ------------------------------------------------------------------ the fault
 
+    def running_watchdogs(self) -> list[faults.Watchdog]:
+        """The live watchdogs of the drivers the rows say are running (job, epoch,
+        owner): a watchdog of an old epoch or incarnation is not a running job's."""
+        running = {
+            (r["name"], r["epoch"], r["owner"]) for r in self.job_rows() if r["state"] == "running"
+        }
+        return [
+            w
+            for w in faults.live_watchdogs(self.cluster.root)
+            if (w.job, w.epoch, w.server) in running
+        ]
+
+    def kill_watchdog(self, target: faults.Watchdog) -> None:
+        self.killed_watchdogs.append(target.run_dir)
+        faults.kill_watchdog(target)
+
     def events(self) -> list[dict[str, Any]]:
         """Every job event of the cluster, oldest first, with its detail."""
         return [
@@ -416,23 +438,36 @@ class Trial:
         start = self._t_healed or self._t_fault or time.monotonic()
         o.recovery_s = self.wait_stable(start, bound)
         c = self.cluster
+        # The rows first, then the evidence behind them: a driver a row names started
+        # before the row was read, so its records are in what is read after (S3).
         rows = self.job_rows()
         o.jobs = len(rows)
         events = self.events()
         since = [e for e in events if e["id"] > self._event_mark]
         lifetimes = c.driver_records()
+        heartbeats = c.heartbeat_records()
+        now, now_mono = time.time(), watchdog.lease_clock()
         kinds = {r["name"]: r["kind"] for r in rows}
         checks = {
-            "S1": invariants.double_runs(c.heartbeat_records(), lifetimes),
+            "S1": invariants.double_runs(heartbeats, lifetimes),
             "early": invariants.early_handoffs(events, lifetimes),
             "S2": invariants.stale_writes(events) + probe_stale_writes(c.engine, events),
-            "S3": invariants.lost_jobs(rows, self.live_servers(), events),
+            "S3": invariants.lost_jobs(
+                rows,
+                self.live_servers(),
+                events,
+                lifetimes=lifetimes,
+                heartbeats=heartbeats,
+                now=now,
+                now_mono=now_mono,
+            ),
             "S4": invariants.resurrections(
                 self.sentinels, {n: c.job(n) for n in self.sentinels}, since
             )
             + invariants.terminal_resurrections(events),
             "S5": invariants.corrupt_starts(self.broken_artifacts, lifetimes, events),
             "batch": invariants.batch_generations(kinds, lifetimes, events),
+            "budget": invariants.budget_overruns(rows, lifetimes, events),
         }
         o.double_runs = len(checks["S1"])
         o.early = len(checks["early"])
@@ -442,6 +477,7 @@ class Trial:
         o.resurrected = len({p.split(":", 1)[0] for p in checks["S4"]})
         o.corrupt_starts = len(checks["S5"])
         o.batch = len(checks["batch"])
+        o.budget = len(checks["budget"])
         o.restarts = sum(1 for e in since if e["kind"] == "claimed")
         o.problems = [f"{k} {p}" for k, items in checks.items() for p in items]
         return o

@@ -1,8 +1,12 @@
 """A light driver for end-to-end tests: no SparkSession, but started by spark-submit.
 
-Appends {"job","epoch","server","revision","pid","t"} to HEARTBEATS every 0.2 s until SIGTERM
-(exit 0) or, with --run-for, until that many seconds passed (exit --exit-code). Tests
-use the heartbeats to prove that two drivers of one job never ran at the same time.
+Appends {"job","epoch","server","revision","pid","t","mono"} to HEARTBEATS every 0.2 s until
+SIGTERM (exit 0) or, with --run-for, until that many seconds passed (exit --exit-code).
+Tests use the heartbeats to prove that two drivers of one job never ran at the same time.
+``t`` is the wall clock; ``mono`` is CLOCK_BOOTTIME, the clock of the watchdogs' lease
+deadlines and of their lifetime records (``server.watchdog.lease_clock``), so the checker
+compares beats with each other and with the records on a clock that never steps. This
+file runs under spark-submit, without sparkring on its path: it reads the clock itself.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ def main() -> int:
     }
     started = time.monotonic()
     while not stopping:
-        line = json.dumps({**identity, "pid": os.getpid(), "t": time.time()}) + "\n"
+        now = {"t": time.time(), "mono": time.clock_gettime(time.CLOCK_BOOTTIME)}
+        line = json.dumps({**identity, "pid": os.getpid(), **now}) + "\n"
         fd = os.open(args.heartbeats, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())
