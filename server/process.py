@@ -394,11 +394,17 @@ class Server:
     # ------------------------------------------------------------------ run + stop
 
     def request_stop(self) -> None:
+        # At once, in the signal handler: a driver SIGTERMed with us must not be taken
+        # for a crash (runner._outcome_write).
+        if self.runner is not None:
+            self.runner.stop_claiming()
         self._stop.set()
 
     def request_hand_over(self) -> None:
         """Stop for a restart: leave the drivers running for the successor to adopt."""
         self._handing_over = True
+        if self.runner is not None:
+            self.runner.stop_claiming()
         self._stop.set()
 
     def run(self) -> exit_codes.ExitCode:

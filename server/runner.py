@@ -59,6 +59,9 @@ DUE_SLACK_S = 0.05
 RENEW_RETRY_S = 0.25
 # How soon an unrecorded run outcome is written again (seconds).
 RECORD_RETRY_S = 0.5
+# How long a driver's SIGTERM exit waits for this server's own shutdown to begin before
+# it counts as the job's crash: the service manager signals both at once (seconds).
+SIGTERM_SHUTDOWN_WAIT_S = 2.0
 
 
 @dataclass
@@ -149,6 +152,9 @@ class Runner:
         self._stop = threading.Event()
         self._claiming = threading.Event()
         self._claiming.set()
+        # Set when shutdown begins (stop_claiming): a SIGTERM exit of a driver waits for
+        # it briefly (see _outcome_write).
+        self._shutting_down = threading.Event()
         # Set once ZooKeeper accepted this server id: no claim before (a second process
         # with a live server's id must not take a single job while it waits to be
         # refused). Until then, and for a settle time after, a run adopted from the
@@ -183,6 +189,7 @@ class Runner:
 
     def stop_claiming(self) -> None:
         self._claiming.clear()
+        self._shutting_down.set()
 
     def registered(self, settle: float) -> None:
         """ZooKeeper accepted our id: claims may begin; migrations after ``settle`` s."""
@@ -222,6 +229,7 @@ class Runner:
         return sorted(handed)
 
     def resume_claiming(self) -> None:
+        self._shutting_down.clear()
         self._claiming.set()
         self.wake()
 
@@ -582,11 +590,16 @@ class Runner:
         cfg = self.config
         # A SIGTERM exit while we shut down: the service manager signalled every process
         # of the server's unit (docs/operations.md: use KillMode=mixed).
+        if outcome.reason == "exited" and outcome.exit_code in reconcile.SIGTERM_EXITS:
+            # A service manager that signals the whole unit (KillMode=control-group)
+            # SIGTERMs the driver and this server together: the driver's exit can be
+            # reaped before our own handler has begun the shutdown. Not a crash then.
+            self._shutting_down.wait(SIGTERM_SHUTDOWN_WAIT_S)
         how = reconcile.ending(
             outcome.reason,
             outcome.exit_code,
             recorded=outcome.recorded,
-            shutting_down=not self._claiming.is_set(),
+            shutting_down=self._shutting_down.is_set(),
         )
         if how is reconcile.Ending.RELEASE:
             return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)

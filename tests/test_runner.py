@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import textwrap
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -722,3 +723,30 @@ def test_a_stop_that_cannot_write_its_stop_file_still_stops_the_driver(
     run_dir = runner.run_dir(tmp_path / "work", "b", 1)
     assert watchdog.marked_processes(run_dir) == []
     waiting.wait_until(lambda: not long_lease_runner.runs(), 10, message="the run was kept")
+
+
+def test_a_sigterm_exit_just_before_the_server_sees_its_own_sigterm_is_no_crash(
+    engine: sa.Engine,
+    bucket: store.Store,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """Hole H13: a service manager that signals the whole unit (systemd's
+    ``KillMode=control-group``) SIGTERMs the driver's JVM and the server together. The
+    JVM can exit 143 and be reaped before the server's own handler stops claiming: the
+    exit was recorded as the job's crash, and a batch job with no retries ended FAILED.
+    A SIGTERM exit now waits (briefly, on an event) for the server's shutdown."""
+    job_id, _ = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
+    (stage / "go").write_text("143")
+    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
+    assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 143
+    # The server's SIGTERM handler runs a moment after the poll reaps the driver.
+    threading.Timer(0.3, long_lease_runner.stop_claiming).start()
+    waiting.wait_until(
+        lambda: not long_lease_runner.runs() or long_lease_runner.poll_once() < 0,
+        30,
+        message="the run was not recorded",
+    )
+    assert factories.row(engine, job_id).state == "pending"
