@@ -680,14 +680,18 @@ class Runner:
                 "write fenced: the job is no longer ours",
                 extra={"action": "fenced", "job": run.name, "epoch": run.epoch},
             )
-        except DBAPIError as exc:
+        except BaseException as exc:
+            # Kept to retry: a database error, or anything else (a bug must not leave
+            # ``recording`` set, or the outcome would never be written again).
             log.warning(
                 "could not record the end of a run; keeping it to retry",
                 extra={"action": "write_failed", "job": run.name, "error": type(exc).__name__},
             )
             with self._lock:
                 run.recording = False
-            return
+            if isinstance(exc, DBAPIError):
+                return
+            raise
         with self._lock:
             run.recording = False
             run.unrecorded = None

@@ -750,3 +750,36 @@ def test_a_sigterm_exit_just_before_the_server_sees_its_own_sigterm_is_no_crash(
         message="the run was not recorded",
     )
     assert factories.row(engine, job_id).state == "pending"
+
+
+def test_an_outcome_write_that_raised_a_bug_is_tried_again(
+    engine: sa.Engine, stepped_runner: runner.Runner
+) -> None:
+    """A write of a run's outcome that failed with anything but a database error (a bug,
+    an unexpected exception) left ``recording`` set: the outcome was never written again
+    and the run's lease was renewed for ever."""
+    calls: list[int] = []
+
+    def write(conn: sa.Connection) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("unexpected")
+
+    run = runner.Run(
+        job_id=1,
+        name="b",
+        kind=JobKind.BATCH,
+        epoch=1,
+        attempt=1,
+        claimed_at=watchdog.lease_clock(),
+        deadline=0.0,
+        owner=stepped_runner.owner,
+        phase=runner.reconcile.Phase.ENDED,
+        unrecorded=write,
+    )
+    with stepped_runner._lock:
+        stepped_runner._runs[1] = run
+    with pytest.raises(RuntimeError):
+        stepped_runner._record(run)
+    stepped_runner._record(run)
+    assert len(calls) == 2 and not stepped_runner.runs()
