@@ -329,7 +329,13 @@ class Runner:
                 extra={"action": "lease_lost", "job": run.name, "epoch": run.epoch},
             )
             if run.driver is not None:
-                run.driver.kill()
+                # In a task: a kill can take tens of seconds (a hung driver), and the
+                # other jobs' leases must keep being renewed meanwhile. The watchdog kills
+                # the driver at its deadline anyway, before the lease can be claimed.
+                try:
+                    self._tasks.submit(run.driver.kill)
+                except RuntimeError:  # the pool is shut down: the process is stopping
+                    run.driver.kill()
         return True
 
     def _not_finished(self, runs: list[Run]) -> list[Run]:

@@ -783,3 +783,54 @@ def test_an_outcome_write_that_raised_a_bug_is_tried_again(
         stepped_runner._record(run)
     stepped_runner._record(run)
     assert len(calls) == 2 and not stepped_runner.runs()
+
+
+class _HungDriver:
+    """A driver handle whose kill blocks (a driver in uninterruptible sleep)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.killed = threading.Event()
+
+    def ended(self) -> bool:
+        return False
+
+    def confirm(self, deadline: float) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.killed.set()
+        self.release.wait(60)
+
+
+def test_a_hung_kill_of_a_lost_run_does_not_hold_up_the_renewals(
+    engine: sa.Engine, stepped_runner: runner.Runner
+) -> None:
+    """Hole H11: the renewal killed the drivers of lost leases inline. ``Driver.kill``
+    can take tens of seconds on a hung driver, and meanwhile no lease of any other job
+    on the server was renewed: every other driver died at its deadline."""
+    hung = _HungDriver()
+    run = runner.Run(
+        job_id=1,
+        name="lost",
+        kind=JobKind.BATCH,
+        epoch=1,
+        attempt=1,
+        claimed_at=watchdog.lease_clock() - 60,  # claimed long before this renewal
+        deadline=0.0,
+        owner=stepped_runner.owner,
+        phase=runner.reconcile.Phase.RUNNING,
+        driver=hung,  # type: ignore[arg-type]
+    )
+    with stepped_runner._lock:
+        stepped_runner._runs[1] = run
+    renewal = threading.Thread(target=stepped_runner.renew_once)
+    try:
+        renewal.start()
+        waiting.wait_until(hung.killed.is_set, 10, message="the lost run was never killed")
+        renewal.join(5)
+        assert not renewal.is_alive(), "the renewal waited for the hung kill"
+    finally:
+        hung.release.set()
+        renewal.join(10)
+    assert not stepped_runner.runs()
