@@ -479,14 +479,15 @@ class Server:
         if self._handing_over and self.runner is not None:
             # Loops first (a renewal must not shorten the extended leases), then extend
             # the leases and the watchdogs' deadlines, then leave ZooKeeper.
-            self.runner.stop()
+            self.runner.stop_loops()
             self.runner.hand_over(self.settings.handover_window)
         if self.registry is not None:
             self.registry.stop()
         if self.runner is not None and not self._handing_over:
             if hand_off:
                 self.runner.hand_off(timeout=self.settings.stop_grace + 10)
-            self.runner.stop()
+        if self.runner is not None:
+            self.runner.stop()  # after the hand-over: the tasks in flight end first
         if self.health is not None:
             self.health.stop()
         if self.listener is not None:

@@ -62,6 +62,8 @@ RECORD_RETRY_S = 0.5
 # How long a driver's SIGTERM exit waits for this server's own shutdown to begin before
 # it counts as the job's crash: the service manager signals both at once (seconds).
 SIGTERM_SHUTDOWN_WAIT_S = 2.0
+# Pause between two tries of a hand-over's lease extension (seconds).
+HAND_OVER_RETRY_S = 0.25
 
 
 @dataclass
@@ -201,20 +203,40 @@ class Runner:
         """A planned restart: extend every lease of this incarnation to ``window``
         seconds and give each watchdog the matching deadline, then leave the drivers
         running for the successor to adopt (:meth:`_clean_orphan`). Call after
-        :meth:`stop` (a renewal must not shorten the extended leases again). Returns
+        :meth:`stop_loops` (a renewal must not shorten the extended leases again), and
+        before waiting for the tasks: a driver stop in flight can take the stop grace
+        and more, and no lease is renewed meanwhile. Returns
         the jobs handed over; if PostgreSQL cannot be reached, nothing is extended and
         the drivers die at their current deadlines (then fail over as after a crash)."""
         cfg = self.config
-        t_sent = watchdog.lease_clock()
-        try:
-            with self.engine.begin() as conn:
-                extended = distribution.renew_leases(conn, self.owner, window)
-        except DBAPIError as exc:
-            log.error(
-                "hand-over failed: PostgreSQL unreachable; drivers die at their deadlines",
-                extra={"action": "hand_over", "error": type(exc.orig).__name__},
+        # The extension is idempotent: tried again while the drivers' current deadlines
+        # leave time. A commit whose answer was lost may have extended the leases, and
+        # giving up then would make the jobs wait out the whole window.
+        with self._lock:
+            give_up = min(
+                (run.deadline for run in self._runs.values() if run.owner == self.owner),
+                default=watchdog.lease_clock(),
             )
-            return []
+        give_up = max(give_up, watchdog.lease_clock() + HAND_OVER_RETRY_S)
+        while True:
+            t_sent = watchdog.lease_clock()
+            try:
+                with self.engine.begin() as conn:
+                    extended = distribution.renew_leases(conn, self.owner, window)
+                break
+            except DBAPIError as exc:
+                if watchdog.lease_clock() + HAND_OVER_RETRY_S < give_up:
+                    log.warning(
+                        "hand-over failed; trying again",
+                        extra={"action": "hand_over", "error": type(exc.orig).__name__},
+                    )
+                    threading.Event().wait(HAND_OVER_RETRY_S)
+                    continue
+                log.error(
+                    "hand-over failed: PostgreSQL unreachable; drivers die at their deadlines",
+                    extra={"action": "hand_over", "error": type(exc.orig).__name__},
+                )
+                return []
         deadline = t_sent + window - cfg.watchdog_margin
         handed = []
         with self._lock:
@@ -262,13 +284,18 @@ class Runner:
             extra={"action": "hand_off", "jobs": [run.name for run in left]},
         )
 
-    def stop(self) -> None:
-        """Stop the loops (idempotent). Drivers still running are left to their watchdogs."""
+    def stop_loops(self) -> None:
+        """Stop the poll and renew loops (idempotent); tasks in flight go on."""
         self._stop.set()
         self._wake.set()
         for thread in self._threads:
             if thread.is_alive() and thread is not threading.current_thread():
                 thread.join(timeout=10)
+
+    def stop(self) -> None:
+        """Stop the loops, then wait for the tasks in flight (idempotent). Drivers still
+        running are left to their watchdogs."""
+        self.stop_loops()
         self._tasks.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------------ renew

@@ -59,3 +59,35 @@ def test_a_server_cut_off_from_postgresql_withdraws_from_zookeeper_and_returns(
         message="the server did not come back once PostgreSQL was reachable again",
     )
     assert not server.status()[1]["withdrawn"]
+
+
+def test_a_planned_restart_hands_over_without_waiting_for_a_stop_in_flight(
+    settings: settings_module.Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hole H10: a planned restart (SIGTERM with a hand-over window) joined the runner's
+    tasks before extending the leases. A driver stop in flight (up to the stop grace plus
+    10 s) held the hand-over back with no renewals, so every other driver of the server
+    died at its deadline and the restart became a full one. The leases are extended
+    first; the tasks are waited for after."""
+    the_server = process.Server(settings.model_copy(update={"handover_window": 60.0}))
+    the_server.start()
+    assert the_server.runner is not None
+    handed = threading.Event()
+    hand_over = the_server.runner.hand_over
+
+    def record_hand_over(window: float) -> list[str]:
+        handed.set()
+        return hand_over(window)
+
+    monkeypatch.setattr(the_server.runner, "hand_over", record_hand_over)
+    stop_in_flight = threading.Event()
+    the_server.runner._tasks.submit(stop_in_flight.wait, 60)  # a slow driver stop
+    the_server.request_hand_over()
+    shutdown = threading.Thread(target=the_server.shutdown, name="test-shutdown", daemon=True)
+    shutdown.start()
+    try:
+        wait_until(handed.is_set, 20, message="the hand-over waited for the stop in flight")
+    finally:
+        stop_in_flight.set()
+        shutdown.join(60)
+    assert not shutdown.is_alive()

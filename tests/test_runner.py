@@ -834,3 +834,59 @@ def test_a_hung_kill_of_a_lost_run_does_not_hold_up_the_renewals(
         hung.release.set()
         renewal.join(10)
     assert not stepped_runner.runs()
+
+
+class _ConfirmedDriver(_HungDriver):
+    def __init__(self) -> None:
+        super().__init__()
+        self.deadlines: list[float] = []
+
+    def confirm(self, deadline: float) -> None:
+        self.deadlines.append(deadline)
+
+
+def test_a_hand_over_whose_commit_answer_is_lost_is_tried_again(
+    engine: sa.Engine,
+    bucket: store.Store,
+    stepped_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hole H12: the hand-over's lease extension committed but its answer was lost with
+    the connection. The server logged "hand-over failed" and left the drivers to die at
+    their current deadlines, while PostgreSQL held the window-long leases: the jobs
+    waited out the whole window. The extension (idempotent) is tried again."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, stepped_runner.owner, TTL)
+    handle = _ConfirmedDriver()
+    run = runner.Run(
+        job_id=job_id,
+        name="b",
+        kind=JobKind.BATCH,
+        epoch=claim.epoch,
+        attempt=1,
+        claimed_at=watchdog.lease_clock(),
+        deadline=watchdog.lease_clock() + TTL - 3.0,
+        owner=stepped_runner.owner,
+        phase=runner.reconcile.Phase.RUNNING,
+        driver=handle,  # type: ignore[arg-type]
+    )
+    with stepped_runner._lock:
+        stepped_runner._runs[job_id] = run
+    renew = distribution.renew_leases
+    answers_lost: list[int] = []
+
+    def renew_then_lose_the_answer(conn: sa.Connection, *args: object, **kwargs: object) -> object:
+        if answers_lost:
+            return renew(conn, *args, **kwargs)  # type: ignore[arg-type]
+        with engine.begin() as own:
+            renew(own, *args, **kwargs)  # type: ignore[arg-type]
+        answers_lost.append(1)
+        raise sa.exc.OperationalError("COMMIT", {}, Exception("connection reset"))
+
+    monkeypatch.setattr(distribution, "renew_leases", renew_then_lose_the_answer)
+    before = watchdog.lease_clock()
+    assert stepped_runner.hand_over(60.0) == ["b"]
+    assert handle.deadlines and handle.deadlines[-1] >= before + 60.0 - 3.0
