@@ -607,9 +607,17 @@ class Runner:
 
     def _ended(self, run: Run, outcome: driver.Outcome) -> None:
         extra = {"job": run.name, "epoch": run.epoch, "exit_code": outcome.exit_code}
-        if outcome.reason in ("lease_expired", "killed"):
+        if outcome.reason == "lease_expired":
             log.error(
                 "watchdog killed the driver: lease lost", extra={"action": "lease_lost", **extra}
+            )
+        elif outcome.reason == "killed":
+            # Killed on request, or its watchdog itself died (kill -9, the OOM killer):
+            # either way no process of the run is left (Driver.poll swept it).
+            log.error(
+                "the run was killed (its watchdog was killed, or asked to kill it); "
+                "nothing of it is left",
+                extra={"action": "killed", **extra},
             )
         elif outcome.reason == "exited" and outcome.exit_code == 0:
             log.info("driver finished", extra={"action": "finished", **extra})
