@@ -78,8 +78,9 @@ class Backend:
     status: Callable[[], tuple[bool, dict[str, Any]]]
     members: Callable[[], dict[str, registry_servers.ServerInfo]]
     log_file: Callable[[str], Path | None]
-    # (job name, epoch, lines) -> the tail of that run's log shipped to S3, or None.
-    shipped_log: Callable[[str, int, int], str | None]
+    # (the job as jobs.show returns it, epoch, lines) -> the tail of that run's log
+    # shipped to S3, or None.
+    shipped_log: Callable[[dict[str, Any], int, int], str | None]
     placement_epsilon: float
     vnodes: int
     bucket: store.Store | None = None  # the resource center (uploads and deletes)
@@ -387,7 +388,7 @@ def create_app(backend: Backend) -> FastAPI:
         text = _live_log(backend, job, lines, secret)
         if text is None:
             for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
-                text = backend.shipped_log(name, epoch, lines)
+                text = backend.shipped_log(job, epoch, lines)
                 if text is not None:
                     break
         if text is None:

@@ -646,7 +646,13 @@ def _shipped_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
 
     bucket = clients.bucket(settings)
     for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
-        text = livelog.shipped(bucket, runner.log_key(job["name"], epoch), lines)
+        text = livelog.shipped_run(
+            bucket,
+            runner.log_key(job["name"], job["id"], epoch),
+            runner.legacy_log_key(job["name"], epoch),
+            job["created_at"],
+            lines,
+        )
         if text is not None:
             return text
     return None

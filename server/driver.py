@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from server import watchdog
 
@@ -104,6 +105,7 @@ class DriverSpec:
     python: str = sys.executable
     extra_env: Mapping[str, str] = field(default_factory=dict)
     revision: int | None = None  # the job revision run (SPARKRING_REVISION), if known
+    job_id: int | None = None  # recorded in the watchdog's state and result (RunIdentity)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,31 @@ class Outcome:
     ended_at: float
     # The watchdog itself recorded the run's end in PostgreSQL (a batch exit 0).
     recorded: bool = False
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Which run a watchdog's state and result files belong to. A job's name is not
+    enough: a job deleted and created again under its name starts again at epoch 1, and
+    the files of the deleted job's runs are still on disk (hole H6)."""
+
+    job_id: int
+    job: str
+    epoch: int
+    server: str
+
+    def wrote(self, record: Mapping[str, Any] | None) -> bool:
+        """``record`` (a state or result file's content) was written for this run. A
+        record without ``job_id`` was written by a watchdog of the older code, which
+        recorded only the name: it is taken on the name (the caller looks for such
+        records only where the older code kept its runs: runner.run_trace)."""
+        if record is None or record.get("epoch") != self.epoch:
+            return False
+        if record.get("server") != self.server:
+            return False
+        if "job_id" in record:
+            return record["job_id"] == self.job_id
+        return record.get("job") == self.job
 
 
 @dataclass(frozen=True)
@@ -528,6 +555,7 @@ def supervise(
     default_grace: float = watchdog.DEFAULT_GRACE_S,
     term_only: str | None = None,
     report: FinishReport | None = None,
+    job_id: int | None = None,
 ) -> Driver:
     """Run ``command`` under a new watchdog in its own session; see :func:`launch`.
 
@@ -563,6 +591,8 @@ def supervise(
         "--cwd",
         str(_working_dir(run_dir)),
     ]
+    if job_id is not None:
+        argv += ["--job-id", str(job_id)]
     if records is not None:
         argv += ["--records", str(records)]
     if term_only is not None:
@@ -644,14 +674,18 @@ def launch(
         records=records,
         term_only=python_main,
         report=report,
+        job_id=spec.job_id,
     )
 
 
-def adopt(run_dir: Path) -> Driver | None:
+def adopt(run_dir: Path, identity: RunIdentity | None = None) -> Driver | None:
     """Re-attach to the watchdog still running in ``run_dir`` (a server restarted with the
-    same id), or None when there is none (its pid gone or reused by another process)."""
+    same id), or None when there is none (its pid gone or reused by another process), or
+    when its state file is not ``identity``'s (another job's run: hole H6)."""
     state = watchdog.read_json(run_dir / STATE_FILE)
     if state is None:
+        return None
+    if identity is not None and not identity.wrote(state):
         return None
     pid, ticks = state.get("watchdog_pid"), state.get("watchdog_start_ticks")
     if not isinstance(pid, int) or not isinstance(ticks, int):

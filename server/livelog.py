@@ -14,6 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from resource_center import errors, store
@@ -25,6 +26,8 @@ MAX_LINES = 10_000
 FOLLOW_POLL_S = 0.5
 FOLLOW_MAX_S = 3600.0
 CHUNK_BYTES = 64 * 1024
+# S3 keeps an object's LastModified to the second.
+LAST_MODIFIED_RESOLUTION = timedelta(seconds=1)
 
 
 def tail(path: Path, lines: int) -> str:
@@ -57,6 +60,26 @@ def shipped(bucket: store.Store, key: str, lines: int) -> str | None:
         return None
     lines = max(1, min(lines, MAX_LINES))
     return "\n".join(data.splitlines()[-lines:]) + "\n"
+
+
+def shipped_run(
+    bucket: store.Store, key: str, legacy_key: str, created_at: datetime, lines: int
+) -> str | None:
+    """The tail of a finished run's shipped log: under ``key`` (``runner.log_key``), else
+    under the older code's ``legacy_key`` (``runner.legacy_log_key``, name and epoch
+    only) if that object was written after the job was created: an older one is a
+    deleted namesake's (hole H6). None if neither is there."""
+    text = shipped(bucket, key, lines)
+    if text is not None:
+        return text
+    try:
+        modified = dict(bucket.listed(legacy_key)).get(legacy_key)
+    except errors.ResourceError:
+        return None
+    # LastModified is kept to the second: the object may be up to a second younger.
+    if modified is None or modified + LAST_MODIFIED_RESOLUTION <= created_at:
+        return None
+    return shipped(bucket, legacy_key, lines)
 
 
 def follow(

@@ -182,8 +182,14 @@ class Server:
         s = self.settings
         self.api_engine = clients.engine(s, pool_size=defaults.HTTP_DB_POOL)
 
-        def shipped_log(name: str, epoch: int, lines: int) -> str | None:
-            return livelog.shipped(bucket, runner.log_key(name, epoch), lines)
+        def shipped_log(job: dict[str, Any], epoch: int, lines: int) -> str | None:
+            return livelog.shipped_run(
+                bucket,
+                runner.log_key(job["name"], job["id"], epoch),
+                runner.legacy_log_key(job["name"], epoch),
+                job["created_at"],
+                lines,
+            )
 
         backend = api.Backend(
             server_id=self.id,

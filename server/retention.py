@@ -8,9 +8,12 @@ with: a server clock ahead would delete recent history):
   that still exists (``jobs.id = job_events.job_id``), so ``sparkring job events`` never
   shows nothing for a live job. Events of deleted jobs go by age alone.
 - shipped driver logs, the objects under ``logs/`` in the bucket
-  (``runner.log_key``: ``logs/<job>/<epoch>.log``) whose LastModified is before the
-  cutoff, except the newest log (highest epoch) of each job that still exists, so
-  ``sparkring job logs`` still shows its last run.
+  (``runner.log_key``: ``logs/<name>/<job id>/<epoch>.log``; the older code's
+  ``runner.legacy_log_key``: ``logs/<name>/<epoch>.log``) whose LastModified is before
+  the cutoff, except the newest log (highest epoch) of each job that still exists, so
+  ``sparkring job logs`` still shows its last run. A job exists when its name and id
+  do: the logs of a deleted namesake (same name, another id) go by age alone. Older
+  code's logs are kept by name (they carry no id).
 
 Events go in batches of ``batch_size`` rows, each batch one short transaction (a
 ``DELETE ... WHERE id = ANY(ARRAY(SELECT ... ORDER BY id LIMIT n))``): no long transaction, no
@@ -29,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -143,7 +146,9 @@ def prunable_logs(
     listed: Collection[tuple[str, datetime]], before: datetime, existing_jobs: Collection[str]
 ) -> list[str]:
     """The keys among ``listed`` (key, LastModified) under ``logs/`` that may go: older
-    than ``before`` and not the newest log of a job in ``existing_jobs``."""
+    than ``before`` and not the newest log of a job in ``existing_jobs`` (the part of a
+    key between ``logs/`` and the epoch: ``<name>/<job id>``, or ``<name>`` for the
+    older code's keys; :func:`log_owners`)."""
     newest: dict[str, str] = {}
     for key, _ in listed:
         job = key.removeprefix(LOG_PREFIX).rpartition("/")[0]
@@ -152,6 +157,12 @@ def prunable_logs(
             newest[job] = key
     kept = set(newest.values())
     return sorted(key for key, modified in listed if modified < before and key not in kept)
+
+
+def log_owners(jobs: Iterable[tuple[str, int]]) -> set[str]:
+    """How the shipped logs of existing jobs (name, id) are grouped in their keys: by
+    ``<name>/<id>`` (``runner.log_key``) and, for the older code's, by ``<name>``."""
+    return {owner for name, job_id in jobs for owner in (name, f"{name}/{job_id}")}
 
 
 def prune(
@@ -170,7 +181,9 @@ def prune(
     )
     logs = None
     if bucket is not None and keep_going():
-        existing = set(conn.execute(sa.text("SELECT name FROM jobs")).scalars())
+        existing = log_owners(
+            (row.name, row.id) for row in conn.execute(sa.text("SELECT name, id FROM jobs"))
+        )
         conn.rollback()
         doomed = prunable_logs(bucket.listed(LOG_PREFIX), before, existing)
         if not dry_run:

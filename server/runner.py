@@ -46,7 +46,7 @@ from resource_center import cache as cache_module
 from resource_center import catalog, errors, store
 from scheduler import distribution, notify, states
 from scheduler import jobs as job_catalog
-from server import driver, metrics, reconcile, watchdog
+from server import checkpoint, driver, metrics, reconcile, watchdog
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +111,42 @@ class Run:
     marked: bool = False  # ``running`` is recorded in PostgreSQL
 
 
-def run_dir(work_dir: Path, job: str, epoch: int) -> Path:
-    return work_dir / "runs" / job / str(epoch)
+def job_dir(work_dir: Path, job_id: int) -> Path:
+    """The runs of one job on this host. Keyed by id, not name: a job deleted and
+    created again under its name starts again at epoch 1, and its deleted namesake's
+    run directories must never be taken for its own (hole H6). Created before this
+    server first claims the job, so its existence also says that no run of the job here
+    is in the layout of the older code (:func:`run_trace`)."""
+    return work_dir / "jobs" / str(job_id)
 
 
-def log_key(job: str, epoch: int) -> str:
-    """Where a finished run's driver log is shipped in the bucket."""
+def run_dir(work_dir: Path, job_id: int, epoch: int) -> Path:
+    return job_dir(work_dir, job_id) / str(epoch)
+
+
+def legacy_run_dir(work_dir: Path, name: str, epoch: int) -> Path:
+    """Where the code before :func:`job_dir` kept a run (``runs/<name>/<epoch>``)."""
+    return work_dir / "runs" / name / str(epoch)
+
+
+def run_trace(work_dir: Path, job_id: int, name: str, epoch: int) -> Path:
+    """The run directory to look for a run's trace in: its own (:func:`run_dir`), or,
+    for a job this code never claimed here, the older code's (a driver started before
+    an upgrade is adopted, its result recorded). Whatever is found there is still
+    checked against the run's identity (``driver.RunIdentity``)."""
+    if job_dir(work_dir, job_id).exists():
+        return run_dir(work_dir, job_id, epoch)
+    return legacy_run_dir(work_dir, name, epoch)
+
+
+def log_key(job: str, job_id: int, epoch: int) -> str:
+    """Where a finished run's driver log is shipped in the bucket: below the job's name
+    (to browse) and id (a deleted namesake's logs are never the job's: hole H6)."""
+    return f"logs/{job}/{job_id}/{epoch:010d}.log"
+
+
+def legacy_log_key(job: str, epoch: int) -> str:
+    """Where the code before :func:`log_key` shipped a run's log (name and epoch only)."""
     return f"logs/{job}/{epoch:010d}.log"
 
 
@@ -445,6 +475,16 @@ class Runner:
 
     def _claim(self, row: distribution.Row) -> None:
         cfg = self.config
+        try:
+            # Before the claim: a successor that finds this directory knows that no run
+            # of the job here is in the older code's layout (run_trace).
+            job_dir(cfg.work_dir, row.job_id).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning(
+                "cannot create the job's run directory: not claimed",
+                extra={"action": "claim", "job": row.name, "error": str(exc)},
+            )
+            return
         t_sent = watchdog.lease_clock()
         try:
             with self.engine.begin() as conn:
@@ -493,7 +533,7 @@ class Runner:
             fetched = [(self._fetch(item["id"]), item["filename"]) for item in artifacts]
             # The run's own links, under the original names: the cache may evict them.
             main, *py_files = driver.pin_artifacts(
-                run_dir(cfg.work_dir, run.name, run.epoch), fetched
+                run_dir(cfg.work_dir, run.job_id, run.epoch), fetched
             )
             spec = driver.DriverSpec(
                 job=run.name,
@@ -507,12 +547,13 @@ class Runner:
                 args=job["args"],
                 master=job["spark_master"] or cfg.spark_master,
                 checkpoint_dir=(
-                    cfg.checkpoint_root / run.name
+                    checkpoint.prepare(cfg.checkpoint_root, run.name, run.job_id)
                     if job["kind"] == states.JobKind.STREAMING
                     else None
                 ),
-                run_dir=run_dir(cfg.work_dir, run.name, run.epoch),
+                run_dir=run_dir(cfg.work_dir, run.job_id, run.epoch),
                 revision=run.revision,
+                job_id=run.job_id,
             )
             with self._lock:
                 deadline = run.deadline
@@ -648,7 +689,12 @@ class Runner:
             return lambda conn: None  # its watchdog recorded it (FinishReport)
         if how is reconcile.Ending.FINISH:
             return lambda conn: distribution.finish(conn, run.job_id, run.owner, run.epoch)
-        tail = _tail(run_dir(cfg.work_dir, run.name, run.epoch) / driver.LOG_FILE)
+        where = (
+            run.driver.run_dir
+            if run.driver is not None
+            else run_trace(cfg.work_dir, run.job_id, run.name, run.epoch)
+        )
+        tail = _tail(where / driver.LOG_FILE)
         error = f"driver {outcome.reason} with exit code {outcome.exit_code}"
         if tail:
             error += f": {tail}"
@@ -807,12 +853,19 @@ class Runner:
         - its watchdog died without a result: sweep what is left, then release;
         - nothing of it here (another host, a fresh work dir): leave the lease to
           expire. Its watchdog, wherever it is, kills the driver before that.
+
+        A state or result file counts only when it names this run (job id, epoch,
+        server: ``driver.RunIdentity``); another job's, such as a deleted namesake's,
+        is nothing of it. The run directory is :func:`run_trace`'s.
         """
         with self._lock:
             if row.job_id in self._runs:
                 return  # adopted (or claimed) since the poll that listed it as an orphan
         previous = distribution.Owner(self.config.server, row.owner_incarnation or "")
-        path = run_dir(self.config.work_dir, row.name, row.epoch)
+        path = run_trace(self.config.work_dir, row.job_id, row.name, row.epoch)
+        # Files of another job's run (a deleted namesake's, hole H6) are no trace of this
+        # one: a result would be recorded as this job's, a pgid swept that may be reused.
+        identity = driver.RunIdentity(row.job_id, row.name, row.epoch, self.config.server)
         run = Run(
             job_id=row.job_id,
             name=row.name,
@@ -824,7 +877,7 @@ class Runner:
             owner=previous,
             phase=reconcile.Phase.ENDED,
         )
-        old = driver.adopt(path)
+        old = driver.adopt(path, identity)
         if old is not None:
             if self._adopt(row, previous, old):
                 return
@@ -832,10 +885,10 @@ class Runner:
             write: Callable[[sa.Connection], object] = lambda conn: distribution.release(  # noqa: E731
                 conn, row.job_id, previous, row.epoch
             )
-        elif (path / driver.RESULT_FILE).exists():
+        elif identity.wrote(watchdog.read_json(path / driver.RESULT_FILE)):
             outcome = driver.Driver.outcome_of(path)
             write = self._outcome_write(run, outcome)
-        elif (path / driver.STATE_FILE).exists():
+        elif identity.wrote(watchdog.read_json(path / driver.STATE_FILE)):
             if left := driver.sweep(path):
                 log.error(
                     "processes of a previous incarnation's run survive SIGKILL: "
@@ -918,7 +971,7 @@ class Runner:
             return
         path = run.driver.log_file
         try:
-            self.bucket.put(log_key(run.name, run.epoch), path, path.stat().st_size)
+            self.bucket.put(log_key(run.name, run.job_id, run.epoch), path, path.stat().st_size)
         except errors.ResourceError as exc:
             log.warning(
                 "could not ship the driver log",

@@ -31,6 +31,8 @@ signal to the server's process group nor a SIGSTOP of the server reaches it. It 
   restarted server can re-attach (``driver.adopt``) or kill the group.
 - the **result file** (``--result``): why and when the driver ended, written atomically
   once everything is dead; the exit status is the matching ``exit_codes.ExitCode``.
+  Both carry the run's identity (``--job-id``, ``--job``, ``--epoch``, ``--server``): a
+  reader takes them for a run's only when they match it (``driver.RunIdentity``).
 - optional **lifetime records** (``--records``): one JSON line when the driver started
   (time taken before the spawn) and one when it ended (time taken after every
   descendant was reaped), so that runs of one job can be proven not to overlap.
@@ -264,7 +266,12 @@ class Watchdog:
         return float(self.args.grace)
 
     def _identity(self) -> dict[str, Any]:
-        return {"job": self.args.job, "epoch": self.args.epoch, "server": self.args.server}
+        identity = {"job": self.args.job, "epoch": self.args.epoch, "server": self.args.server}
+        if self.args.job_id is not None:
+            # Names are reused (a job deleted and created again): only the id tells whose
+            # run this is (driver.RunIdentity).
+            identity["job_id"] = self.args.job_id
+        return identity
 
     def _write_state(self) -> None:
         if self.args.state is None:
@@ -530,6 +537,7 @@ def _parser() -> argparse.ArgumentParser:
         "(falls back to the whole group when none has)",
     )
     parser.add_argument("--job", default=None)
+    parser.add_argument("--job-id", type=int, default=None)
     parser.add_argument("--epoch", type=int, default=None)
     parser.add_argument("--server", default=None)
     parser.add_argument(

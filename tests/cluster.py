@@ -144,7 +144,7 @@ class Cluster:
                 proc.wait(timeout=10)
         self.servers.clear()
         # Watchdogs live in their own sessions: kill what is left, by their run folders.
-        for state in self.root.glob("servers/*/work/runs/*/*"):
+        for state in self.root.glob("servers/*/work/jobs/*/*"):
             left = driver.adopt(state)
             if left is not None:
                 left.kill()

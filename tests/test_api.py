@@ -11,9 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
-from server import tokens
+from resource_center import store
+from server import runner, tokens
 from tests.api_helpers import API, ApiStack, api_stack
 
 
@@ -333,6 +335,44 @@ def test_logs_of_a_job_that_never_ran_is_404_and_local_logs_404_for_foreign_jobs
         _one_line_error(http.get(f"{API}/jobs/{name}/logs"), 404, "has no driver log yet")
         _one_line_error(http.get(f"/logs/{name}"), 404, f"no run of {name} here")
         _one_line_error(http.get(f"{API}/jobs/nosuchjob/logs"), 404, "no job named")
+
+
+def test_the_shipped_log_of_a_job_is_its_own_never_a_deleted_namesakes(
+    stack: ApiStack, tmp_path: Path
+) -> None:
+    """Hole H6: a job created again under a deleted job's name, at epoch 1 again. Its
+    logs route must not serve the deleted job's run 1 log (shipped under the name by
+    the older code, or under the deleted job's id), only its own."""
+    env = stack.cluster.env
+    bucket = store.Store(
+        endpoint=env["SPARKRING_S3_ENDPOINT"],
+        access_key=env["SPARKRING_S3_ACCESS_KEY"],
+        secret_key=env["SPARKRING_S3_SECRET_KEY"],
+        bucket=env["SPARKRING_S3_BUCKET"],
+        secure=False,
+        region="us-east-1",
+    )
+    name = _name()
+    log = tmp_path / "driver.log"
+    log.write_text("the deleted job's run\n")
+    bucket.put(runner.legacy_log_key(name, 1), log, log.stat().st_size)
+    bucket.put(runner.log_key(name, 10**9, 1), log, log.stat().st_size)
+    job_id = stack.create_job(name)["id"]
+    with stack.cluster.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE distribution SET epoch = 1 WHERE job_id = :id"), {"id": job_id}
+        )
+        # Created a while after those logs (S3 dates them to the second only).
+        conn.execute(
+            sa.text("UPDATE jobs SET created_at = now() + interval '5 seconds' WHERE id = :id"),
+            {"id": job_id},
+        )
+    with stack.client(stack.viewer) as http:
+        _one_line_error(http.get(f"{API}/jobs/{name}/logs"), 404, "has no driver log yet")
+        log.write_text("its own run\n")
+        bucket.put(runner.log_key(name, job_id, 1), log, log.stat().st_size)
+        reply = http.get(f"{API}/jobs/{name}/logs")
+    assert reply.status_code == 200 and reply.text == "its own run\n", reply.text
 
 
 # ---------------------------------------------------------------- resources: writes

@@ -167,7 +167,7 @@ def test_job_logs_pass_driver_lines_through_byte_for_byte(
     log.write_text(text)
     bucket = clients.bucket(settings)
     bucket.ensure_bucket()
-    bucket.put(runner.log_key("talker", 1), log, log.stat().st_size)
+    bucket.put(runner.log_key("talker", job_id, 1), log, log.stat().st_size)
     run_env = {
         **env,
         "SPARKRING_S3_BUCKET": settings.s3_bucket,
@@ -176,6 +176,63 @@ def test_job_logs_pass_driver_lines_through_byte_for_byte(
     result = _run(run_env, "job", "logs", "talker")
     assert result.returncode == 0, result.stderr
     assert result.stdout == text
+
+
+def test_job_logs_of_a_re_created_job_never_show_its_deleted_namesakes_log(
+    env: dict[str, str], engine: sa.Engine, settings: settings_module.Settings, tmp_path: Path
+) -> None:
+    """Hole H6: job talker was deleted after its run 1 shipped its log (by this code, or
+    by the older code, under the name alone), and created again. The new job's run 1
+    has shipped nothing yet: `job logs` must say so, not show the deleted job's log."""
+    bucket = clients.bucket(settings)
+    bucket.ensure_bucket()
+    log = tmp_path / "driver.log"
+    log.write_text("the deleted job's run\n")
+    bucket.put(runner.legacy_log_key("talker", 1), log, log.stat().st_size)
+    bucket.put(runner.log_key("talker", 10**9, 1), log, log.stat().st_size)
+    job_id = factories.job(engine, "talker", start=False)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE distribution SET epoch = 1 WHERE job_id = :id"), {"id": job_id}
+        )
+        # Created a while after those logs (S3 dates them to the second only).
+        conn.execute(
+            sa.text("UPDATE jobs SET created_at = now() + interval '5 seconds' WHERE id = :id"),
+            {"id": job_id},
+        )
+    run_env = {
+        **env,
+        "SPARKRING_S3_BUCKET": settings.s3_bucket,
+        "SPARKRING_ZK_HOSTS": "127.0.0.1:1",
+    }
+    result = _run(run_env, "job", "logs", "talker")
+    assert "the deleted job's run" not in result.stdout
+    assert result.returncode != 0 and "has no driver log yet" in result.stderr, result.stderr
+
+
+def test_job_logs_still_show_a_log_the_older_code_shipped(
+    env: dict[str, str], engine: sa.Engine, settings: settings_module.Settings, tmp_path: Path
+) -> None:
+    """Upgrade compatibility: a run of the job that ended before the upgrade shipped its
+    log under the name alone (runner.legacy_log_key), after the job was created."""
+    job_id = factories.job(engine, "talker", start=False)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE distribution SET epoch = 1 WHERE job_id = :id"), {"id": job_id}
+        )
+    bucket = clients.bucket(settings)
+    bucket.ensure_bucket()
+    log = tmp_path / "driver.log"
+    log.write_text("run 1, shipped by the older code\n")
+    bucket.put(runner.legacy_log_key("talker", 1), log, log.stat().st_size)
+    run_env = {
+        **env,
+        "SPARKRING_S3_BUCKET": settings.s3_bucket,
+        "SPARKRING_ZK_HOSTS": "127.0.0.1:1",
+    }
+    result = _run(run_env, "job", "logs", "talker")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "run 1, shipped by the older code\n"
 
 
 # -------------------------------------------------------------------- readability

@@ -185,10 +185,9 @@ def _bucket(settings: settings_module.Settings) -> store.Store:
     return bucket
 
 
-def _ship(bucket: store.Store, tmp_path: Path, job: str, epoch: int) -> str:
-    log = tmp_path / f"{job}-{epoch}.log"
-    log.write_text(f"run {epoch} of {job}\n")
-    key = runner.log_key(job, epoch)
+def _ship(bucket: store.Store, tmp_path: Path, key: str) -> str:
+    log = tmp_path / "driver.log"
+    log.write_text(f"the log shipped to {key}\n")
     bucket.put(key, log, log.stat().st_size)
     return key
 
@@ -197,8 +196,16 @@ def test_shipped_logs_older_than_the_cutoff_go_and_each_live_jobs_newest_stays(
     engine: sa.Engine, settings: settings_module.Settings, tmp_path: Path
 ) -> None:
     bucket = _bucket(settings)
-    factories.job(engine, "live")
-    keys = [_ship(bucket, tmp_path, job, epoch) for job in ("live", "gone") for epoch in (1, 2)]
+    live = factories.job(engine, "live")
+    gone = live + 1000  # a deleted job's id
+    keys = [
+        _ship(bucket, tmp_path, runner.log_key(name, job_id, epoch))
+        for name, job_id in (("live", live), ("gone", gone))
+        for epoch in (1, 2)
+    ]
+    # A deleted namesake of "live" (same name, another id) ran to a higher epoch: its
+    # log is not live's newest, and goes by age (hole H6).
+    keys.append(_ship(bucket, tmp_path, runner.log_key("live", gone, 7)))
     artifact = tmp_path / "artifact"
     artifact.write_bytes(b"x")
     bucket.put(store.object_key("0" * 64), artifact, 1)  # not a log: never touched
@@ -213,10 +220,12 @@ def test_shipped_logs_older_than_the_cutoff_go_and_each_live_jobs_newest_stays(
         assert kept_all.logs == 0
         after_all = max(modified.values()) + timedelta(milliseconds=1)
         dry = retention.prune(conn, bucket, after_all, batch_size=10, dry_run=True)
-        assert dry.logs == 3 and set(dict(bucket.listed(retention.LOG_PREFIX))) == set(keys)
+        assert dry.logs == 4 and set(dict(bucket.listed(retention.LOG_PREFIX))) == set(keys)
         pruned = retention.prune(conn, bucket, after_all, batch_size=10)
-    assert pruned.logs == 3
-    assert [key for key, _ in bucket.listed(retention.LOG_PREFIX)] == [runner.log_key("live", 2)]
+    assert pruned.logs == 4
+    assert [key for key, _ in bucket.listed(retention.LOG_PREFIX)] == [
+        runner.log_key("live", live, 2)
+    ]
     assert bucket.exists(store.object_key("0" * 64))
 
 
@@ -249,6 +258,22 @@ def test_which_logs_may_go() -> None:
         "logs/a/0000000001.log",
         "logs/a/0000000010.log",
         "logs/b/0000000003.log",
+    ]
+
+
+def test_which_logs_may_go_when_a_name_was_reused() -> None:
+    """Job a (id 5) was deleted and created again (id 9); the older code's logs of a
+    carry no id. Each existing job keeps its newest log; a deleted namesake's go by age."""
+    now = datetime(2026, 11, 24, tzinfo=UTC)
+    old = now - timedelta(days=40)
+    listed = [
+        ("logs/a/0000000004.log", old),  # the older code's: kept as a's newest by name
+        (runner.log_key("a", 5, 3), old),  # the deleted a's
+        (runner.log_key("a", 9, 1), old),  # the existing a's newest: kept
+    ]
+    existing = retention.log_owners([("a", 9)])
+    assert retention.prunable_logs(listed, now - timedelta(days=30), existing) == [
+        runner.log_key("a", 5, 3)
     ]
 
 
@@ -293,7 +318,7 @@ def test_cli_prunes_logs_too_and_takes_the_setting_as_default(
     env: dict[str, str], engine: sa.Engine, settings: settings_module.Settings, tmp_path: Path
 ) -> None:
     bucket = _bucket(settings)
-    _ship(bucket, tmp_path, "gone", 1)
+    _ship(bucket, tmp_path, runner.log_key("gone", 10**9, 1))
     _events_of_a_gone_job(engine, 2, days=3)
     s3 = {**env, "SPARKRING_S3_BUCKET": settings.s3_bucket}
     # The setting (2 days) is the default age; the log is seconds old, so it stays.

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from resource_center import cache, catalog, store
 from scheduler import distribution, jobs
 from scheduler.states import JobKind
+from server import driver as driver_module
 from server import runner, watchdog
 from server import settings as settings_module
 from sql import database
@@ -43,6 +44,8 @@ GATED_MAIN = textwrap.dedent(
     sys.exit(int(open(os.path.join(here, "go")).read() or 0))
     """
 )
+# The file in a streaming job's checkpoint dir naming the job that owns it (docs/jobs.md).
+CHECKPOINT_OWNER_FILE = ".sparkring-job-id"
 SPARK_START_S = 90  # spark-submit of a plain Python main on a busy 2-core machine
 TTL = 8.0
 
@@ -164,7 +167,7 @@ def test_a_batch_driver_exiting_0_while_postgresql_is_away_ends_finished_and_run
     services.set_connections(database_url, allowed=False)
     try:
         (stage / "go").write_text("0")  # the driver exits 0 while PostgreSQL is away
-        run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+        run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
         waiting.wait_until(
             lambda: (
                 (run_dir / "result.json").exists()
@@ -182,7 +185,7 @@ def test_a_batch_driver_exiting_0_while_postgresql_is_away_ends_finished_and_run
         message="the finished batch job was not recorded",
     )
     kinds = _kinds(database_url)
-    result = (tmp_path / "work" / "runs" / "b" / "1" / "result.json").read_text()
+    result = (runner.run_dir(tmp_path / "work", job_id, 1) / "result.json").read_text()
     assert kinds.count("claimed") == 1, (kinds, result)
     assert (stage / "starts").read_text().split() == ["1"]
     assert len(_starts(tmp_path)) == 1
@@ -254,7 +257,7 @@ def test_a_batch_exit_0_noticed_after_the_lease_ran_out_is_finished_not_rerun(
         lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
     )
     (stage / "go").write_text("0")
-    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     factories.expire_lease(engine, job_id)  # the pause outlasted the lease
     stepped_runner.renew_once()  # resumes: the renewal runs first
@@ -299,7 +302,7 @@ def test_a_batch_exit_0_while_its_server_is_stalled_is_recorded_by_the_watchdog(
     )
     # From here the server takes no step: no renewal, no poll, no record of its own.
     (stage / "go").write_text("0")
-    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "finished",
@@ -343,7 +346,7 @@ def test_a_watchdog_cannot_record_a_run_that_is_no_longer_its_own(
     with engine.begin() as conn:
         taken = distribution.claim(conn, job_id, factories.owner("s2"), TTL)
     (stage / "go").write_text("0")
-    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     result = json.loads((run_dir / "result.json").read_text())
     assert result["recorded"] is False, result
@@ -378,7 +381,7 @@ def test_a_batch_exit_0_as_its_migration_begins_is_finished_not_rerun(
         30,
         message="the run was not recorded running",
     )
-    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
     stop_driver = long_lease_runner._stop_driver
 
     def exit_0_first(run: runner.Run) -> None:
@@ -440,7 +443,7 @@ def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
     assert run.driver is not None and not run.driver.ended(), "the ending run was killed"
     # The watchdog exits: the next polls reap the run and ship its log.
     (stage / "go").write_text("0")
-    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     waiting.wait_until(
         lambda: not runner_.runs() or runner_.poll_once() < 0,
@@ -449,7 +452,7 @@ def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
     )
     assert json.loads((run_dir / "result.json").read_text())["reason"] == "exited"
     waiting.wait_until(
-        lambda: bucket.exists(runner.log_key("b", 1)), 10, message="the log was not shipped"
+        lambda: bucket.exists(runner.log_key("b", job_id, 1)), 10, message="the log was not shipped"
     )
     kinds = _kinds(database_url)
     assert kinds.count("claimed") == 1 and kinds.count("finished") == 1, kinds
@@ -602,8 +605,8 @@ def test_a_watchdog_killed_with_sigkill_leaves_no_process_of_its_run_when_releas
     to init, and keeps running. The job must not be released (claimable elsewhere) while
     any process of the run lives: before, the poll reaped the run as ``killed`` and
     released it at once, and the new driver ran beside the old Python main."""
-    _, run = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
-    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    job_id, run = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
     assert watchdog.marked_processes(run_dir), "the run has no marked process to survive"
     state = watchdog.read_json(run_dir / "watchdog.json")
     assert state is not None
@@ -720,7 +723,7 @@ def test_a_stop_that_cannot_write_its_stop_file_still_stops_the_driver(
         message="the stop never completed",
     )
     assert run.driver is not None and run.driver.poll() is not None
-    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
     assert watchdog.marked_processes(run_dir) == []
     waiting.wait_until(lambda: not long_lease_runner.runs(), 10, message="the run was kept")
 
@@ -739,7 +742,7 @@ def test_a_sigterm_exit_just_before_the_server_sees_its_own_sigterm_is_no_crash(
     A SIGTERM exit now waits (briefly, on an event) for the server's shutdown."""
     job_id, _ = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
     (stage / "go").write_text("143")
-    run_dir = runner.run_dir(tmp_path / "work", "b", 1)
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 143
     # The server's SIGTERM handler runs a moment after the poll reaps the driver.
@@ -890,3 +893,172 @@ def test_a_hand_over_whose_commit_answer_is_lost_is_tried_again(
     before = watchdog.lease_clock()
     assert stepped_runner.hand_over(60.0) == ["b"]
     assert handle.deadlines and handle.deadlines[-1] >= before + 60.0 - 3.0
+
+
+# -------------------------------------------------- H6: a job re-created under its name
+
+
+def _orphan_cleaned(the_runner: runner.Runner, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once the runner's orphan task (``_clean_orphan``) has returned."""
+    done = threading.Event()
+    clean = the_runner._clean_orphan
+
+    def clean_then_tell(row: distribution.Row) -> None:
+        try:
+            clean(row)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(the_runner, "_clean_orphan", clean_then_tell)
+    return done
+
+
+@pytest.mark.parametrize(
+    ("identity", "claimed_here"),
+    [
+        ({}, False),  # a result as the brief's example writes it: no identity at all
+        # The deleted job's own watchdog (the legacy layout) wrote this identity; the new
+        # job's claim by the new code left its own run directory behind (runs/<id>/).
+        ({"job": "b", "epoch": 1, "server": "s1"}, True),
+    ],
+)
+def test_a_re_created_job_never_ends_with_its_deleted_namesakes_result(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    stepped_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    identity: dict[str, object],
+    claimed_here: bool,
+) -> None:
+    """Hole H6: job b was deleted and created again; its run directory of epoch 1 is
+    still there. The new job b is claimed at epoch 1 by the previous incarnation, which
+    dies before it launches anything. The successor must not record the deleted job's
+    result as the new job's (a batch exit 0 ended ``finished`` though it never ran):
+    the lease is left to expire, or released, never ended from another job's trace."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    legacy = tmp_path / "work" / "runs" / "b" / "1"
+    legacy.mkdir(parents=True)
+    (legacy / "result.json").write_text(
+        json.dumps({**identity, "reason": "exited", "exit_code": 0, "ended_at": 1.0})
+    )
+    if claimed_here:
+        runner.job_dir(tmp_path / "work", job_id).mkdir(parents=True)
+    with engine.begin() as conn:
+        distribution.claim(conn, job_id, factories.owner("s1", "old"), TTL)
+    cleaned = _orphan_cleaned(stepped_runner, monkeypatch)
+    stepped_runner.poll_once()  # an orphan of the previous incarnation: its task runs
+    waiting.wait_until(cleaned.is_set, 10, message="the orphan task did not run")
+    stepped_runner.poll_once()  # and records whatever it decided
+    assert factories.row(engine, job_id).state != "finished"
+    assert "finished" not in _kinds(database_url)
+    assert not (stage / "starts").exists()
+
+
+def test_a_run_of_the_old_layout_is_still_recorded_after_an_upgrade(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    stepped_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Upgrade compatibility: a server restarted onto this code finds the result its
+    previous incarnation's (older) code left in ``runs/<name>/<epoch>``, with that code's
+    identity (no job id), and no run directory of the new layout for the job: that run
+    is the job's own, and its exit 0 is recorded ``finished``."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    legacy = tmp_path / "work" / "runs" / "b" / "1"
+    legacy.mkdir(parents=True)
+    (legacy / "result.json").write_text(
+        json.dumps(
+            {"job": "b", "epoch": 1, "server": "s1", "reason": "exited", "exit_code": 0}
+            | {"ended_at": 1.0}
+        )
+    )
+    with engine.begin() as conn:
+        distribution.claim(conn, job_id, factories.owner("s1", "old"), TTL)
+    cleaned = _orphan_cleaned(stepped_runner, monkeypatch)
+    stepped_runner.poll_once()
+    waiting.wait_until(cleaned.is_set, 10, message="the orphan task did not run")
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "finished" or stepped_runner.poll_once() < 0,
+        10,
+        message="the old layout's result was not recorded",
+    )
+
+
+def _streaming_job(engine: sa.Engine, bucket: store.Store, tmp_path: Path) -> int:
+    main = tmp_path / "stream.py"
+    main.write_text("print('never run here')\n")
+    resource = catalog.upload(engine, bucket, name="stream", path=main, max_bytes=1 << 20)
+    with engine.begin() as conn:
+        job_id = jobs.create(
+            conn, jobs.JobSpec(name="s", kind=JobKind.STREAMING, resource_id=resource.id)
+        )
+        jobs.start(conn, "s")
+    factories.target(engine, job_id, "s1")
+    return job_id
+
+
+def _launched_spec(
+    the_runner: runner.Runner, monkeypatch: pytest.MonkeyPatch
+) -> list[driver_module.DriverSpec]:
+    """Claim and prepare the job targeted at ``the_runner``; the launch itself is only
+    recorded (and deferred): what matters is the spec it was given."""
+    specs: list[driver_module.DriverSpec] = []
+
+    def launch(spec: driver_module.DriverSpec, *args: object, **kwargs: object) -> None:
+        specs.append(spec)
+        raise driver_module.DriverError("launch recorded by the test")
+
+    monkeypatch.setattr(driver_module, "launch", launch)
+    the_runner.poll_once()
+    waiting.wait_until(lambda: specs, 30, message="the driver was never prepared")
+    return specs
+
+
+def test_a_re_created_streaming_job_starts_from_a_checkpoint_of_its_own(
+    engine: sa.Engine,
+    bucket: store.Store,
+    stepped_runner: runner.Runner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hole H6: streaming job s was deleted (its checkpoints are kept) and created again
+    under the same name. The new job must not resume the deleted job's checkpoint (its
+    offsets and state belong to another job); the deleted job's checkpoint is kept."""
+    root = tmp_path / "checkpoints"
+    deleted = root / "s"
+    (deleted / "offsets").mkdir(parents=True)
+    (deleted / "offsets" / "0").write_text("the deleted job's offsets")
+    (deleted / CHECKPOINT_OWNER_FILE).write_text("999999\n")  # the deleted job's id
+    job_id = _streaming_job(engine, bucket, tmp_path)
+    (spec,) = _launched_spec(stepped_runner, monkeypatch)
+    assert spec.checkpoint_dir is not None
+    assert not (spec.checkpoint_dir / "offsets").exists(), "resumed the deleted job's checkpoint"
+    assert (spec.checkpoint_dir / CHECKPOINT_OWNER_FILE).read_text().strip() == str(job_id)
+    kept = [p for p in root.rglob("0") if p.read_text() == "the deleted job's offsets"]
+    assert kept, "the deleted job's checkpoint was not kept"
+
+
+def test_a_streaming_job_keeps_its_checkpoint_of_the_old_layout_after_an_upgrade(
+    engine: sa.Engine,
+    bucket: store.Store,
+    stepped_runner: runner.Runner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Upgrade compatibility: a checkpoint the older code left at ``<root>/<name>`` (no
+    owner marker) is the job's own: the job resumes it, and it is marked as the job's."""
+    root = tmp_path / "checkpoints"
+    (root / "s" / "offsets").mkdir(parents=True)
+    (root / "s" / "offsets" / "0").write_text("offsets")
+    job_id = _streaming_job(engine, bucket, tmp_path)
+    (spec,) = _launched_spec(stepped_runner, monkeypatch)
+    assert spec.checkpoint_dir == root / "s"
+    assert (root / "s" / "offsets" / "0").read_text() == "offsets"
+    assert (root / "s" / CHECKPOINT_OWNER_FILE).read_text().strip() == str(job_id)

@@ -453,6 +453,53 @@ def test_adopt_reattaches_to_a_live_watchdog(
     assert driver.adopt(tmp_path / "nowhere") is None
 
 
+def test_adopt_takes_only_the_watchdog_of_the_run_it_is_asked_for(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    """Hole H6: a job deleted and created again under its name is at epoch 1 again. A
+    live watchdog of job id 5 is no run of job id 9, whatever their names; its state
+    and result carry the id, and a successor adopts or records only its own run's."""
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path), "exit-3"],
+        watchdog.lease_clock() + 60,
+        job_id=5,
+    )
+    run_dir = tmp_path / "run"
+    waiting.wait_until(lambda: (run_dir / driver.STATE_FILE).exists(), 10, message="no state file")
+    mine = driver.RunIdentity(5, "j", 7, "server-a")
+    namesake = driver.RunIdentity(9, "j", 7, "server-a")
+    state = watchdog.read_json(run_dir / driver.STATE_FILE)
+    assert state is not None and state["job_id"] == 5
+    assert mine.wrote(state) and not namesake.wrote(state)
+    assert driver.adopt(run_dir, namesake) is None
+    assert handle.wait(10) is not None
+    result = watchdog.read_json(run_dir / driver.RESULT_FILE)
+    assert result is not None and result["job_id"] == 5 and result["exit_code"] == 3
+    assert mine.wrote(result) and not namesake.wrote(result)
+    # Another epoch or another server's run is not this run either.
+    assert not driver.RunIdentity(5, "j", 8, "server-a").wrote(result)
+    assert not driver.RunIdentity(5, "j", 7, "server-b").wrote(result)
+
+
+def test_adopt_still_takes_a_watchdog_of_the_older_code_by_its_name(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    """Upgrade compatibility: a watchdog started by the older code records no job id (as
+    one started here without ``job_id``); a restarted server adopts it by name, epoch
+    and server (runner.run_trace looks for it only where that code kept its runs)."""
+    handle = supervise(
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], watchdog.lease_clock() + 60
+    )
+    wait_ready(tmp_path)
+    state = watchdog.read_json(tmp_path / "run" / driver.STATE_FILE)
+    assert state is not None and "job_id" not in state
+    adopted = driver.adopt(tmp_path / "run", driver.RunIdentity(9, "j", 7, "server-a"))
+    assert adopted is not None and adopted.pid == handle.pid
+    assert driver.adopt(tmp_path / "run", driver.RunIdentity(9, "other", 7, "server-a")) is None
+
+
 def test_adopt_refuses_a_reused_pid(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
