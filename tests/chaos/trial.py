@@ -434,8 +434,8 @@ class Trial:
         the delete (a transaction's ``now()`` is its start: a server paused mid
         transaction) would be deleted unseen: that is counted and fails the run, never
         silently blinds the checker. ``conn`` must not be in a transaction."""
+        cutoff = retention.cutoff(conn, older_than)  # leaves conn outside a transaction
         with conn.begin():
-            cutoff = retention.cutoff(conn, older_than)
             doomed = {
                 r.id: dict(r._mapping)
                 for r in conn.execute(
