@@ -279,12 +279,16 @@ def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]
     according to its events, or None if it is not: its own driver failed
     ``max_restarts + 1`` times since its restart count was last reset (a start or
     restart of the job at rest; a restart of a live run or a rolling revision keeps the
-    count, so failures before it count too), or its artifact or spec is invalid. Batch
+    count, so failures before it count too; a restart on a stall spends one as a failure
+    does), or its artifact or spec is invalid. Batch
     and streaming alike: a batch job's ``--max-retries`` is its ``max_restarts``, so a
     batch job FAILED with retries left was failed too early. Deferrals (S3 away, a
     stall) and errors of the server never justify it."""
     current = _since_restarts_reset(items)
     ends = [e for e in current if e["kind"] in ("crashed", "failed")]
+    # A restart the run's owner asked (restart-on-stall: ``restart_run``, detail "by")
+    # spends one restart of the same budget, with no driver failure.
+    spent = sum(1 for e in current if e["kind"] == "restart_requested" and "by" in _detail(e))
     errors = [str(_detail(e).get("error") or "") for e in ends]
     # The runner says why it gave up (event detail "cause": driver | invalid).
     if any(_detail(e).get("cause") == "invalid" for e in ends):
@@ -292,8 +296,8 @@ def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]
     if any(INVALID_JOB.search(error) for error in errors):
         return "invalid artifact or spec"
     failures = sum(1 for error in errors if DRIVER_FAILURE.match(error))
-    if failures >= int(job["max_restarts"]) + 1:
-        return f"its driver failed {failures} times"
+    if failures + spent >= int(job["max_restarts"]) + 1:
+        return f"its driver failed {failures} times, restarted on a stall {spent} times"
     return None
 
 

@@ -287,6 +287,15 @@ def test_a_restart_of_a_live_run_keeps_the_failures_that_count_towards_failed() 
     # rest (its last event a crash), so the count went on.
     legacy = _event(3, "restart_requested", None, None, "b", generation=2)
     assert _lost([batch], [*head, legacy, *tail]) == []
+    # A restart on a stall (its owner's restart_run, detail "by") spends one restart as a
+    # failure does: max_restarts 1, one stall restart, one failure: FAILED legitimately.
+    stall = [
+        _event(0, "start_requested", None, None, "b", generation=1),
+        _event(1, "claimed", "s1", 1, "b"),
+        _event(2, "restart_requested", "s1", 1, "b", generation=2, restarts=1, by="stalled"),
+        *tail,
+    ]
+    assert _lost([batch], stall) == []
     # A re-run of the job at rest starts the count again: one failure since is too few.
     rerun = _event(3, "restart_requested", None, None, "b", generation=2, rerun=True)
     assert len(_lost([batch], [*head, rerun, *tail])) == 1

@@ -39,7 +39,9 @@ Faults (one at a time; the command threads run throughout):
 
 The jobs: eight streaming heartbeats, four batch ones that run 2-6 s, two batch ones
 whose driver always fails (exit 3; ``--max-retries`` 0 and 1: they end FAILED, so the
-budget and FAILED-with-cause checks see real failures), and the sentinels. The command
+budget and FAILED-with-cause checks see real failures), a streaming one that opts in to
+restart-on-stall and always stalls (STALLING: the health monitor restarts it), and the
+sentinels. The command
 threads send start, stop, restart, ``update`` (new args, a conf key, the other version
 of the artifact; for a batch job sometimes with ``--restart``) and ``rollback``, and now
 and then ``events prune --older-than 10-60 s`` (``Trial.prune_history``: the harness
@@ -87,6 +89,15 @@ FAILING_EXIT = 3
 # server's start-up on a loaded 2-core machine (15-25 s at load 6-7: Python's imports
 # alone), so that a successor started within it adopts the drivers.
 HANDOVER_S = 30.0
+# A streaming job that opts in to restart-on-stall: its driver logs a query start and no
+# progress (heartbeat.py --query-started), so the health monitor (every 5 s) flags it
+# stalled after STALL_S and restarts it, max_restarts times per reset of its count.
+STALLING = "stall0"
+STALL_S = 6.0
+STALL_CONF = {
+    "sparkring.health.stallTimeout": f"{STALL_S:g}",
+    "sparkring.health.restartOnStall": "true",
+}
 # A command loop prunes the history instead of commanding a job with this probability.
 PRUNE_P = 0.03
 CAPACITY = 6  # two servers hold every job while the third is down
@@ -248,6 +259,9 @@ class RandomChaos:
         for name in self.failing:
             t.wait_state(name, "failed", 180)
         self.names += self.failing
+        t.create(STALLING, extra=["--query-started"], conf=STALL_CONF)
+        t.wait_state(STALLING, "running", 120)
+        self.names.append(STALLING)
         # A second version of the artifact (other bytes), for updates to switch between.
         assert t.resource is not None
         (self.root / "v2").mkdir(exist_ok=True)
@@ -444,6 +458,8 @@ class RandomChaos:
                 args = [heartbeats, "--run-for", str(round(rng.uniform(2.0, 6.0), 1))]
             else:
                 args = [heartbeats, "--exit-code", str(rng.randrange(3))]
+                if name == STALLING:  # it keeps stalling (its conf is kept: keys merge)
+                    args.append("--query-started")
             change = jobs.Change(
                 resource_id=rng.choice(self.versions).id,
                 args=args,

@@ -225,6 +225,7 @@ class Trial:
         resource: catalog.Resource | None = None,
         start: bool = True,
         max_restarts: int = 3,
+        conf: dict[str, str] | None = None,
     ) -> None:
         """Define a heartbeat job (and start it) through the job catalog: the same
         statements the CLI runs, without a process start per command. ``max_restarts``
@@ -241,6 +242,7 @@ class Trial:
                     kind=kind,
                     resource_id=resource.id,
                     args=[str(self.cluster.heartbeats), *extra],
+                    conf=conf or {},
                     max_restarts=max_restarts,
                 ),
             )
