@@ -436,7 +436,11 @@ def restart(conn: sa.Connection, name: str, actor: str | None = None) -> str:
             .returning(tables.jobs.c.generation)
         ).scalar_one()
         outcome = "restarting"
-    _event(conn, job_id, name, EventKind.RESTART_REQUESTED, {"generation": generation}, actor)
+    # ``rerun``: the job was at rest and its restart count went back to 0 (``_RERUN``); a
+    # restart of a live run keeps the count. The chaos checker counts a FAILED job's
+    # driver failures since the last reset (tests/chaos/invariants.py).
+    detail = {"generation": generation, "rerun": outcome == "started"}
+    _event(conn, job_id, name, EventKind.RESTART_REQUESTED, detail, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return outcome
 
@@ -724,6 +728,10 @@ def _revise(
     }
     if rollback_of is not None:
         detail["rollback_of"] = rollback_of
+    if row.roll:
+        # The generation the roll gave the job, as restart_requested records it: the
+        # events alone then tell which generation each claim runs (the chaos checker).
+        detail["generation"] = row.generation
     _event(conn, job_id, name, EventKind.REVISED, detail, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return Revised(revision, previous, tuple(changed), effect, row.run_revision)

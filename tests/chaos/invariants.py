@@ -23,9 +23,13 @@ compares on the wall clock: its events carry PostgreSQL's ``now()``, which has n
 BOOTTIME (the stack runs on the watchdogs' host, so both read one wall clock).
 
 Generations come from the events alone: an operator command that gives a job a new
-generation (``start_requested`` of a terminal job, ``restart_requested``:
-``scheduler/jobs.py``) records it in its detail, and a claim runs the newest generation
-commanded before it (a claim copies ``jobs.generation`` in the same statement).
+generation (``start_requested`` of a terminal job, ``restart_requested``, and a
+``revised`` whose new revision rolled the live run: ``scheduler/jobs.py``) records it in
+its detail, and a claim runs the newest generation commanded before it (a claim copies
+``jobs.generation`` in the same statement). The restart count, on the other hand,
+survives every new generation but a re-run of a job at rest (``start_requested`` with a
+generation, ``restart_requested`` with ``rerun``): :func:`failed_with_cause` counts from
+there.
 """
 
 from __future__ import annotations
@@ -51,8 +55,9 @@ OWNER_WRITES = frozenset(
 # Events that mean a driver was (about to be) started for a job.
 START_EVENTS = frozenset({"claimed", "driver_started"})
 # Operator commands (scheduler/jobs.py) whose detail names the new generation they gave
-# the job: the only way a job that ended may run again (S4).
-GENERATION_COMMANDS = frozenset({"start_requested", "restart_requested"})
+# the job: the only way a job that ended may run again (S4). A ``revised`` event names
+# one only when the revision rolled a live run (stop, then a claim of the new generation).
+GENERATION_COMMANDS = frozenset({"start_requested", "restart_requested", "revised"})
 # A driver that failed on its own: the error server/runner.py records when the driver
 # process exited abnormally ("driver exited with exit code N: <log tail>"). Deferrals,
 # lease losses and start-up errors are not the job's own failures.
@@ -241,21 +246,49 @@ def claim_generations(items: Sequence[Mapping[str, Any]]) -> dict[int, int]:
     return out
 
 
-def _current_generation_events(items: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The events since the newest command that gave the job a new generation."""
-    last = max((i for i, e in enumerate(items) if _commanded_generation(e) is not None), default=-1)
+def _resets_restarts(event: Mapping[str, Any], at_rest: bool) -> bool:
+    """Whether a command set the job's restart count back to 0 (``_RERUN`` in
+    scheduler/jobs.py: only a job at rest is re-run). ``start_requested`` with a
+    generation always re-ran the job; ``restart_requested`` says so in ``rerun`` (events
+    written before that key existed: inferred from ``at_rest``, the job's last end or
+    claim being an end). A restart of a live run (an operator's, or a stall's
+    ``restart_run``) and a rolling revision keep the count."""
+    if event["kind"] == "start_requested":
+        return _commanded_generation(event) is not None
+    if event["kind"] == "restart_requested":
+        rerun = _detail(event).get("rerun")
+        return bool(rerun) if rerun is not None else at_rest and "by" not in _detail(event)
+    return False
+
+
+def _since_restarts_reset(items: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The events since the newest command that reset the job's restart count."""
+    last, at_rest = -1, False
+    for i, e in enumerate(items):
+        if _resets_restarts(e, at_rest):
+            last, at_rest = i, False
+        elif e["kind"] == "claimed":
+            at_rest = False
+        elif _terminal(e):
+            at_rest = True
     return list(items[last + 1 :])
 
 
 def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the FAILED job ``job`` (a row with ``max_restarts``) is legitimately FAILED
     according to its events, or None if it is not: its own driver failed
-    ``max_restarts + 1`` times in the current generation, or its artifact or spec is
-    invalid. Batch and streaming alike: a batch job's ``--max-retries`` is its
-    ``max_restarts``, so a batch job FAILED with retries left was failed too early.
-    Deferrals (S3 away, a stall) and errors of the server never justify it."""
-    current = _current_generation_events(items)
+    ``max_restarts + 1`` times since its restart count was last reset (a start or
+    restart of the job at rest; a restart of a live run or a rolling revision keeps the
+    count, so failures before it count too; a restart on a stall spends one as a failure
+    does), or its artifact or spec is invalid. Batch
+    and streaming alike: a batch job's ``--max-retries`` is its ``max_restarts``, so a
+    batch job FAILED with retries left was failed too early. Deferrals (S3 away, a
+    stall) and errors of the server never justify it."""
+    current = _since_restarts_reset(items)
     ends = [e for e in current if e["kind"] in ("crashed", "failed")]
+    # A restart the run's owner asked (restart-on-stall: ``restart_run``, detail "by")
+    # spends one restart of the same budget, with no driver failure.
+    spent = sum(1 for e in current if e["kind"] == "restart_requested" and "by" in _detail(e))
     errors = [str(_detail(e).get("error") or "") for e in ends]
     # The runner says why it gave up (event detail "cause": driver | invalid).
     if any(_detail(e).get("cause") == "invalid" for e in ends):
@@ -263,8 +296,8 @@ def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]
     if any(INVALID_JOB.search(error) for error in errors):
         return "invalid artifact or spec"
     failures = sum(1 for error in errors if DRIVER_FAILURE.match(error))
-    if failures >= int(job["max_restarts"]) + 1:
-        return f"its driver failed {failures} times"
+    if failures + spent >= int(job["max_restarts"]) + 1:
+        return f"its driver failed {failures} times, restarted on a stall {spent} times"
     return None
 
 

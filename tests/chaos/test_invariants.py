@@ -266,6 +266,76 @@ def test_failed_for_an_invalid_artifact_or_spec_is_not_lost() -> None:
         assert len(_lost([_failed_job("j")], [*started, event])) == lost
 
 
+def test_a_restart_of_a_live_run_keeps_the_failures_that_count_towards_failed() -> None:
+    """A restart (or a rolling revision) of a job whose driver failed and waits in
+    backoff gives a new generation but keeps the restart count (scheduler/jobs.py): one
+    more failure of a batch job with ``--max-retries 1`` makes it FAILED legitimately.
+    Only a re-run of a job at rest (``rerun``) starts the count again."""
+    exited = "driver exited with exit code 3: boom"
+    batch = {**_failed_job("b", max_restarts=1), "kind": "batch"}
+    head = [
+        _event(0, "start_requested", None, None, "b", generation=1),
+        _event(1, "claimed", "s1", 1, "b"),
+        _event(2, "crashed", "s1", 1, "b", error=exited),
+    ]
+    tail = [_event(4, "claimed", "s1", 2, "b"), _event(5, "failed", "s1", 2, "b", error=exited)]
+    live_restart = _event(3, "restart_requested", None, None, "b", generation=2, rerun=False)
+    assert _lost([batch], [*head, live_restart, *tail]) == []
+    rolled = _event(3, "revised", None, None, "b", generation=2, effect="rolling", revision=2)
+    assert _lost([batch], [*head, rolled, *tail]) == []
+    # Events of the code before ``rerun``: the restart came while the job was not at
+    # rest (its last event a crash), so the count went on.
+    legacy = _event(3, "restart_requested", None, None, "b", generation=2)
+    assert _lost([batch], [*head, legacy, *tail]) == []
+    # A restart on a stall (its owner's restart_run, detail "by") spends one restart as a
+    # failure does: max_restarts 1, one stall restart, one failure: FAILED legitimately.
+    stall = [
+        _event(0, "start_requested", None, None, "b", generation=1),
+        _event(1, "claimed", "s1", 1, "b"),
+        _event(2, "restart_requested", "s1", 1, "b", generation=2, restarts=1, by="stalled"),
+        *tail,
+    ]
+    assert _lost([batch], stall) == []
+    # A re-run of the job at rest starts the count again: one failure since is too few.
+    rerun = _event(3, "restart_requested", None, None, "b", generation=2, rerun=True)
+    assert len(_lost([batch], [*head, rerun, *tail])) == 1
+
+
+def test_a_rolling_revision_gives_the_generation_its_claim_runs() -> None:
+    """``job update`` / ``rollback`` of a live streaming job (or a batch one with
+    --restart) rolls it: a new generation, recorded in the ``revised`` event. A claim
+    after it runs that generation, so a generation that ended as the roll committed
+    does not make the roll's claim a resurrection; a revision that did not roll (no
+    generation in its detail: at rest, or a batch run kept) legalizes nothing."""
+
+    def history(*rest: dict) -> list[dict]:
+        return [
+            _event(1, "start_requested", None, None, generation=1),
+            _event(2, "claimed", "s1", 1),
+            _event(3, "driver_started", "s1", 1),
+            *rest,
+        ]
+
+    rolled = history(
+        _event(4, "revised", None, None, revision=2, effect="rolling", generation=2),
+        _event(5, "finished", "s1", 1),
+        _event(6, "claimed", "s1", 2),
+    )
+    assert invariants.terminal_resurrections(rolled) == []
+    assert invariants.claim_generations(rolled) == {1: 1, 2: 2}
+    kept = history(
+        _event(4, "finished", "s1", 1),
+        _event(5, "revised", None, None, revision=2, effect="at rest"),
+        _event(6, "claimed", "s1", 2),
+    )
+    assert len(invariants.terminal_resurrections(kept)) == 1
+    # Batch: the rolled generation may run to its end again; without the roll it may not.
+    kinds = {"a": "batch"}
+    twice = _life("a", 1, "s1", 0, 4) + _life("a", 2, "s1", 6, 10)
+    assert invariants.batch_generations(kinds, twice, rolled) == []
+    assert len(invariants.batch_generations(kinds, twice, kept)) == 2
+
+
 def test_a_finished_job_claimed_again_is_resurrected() -> None:
     was = {"done": {"state": "finished", "epoch": 1, "attempt": 1}}
     assert invariants.resurrections(was, was, []) == []

@@ -26,12 +26,26 @@ Faults (one at a time; the command threads run throughout):
 - ``same_id_fresh_dir``: SIGKILL of a server and an immediate restart with its id and a
   work dir of its own (another host taking over the name: nothing to adopt);
 - ``duplicate_id``: a second process started with a live server's id: it must be
-  refused without touching any lease (it is killed after 30 s otherwise, and counted);
+  refused without touching any lease (it is killed after 60 s otherwise, and counted);
 - ``command_storm``: eight concurrent start/stop/restart commands on one job;
 - ``watchdog_kill9``: SIGKILL of the watchdog of a running job's driver (hole H1 when
   its server does not sweep the driver's processes);
 - ``pg_partition``: the server living in a network namespace loses PostgreSQL (packets
-  dropped) for 5-20 s while it keeps ZooKeeper (needs root, like ``zk_partition``).
+  dropped) for 5-20 s while it keeps ZooKeeper (needs root, like ``zk_partition``);
+- ``planned_restart``: SIGTERM of a server (every server runs with a hand-over window of
+  HANDOVER_S, 30 s: a planned restart hands its leases over), restarted with its id and
+  work dir 0-35 s later (within the window: it adopts its drivers; past it: they fail
+  over).
+
+The jobs: eight streaming heartbeats, four batch ones that run 2-6 s, two batch ones
+whose driver always fails (exit 3; ``--max-retries`` 0 and 1: they end FAILED, so the
+budget and FAILED-with-cause checks see real failures), a streaming one that opts in to
+restart-on-stall and always stalls (STALLING: the health monitor restarts it), and the
+sentinels. The command
+threads send start, stop, restart, ``update`` (new args, a conf key, the other version
+of the artifact; for a batch job sometimes with ``--restart``) and ``rollback``, and now
+and then ``events prune --older-than 10-60 s`` (``Trial.prune_history``: the harness
+copies the events first, so the checker still reads the whole history).
 """
 
 from __future__ import annotations
@@ -53,12 +67,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from resource_center import catalog
 from scheduler import jobs
 from scheduler.states import JobKind
 from sql import database
 from tests import conftest
 from tests.chaos import faults
-from tests.chaos.trial import Trial
+from tests.chaos.trial import HEARTBEAT_JOB, Trial
 
 pytestmark = pytest.mark.chaos
 
@@ -66,9 +81,30 @@ SERVERS = ("s1", "s2", "s3")
 PARTITIONED = "s3"  # lives in a network namespace when partitions are possible
 STREAMING_JOBS = 8
 BATCH_JOBS = 4
+# Batch jobs whose driver always fails (exit code FAILING_EXIT), one per --max-retries.
+FAILING_RETRIES = (0, 1)
+FAILING_EXIT = 3
+# SPARKRING_HANDOVER_WINDOW of every server: longer than a lease (8 s), so a claim of a
+# handed-over job before its lease ran out would show (early hand-off, S1), and than a
+# server's start-up on a loaded 2-core machine (15-25 s at load 6-7: Python's imports
+# alone), so that a successor started within it adopts the drivers.
+HANDOVER_S = 30.0
+# A streaming job that opts in to restart-on-stall: its driver logs a query start and no
+# progress (heartbeat.py --query-started), so the health monitor (every 5 s) flags it
+# stalled after STALL_S and restarts it, max_restarts times per reset of its count.
+STALLING = "stall0"
+STALL_S = 6.0
+STALL_CONF = {
+    "sparkring.health.stallTimeout": f"{STALL_S:g}",
+    "sparkring.health.restartOnStall": "true",
+}
+# A command loop prunes the history instead of commanding a job with this probability.
+PRUNE_P = 0.03
 CAPACITY = 6  # two servers hold every job while the third is down
 COMMAND_THREADS = 3
-DUPLICATE_REFUSAL_S = 30.0
+# A duplicate's Python start-up alone took 16-19 s at load 6-20 (CHAOS_SEED=228100621:
+# first log line 16.6 s after the spawn, refused at 25.7 s, gone after 30 s).
+DUPLICATE_REFUSAL_S = 60.0
 FAULTS = (
     "kill9",
     "sigstop",
@@ -79,6 +115,7 @@ FAULTS = (
     "command_storm",
     "watchdog_kill9",
     "pg_partition",
+    "planned_restart",
 )
 # Faults that need a network namespace and iptables (root): left out without them,
 # locally; under CI=true their absence fails the run.
@@ -88,8 +125,11 @@ COMMANDS: dict[str, Callable[[sa.Connection, str], str]] = {
     "stop": jobs.stop,
     "restart": jobs.restart,
 }
-STREAMING_WEIGHTS = (5, 2, 3)  # start, stop, restart
-BATCH_WEIGHTS = (8, 1, 1)
+# Revisions need the run's versions of the artifact and a draw: RandomChaos._revise.
+REVISIONS = ("update", "rollback")
+ACTIONS = (*COMMANDS, *REVISIONS)
+STREAMING_WEIGHTS = (5, 2, 3, 1, 1)  # start, stop, restart, update, rollback
+BATCH_WEIGHTS = (8, 1, 1, 1, 1)
 
 
 def chaos_faults() -> tuple[str, ...]:
@@ -157,6 +197,8 @@ class RandomChaos:
         self.problems: list[str] = []
         self.names: list[str] = []
         self.batch = [f"b{i}" for i in range(BATCH_JOBS)]
+        self.failing = [f"bf{retries}" for retries in FAILING_RETRIES]
+        self.versions: list[catalog.Resource] = []  # the heartbeat artifact's versions
         self.commands: sa.Engine | None = None
         self._fresh = 0
         self._stop_commands = threading.Event()
@@ -191,7 +233,10 @@ class RandomChaos:
                 },
             }
         self.faults = tuple(faults_used)
-        self.trial.start(["s1"], capacity=CAPACITY)  # s1 coordinates
+        # The hand-over window on every server: the coordinator holds a departed owner's
+        # jobs for it (docs/upgrade.md), and each may be the victim of a planned restart.
+        handover = {"SPARKRING_HANDOVER_WINDOW": f"{HANDOVER_S:g}"}
+        self.trial.start(["s1"], capacity=CAPACITY, extra_env=handover)  # s1 coordinates
         self.trial.start(["s2", "s3"], capacity=CAPACITY, special=self.special)
         for sid in SERVERS:
             self.work_dirs[sid] = self.trial.cluster.server_dir(sid) / "work"
@@ -206,6 +251,25 @@ class RandomChaos:
         for name in batch:
             t.wait_state(name, "finished", 120)
         self.names += batch
+        for name, retries in zip(self.failing, FAILING_RETRIES, strict=True):
+            t.create(
+                name,
+                kind=JobKind.BATCH,
+                extra=["--run-for", "1", "--exit-code", str(FAILING_EXIT)],
+                max_restarts=retries,
+            )
+        for name in self.failing:
+            t.wait_state(name, "failed", 180)
+        self.names += self.failing
+        t.create(STALLING, extra=["--query-started"], conf=STALL_CONF)
+        t.wait_state(STALLING, "running", 120)
+        self.names.append(STALLING)
+        # A second version of the artifact (other bytes), for updates to switch between.
+        assert t.resource is not None
+        (self.root / "v2").mkdir(exist_ok=True)
+        copy = self.root / "v2" / HEARTBEAT_JOB.name
+        copy.write_bytes(HEARTBEAT_JOB.read_bytes() + b"\n# version 2 of the chaos artifact\n")
+        self.versions = [t.resource, t.upload("heartbeat", copy)]
         self.commands = database.create_engine(t.database_url, pool_size=COMMAND_THREADS + 2)
 
     def _start_server(self, sid: str, work_dir: Path) -> None:
@@ -295,6 +359,33 @@ class RandomChaos:
             self.stack.pg_start()
         self.log.note("pg_started")
 
+    def planned_restart(self) -> None:
+        # Only a server that finished starting can be asked to restart: its ZooKeeper
+        # node names this process. A SIGTERM that comes before its signal handler is
+        # installed (after 15-25 s of imports on a loaded machine) kills it like any
+        # process (exit -15, a crash to its supervisor), which is no planned restart.
+        servers = self.trial.cluster.servers
+        alive = [
+            sid
+            for sid in SERVERS
+            if sid in servers
+            and servers[sid].poll() is None
+            and self.trial.member_pid(sid) == servers[sid].pid
+        ]
+        victim = self.rng.choice(alive or SERVERS)
+        down = round(self.rng.uniform(0.0, HANDOVER_S + 5.0), 1)
+        if not alive:
+            self.log.note("planned_restart_skipped", reason="no registered server process")
+            return
+        self.log.note("planned_restart", server=victim, down_s=down)
+        code = self.trial.inject(lambda: self.trial.cluster.terminate(victim))
+        self.log.note("terminated", server=victim, exit_code=code)
+        if code != 0:
+            self.problems.append(f"planned restart of {victim}: SIGTERM exited {code}, not 0")
+        time.sleep(down)  # the successor's start-up delay is part of the fault
+        self._start_server(victim, self.work_dirs[victim])
+        self.log.note("restarted", server=victim)
+
     def same_id_fresh_dir(self) -> None:
         victim = self.rng.choice(SERVERS)
         fresh = self._fresh_dir(victim, "fresh")
@@ -348,35 +439,90 @@ class RandomChaos:
 
     def command_storm(self) -> None:
         name = self.rng.choice(self.names)
-        actions = [self.rng.choice(list(COMMANDS)) for _ in range(8)]
+        actions = [self.rng.choice(ACTIONS) for _ in range(8)]
+        draws = [random.Random(self.rng.random()) for _ in actions]
         self.log.note("command_storm", job=name, actions=actions)
         self.trial.outcome.injected += 1
         with ThreadPoolExecutor(len(actions)) as pool:
-            results = list(pool.map(lambda a: self._command(a, name, quiet=True), actions))
+            results = list(
+                pool.map(lambda a, r: self._command(a, name, r, quiet=True), actions, draws)
+            )
         self.log.note("command_storm_done", job=name, results=results)
 
     # ------------------------------------------------------------------ commands
 
-    def _command(self, action: str, name: str, quiet: bool = False) -> str:
+    def _revise(self, conn: sa.Connection, action: str, name: str, rng: random.Random) -> str:
+        """``job update`` or ``job rollback`` (server/cli_job.py: the same calls). An
+        update draws new args (a batch job's run time; a streaming job's unused
+        ``--exit-code``: it runs until stopped), a conf key and the artifact's other
+        version; a batch job's revision asks for the restart (a roll) half the time."""
+        batch = name in self.batch or name in self.failing
+        restart = batch and rng.random() < 0.5
+        if action == "rollback":
+            revised = jobs.rollback(conn, name, restart=restart)
+        else:
+            heartbeats = str(self.trial.cluster.heartbeats)
+            if name in self.failing:
+                run_for = ["--run-for", str(round(rng.uniform(0.5, 3.0), 1))]
+                args = [heartbeats, *run_for, "--exit-code", str(FAILING_EXIT)]
+            elif batch:
+                args = [heartbeats, "--run-for", str(round(rng.uniform(2.0, 6.0), 1))]
+            else:
+                args = [heartbeats, "--exit-code", str(rng.randrange(3))]
+                if name == STALLING:  # it keeps stalling (its conf is kept: keys merge)
+                    args.append("--query-started")
+            change = jobs.Change(
+                resource_id=rng.choice(self.versions).id,
+                args=args,
+                conf={"spark.sparkring.chaos.draw": str(rng.randrange(1000))},
+            )
+            revised = jobs.update(conn, name, change, restart=restart)
+        return f"revision {revised.revision}: {revised.effect.value}"
+
+    def _command(
+        self, action: str, name: str, rng: random.Random | None = None, quiet: bool = False
+    ) -> str:
         assert self.commands is not None
+        rng = rng or random.Random(self.rng.random())
         try:
             with self.commands.begin() as conn:
-                result = COMMANDS[action](conn, name)
+                if action in REVISIONS:
+                    result = self._revise(conn, action, name, rng)
+                else:
+                    result = COMMANDS[action](conn, name)
         except (sa.exc.DBAPIError, jobs.JobError) as exc:
             result = f"error {type(getattr(exc, 'orig', None) or exc).__name__}"
         if not quiet:
             self.log.note("command", action=action, job=name, result=result)
         return result
 
+    def _prune(self, rng: random.Random) -> None:
+        """``sparkring events prune --older-than`` a drawn 10-60 s (Trial.prune_history)."""
+        assert self.commands is not None
+        older_than = round(rng.uniform(10.0, 60.0), 1)
+        try:
+            with self.commands.connect() as conn:
+                result = self.trial.prune_history(conn, older_than)
+        except sa.exc.DBAPIError as exc:
+            result = f"error {type(exc.orig or exc).__name__}"
+        except AssertionError as exc:  # events deleted unseen: the checker is blind
+            result = f"blind: {exc}"
+            self.problems.append(f"events prune --older-than {older_than:g}: {exc}")
+        self.log.note("prune", older_than_s=older_than, result=result)
+
     def _command_loop(self, index: int) -> None:
         rng = random.Random(f"{self.seed}-commands-{index}")
         while not self._stop_commands.wait(rng.uniform(0.5, 4.0)):
+            if rng.random() < PRUNE_P:
+                self._prune(rng)
+                continue
             name = rng.choice(self.names)
             # Mostly starts and restarts: the end state keeps most jobs wanted running.
             # Batch jobs mostly get starts (a new generation once finished, harmless while
             # running), so that they run to their end often, faults or not.
-            weights = BATCH_WEIGHTS if name in self.batch else STREAMING_WEIGHTS
-            self._command(rng.choices(list(COMMANDS), weights=weights)[0], name)
+            batch = name in self.batch or name in self.failing
+            weights = BATCH_WEIGHTS if batch else STREAMING_WEIGHTS
+            self._command(rng.choices(ACTIONS, weights=weights)[0], name, rng)
 
     # ------------------------------------------------------------------ the run
 

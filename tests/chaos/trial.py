@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -29,7 +30,7 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 from resource_center import catalog, store
 from scheduler import distribution, jobs, placement
 from scheduler.states import JobKind
-from server import defaults, driver, watchdog
+from server import defaults, driver, retention, watchdog
 from tests import waiting
 from tests.chaos import faults, invariants
 from tests.cluster import HEARTBEAT_JOB, Cluster
@@ -60,6 +61,8 @@ class Outcome:
     batch: int = 0  # batch generations run to their end twice, or re-run unproven
     budget: int = 0  # generations that started a driver after their budget was spent
     restarts: int = 0  # claims after the fault: drivers (re)started by the recovery
+    adoptions: int = 0  # ``adopted`` events after the fault: drivers a restart took over
+    pruned: int = 0  # job events the harness pruned (kept in its own snapshot first)
     recovery_s: float | None = None
     problems: list[str] = dataclasses.field(default_factory=list)
     skipped: str | None = None
@@ -106,6 +109,10 @@ class Trial:
         self.paused: set[str] = set()  # servers under SIGSTOP: not live
         self.killed_watchdogs: list[Path] = []  # run dirs swept at close (hole H1)
         self._event_mark = 0
+        # Events the harness pruned (``prune_history``), read before they were deleted:
+        # the checker reads the whole history, so a prune must not blind it.
+        self._pruned: dict[int, dict[str, Any]] = {}
+        self._prune_lock = threading.Lock()
         self._t_fault: float | None = None
         self._t_healed: float | None = None
         self.resource: catalog.Resource | None = None
@@ -217,9 +224,12 @@ class Trial:
         extra: Sequence[str] = (),
         resource: catalog.Resource | None = None,
         start: bool = True,
+        max_restarts: int = 3,
+        conf: dict[str, str] | None = None,
     ) -> None:
         """Define a heartbeat job (and start it) through the job catalog: the same
-        statements the CLI runs, without a process start per command."""
+        statements the CLI runs, without a process start per command. ``max_restarts``
+        is a batch job's ``--max-retries``."""
         if resource is None:
             if self.resource is None:
                 self.resource = self.upload("heartbeat", HEARTBEAT_JOB)
@@ -232,7 +242,8 @@ class Trial:
                     kind=kind,
                     resource_id=resource.id,
                     args=[str(self.cluster.heartbeats), *extra],
-                    max_restarts=3,
+                    conf=conf or {},
+                    max_restarts=max_restarts,
                 ),
             )
             if start:
@@ -403,18 +414,50 @@ class Trial:
         self.killed_watchdogs.append(target.run_dir)
         faults.kill_watchdog(target)
 
+    _EVENTS = """
+        SELECT id, at, CAST(EXTRACT(EPOCH FROM at) AS double precision) AS at_s,
+               job_name, kind, server, epoch, detail
+          FROM job_events {where} ORDER BY id
+    """
+
     def events(self) -> list[dict[str, Any]]:
-        """Every job event of the cluster, oldest first, with its detail."""
-        return [
-            dict(r._mapping)
-            for r in self.cluster.sql(
-                """
-                SELECT id, at, CAST(EXTRACT(EPOCH FROM at) AS double precision) AS at_s,
-                       job_name, kind, server, epoch, detail
-                  FROM job_events ORDER BY id
-                """
+        """Every job event of the cluster, oldest first, with its detail: those in the
+        table and those the harness pruned from it (``prune_history``)."""
+        rows = {r.id: dict(r._mapping) for r in self.cluster.sql(self._EVENTS.format(where=""))}
+        with self._prune_lock:
+            merged = {**self._pruned, **rows}
+        return [merged[i] for i in sorted(merged)]
+
+    def prune_history(self, conn: sa.Connection, older_than: float) -> str:
+        """``sparkring events prune --older-than`` (server/cli_events.py, the same
+        statements): delete the job events older than ``older_than`` seconds, after
+        copying every one of them into the harness's snapshot, which :meth:`events`
+        merges back. An event older than the cutoff that commits between the copy and
+        the delete (a transaction's ``now()`` is its start: a server paused mid
+        transaction) would be deleted unseen: that is counted and fails the run, never
+        silently blinds the checker. ``conn`` must not be in a transaction."""
+        cutoff = retention.cutoff(conn, older_than)  # leaves conn outside a transaction
+        with conn.begin():
+            doomed = {
+                r.id: dict(r._mapping)
+                for r in conn.execute(
+                    sa.text(self._EVENTS.format(where="WHERE at < :cutoff")), {"cutoff": cutoff}
+                )
+            }
+        with self._prune_lock:
+            self._pruned.update(doomed)
+        pruned = retention.prune(conn, None, cutoff, batch_size=defaults.HISTORY_PRUNE_BATCH)
+        with conn.begin():
+            kept = set(
+                conn.execute(
+                    sa.text("SELECT id FROM job_events WHERE id = ANY(:ids)"), {"ids": list(doomed)}
+                ).scalars()
             )
-        ]
+        unseen = pruned.events - (len(doomed) - len(kept))
+        self.outcome.pruned += pruned.events
+        if unseen:
+            raise AssertionError(f"{unseen} job events were pruned before the harness saw them")
+        return f"pruned {pruned.events}"
 
     def _max_event_id(self) -> int:
         return self.cluster.sql("SELECT coalesce(max(id), 0) FROM job_events")[0][0]
@@ -479,6 +522,7 @@ class Trial:
         o.batch = len(checks["batch"])
         o.budget = len(checks["budget"])
         o.restarts = sum(1 for e in since if e["kind"] == "claimed")
+        o.adoptions = sum(1 for e in since if e["kind"] == "adopted")
         o.problems = [f"{k} {p}" for k, items in checks.items() for p in items]
         return o
 

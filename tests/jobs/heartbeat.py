@@ -3,6 +3,10 @@
 Appends {"job","epoch","server","revision","pid","t","mono"} to HEARTBEATS every 0.2 s until
 SIGTERM (exit 0) or, with --run-for, until that many seconds passed (exit --exit-code).
 Tests use the heartbeats to prove that two drivers of one job never ran at the same time.
+With --query-started it logs the line Spark's StreamExecution logs as a streaming query
+starts, and never a progress line: to the health monitor (server/spark_status.py) a
+query that completes no batch, so a job with a short stall timeout is flagged stalled
+(and restarted, with restart-on-stall) with no Spark at all.
 ``t`` is the wall clock; ``mono`` is CLOCK_BOOTTIME, the clock of the watchdogs' lease
 deadlines and of their lifetime records (``server.watchdog.lease_clock``), so the checker
 compares beats with each other and with the records on a clock that never steps. This
@@ -24,7 +28,11 @@ def main() -> int:
     parser.add_argument("heartbeats")
     parser.add_argument("--run-for", type=float, default=None)
     parser.add_argument("--exit-code", type=int, default=0)
+    parser.add_argument("--query-started", action="store_true")
     args = parser.parse_args()
+    if args.query_started:
+        line = "INFO MicroBatchExecution: Starting new streaming query."
+        print(line, file=sys.stderr, flush=True)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     identity = {
