@@ -16,6 +16,12 @@ when the process starts. Claims record both; renewals and every owner write matc
 so two processes with one server id (a restart before the old ZooKeeper session
 expired, two hosts with one name) never renew or write each other's leases.
 
+A run's watchdog (``server/watchdog.py``) records how its driver ended itself, for
+when its server is stalled or dead at that moment: :func:`finish_by_watchdog` and
+:func:`record_crash_by_watchdog` are the same writes, fenced on the *run* (server and
+epoch) instead of the owner's incarnation (see :func:`finish_by_watchdog` for why that
+is exact).
+
 Lock order: a statement that reads the job's ``desired`` or ``generation`` to decide a
 row's next state locks the job row first (``FOR SHARE``), as every operator command in
 ``scheduler/jobs.py`` does (``FOR UPDATE``) before it touches the distribution row. So
@@ -192,17 +198,22 @@ _RENEW_JOBS = sa.text(
 )
 
 
-def finished_at(conn: sa.Connection, epochs: Mapping[int, int]) -> set[int]:
-    """Of ``epochs`` (job id -> epoch of a local run), the jobs whose run at that epoch
-    is recorded ``finished`` and unowned: its watchdog recorded the driver's exit 0."""
+# What a run's watchdog leaves a job in when it records its driver's end.
+ENDED_BY_WATCHDOG = frozenset({RunState.FINISHED, RunState.BACKOFF, RunState.FAILED})
+
+
+def ended_at(conn: sa.Connection, epochs: Mapping[int, int]) -> set[int]:
+    """Of ``epochs`` (job id -> epoch of a local run that is still running), the jobs
+    whose run at that epoch is recorded ended and unowned (:data:`ENDED_BY_WATCHDOG`):
+    its watchdog recorded the driver's exit (0: finished; else a crash)."""
     if not epochs:
         return set()
     rows = conn.execute(
         sa.text(
             "SELECT job_id, epoch FROM distribution "
-            "WHERE job_id = ANY(:ids) AND state = 'finished' AND owner IS NULL"
+            "WHERE job_id = ANY(:ids) AND state = ANY(:ended) AND owner IS NULL"
         ),
-        {"ids": sorted(epochs)},
+        {"ids": sorted(epochs), "ended": sorted(ENDED_BY_WATCHDOG)},
     )
     return {r.job_id for r in rows if epochs.get(r.job_id) == r.epoch}
 
@@ -240,13 +251,16 @@ def _transition(
     detail: str = "jsonb_build_object()",
     guard: str = "",
     state: str | None = None,
+    by_watchdog: bool = False,
 ) -> sa.TextClause:
-    """One fenced owner write: ``owner``, ``owner_incarnation`` and ``epoch`` must match.
+    """One fenced owner write: ``owner``, ``owner_incarnation`` and ``epoch`` must match
+    (with ``by_watchdog``: ``owner`` and ``epoch``, the run; :func:`finish_by_watchdog`).
 
     ``state``: an SQL expression for the new state when it depends on the job row
     (default: ``target``). The job row is locked first (see the module docstring)."""
     owner_reset = "owner = NULL, owner_incarnation = NULL, lease_until = NULL," if release else ""
     new_state = state or f"'{target.value}'"
+    incarnation = "" if by_watchdog else "AND d.owner_incarnation = :incarnation"
     return sa.text(
         f"""
         WITH j AS (
@@ -261,7 +275,7 @@ def _transition(
               FROM j
              WHERE d.job_id = j.id
                AND d.owner = :server
-               AND d.owner_incarnation = :incarnation
+               {incarnation}
                AND d.epoch = :epoch
                AND d.state = ANY(:sources)
                {guard}
@@ -278,15 +292,17 @@ def _fenced(
     statement: sa.TextClause,
     target: RunState,
     job_id: int,
-    owner: Owner,
+    fence: Mapping[str, str],
     epoch: int,
     **params: object,
 ) -> sa.Row:
+    """Run a :func:`_transition`; ``fence``: ``Owner.params()``, or ``{"server": ...}``
+    for a statement made ``by_watchdog``."""
     row = conn.execute(
         statement,
         {
             "job_id": job_id,
-            **owner.params(),
+            **fence,
             "epoch": epoch,
             "sources": list(states.sources(target)),
             **params,
@@ -294,7 +310,7 @@ def _fenced(
     ).one_or_none()
     if row is None:
         raise FencedError(
-            f"job {job_id}: {owner.server} at epoch {epoch} may not move it to {target.value}"
+            f"job {job_id}: {fence['server']} at epoch {epoch} may not move it to {target.value}"
         )
     return row
 
@@ -310,7 +326,7 @@ _MARK_RUNNING = _transition(
 
 def mark_running(conn: sa.Connection, job_id: int, owner: Owner, epoch: int, pid: int) -> None:
     """The owner spawned the driver (its watchdog's pid is recorded in the event)."""
-    _fenced(conn, _MARK_RUNNING, RunState.RUNNING, job_id, owner, epoch, pid=pid)
+    _fenced(conn, _MARK_RUNNING, RunState.RUNNING, job_id, owner.params(), epoch, pid=pid)
 
 
 _BEGIN_STOP = _transition(
@@ -324,7 +340,7 @@ _BEGIN_STOP = _transition(
 
 def begin_stop(conn: sa.Connection, job_id: int, owner: Owner, epoch: int, reason: str) -> None:
     """The owner starts stopping its driver (migration, stop or restart command)."""
-    _fenced(conn, _BEGIN_STOP, RunState.STOPPING, job_id, owner, epoch, reason=reason)
+    _fenced(conn, _BEGIN_STOP, RunState.STOPPING, job_id, owner.params(), epoch, reason=reason)
 
 
 _RELEASE = _transition(
@@ -428,17 +444,32 @@ def defer(
     """The driver could not be started for a passing reason (S3 unreachable, PostgreSQL
     restarting, no memory for a process): release the job for ``delay`` seconds
     without counting a restart. Never FAILED for this."""
-    _fenced(conn, _DEFER, RunState.BACKOFF, job_id, owner, epoch, error=error[-2000:], delay=delay)
+    _fenced(
+        conn,
+        _DEFER,
+        RunState.BACKOFF,
+        job_id,
+        owner.params(),
+        epoch,
+        error=error[-2000:],
+        delay=delay,
+    )
 
 
-_FINISH = _transition(
-    EventKind.FINISHED,
-    RunState.FINISHED,
-    "last_error = NULL,",
-    release=True,
-    state=_RESTART_WINS + "ELSE 'finished' END",
-    detail="jsonb_build_object('exit_code', 0)",
-)
+def _finish_statement(*, by_watchdog: bool) -> sa.TextClause:
+    return _transition(
+        EventKind.FINISHED,
+        RunState.FINISHED,
+        "last_error = NULL,",
+        release=True,
+        state=_RESTART_WINS + "ELSE 'finished' END",
+        detail="jsonb_build_object('exit_code', 0)",
+        by_watchdog=by_watchdog,
+    )
+
+
+_FINISH = _finish_statement(by_watchdog=False)
+_FINISH_BY_WATCHDOG = _finish_statement(by_watchdog=True)
 
 
 def finish(conn: sa.Connection, job_id: int, owner: Owner, epoch: int) -> RunState:
@@ -446,28 +477,63 @@ def finish(conn: sa.Connection, job_id: int, owner: Owner, epoch: int) -> RunSta
 
     Returns ``finished``, or ``pending`` when a restart was requested while the driver
     ran (the restart's new generation runs)."""
-    return RunState(_fenced(conn, _FINISH, RunState.FINISHED, job_id, owner, epoch).state)
+    state = _fenced(conn, _FINISH, RunState.FINISHED, job_id, owner.params(), epoch).state
+    return RunState(state)
 
 
-_CRASH_BACKOFF = _transition(
-    EventKind.CRASHED,
-    RunState.BACKOFF,
-    """restarts = d.restarts + 1,
-       last_error = :error,
-       not_before = now() + make_interval(
-           secs => least(:backoff_max, :backoff_base * power(2, d.restarts))),""",
-    release=True,
-    detail="jsonb_build_object('error', CAST(:error AS text), 'next', 'backoff')",
-    guard="AND d.restarts < j.max_restarts",
-)
-_CRASH_FAILED = _transition(
-    EventKind.FAILED,
-    RunState.FAILED,
-    "last_error = :error,",
-    release=True,
-    state=_RESTART_WINS + "ELSE 'failed' END",
-    detail="jsonb_build_object('error', CAST(:error AS text), 'cause', CAST(:cause AS text))",
-)
+def finish_by_watchdog(conn: sa.Connection, job_id: int, server: str, epoch: int) -> RunState:
+    """:func:`finish`, written by the run's watchdog: fenced on the run (``server`` and
+    ``epoch``), not on an incarnation of the server.
+
+    Why that is exact. A watchdog speaks for one run: the driver launched for the claim
+    that gave the row ``epoch`` (a claim launches one driver; adoption launches none).
+    Every claim increments the epoch. The one write that changes the owner of a lease
+    without ending it, :func:`adopt`, keeps the server and the epoch and replaces only
+    the incarnation, and a server adopts only the run whose watchdog it found alive in
+    its work dir: this very run. So a row owned by ``server`` at ``epoch`` in an owned
+    state is still this run's lease, whichever incarnation supervises it now; once the
+    run's end is recorded (by its server or by its watchdog), or the lease is released,
+    reaped or claimed anew, no row matches and nothing is written. Fenced on the
+    incarnation that launched the run, as before, the write of every adopted run was
+    refused, and a batch run adopted by a restart whose server then stalled or died as
+    it exited 0 ran again (hole H2 of the safety review). The incarnation fence keeps
+    two *processes* with one server id from writing each other's leases; a watchdog is
+    neither of them, and the end of its driver is a fact whichever of them holds the
+    lease."""
+    state = _fenced(
+        conn, _FINISH_BY_WATCHDOG, RunState.FINISHED, job_id, {"server": server}, epoch
+    ).state
+    return RunState(state)
+
+
+def _crash_statements(*, by_watchdog: bool) -> tuple[sa.TextClause, sa.TextClause]:
+    """The crash writes: to backoff (a restart left), and to failed."""
+    backoff = _transition(
+        EventKind.CRASHED,
+        RunState.BACKOFF,
+        """restarts = d.restarts + 1,
+           last_error = :error,
+           not_before = now() + make_interval(
+               secs => least(:backoff_max, :backoff_base * power(2, d.restarts))),""",
+        release=True,
+        detail="jsonb_build_object('error', CAST(:error AS text), 'next', 'backoff')",
+        guard="AND d.restarts < j.max_restarts",
+        by_watchdog=by_watchdog,
+    )
+    failed = _transition(
+        EventKind.FAILED,
+        RunState.FAILED,
+        "last_error = :error,",
+        release=True,
+        state=_RESTART_WINS + "ELSE 'failed' END",
+        detail="jsonb_build_object('error', CAST(:error AS text), 'cause', CAST(:cause AS text))",
+        by_watchdog=by_watchdog,
+    )
+    return backoff, failed
+
+
+_CRASH = _crash_statements(by_watchdog=False)
+_CRASH_BY_WATCHDOG = _crash_statements(by_watchdog=True)
 
 
 def record_crash(
@@ -490,21 +556,80 @@ def record_crash(
     ``failed`` with ``last_error`` (``pending`` if a restart was requested meanwhile).
     The choice is made in SQL from the row itself.
     """
+    return _record_crash(
+        conn,
+        _CRASH,
+        job_id,
+        owner.params(),
+        epoch,
+        error,
+        retry=retry,
+        backoff_base=backoff_base,
+        backoff_max=backoff_max,
+        cause=cause,
+    )
+
+
+def record_crash_by_watchdog(
+    conn: sa.Connection,
+    job_id: int,
+    server: str,
+    epoch: int,
+    error: str,
+    *,
+    backoff_base: float,
+    backoff_max: float,
+) -> RunState:
+    """:func:`record_crash` of a driver that exited nonzero (``retry``, ``cause``
+    ``driver``), written by the run's watchdog: fenced on the run (``server`` and
+    ``epoch``) as :func:`finish_by_watchdog` is, and for the same reason. Once either
+    this or the server's own :func:`record_crash` is committed the job is unowned, so
+    the other matches no row: a crash is counted once (hole H5 of the safety review:
+    a failure while the server was stalled or dead used to be counted by nobody, and
+    the job ran again past its budget)."""
+    return _record_crash(
+        conn,
+        _CRASH_BY_WATCHDOG,
+        job_id,
+        {"server": server},
+        epoch,
+        error,
+        retry=True,
+        backoff_base=backoff_base,
+        backoff_max=backoff_max,
+        cause="driver",
+    )
+
+
+def _record_crash(
+    conn: sa.Connection,
+    statements: tuple[sa.TextClause, sa.TextClause],
+    job_id: int,
+    fence: Mapping[str, str],
+    epoch: int,
+    error: str,
+    *,
+    retry: bool,
+    backoff_base: float,
+    backoff_max: float,
+    cause: str,
+) -> RunState:
+    to_backoff, to_failed = statements
     params = {"error": error[-2000:], "backoff_base": backoff_base, "backoff_max": backoff_max}
     if retry:
         try:
             conn.execute(sa.text("SAVEPOINT crash"))
-            _fenced(conn, _CRASH_BACKOFF, RunState.BACKOFF, job_id, owner, epoch, **params)
+            _fenced(conn, to_backoff, RunState.BACKOFF, job_id, fence, epoch, **params)
             conn.execute(sa.text("RELEASE SAVEPOINT crash"))
             return RunState.BACKOFF
         except FencedError:
             conn.execute(sa.text("ROLLBACK TO SAVEPOINT crash"))
     row = _fenced(
         conn,
-        _CRASH_FAILED,
+        to_failed,
         RunState.FAILED,
         job_id,
-        owner,
+        fence,
         epoch,
         error=params["error"],
         cause=cause,

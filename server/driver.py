@@ -116,7 +116,7 @@ class Outcome:
     reason: watchdog.Reason
     started_at: float | None
     ended_at: float
-    # The watchdog itself recorded the run's end in PostgreSQL (a batch exit 0).
+    # The watchdog itself recorded the run's end in PostgreSQL (the driver's own exit).
     recorded: bool = False
 
 
@@ -147,17 +147,22 @@ class RunIdentity:
 
 @dataclass(frozen=True)
 class FinishReport:
-    """What a batch run's watchdog needs to record ``finished`` itself, fenced on the
-    run's owner and epoch (``distribution.finish``): the driver's exit 0 is then known to
-    PostgreSQL even when the server is stalled or dead at that moment, so no other server
-    runs the finished generation again. Handed to the watchdog through a pipe, never in
-    its argv or environment (the URL carries the database password)."""
+    """What a run's watchdog needs to record how its driver ended itself: an exit 0
+    ``finished``, a nonzero exit a crash with the job's backoff
+    (``distribution.finish_by_watchdog``, ``record_crash_by_watchdog``), fenced on the
+    run (its server and epoch; not the incarnation, which an adoption replaces). The end
+    is then known to PostgreSQL even when the server is stalled or dead at that moment:
+    no other server runs a finished generation again, or a failed job past its budget.
+    Handed to the watchdog through a pipe, never in its argv or environment (the URL
+    carries the database password)."""
 
     database_url: str
     job_id: int
     server: str
-    incarnation: str
     epoch: int
+    backoff_base: float  # the server's restart backoff (runner.RunnerConfig), seconds
+    backoff_max: float
+    log_file: str  # the run's driver.log: its tail goes into a crash's error
 
     def payload(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()
@@ -561,7 +566,7 @@ def supervise(
 
     ``term_only``: on stop, SIGTERM only the processes with this argv element (see
     ``server/watchdog.py``); None sends it to the whole group. ``report``: the watchdog
-    records an exit 0 in PostgreSQL itself (batch runs).
+    records the driver's own exit in PostgreSQL itself.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in (RESULT_FILE, STOP_FILE, STATE_FILE):

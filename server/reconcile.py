@@ -21,8 +21,8 @@ The decisions, per job, in order:
 - a run whose outcome is not recorded yet: :class:`Record` it (again);
 - a running run whose row no longer names this incarnation and epoch: :class:`Drop`
   (kill the driver; the job is someone else's), unless the row says its watchdog
-  recorded the driver's exit 0 (``finished`` at its epoch, unowned): that run is
-  ending, and the next poll reaps it;
+  recorded the driver's end (``finished``, ``backoff`` or ``failed`` at its epoch,
+  unowned): that run is ending, and the next poll reaps it;
 - a running run whose job is wanted stopped, restarted (new generation: a restart, or a
   new revision to roll to) or targeted elsewhere (once migrations are allowed):
   :class:`Stop` it, with the reason;
@@ -38,7 +38,9 @@ How a driver's end is recorded is decided by :func:`ending`, the same for both k
 a driver that exited nonzero is a *crash* of the job's own code, whose budget
 (``max_restarts``; a batch job's ``--max-retries``) the fenced write in
 ``scheduler/distribution.record_crash`` spends: backoff while restarts are left, then
-``failed``.
+``failed``. The run's watchdog records the same ending itself when it can
+(:func:`watchdog_ending`: its server may be stalled or dead at that moment); the
+server then writes nothing (:attr:`Ending.RECORDED`).
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ class Ending(StrEnum):
 
     RELEASE = "release"  # stopped, killed or lease lost: pending (or stopped), no count
     FINISH = "finish"  # exited 0: finished (pending if a restart came meanwhile)
-    RECORDED = "recorded"  # exited 0 and its watchdog recorded 'finished' itself
+    RECORDED = "recorded"  # its watchdog recorded the ending itself (FINISH or CRASH)
     CRASH = "crash"  # its own code failed: backoff while its budget lasts, then failed
 
 
@@ -145,14 +147,38 @@ def ending(reason: str, exit_code: int | None, *, recorded: bool, shutting_down:
     retried with backoff while its budget (``--max-retries``) lasts, as a streaming
     job is restarted, and is ``failed`` only once it is spent (FAILED keeps its strict
     meaning). A SIGTERM exit while this server shuts down came from the service
-    manager (systemd's ``KillMode=control-group``): a hand-off, not a crash."""
+    manager (systemd's ``KillMode=control-group``): a hand-off, not a crash.
+    ``recorded``: the run's watchdog wrote its ending itself (:func:`watchdog_ending`),
+    fenced on the run; nothing is left to write (a write would match no row anyway)."""
+    if recorded:
+        return Ending.RECORDED
     if reason in ("lease_expired", "killed", "stopped"):
         return Ending.RELEASE
     if reason == "exited" and exit_code == 0:
-        return Ending.RECORDED if recorded else Ending.FINISH
+        return Ending.FINISH
     if exit_code in SIGTERM_EXITS and shutting_down:
         return Ending.RELEASE
     return Ending.CRASH
+
+
+def watchdog_ending(reason: str, exit_code: int | None, *, stopping: bool) -> Ending | None:
+    """What a run's watchdog records itself when the run ends with ``reason`` and
+    ``exit_code`` (``server/watchdog.py``): :attr:`Ending.FINISH` or
+    :attr:`Ending.CRASH`, exactly as :func:`ending` decides for its server, so that a
+    server stalled or dead at that moment loses nothing (a finished batch run never runs
+    again; a crash is counted against the job's budget, never run past it). None:
+    left to the server: every ending but the driver's own exit (stopped, killed, lease
+    lost: the lease is the owner's to give up, and a lost one has expired anyway; a
+    spawn failure comes at launch, with the server there) and, with ``stopping`` (a
+    stop was requested of the watchdog: its server's stop, or a service manager
+    signalling every process of the unit), a nonzero exit: the server decides it with
+    what only it knows (a failure during a stop is released, a SIGTERM exit while
+    shutting down too). An exit 0 is recorded even then: the run reached its end."""
+    if reason != "exited":
+        return None
+    if exit_code == 0:
+        return Ending.FINISH
+    return None if stopping else Ending.CRASH
 
 
 def holds(row: distribution.Row, owner: distribution.Owner, epoch: int) -> bool:
@@ -164,10 +190,11 @@ def holds(row: distribution.Row, owner: distribution.Owner, epoch: int) -> bool:
     )
 
 
-def finished_by_its_watchdog(row: distribution.Row, epoch: int) -> bool:
-    """The run of ``epoch`` is recorded finished and unowned: its watchdog recorded the
-    driver's exit 0 (just before exiting itself). Not a lost lease: nothing to kill."""
-    return row.epoch == epoch and row.owner is None and row.state == states.RunState.FINISHED
+def ended_by_its_watchdog(row: distribution.Row, epoch: int) -> bool:
+    """The run of ``epoch`` is recorded ended and unowned (finished, or a crash: backoff
+    or failed): its watchdog recorded the driver's end (just before exiting itself). Not
+    a lost lease: nothing to kill."""
+    return row.epoch == epoch and row.owner is None and row.state in distribution.ENDED_BY_WATCHDOG
 
 
 def stop_reason(row: distribution.Row, me: str, may_migrate: bool) -> str | None:
@@ -212,7 +239,7 @@ def decide(
             actions.append(Record(job_id))
         elif run.phase is not Phase.RUNNING:
             continue
-        elif row is not None and finished_by_its_watchdog(row, run.epoch):
+        elif row is not None and ended_by_its_watchdog(row, run.epoch):
             continue  # ending: the next poll reaps it (and ships its log)
         elif row is None or not holds(row, run.owner, run.epoch):
             actions.append(Drop(job_id, "the job is no longer ours"))

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -50,7 +49,6 @@ from server import checkpoint, driver, metrics, reconcile, watchdog
 
 log = logging.getLogger(__name__)
 
-LOG_TAIL_LINES = 8
 # Look again this long after a lease or backoff is due: PostgreSQL's clock must have
 # passed the instant when the claim statement runs.
 DUE_SLACK_S = 0.05
@@ -148,17 +146,6 @@ def log_key(job: str, job_id: int, epoch: int) -> str:
 def legacy_log_key(job: str, epoch: int) -> str:
     """Where the code before :func:`log_key` shipped a run's log (name and epoch only)."""
     return f"logs/{job}/{epoch:010d}.log"
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 class Runner:
@@ -375,7 +362,7 @@ class Runner:
                     continue
                 elif run.claimed_at < t_sent:
                     lost.append(run)
-        lost = self._not_finished(lost)
+        lost = self._not_ended(lost)
         with self._lock:
             for run in lost:
                 if self._runs.get(run.job_id) is run:
@@ -395,18 +382,18 @@ class Runner:
                     run.driver.kill()
         return True
 
-    def _not_finished(self, runs: list[Run]) -> list[Run]:
-        """``runs`` (not renewed) but those whose watchdog recorded the driver's exit 0
+    def _not_ended(self, runs: list[Run]) -> list[Run]:
+        """``runs`` (not renewed) but those whose watchdog recorded the driver's exit
         just now (it is exiting: the poll reaps it). If that cannot be read, all of them:
         a run is lost unless PostgreSQL says otherwise."""
         if not runs:
             return runs
         try:
             with self.engine.connect() as conn:
-                finished = distribution.finished_at(conn, {r.job_id: r.epoch for r in runs})
+                ended = distribution.ended_at(conn, {r.job_id: r.epoch for r in runs})
         except DBAPIError:
             return runs
-        return [run for run in runs if run.job_id not in finished]
+        return [run for run in runs if run.job_id not in ended]
 
     # ------------------------------------------------------------------ poll
 
@@ -559,17 +546,18 @@ class Runner:
                 deadline = run.deadline
             if watchdog.lease_clock() >= deadline:
                 raise driver.DriverError("lease deadline passed while preparing the driver")
-            report = None
-            if job["kind"] == states.JobKind.BATCH:
-                # The watchdog records an exit 0 itself: the server may be stalled or
-                # dead at that moment, and the finished generation must not run again.
-                report = driver.FinishReport(
-                    database_url=self.engine.url.render_as_string(hide_password=False),
-                    job_id=run.job_id,
-                    server=run.owner.server,
-                    incarnation=run.owner.incarnation,
-                    epoch=run.epoch,
-                )
+            # The watchdog records the driver's own exit itself, for both kinds: the
+            # server may be stalled or dead at that moment, and neither may a finished
+            # generation run again nor a failed job run past its budget.
+            report = driver.FinishReport(
+                database_url=self.engine.url.render_as_string(hide_password=False),
+                job_id=run.job_id,
+                server=run.owner.server,
+                epoch=run.epoch,
+                backoff_base=cfg.backoff_base,
+                backoff_max=cfg.backoff_max,
+                log_file=str(spec.run_dir / driver.LOG_FILE),
+            )
             handle = driver.launch(spec, deadline, records=cfg.records, report=report)
         # FAILED means only: the job's own driver failed past its budget, or its
         # artifact or spec is invalid. Anything that may pass defers with backoff.
@@ -686,6 +674,11 @@ class Runner:
         if how is reconcile.Ending.RELEASE:
             return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)
         if how is reconcile.Ending.RECORDED:
+            if outcome.exit_code != 0:
+                log.warning(
+                    "driver failed; its watchdog recorded it",
+                    extra={"action": "crashed", "job": run.name, "epoch": run.epoch},
+                )
             return lambda conn: None  # its watchdog recorded it (FinishReport)
         if how is reconcile.Ending.FINISH:
             return lambda conn: distribution.finish(conn, run.job_id, run.owner, run.epoch)
@@ -694,10 +687,7 @@ class Runner:
             if run.driver is not None
             else run_trace(cfg.work_dir, run.job_id, run.name, run.epoch)
         )
-        tail = _tail(where / driver.LOG_FILE)
-        error = f"driver {outcome.reason} with exit code {outcome.exit_code}"
-        if tail:
-            error += f": {tail}"
+        error = watchdog.crash_error(outcome.reason, outcome.exit_code, where / driver.LOG_FILE)
         # Batch and streaming alike: backoff while the job's budget lasts, then failed.
         return self._failure_write(run, error, fail=False)
 

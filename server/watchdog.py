@@ -33,6 +33,12 @@ signal to the server's process group nor a SIGSTOP of the server reaches it. It 
   once everything is dead; the exit status is the matching ``exit_codes.ExitCode``.
   Both carry the run's identity (``--job-id``, ``--job``, ``--epoch``, ``--server``): a
   reader takes them for a run's only when they match it (``driver.RunIdentity``).
+- the **record of the end** (``--report-fd``, ``server.driver.FinishReport``): when the
+  driver exits on its own, the watchdog records it in PostgreSQL itself before it
+  writes the result (an exit 0 ``finished``, a nonzero exit a crash that spends the
+  job's budget; ``reconcile.watchdog_ending``), fenced on the run, so that a server
+  stalled or dead at that moment loses nothing; ``"recorded": true`` in the result
+  tells the server that nothing is left to write.
 - optional **lifetime records** (``--records``): one JSON line when the driver started
   (time taken before the spawn) and one when it ended (time taken after every
   descendant was reaped), so that runs of one job can be proven not to overlap.
@@ -76,7 +82,7 @@ def lease_clock() -> float:
 DEFAULT_INTERVAL_S = 0.1
 # Grace between SIGTERM and SIGKILL when no stop file says otherwise, seconds.
 DEFAULT_GRACE_S = 20.0
-# Recording a batch exit 0 (--report-fd): connection and statement limits, the pause
+# Recording the driver's exit (--report-fd): connection and statement limits, the pause
 # between two tries while PostgreSQL is away, and how long past the lease deadline it
 # keeps trying (after that the server records it, or the job was claimed elsewhere and
 # the fenced write could not succeed anyway), seconds.
@@ -84,6 +90,14 @@ RECORD_CONNECT_TIMEOUT_S = 2.0
 RECORD_STATEMENT_TIMEOUT_S = 2.0
 RECORD_RETRY_S = 0.5
 RECORD_AFTER_DEADLINE_S = 3.0
+# Lines of the driver's log quoted in the error of a crash (the job's last_error).
+LOG_TAIL_LINES = 8
+# How long a driver's SIGTERM exit waits for a stop of the watchdog's own before the
+# watchdog records it as the job's crash: a service manager that signals every process
+# of the unit (systemd's KillMode=control-group) SIGTERMs the driver and its watchdog
+# together, and the driver's exit can be reaped first (seconds; the server waits as
+# long for its own shutdown, runner.SIGTERM_SHUTDOWN_WAIT_S).
+SIGTERM_STOP_WAIT_S = 2.0
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -152,6 +166,26 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
         os.write(fd, (json.dumps(record) + "\n").encode())
     finally:
         os.close(fd)
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of the log at ``path`` ("" when it cannot be read)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def crash_error(reason: str, exit_code: int | None, log_file: Path) -> str:
+    """The error recorded for a run that ended as a crash, by its server or by its
+    watchdog alike: how it ended, then the tail of its log."""
+    error = f"driver {reason} with exit code {exit_code}"
+    tail = log_tail(log_file)
+    return f"{error}: {tail}" if tail else error
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -233,7 +267,7 @@ class Watchdog:
 
     def __init__(self, args: argparse.Namespace, report: dict[str, Any] | None = None) -> None:
         self.args = args
-        # --report-fd's content (server.driver.FinishReport): record an exit 0 in
+        # --report-fd's content (server.driver.FinishReport): record the driver's exit in
         # PostgreSQL. Never logged: it carries the database URL.
         self.report = report
         self.command: list[str] = args.command
@@ -306,21 +340,66 @@ class Watchdog:
             },
         )
 
-    def _record_finished(self) -> bool:
-        """Record the driver's exit 0 in PostgreSQL (``distribution.finish``, fenced on the
-        run's owner, incarnation and epoch), so that a stalled or dead server cannot let
-        the finished generation run again elsewhere. Retried while PostgreSQL is away,
+    def _stopping(self) -> bool:
+        """A stop was requested: a SIGTERM (its server's stop, or a service manager's), or
+        the stop file its server writes just before it."""
+        stop_file = self.args.stop_file
+        return self.stop_requested or (stop_file is not None and stop_file.exists())
+
+    def _stopping_at_exit(self, exit_code: int | None, sigterm_exits: frozenset[int]) -> bool:
+        """:meth:`_stopping`, once a SIGTERM exit has waited up to SIGTERM_STOP_WAIT_S
+        for the watchdog's own SIGTERM (the handler only sets a flag: polled)."""
+        if exit_code in sigterm_exits:
+            until = lease_clock() + SIGTERM_STOP_WAIT_S
+            while not self._stopping() and lease_clock() < until:
+                time.sleep(0.02)
+        return self._stopping()
+
+    def _record_end(self, reason: Reason, exit_code: int | None) -> bool:
+        """Record the driver's own exit in PostgreSQL, as its server would
+        (``reconcile.watchdog_ending``): an exit 0 ``finished``, a nonzero exit a crash
+        that spends the job's budget (``distribution.finish_by_watchdog`` and
+        ``record_crash_by_watchdog``, fenced on the run's server and epoch). So a server
+        stalled or dead at that moment can neither let a finished generation run again
+        nor let a failed job run past its budget. Retried while PostgreSQL is away,
         until shortly after the lease deadline (by then the server, or nobody, records
-        it). False when it could not be recorded or the run is no longer its owner's."""
-        if self.report is None:
-            return False
+        it). False when nothing was recorded here: not the watchdog's to record, not
+        possible, or the run is no longer its owner's."""
+        if self.report is None or reason is not Reason.EXITED:
+            return False  # the only endings watchdog_ending records (spares the imports)
         try:
             # Imported here: a watchdog that records nothing never loads a database driver.
             from scheduler import distribution
+            from server import reconcile
             from sql import database
 
+            stopping = self._stopping_at_exit(exit_code, reconcile.SIGTERM_EXITS)
+            how = reconcile.watchdog_ending(reason, exit_code, stopping=stopping)
+            if how is None:
+                return False
             report = self.report
-            owner = distribution.Owner(report["server"], report["incarnation"])
+            if how is reconcile.Ending.FINISH:
+                what = "the exit 0"
+
+                def write(conn: Any) -> Any:
+                    return distribution.finish_by_watchdog(
+                        conn, report["job_id"], report["server"], report["epoch"]
+                    )
+            else:
+                what = f"the exit {exit_code}"
+                error = crash_error(str(reason), exit_code, Path(report["log_file"]))
+
+                def write(conn: Any) -> Any:
+                    return distribution.record_crash_by_watchdog(
+                        conn,
+                        report["job_id"],
+                        report["server"],
+                        report["epoch"],
+                        error,
+                        backoff_base=report["backoff_base"],
+                        backoff_max=report["backoff_max"],
+                    )
+
             engine = database.create_engine(
                 report["database_url"],
                 pool_size=1,
@@ -333,22 +412,22 @@ class Watchdog:
             )
         except Exception as exc:
             # The result file must still be written: without it the run reads as killed.
-            log.warning("cannot record the exit 0 here: %s", type(exc).__name__)
+            log.warning("cannot record the driver's exit here: %s", type(exc).__name__)
             return False
         give_up = max(self.deadline, lease_clock()) + RECORD_AFTER_DEADLINE_S
         try:
             while True:
                 try:
                     with engine.begin() as conn:
-                        state = distribution.finish(conn, report["job_id"], owner, report["epoch"])
-                    log.info("recorded the exit 0 in PostgreSQL: job now %s", state)
+                        state = write(conn)
+                    log.info("recorded %s in PostgreSQL: job now %s", what, state)
                     return True
                 except distribution.FencedError:
-                    log.info("exit 0 not recorded here: the run is no longer its owner's")
+                    log.info("%s not recorded here: the run is no longer its owner's", what)
                     return False
                 except Exception as exc:  # any failure leaves the record to the server
                     if lease_clock() >= give_up:
-                        log.warning("could not record the exit 0: %s", type(exc).__name__)
+                        log.warning("could not record %s: %s", what, type(exc).__name__)
                         return False
                     time.sleep(RECORD_RETRY_S)  # PostgreSQL away: nothing to wait on
         finally:
@@ -359,7 +438,7 @@ class Watchdog:
             code = exit_codes.ExitCode.OK if exit_code == 0 else exit_codes.ExitCode.DRIVER_FAILED
         else:
             code = EXIT_CODE_OF_REASON[reason]
-        recorded = reason is Reason.EXITED and exit_code == 0 and self._record_finished()
+        recorded = self._record_end(reason, exit_code)
         write_json_atomically(
             self.args.result,
             {
@@ -546,7 +625,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FD",
         help="read a JSON FinishReport (server/driver.py) from FD at start-up and record "
-        "the driver's exit 0 in PostgreSQL with it",
+        "the driver's own exit in PostgreSQL with it",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
     return parser

@@ -242,3 +242,94 @@ def test_a_successor_adopts_a_live_lease_of_its_previous_incarnation_only(
         distribution.adopt(conn, job_id, after, owner("s1", "third"), claim.epoch, TTL)
     with engine.connect() as conn:
         assert [e["kind"] for e in jobs.events(conn, "a")][-1] == "adopted"
+
+
+def _watchdog_writes(job_id: int, server: str, epoch: int) -> list:
+    """A run's watchdog recording its driver's exit 0, and a crash."""
+    return [
+        lambda conn: distribution.finish_by_watchdog(conn, job_id, server, epoch),
+        lambda conn: distribution.record_crash_by_watchdog(
+            conn, job_id, server, epoch, "exit 1", backoff_base=30, backoff_max=60
+        ),
+    ]
+
+
+def test_a_watchdog_records_its_run_after_an_adoption_but_never_a_newer_one(
+    engine: sa.Engine,
+) -> None:
+    """Fenced on the run (server and epoch), not on the incarnation that launched it: an
+    adoption keeps the epoch, so the watchdog's record still lands (hole H2); a release,
+    a reap or a newer claim leaves nothing for it to match."""
+    job_id = factories.job(engine, "a", kind=JobKind.BATCH)
+    factories.target(engine, job_id, "s1")
+    before, after = owner("s1", "before"), owner("s1", "after")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, before, TTL)
+        distribution.mark_running(conn, job_id, before, claim.epoch, pid=1)
+        distribution.adopt(conn, job_id, before, after, claim.epoch, TTL)
+    for write in (
+        *_watchdog_writes(job_id, "s1", claim.epoch + 1),  # an epoch it never ran at
+        *_watchdog_writes(job_id, "s2", claim.epoch),  # another server's
+    ):
+        with engine.begin() as conn, pytest.raises(distribution.FencedError):
+            write(conn)
+    with engine.begin() as conn:
+        assert distribution.finish_by_watchdog(conn, job_id, "s1", claim.epoch) == "finished"
+    row = factories.row(engine, job_id)
+    assert (row.state, row.owner, row.owner_incarnation) == ("finished", None, None)
+    # Recorded once: the server's own write of that run, or the watchdog's again, is fenced.
+    for write in (
+        lambda conn: distribution.finish(conn, job_id, after, claim.epoch),
+        *_watchdog_writes(job_id, "s1", claim.epoch),
+    ):
+        with engine.begin() as conn, pytest.raises(distribution.FencedError):
+            write(conn)
+    # A newer claim, by the same server, is out of reach of the old run's watchdog.
+    with engine.begin() as conn:
+        jobs.restart(conn, "a")
+    newer = _claim(engine, job_id, "s1")
+    for write in _watchdog_writes(job_id, "s1", claim.epoch):
+        with engine.begin() as conn, pytest.raises(distribution.FencedError):
+            write(conn)
+    assert factories.row(engine, job_id).epoch == newer.epoch
+
+
+def test_a_crash_recorded_by_a_watchdog_is_counted_once(engine: sa.Engine) -> None:
+    """Hole H5: the watchdog spends the budget as the server would (backoff while
+    restarts are left, then failed); the server's own record of the same run is then
+    fenced, so a crash is never counted twice."""
+    job_id = factories.job(engine, "crashy", kind=JobKind.BATCH, max_restarts=1)
+    factories.target(engine, job_id, "s1")
+    outcomes = []
+    for _ in range(2):
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE distribution SET not_before = NULL"))
+        claim = _claim(engine, job_id, "s1")
+        with engine.begin() as conn:
+            outcomes.append(
+                distribution.record_crash_by_watchdog(
+                    conn, job_id, "s1", claim.epoch, "exit 3: boom", backoff_base=30, backoff_max=60
+                )
+            )
+        with engine.begin() as conn, pytest.raises(distribution.FencedError):
+            distribution.record_crash(
+                conn,
+                job_id,
+                owner("s1"),
+                claim.epoch,
+                "exit 3: boom",
+                retry=True,
+                backoff_base=30,
+                backoff_max=60,
+            )
+    assert outcomes == [RunState.BACKOFF, RunState.FAILED]
+    row = factories.row(engine, job_id)
+    assert (row.state, row.owner, row.restarts, row.last_error) == (
+        "failed",
+        None,
+        1,
+        "exit 3: boom",
+    )
+    with engine.connect() as conn:
+        kinds = [e["kind"] for e in jobs.events(conn, "crashy")]
+    assert kinds.count("crashed") == 1 and kinds.count("failed") == 1, kinds

@@ -75,14 +75,16 @@ def decide(
 # ------------------------------------------------------------------ local runs
 
 
-def test_a_run_whose_watchdog_recorded_its_exit_0_is_awaited_not_dropped() -> None:
-    """The watchdog records a batch driver's exit 0 itself (``finished``, owner cleared)
-    just before it exits: a poll woken by that write sees the row no longer owned while
-    the local run is still running. It is ending, not lost: no kill, no drop (the next
-    poll reaps it and ships its log). Found running Spark's pi.py: its log was never
-    shipped and the server logged 'no longer ours; killing the driver'."""
-    finished = row(epoch=3, state=RunState.FINISHED, desired="running")
-    assert decide([finished], [run(epoch=3)]) == []
+@pytest.mark.parametrize("state", [RunState.FINISHED, RunState.BACKOFF, RunState.FAILED])
+def test_a_run_whose_watchdog_recorded_its_exit_is_awaited_not_dropped(state: RunState) -> None:
+    """The watchdog records its driver's exit itself (exit 0 ``finished``, a crash
+    ``backoff`` or ``failed``; owner cleared) just before it exits: a poll woken by
+    that write sees the row no longer owned while the local run is still running. It is
+    ending, not lost: no kill, no drop (the next poll reaps it and ships its log). Found
+    running Spark's pi.py: its log was never shipped and the server logged 'no longer
+    ours; killing the driver'."""
+    ended = row(epoch=3, state=state, desired="running")
+    assert decide([ended], [run(epoch=3)]) == []
     # A finished row of another epoch, or a job someone else finished, is still lost.
     assert decide([row(epoch=4, state=RunState.FINISHED)], [run(epoch=3)]) == [
         reconcile.Drop(1, "the job is no longer ours")
@@ -285,9 +287,12 @@ def test_next_look_is_the_earliest_due_row_targeted_here() -> None:
         ("exited", 143, False, True, reconcile.Ending.RELEASE),
         ("exited", -15, False, True, reconcile.Ending.RELEASE),
         ("exited", 143, False, False, reconcile.Ending.CRASH),
-        # Exit 0: finished, unless its watchdog recorded that already.
+        # Exit 0: finished.
         ("exited", 0, False, False, reconcile.Ending.FINISH),
+        # Recorded by its watchdog (exit 0 or a crash): nothing is left to write.
         ("exited", 0, True, False, reconcile.Ending.RECORDED),
+        ("exited", 3, True, False, reconcile.Ending.RECORDED),
+        ("exited", 143, True, True, reconcile.Ending.RECORDED),
         # Ended by us or by its lease: nothing of the job's own, never counted.
         ("stopped", None, False, False, reconcile.Ending.RELEASE),
         ("lease_expired", None, False, False, reconcile.Ending.RELEASE),
@@ -303,3 +308,49 @@ def test_how_an_ended_run_is_recorded(
 ) -> None:
     got = reconcile.ending(reason, exit_code, recorded=recorded, shutting_down=shutting_down)
     assert got is expected
+
+
+@pytest.mark.parametrize(
+    ("reason", "exit_code", "stopping", "expected"),
+    [
+        # The driver's own exit: what its server would write (hole H5: a crash while
+        # the server is stalled or dead is counted, never lost).
+        ("exited", 0, False, reconcile.Ending.FINISH),
+        ("exited", 1, False, reconcile.Ending.CRASH),
+        ("exited", -9, False, reconcile.Ending.CRASH),
+        ("exited", 143, False, reconcile.Ending.CRASH),
+        # During a stop a nonzero exit is the server's to judge (released, not counted);
+        # an exit 0 still ran to its end.
+        ("exited", 0, True, reconcile.Ending.FINISH),
+        ("exited", 1, True, None),
+        ("exited", 143, True, None),
+        # Not an exit of the driver itself: left to the owner (a release, or at launch).
+        ("stopped", None, True, None),
+        ("lease_expired", None, False, None),
+        ("killed", None, False, None),
+        ("spawn_failed", None, False, None),
+    ],
+)
+def test_what_a_watchdog_records_itself(
+    reason: str, exit_code: int | None, stopping: bool, expected: reconcile.Ending | None
+) -> None:
+    assert reconcile.watchdog_ending(reason, exit_code, stopping=stopping) is expected
+
+
+@given(
+    reason=st.sampled_from(["exited", "stopped", "lease_expired", "killed", "spawn_failed"]),
+    exit_code=st.one_of(st.none(), st.integers(-64, 255)),
+    stopping=st.booleans(),
+)
+def test_a_watchdog_records_only_what_its_server_would_record(
+    reason: str, exit_code: int | None, stopping: bool
+) -> None:
+    """Whatever its watchdog records is what the server itself decides for that ending
+    (when not shutting down, as the watchdog cannot know): the record of a stalled or
+    dead server's run is the same as a live server's."""
+    recorded = reconcile.watchdog_ending(reason, exit_code, stopping=stopping)
+    if recorded is not None:
+        assert recorded is reconcile.ending(reason, exit_code, recorded=False, shutting_down=False)
+        if exit_code != 0:
+            # Not during a stop: a service manager's SIGTERM reaches the watchdog too.
+            assert not stopping

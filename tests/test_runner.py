@@ -119,14 +119,28 @@ def the_runner(
     the_runner.stop()
 
 
-def _batch_job(engine: sa.Engine, bucket: store.Store, stage: Path, tmp_path: Path) -> int:
+def _batch_job(
+    engine: sa.Engine,
+    bucket: store.Store,
+    stage: Path,
+    tmp_path: Path,
+    *,
+    max_retries: int | None = None,
+    kind: JobKind = JobKind.BATCH,
+) -> int:
     main = tmp_path / "gated.py"
     main.write_text(GATED_MAIN)
     resource = catalog.upload(engine, bucket, name="gated", path=main, max_bytes=1 << 20)
     with engine.begin() as conn:
         job_id = jobs.create(
             conn,
-            jobs.JobSpec(name="b", kind=JobKind.BATCH, resource_id=resource.id, args=[str(stage)]),
+            jobs.JobSpec(
+                name="b",
+                kind=kind,
+                resource_id=resource.id,
+                args=[str(stage)],
+                max_restarts=max_retries,
+            ),
         )
         jobs.start(conn, "b")
     factories.target(engine, job_id, "s1")
@@ -142,10 +156,15 @@ def _kinds(database_url: str) -> list[str]:
         engine.dispose()
 
 
-def _starts(tmp_path: Path) -> list[dict[str, object]]:
+def _records(tmp_path: Path) -> list[dict[str, object]]:
+    """The watchdogs' lifetime records (``--records``)."""
     path = tmp_path / "records.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
-    return [r for r in map(json.loads, lines) if r["event"] == "started"]
+    return list(map(json.loads, lines))
+
+
+def _starts(tmp_path: Path) -> list[dict[str, object]]:
+    return [r for r in _records(tmp_path) if r["event"] == "started"]
 
 
 def test_a_batch_driver_exiting_0_while_postgresql_is_away_ends_finished_and_runs_once(
@@ -352,6 +371,152 @@ def test_a_watchdog_cannot_record_a_run_that_is_no_longer_its_own(
     assert result["recorded"] is False, result
     now = factories.row(engine, job_id)
     assert (now.owner, now.epoch, now.state) == ("s2", taken.epoch, "starting")
+
+
+def test_an_adopted_batch_run_s_exit_0_is_recorded_by_its_watchdog(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """Hole H2 (safety review): a restarted server adopts a batch run (the lease moves to
+    its incarnation, the epoch stays), then stalls or dies as the driver exits 0. The
+    watchdog's own record must still go through: before, it was fenced on the
+    incarnation that launched it, nobody recorded the exit, and the finished generation
+    ran again once the lease expired."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    long_lease_runner.poll_once()  # the first incarnation claims; the driver starts
+    waiting.wait_until(
+        lambda: (stage / "starts").exists() and factories.row(engine, job_id).state == "running",
+        SPARK_START_S,
+        message="the driver did not start",
+    )
+    config = dataclasses.replace(_config(tmp_path, 3.0), lease_ttl=30.0)
+    stepped = _stepped(engine, bucket, config, tmp_path)
+    successor = next(stepped)
+    try:
+        (row,) = [r for r in _rows(engine, successor) if r.job_id == job_id]
+        successor._clean_orphan(row)  # adopts: the previous incarnation's watchdog is alive
+        adopted = factories.row(engine, job_id)
+        assert (adopted.owner_incarnation, adopted.epoch) == (config.incarnation, 1)
+        # From here the successor takes no step: stalled, or killed without a restart.
+        (stage / "go").write_text("0")
+        run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+        waiting.wait_until(
+            lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
+        )
+        assert factories.row(engine, job_id).state == "finished"
+        assert json.loads((run_dir / "result.json").read_text())["recorded"] is True
+        factories.expire_lease(engine, job_id)
+        factories.target(engine, job_id, "s2")
+        with pytest.raises(distribution.NotClaimable), engine.begin() as conn:
+            distribution.claim(conn, job_id, factories.owner("s2"), TTL)
+        kinds = _kinds(database_url)
+        assert kinds.count("claimed") == 1 and kinds.count("finished") == 1, kinds
+        assert (stage / "starts").read_text().split() == ["1"]
+    finally:
+        next(stepped, None)  # its teardown
+
+
+def _rows(engine: sa.Engine, the_runner: runner.Runner) -> list[distribution.Row]:
+    with engine.connect() as conn:
+        return distribution.poll(conn, the_runner.owner)
+
+
+def _crash_while_stalled(
+    engine: sa.Engine, the_runner: runner.Runner, stage: Path, tmp_path: Path, job_id: int
+) -> dict[str, object]:
+    """The driver exits 1 while its server takes no step (stalled, or dead): the result
+    the watchdog left."""
+    the_runner.poll_once()  # claims; the driver starts in a task
+    waiting.wait_until(
+        lambda: (stage / "starts").exists() and factories.row(engine, job_id).state == "running",
+        SPARK_START_S,
+        message="the driver did not start",
+    )
+    (stage / "go").write_text("1")
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def _resume(the_runner: runner.Runner) -> None:
+    """The stalled server resumes: it renews, polls and forgets the run."""
+    the_runner.renew_once()
+    waiting.wait_until(
+        lambda: not the_runner.runs() or the_runner.poll_once() < 0,
+        30,
+        message="the resumed server did not forget the ended run",
+    )
+
+
+def test_a_batch_failure_while_its_server_is_stalled_spends_the_budget_once(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """Hole H5 (safety review): a batch job with no retries (the default) whose driver
+    fails while its server is stalled or dead. Its watchdog records the crash itself:
+    the job is ``failed``, and the server that finds the expired lease cannot run it a
+    second time. Before, only the server recorded a nonzero exit: the lease expired, the
+    job was claimed elsewhere and ran again past its budget."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    result = _crash_while_stalled(engine, long_lease_runner, stage, tmp_path, job_id)
+    factories.expire_lease(engine, job_id)  # the stall outlasted the lease
+    factories.target(engine, job_id, "s2")
+    with pytest.raises(distribution.NotClaimable), engine.begin() as conn:
+        distribution.claim(conn, job_id, factories.owner("s2"), TTL)
+    assert (result["exit_code"], result["recorded"]) == (1, True), result
+    now = factories.row(engine, job_id)
+    assert (now.state, now.owner, now.epoch) == ("failed", None, 1)
+    assert "driver exited with exit code 1" in now.last_error, now.last_error
+    _resume(long_lease_runner)
+    kinds = _kinds(database_url)
+    assert kinds.count("claimed") == 1 and kinds.count("failed") == 1, kinds
+    assert "crashed" not in kinds, kinds
+    assert (stage / "starts").read_text().split() == ["1"]
+
+
+@pytest.mark.parametrize("kind", [JobKind.BATCH, JobKind.STREAMING])
+def test_a_failure_while_its_server_is_stalled_is_counted_once_with_restarts_left(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    kind: JobKind,
+) -> None:
+    """With retries (restarts) left, the watchdog's record puts the job in backoff with
+    the crash counted once; the resuming server's own record of the same run is fenced
+    (the run is no longer owned at its epoch) and it writes nothing more. A streaming
+    job's crash is recorded the same way: before, one while its server was stalled
+    was counted by nobody (restarted elsewhere, no backoff, no budget spent)."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path, max_retries=2, kind=kind)
+    result = _crash_while_stalled(engine, long_lease_runner, stage, tmp_path, job_id)
+    now = factories.row(engine, job_id)
+    assert (now.state, now.owner, now.epoch, now.restarts) == ("backoff", None, 1, 1)
+    assert result["recorded"] is True, result
+    with pytest.raises(distribution.FencedError), engine.begin() as conn:
+        distribution.record_crash(
+            conn,
+            job_id,
+            long_lease_runner.owner,
+            1,
+            "again",
+            retry=True,
+            backoff_base=0.5,
+            backoff_max=2.0,
+        )
+    _resume(long_lease_runner)
+    assert factories.row(engine, job_id).restarts == 1
+    kinds = _kinds(database_url)
+    assert kinds.count("crashed") == 1 and "failed" not in kinds, kinds
 
 
 def test_a_batch_exit_0_as_its_migration_begins_is_finished_not_rerun(
@@ -739,12 +904,24 @@ def test_a_sigterm_exit_just_before_the_server_sees_its_own_sigterm_is_no_crash(
     ``KillMode=control-group``) SIGTERMs the driver's JVM and the server together. The
     JVM can exit 143 and be reaped before the server's own handler stops claiming: the
     exit was recorded as the job's crash, and a batch job with no retries ended FAILED.
-    A SIGTERM exit now waits (briefly, on an event) for the server's shutdown."""
+    A SIGTERM exit now waits (briefly, on an event) for the server's shutdown. The
+    watchdog, which records a crash itself (hole H5), is signalled too, also just after
+    the driver's exit: it waits for that SIGTERM likewise and leaves the exit to the
+    server."""
     job_id, _ = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
-    (stage / "go").write_text("143")
     run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
-    waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
-    assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 143
+    state = watchdog.read_json(run_dir / "watchdog.json")
+    assert state is not None
+    (stage / "go").write_text("143")
+    waiting.wait_until(
+        lambda: any(r["event"] == "ended" for r in _records(tmp_path)),
+        SPARK_START_S,
+        message="no exit",
+    )
+    os.kill(state["watchdog_pid"], signal.SIGTERM)  # the unit's SIGTERM reaches it late
+    waiting.wait_until(lambda: (run_dir / "result.json").exists(), 10, message="no result")
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["reason"], result["exit_code"], result["recorded"]) == ("exited", 143, False)
     # The server's SIGTERM handler runs a moment after the poll reaps the driver.
     threading.Timer(0.3, long_lease_runner.stop_claiming).start()
     waiting.wait_until(

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -538,3 +539,77 @@ def test_a_driver_cannot_forge_its_own_lease_from_its_working_directory(
     ended = wait_ended(tmp_path, timeout=2.0 + 5.0)
     assert ended["reason"] == "lease_expired"
     assert ended["mono"] < deadline + KILL_LATENCY_S
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "stop", "writes"),
+    [
+        (1, None, True),  # a crash of its own: recorded here (hole H5)
+        (0, None, True),  # an exit 0: recorded here
+        (1, "file", False),  # its server began a stop (stop.json): the server decides
+        (1, "signal", False),  # SIGTERM (its server's, or a service manager's)
+        # A SIGTERM exit waits for the watchdog's own SIGTERM, which the service manager
+        # sent together with the driver's (KillMode=control-group).
+        (143, "late signal", False),
+        (-15, "late signal", False),
+        (143, None, True),  # none came: a crash (after SIGTERM_STOP_WAIT_S)
+        (0, "file", True),  # an exit 0 ran to its end, stop or not
+    ],
+)
+def test_a_watchdog_records_its_driver_s_own_exit_but_not_a_failure_during_a_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exit_code: int, stop: str | None, writes: bool
+) -> None:
+    """Which ends a watchdog writes to PostgreSQL itself (``reconcile.watchdog_ending``),
+    with a stop seen the way the watchdog sees it. A failure while its server stops the
+    driver is released by the server, never counted as a crash."""
+    from sql import database
+
+    connecting: list[str] = []
+
+    def no_database(url: str, **kwargs: Any) -> Any:
+        connecting.append(url)
+        raise RuntimeError("no database in this test")
+
+    monkeypatch.setattr(database, "create_engine", no_database)
+    args = watchdog._parser().parse_args(
+        [
+            "--lease-file",
+            str(tmp_path / "lease.json"),
+            "--result",
+            str(tmp_path / "result.json"),
+            "--stop-file",
+            str(tmp_path / "stop.json"),
+            "--",
+            "true",
+        ]
+    )
+    report = {
+        "database_url": "postgresql://nowhere/x",
+        "job_id": 1,
+        "server": "s1",
+        "epoch": 1,
+        "backoff_base": 1.0,
+        "backoff_max": 2.0,
+        "log_file": str(tmp_path / "driver.log"),
+    }
+    dog = watchdog.Watchdog(args, report)
+    if stop == "file":
+        watchdog.write_json_atomically(tmp_path / "stop.json", {"grace": 1})
+    dog.stop_requested = stop == "signal"
+    if stop == "late signal":
+        threading.Timer(0.3, lambda: setattr(dog, "stop_requested", True)).start()
+    monkeypatch.setattr(watchdog, "SIGTERM_STOP_WAIT_S", 1.0)
+    assert dog._record_end(watchdog.Reason.EXITED, exit_code) is False
+    assert connecting == (["postgresql://nowhere/x"] if writes else [])
+    for reason in ("stopped", "lease_expired", "killed", "spawn_failed"):
+        assert dog._record_end(watchdog.Reason(reason), None) is False
+    assert len(connecting) == int(writes), "an ending that is not the driver's own was written"
+
+
+def test_a_crash_error_quotes_the_tail_of_the_driver_log(tmp_path: Path) -> None:
+    """The server and the watchdog record a crash with one error shape."""
+    log = tmp_path / "driver.log"
+    assert watchdog.crash_error("exited", 1, log) == "driver exited with exit code 1"
+    log.write_text("".join(f"line {n}\n" for n in range(20)))
+    tail = "\n".join(f"line {n}" for n in range(12, 20))
+    assert watchdog.crash_error("exited", 1, log) == f"driver exited with exit code 1: {tail}"
