@@ -272,12 +272,22 @@ def test_a_batch_exit_0_noticed_after_the_lease_ran_out_is_finished_not_rerun(
     seen the driver's end. The outcome must still be recorded: finished, run once."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     stepped_runner.poll_once()  # claims; the driver starts in a task
+    # Renewed while spark-submit starts (seconds on a busy machine, beyond the 5 s the
+    # lease leaves a driver that is never confirmed); the pause comes after its exit.
     waiting.wait_until(
-        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+        lambda: stepped_runner.renew_once() and (stage / "starts").exists(),
+        SPARK_START_S,
+        interval=0.5,
+        message="the driver did not start",
     )
     (stage / "go").write_text("0")
     run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
-    waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
+    waiting.wait_until(
+        lambda: stepped_runner.renew_once() and (run_dir / "result.json").exists(),
+        SPARK_START_S,
+        interval=0.5,
+        message="no exit",
+    )
     factories.expire_lease(engine, job_id)  # the pause outlasted the lease
     stepped_runner.renew_once()  # resumes: the renewal runs first
     stepped_runner.poll_once()
