@@ -673,15 +673,9 @@ class Runner:
         )
         if how is reconcile.Ending.RELEASE:
             return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)
-        if how is reconcile.Ending.RECORDED:
-            if outcome.exit_code != 0:
-                log.warning(
-                    "driver failed; its watchdog recorded it",
-                    extra={"action": "crashed", "job": run.name, "epoch": run.epoch},
-                )
-            return lambda conn: None  # its watchdog recorded it (FinishReport)
+        finish = lambda conn: distribution.finish(conn, run.job_id, run.owner, run.epoch)  # noqa: E731
         if how is reconcile.Ending.FINISH:
-            return lambda conn: distribution.finish(conn, run.job_id, run.owner, run.epoch)
+            return finish
         where = (
             run.driver.run_dir
             if run.driver is not None
@@ -689,7 +683,25 @@ class Runner:
         )
         error = watchdog.crash_error(outcome.reason, outcome.exit_code, where / driver.LOG_FILE)
         # Batch and streaming alike: backoff while the job's budget lasts, then failed.
-        return self._failure_write(run, error, fail=False)
+        crash = self._failure_write(run, error, fail=False)
+        if how is reconcile.Ending.RECORDED:
+            if outcome.exit_code != 0:
+                log.warning(
+                    "driver failed; its watchdog recorded it",
+                    extra={"action": "crashed", "job": run.name, "epoch": run.epoch},
+                )
+            own = finish if outcome.exit_code == 0 else crash
+
+            def recorded(conn: sa.Connection) -> None:
+                # PostgreSQL, not the result file, says whether it is recorded: a commit
+                # the watchdog saw acknowledged is gone after a failover to an
+                # asynchronous replica (outside the model: docs/drivers.md). Then the
+                # server writes it itself (fenced: nothing if the row moved on).
+                if run.job_id not in distribution.ended_at(conn, {run.job_id: run.epoch}):
+                    own(conn)
+
+            return recorded
+        return crash
 
     def _failure_write(
         self, run: Run, error: str, *, fail: bool, cause: str = "driver"

@@ -1249,3 +1249,38 @@ def test_a_streaming_job_keeps_its_checkpoint_of_the_old_layout_after_an_upgrade
     assert spec.checkpoint_dir == root / "s"
     assert (root / "s" / "offsets" / "0").read_text() == "offsets"
     assert (root / "s" / CHECKPOINT_OWNER_FILE).read_text().strip() == str(job_id)
+
+
+def test_an_exit_0_its_watchdog_recorded_is_written_again_if_postgresql_lost_it(
+    engine: sa.Engine,
+    bucket: store.Store,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """Hole H4: the runner trusted ``result.json``'s ``recorded: true`` over the row. A
+    commit that PostgreSQL acknowledged to the watchdog can be gone after a failover to
+    an asynchronous replica (outside the model, docs/drivers.md): the row still names
+    the run as running, the server wrote nothing and forgot the run, and the finished
+    batch was claimed again once its lease ran out. The server now checks the row."""
+    job_id, _ = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
+    owner = long_lease_runner.owner
+    (stage / "go").write_text("0")
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
+    assert json.loads((run_dir / "result.json").read_text())["recorded"] is True
+    # The promoted replica never had the watchdog's commit: the row is as before it.
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE distribution SET state = 'running', owner = :s, owner_incarnation = :i,"
+                " lease_until = now() + interval '30 seconds' WHERE job_id = :j"
+            ),
+            {"s": owner.server, "i": owner.incarnation, "j": job_id},
+        )
+    waiting.wait_until(
+        lambda: not long_lease_runner.runs() or long_lease_runner.poll_once() < 0,
+        30,
+        message="the ended run was not forgotten",
+    )
+    assert factories.row(engine, job_id).state == "finished"
