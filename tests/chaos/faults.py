@@ -247,12 +247,17 @@ class Watchdog:
 
 
 def live_watchdogs(root: Path) -> list[Watchdog]:
-    """Every watchdog alive under a cluster's folder (``servers/*/work/runs/<job>/<epoch>``,
-    fresh work dirs of same-id restarts included), found through its run dir's
-    ``watchdog.json``: its pid must still be the process that started when the file says
-    (not a reused pid, not a zombie its server has yet to reap)."""
+    """Every watchdog alive under a cluster's folder (``servers/*/work/jobs/<job id>/<epoch>``,
+    and the older layout ``runs/<job>/<epoch>``; fresh work dirs of same-id restarts
+    included), found through its run dir's ``watchdog.json``: its pid must still be the
+    process that started when the file says (not a reused pid, not a zombie its server
+    has yet to reap)."""
     found = []
-    for state_file in sorted(root.glob("servers/*/work/runs/*/*/watchdog.json")):
+    state_files = [
+        *root.glob("servers/*/work/jobs/*/*/watchdog.json"),
+        *root.glob("servers/*/work/runs/*/*/watchdog.json"),
+    ]
+    for state_file in sorted(state_files):
         state = watchdog.read_json(state_file) or {}
         pid, ticks = state.get("watchdog_pid"), state.get("watchdog_start_ticks")
         if not isinstance(pid, int) or not isinstance(ticks, int):
