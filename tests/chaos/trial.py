@@ -108,6 +108,9 @@ class Trial:
         self.broken_artifacts: list[str] = []  # jobs whose artifact is corrupt or gone
         self.paused: set[str] = set()  # servers under SIGSTOP: not live
         self.killed_watchdogs: list[Path] = []  # run dirs swept at close (hole H1)
+        # Freezes of a whole host (server, watchdogs, drivers), on both clocks: the
+        # checker excuses their bounded overlap (invariants.FREEZE_THAW_BOUND_S).
+        self.freezes: list[invariants.Freeze] = []
         self._event_mark = 0
         # Events the harness pruned (``prune_history``), read before they were deleted:
         # the checker reads the whole history, so a prune must not blind it.
@@ -492,8 +495,8 @@ class Trial:
         now, now_mono = time.time(), watchdog.lease_clock()
         kinds = {r["name"]: r["kind"] for r in rows}
         checks = {
-            "S1": invariants.double_runs(heartbeats, lifetimes),
-            "early": invariants.early_handoffs(events, lifetimes),
+            "S1": invariants.double_runs(heartbeats, lifetimes, freezes=self.freezes),
+            "early": invariants.early_handoffs(events, lifetimes, self.freezes),
             "S2": invariants.stale_writes(events) + probe_stale_writes(c.engine, events),
             "S3": invariants.lost_jobs(
                 rows,
