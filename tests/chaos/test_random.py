@@ -35,7 +35,17 @@ Faults (one at a time; the command threads run throughout):
 - ``planned_restart``: SIGTERM of a server (every server runs with a hand-over window of
   HANDOVER_S, 30 s: a planned restart hands its leases over), restarted with its id and
   work dir 0-35 s later (within the window: it adopts its drivers; past it: they fail
-  over).
+  over);
+- ``pg_immediate``: PostgreSQL crashed (``pg_ctl -m immediate``: no shutdown
+  checkpoint) for 1-10 s, then started (the trial database runs with
+  ``synchronous_commit=on``, so no acknowledged commit is lost);
+- ``conn_drop``: a server's PostgreSQL connections terminated (``pg_terminate_backend``
+  by client port) 3-5 times within ~2 s, so that some land mid-commit;
+- ``packet_drop``: 20-50 % of the namespaced server's packets to PostgreSQL or to
+  ZooKeeper dropped for 5-20 s (needs root, like ``zk_partition``);
+- ``freeze``: a server SIGSTOPped together with its watchdogs and drivers for 5-15 s,
+  then all SIGCONT (a host freeze: outside the fencing model past the lease; the
+  checker excuses only FREEZE_THAW_BOUND_S after the thaw, ``invariants.Freeze``).
 
 The jobs: eight streaming heartbeats, four batch ones that run 2-6 s, two batch ones
 whose driver always fails (exit 3; ``--max-retries`` 0 and 1: they end FAILED, so the
