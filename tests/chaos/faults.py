@@ -417,6 +417,76 @@ def terminate_backends(engine: sa.Engine, client_ports: Sequence[int]) -> int:
         )
 
 
+# ---------------------------------------------------------------- disk
+
+
+class SmallDisk:
+    """A small tmpfs mounted on a folder (a server's work dir, before the server
+    starts), which :meth:`fill` fills to the last byte with a filler file and
+    :meth:`free` empties again: a full disk under one server alone. ``close()``
+    unmounts it once nothing uses it any more (after the cluster's teardown)."""
+
+    FILLER = ".chaos-disk-filler"
+
+    def __init__(self, folder: Path, size_mb: int) -> None:
+        self.folder = folder
+        self.size_mb = size_mb
+        self._mounted = False
+
+    def mount(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        _run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m,mode=0755", "tmpfs",
+              str(self.folder)])  # fmt: skip
+        self._mounted = True
+
+    def fill(self) -> int:
+        """Write the filler until the disk is full (ENOSPC); the bytes written."""
+        written = 0
+        chunk = b"\0" * (1 << 20)
+        with open(self.folder / self.FILLER, "wb", buffering=0) as f:
+            try:
+                while True:
+                    written += f.write(chunk)
+            except OSError:
+                pass  # ENOSPC: full
+            # The last partial chunk: fill to the byte (a small write may still fit).
+            for size in (1 << 16, 1 << 12, 1 << 8, 1):
+                try:
+                    while True:
+                        written += f.write(b"\0" * size)
+                except OSError:
+                    continue
+        return written
+
+    def free(self) -> None:
+        (self.folder / self.FILLER).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if not self._mounted:
+            return
+        self.free()
+        # Lazy: a process of the trial that outlived the teardown must not keep the
+        # mount (and its memory) around; it goes once the last user closes.
+        subprocess.run(["umount", "-l", str(self.folder)], capture_output=True, check=False)
+        self._mounted = False
+
+
+def mounts_unavailable() -> str | None:
+    """Why a tmpfs cannot be mounted here, or None if it can."""
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root (CAP_SYS_ADMIN)"
+    probe = Path(f"/tmp/srchaos-mount-probe-{os.getpid()}")
+    probe.mkdir(exist_ok=True)
+    try:
+        _run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)], timeout=10)
+    except (FaultError, FileNotFoundError) as exc:
+        return f"cannot mount a tmpfs here: {exc}"
+    finally:
+        subprocess.run(["umount", str(probe)], capture_output=True, check=False)
+        probe.rmdir()
+    return None
+
+
 # ---------------------------------------------------------------- S3
 
 

@@ -46,6 +46,9 @@ Faults (one at a time; the command threads run throughout):
 - ``freeze``: a server SIGSTOPped together with its watchdogs and drivers for 5-15 s,
   then all SIGCONT (a host freeze: outside the fencing model past the lease; the
   checker excuses only FREEZE_THAW_BOUND_S after the thaw, ``invariants.Freeze``).
+- ``disk_full``: SMALL_DISK's work dir (a tmpfs of SMALL_DISK_MB, mounted before it
+  starts) filled to the last byte for 5-20 s, then freed (needs root to mount; left out
+  otherwise, and under CI=true the run fails instead).
 
 The jobs: eight streaming heartbeats, four batch ones that run 2-6 s, two batch ones
 whose driver always fails (exit 3; ``--max-retries`` 0 and 1: they end FAILED, so the
@@ -131,10 +134,15 @@ FAULTS = (
     "conn_drop",
     "packet_drop",
     "freeze",
+    "disk_full",
 )
 # Faults that need a network namespace and iptables (root): left out without them,
 # locally; under CI=true their absence fails the run.
 NETNS_FAULTS = frozenset({"zk_partition", "pg_partition", "packet_drop"})
+# The server whose work dir is a small tmpfs when disk_full is drawn (mounting needs
+# root: left out otherwise, and under CI=true the run fails instead).
+SMALL_DISK = "s2"
+SMALL_DISK_MB = 256
 COMMANDS: dict[str, Callable[[sa.Connection, str], str]] = {
     "start": jobs.start,
     "stop": jobs.stop,
@@ -230,8 +238,14 @@ class RandomChaos:
                 conftest.unavailable(f"{needs_netns}: {reason}")
             faults_used.remove(needs_netns)
             self.log.note(f"{needs_netns} left out", reason=reason)
+        mount_reason = faults.mounts_unavailable() if "disk_full" in faults_used else None
+        if mount_reason is not None:
+            if conftest.IN_CI:
+                conftest.unavailable(f"disk_full: {mount_reason}")
+            faults_used.remove("disk_full")
+            self.log.note("disk_full left out", reason=mount_reason)
         if not faults_used:
-            pytest.skip(f"no fault left to inject: {reason}")
+            pytest.skip(f"no fault left to inject: {reason or mount_reason}")
         if reason is None:  # s3 lives in a namespace whether or not it is partitioned
             control = self.stack
             self.partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
@@ -261,6 +275,14 @@ class RandomChaos:
                     conn.execute(sa.text(f'ALTER DATABASE "{quoted}" SET synchronous_commit = on'))
             finally:
                 engine.dispose()
+        if "disk_full" in self.faults:
+            # Mounted before the server starts (Cluster.start_server's work dir), so
+            # that everything it writes lives on the small disk; a same-id restart with
+            # a fresh work dir leaves it (the fault then fills an unused disk).
+            disk = faults.SmallDisk(self.trial.cluster_root / "servers" / SMALL_DISK / "work",
+                                    SMALL_DISK_MB)  # fmt: skip
+            self.trial.disks.append(disk)
+            disk.mount()
         # The hand-over window on every server: the coordinator holds a departed owner's
         # jobs for it (docs/upgrade.md), and each may be the victim of a planned restart.
         handover = {"SPARKRING_HANDOVER_WINDOW": f"{HANDOVER_S:g}"}
@@ -439,6 +461,22 @@ class RandomChaos:
                 invariants.Freeze(victim, start_mono, end_mono, clock="mono"),
             ]
         self.log.note("thawed", server=victim, thaw_t=end_t, thaw_mono=end_mono)
+
+    def disk_full(self) -> None:
+        # SMALL_DISK's work dir filled to the last byte for 5-20 s, then freed: writes
+        # of its run dirs, watchdog state and driver logs fail with ENOSPC meanwhile.
+        # Expected: starts defer, stops still complete (a failing stop kills), nothing
+        # is lost.
+        disk = self.trial.disks[0]
+        full = round(self.rng.uniform(5.0, 20.0), 1)
+        self.log.note("disk_full", server=SMALL_DISK, full_s=full)
+        try:
+            written = self.trial.inject(disk.fill)
+            self.log.note("disk_filled", server=SMALL_DISK, bytes=written)
+            time.sleep(full)  # the full disk is the fault
+        finally:
+            disk.free()
+        self.log.note("disk_freed", server=SMALL_DISK)
 
     def watchdog_kill9(self) -> None:
         # Sorted, so that the seed picks the same (job, server) whenever the same

@@ -111,6 +111,9 @@ class Trial:
         # Freezes of a whole host (server, watchdogs, drivers), on both clocks: the
         # checker excuses their bounded overlap (invariants.FREEZE_THAW_BOUND_S).
         self.freezes: list[invariants.Freeze] = []
+        # Small disks under a server's work dir: unmounted after the cluster's teardown
+        # (its processes keep files open there until then).
+        self.disks: list[faults.SmallDisk] = []
         self._event_mark = 0
         # Events the harness pruned (``prune_history``), read before they were deleted:
         # the checker reads the whole history, so a prune must not blind it.
@@ -125,6 +128,11 @@ class Trial:
     @property
     def database_url(self) -> str:
         return self._args[1]
+
+    @property
+    def cluster_root(self) -> Path:
+        """The cluster's folder (servers/<id>/work are its work dirs), before it starts."""
+        return self._args[4]
 
     @property
     def cluster(self) -> Cluster:
@@ -196,6 +204,8 @@ class Trial:
                 pass
         if self._cluster is not None:
             self._cluster.close()
+        for disk in self.disks:
+            disk.close()
 
     # ------------------------------------------------------------------ jobs
 
