@@ -120,6 +120,20 @@ def _running(
 Span = tuple[str, str, float, float]  # label, server, start, end
 
 
+def _frozen_through(life: _Life, t: float, freezes: Sequence[Freeze]) -> bool:
+    """Whether ``life`` counts as not running at ``t`` because a freeze of its server
+    (on the clock of ``t`` and the life) covered it: it was alive when its server froze,
+    ``t`` falls in the freeze or within FREEZE_THAW_BOUND_S after the thaw, and its
+    ``ended`` record came within that bound after the thaw."""
+    return life.end is not None and any(
+        f.server == life.server
+        and life.start < f.end
+        and f.start <= t <= f.end + FREEZE_THAW_BOUND_S
+        and life.end <= f.end + FREEZE_THAW_BOUND_S
+        for f in freezes
+    )
+
+
 def _overlapping(
     spans: Mapping[str, list[Span]], margin: float, freezes: Sequence[Freeze] = ()
 ) -> list[str]:
@@ -499,15 +513,6 @@ def early_handoffs(
     freeze and ended within the bound after the thaw."""
     wall_freezes = [f for f in freezes if f.clock == "t"]
 
-    def frozen_through(life: _Life, t: float) -> bool:
-        return life.end is not None and any(
-            f.server == life.server
-            and life.start < f.end
-            and f.start <= t <= f.end + FREEZE_THAW_BOUND_S
-            and life.end <= f.end + FREEZE_THAW_BOUND_S
-            for f in wall_freezes
-        )
-
     lives_of: dict[str, list[_Life]] = defaultdict(list)
     # PostgreSQL has no BOOTTIME of this host: events and lives meet on the wall clock.
     for life in _lives(lifetimes, clock="t"):
@@ -536,7 +541,8 @@ def early_handoffs(
                     )
         elif e["kind"] == "claimed":
             for life in lives_of.get(job, []):
-                if life.epoch < epoch and alive_at(life, t) and not frozen_through(life, t):
+                frozen = _frozen_through(life, t, wall_freezes)
+                if life.epoch < epoch and alive_at(life, t) and not frozen:
                     problems.append(
                         f"{job}: claimed by {e['server']} at epoch {epoch} (event {e['id']}) "
                         f"before driver {life.label} provably ended ({late(life, t)})"
@@ -588,6 +594,7 @@ def batch_generations(
     kinds: Mapping[str, str],
     lifetimes: Iterable[Mapping[str, Any]],
     events: Iterable[Mapping[str, Any]],
+    freezes: Sequence[Freeze] = (),
 ) -> list[str]:
     """S1/S4 for batch jobs (``kinds``: job -> kind), from lifetime records and claims:
     in each generation at most one driver ran to its end (exit 0), no driver of a
@@ -595,10 +602,14 @@ def batch_generations(
     generation provably ended (an ``ended`` record) before the next one started (it
     failed and was retried, or its owner was lost and its watchdog killed it), and a
     generation recorded ``finished``
-    had a driver that ran to its end."""
+    had a driver that ran to its end. A host freeze excuses what :func:`_frozen_through`
+    says (the earlier driver frozen with its server, ended just after the thaw)."""
     by_job = _by_job(events)
+    lifetimes = list(lifetimes)
+    clock = records_clock(lifetimes)
+    frozen = [f for f in freezes if f.clock == clock]
     lives_of: dict[str, list[_Life]] = defaultdict(list)
-    for life in _lives(lifetimes):
+    for life in _lives(lifetimes, clock):
         lives_of[life.job].append(life)
     problems = []
     for job in sorted(name for name, kind in kinds.items() if kind == "batch"):
@@ -631,7 +642,7 @@ def batch_generations(
                         f"{job}: generation {gen} started again ({b.label}) after "
                         f"{a.label} ran to its end"
                     )
-                elif a.end is None or a.end > b.start:
+                elif (a.end is None or a.end > b.start) and not _frozen_through(a, b.start, frozen):
                     end = (
                         "no ended record"
                         if a.end is None

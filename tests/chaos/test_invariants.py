@@ -550,3 +550,25 @@ def test_a_freeze_excuses_only_the_frozen_time_and_a_bounded_moment_after_the_th
     # A claim before the freeze began is early whatever came after.
     before = [events[0], {**_event(2, "claimed", "s2", 2), "at_s": 4.0}]
     assert len(invariants.early_handoffs(before, lives, freezes=[freeze])) == 1
+
+
+def test_a_freeze_excuses_a_batch_driver_ended_just_after_the_thaw() -> None:
+    """The batch check's "every earlier driver ended before the next one started" sees
+    the same host freeze (CHAOS_SEED=380134431: b1 and b2, and b0 twice, reported on the
+    old checker, each earlier driver frozen with its server and killed by its watchdog
+    0.1-0.3 s after the thaw): excused within FREEZE_THAW_BOUND_S of the thaw only."""
+    bound = invariants.FREEZE_THAW_BOUND_S
+    kinds = {"b": "batch"}
+    freeze = invariants.Freeze(server="s1", start=5.0, end=15.0)
+    events = [*_claims((1, 1)), _event(9, "claimed", "s2", 2, "b")]
+    thawed = _life("b", 1, "s1", 0, 15.3, reason="lease_expired", exit_code=-9)
+    thawed += _life("b", 2, "s2", 14, 20)
+    assert len(invariants.batch_generations(kinds, thawed, events)) == 1
+    assert invariants.batch_generations(kinds, thawed, events, freezes=[freeze]) == []
+    slow = _life("b", 1, "s1", 0, 15 + bound + 1, reason="lease_expired", exit_code=-9)
+    slow += _life("b", 2, "s2", 14, 20)
+    assert len(invariants.batch_generations(kinds, slow, events, freezes=[freeze])) == 1
+    # The next driver started before the freeze: no excuse.
+    early = _life("b", 1, "s1", 0, 15.3, reason="lease_expired", exit_code=-9)
+    early += _life("b", 2, "s2", 4, 20)
+    assert len(invariants.batch_generations(kinds, early, events, freezes=[freeze])) == 1

@@ -522,7 +522,7 @@ class Trial:
             )
             + invariants.terminal_resurrections(events),
             "S5": invariants.corrupt_starts(self.broken_artifacts, lifetimes, events),
-            "batch": invariants.batch_generations(kinds, lifetimes, events),
+            "batch": invariants.batch_generations(kinds, lifetimes, events, self.freezes),
             "budget": invariants.budget_overruns(rows, lifetimes, events),
         }
         o.double_runs = len(checks["S1"])
