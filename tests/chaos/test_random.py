@@ -284,8 +284,8 @@ class RandomChaos:
                 engine.dispose()
         if "disk_full" in self.faults:
             # Mounted before the server starts (Cluster.start_server's work dir), so
-            # that everything it writes lives on the small disk; a same-id restart with
-            # a fresh work dir leaves it (the fault then fills an unused disk).
+            # that everything it writes lives on the small disk (a same-id restart with
+            # a fresh work dir gets one of its own: _start_server).
             disk = faults.SmallDisk(self.trial.cluster_root / "servers" / SMALL_DISK / "work",
                                     SMALL_DISK_MB)  # fmt: skip
             self.trial.disks.append(disk)
@@ -330,10 +330,19 @@ class RandomChaos:
         self.commands = database.create_engine(t.database_url, pool_size=COMMAND_THREADS + 2)
 
     def _start_server(self, sid: str, work_dir: Path) -> None:
+        if sid == SMALL_DISK and "disk_full" in self.faults and self._disk(work_dir) is None:
+            # A same-id restart with a fresh work dir: that one gets a small disk too,
+            # so that disk_full keeps filling the work dir the server uses.
+            disk = faults.SmallDisk(work_dir, SMALL_DISK_MB)
+            self.trial.disks.append(disk)
+            disk.mount()
         special = dict(self.special.get(sid, {}))
         special["env"] = {**special.get("env", {}), "SPARKRING_WORK_DIR": str(work_dir)}
         self.trial.cluster.start_server(sid, capacity=CAPACITY, **special)
         self.work_dirs[sid] = work_dir
+
+    def _disk(self, work_dir: Path) -> faults.SmallDisk | None:
+        return next((d for d in self.trial.disks if d.folder == work_dir), None)
 
     def _fresh_dir(self, sid: str, what: str) -> Path:
         # Under servers/ so that the cluster's teardown finds its watchdogs too.
@@ -476,7 +485,8 @@ class RandomChaos:
         # of its run dirs, watchdog state and driver logs fail with ENOSPC meanwhile.
         # Expected: starts defer, stops still complete (a failing stop kills), nothing
         # is lost.
-        disk = self.trial.disks[0]
+        disk = self._disk(self.work_dirs[SMALL_DISK])
+        assert disk is not None, f"{SMALL_DISK}'s work dir is on no small disk"
         full = round(self.rng.uniform(5.0, 20.0), 1)
         self.log.note("disk_full", server=SMALL_DISK, full_s=full)
         try:
