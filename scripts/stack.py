@@ -326,9 +326,16 @@ def pg_up() -> None:
 
 def pg_start() -> None:
     data = pg_data() / "data"
+    # fsync off (speed), but synchronous_commit on: a commit is acknowledged only once
+    # its WAL is written to the OS. A PostgreSQL crash (the chaos campaign's
+    # pg_immediate: ``pg_ctl -m immediate``) is a process crash, which keeps the OS page
+    # cache, so every acknowledged commit survives it; with synchronous_commit off the
+    # last acknowledged commits would be lost, which is outside the model
+    # (docs/drivers.md "Durability and clock assumptions"). Only a machine crash would
+    # lose them with fsync off, and nothing injects that.
     options = (
         f"-p {port('pg')} -k {pg_data()} -c listen_addresses=127.0.0.1 -c fsync=off "
-        "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+        "-c synchronous_commit=on -c full_page_writes=off -c max_connections=300"
     )
     subprocess.run(
         _as_postgres(

@@ -109,6 +109,12 @@ class Stack:
     def pg_stop(self) -> None:
         self._stack("pg", "stop")
 
+    def pg_kill(self) -> None:
+        """``pg_ctl -m immediate``: a crash (no shutdown checkpoint; the next start
+        replays the WAL). Only commits whose WAL reached the OS survive it: the stack
+        runs with ``synchronous_commit=on`` for that (``scripts/stack.py``)."""
+        self._stack("pg", "kill")
+
     def pg_start(self) -> None:
         if not services.reachable(f"127.0.0.1:{self.pg_port}"):
             self._stack("pg", "start")
@@ -186,6 +192,17 @@ class Partition:
         _run(
             ["iptables", "-I", "INPUT", "-i", self.host_if, "-p", "tcp", "-m", "multiport",
              "--dports", dports, "-m", "comment", "--comment", self.tag, "-j", "DROP"]
+        )  # fmt: skip
+
+    def lossy(self, ports: Sequence[int], probability: float) -> None:
+        """Drop each packet the namespace sends to ``ports`` with ``probability``
+        (``-m statistic --mode random``): retransmissions, stalls and timeouts rather
+        than a clean cut. ``heal()`` removes it like a cut."""
+        dports = ",".join(str(p) for p in ports)
+        _run(
+            ["iptables", "-I", "INPUT", "-i", self.host_if, "-p", "tcp", "-m", "multiport",
+             "--dports", dports, "-m", "statistic", "--mode", "random", "--probability",
+             f"{probability:.3f}", "-m", "comment", "--comment", self.tag, "-j", "DROP"]
         )  # fmt: skip
 
     def heal(self) -> None:
@@ -283,6 +300,196 @@ def kill_watchdog(target: Watchdog) -> None:
     driver's processes must then be swept by the server (hole H1); the caller sweeps
     them with ``server.driver.sweep(run_dir)`` at the end, in case they were not."""
     os.kill(target.pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []  # exited, or not ours to read
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
+
+
+def work_dir_processes(work_dir: Path) -> set[int]:
+    """Every live process of a server's work dir but the server itself: its watchdogs
+    (``python -m server.watchdog`` with their state files under the work dir, or the
+    server's ``SPARKRING_WORK_DIR`` in their environment) and every driver process
+    (``SPARKRING_RUN_DIR`` under the work dir: ``server.watchdog.RUN_MARK_VARIABLE``,
+    which spark-submit's JVM and the Python driver inherit)."""
+    work = str(work_dir)
+    inside = work + "/"
+    work_mark = f"SPARKRING_WORK_DIR={work}".encode()
+    run_mark = f"{watchdog.RUN_MARK_VARIABLE}={inside}".encode()
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        pid = int(entry.name)
+        environ = _environ(pid)
+        if work_mark in environ or any(v.startswith(run_mark) for v in environ):
+            found.add(pid)
+            continue
+        argv = _argv(pid)
+        if "server.watchdog" in argv and any(a.startswith(inside) for a in argv):
+            found.add(pid)
+    return found
+
+
+def freeze(server_pid: int, work_dir: Path) -> list[int]:
+    """SIGSTOP a server together with its watchdogs and drivers (what ``podman pause``
+    or a cgroup freeze does to a host): the server first, so it starts nothing new, then
+    every process of its work dir, looked for again until a look finds no new one (a
+    process forked between the scan and its signal is caught by the next look). The
+    pids stopped, for :func:`thaw`."""
+    stopped: list[int] = []
+    candidates = {server_pid}
+    for _ in range(10):
+        new = sorted(candidates - set(stopped))
+        if not new and stopped:
+            break
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            except ProcessLookupError:
+                pass
+        candidates = work_dir_processes(work_dir)
+    return stopped
+
+
+def thaw(pids: Sequence[int]) -> None:
+    """SIGCONT every process :func:`freeze` stopped (all at once, as a cgroup thaw)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def postgres_client_ports(pid: int, pg_port: int) -> set[int]:
+    """The local ports of ``pid``'s TCP connections to ``pg_port`` (its own sockets, in
+    its own network namespace's table: ``/proc/<pid>/net/tcp``). A namespaced server's
+    connections reach PostgreSQL SNAT-ed to 127.0.0.1, normally with the same port."""
+    inodes = set()
+    try:
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(fd.path)
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if inode in inodes and int(remote.rsplit(":", 1)[1], 16) == pg_port:
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def terminate_backends(engine: sa.Engine, client_ports: Sequence[int]) -> int:
+    """``pg_terminate_backend`` of every backend of ``engine``'s database whose client
+    port is one of ``client_ports`` (never the harness's own connection): what a
+    connection reset or an idle-session kill by an operator does. How many went."""
+    with engine.begin() as conn:
+        return len(
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    " AND client_port = ANY(:ports)"
+                ),
+                {"ports": list(client_ports)},
+            ).all()
+        )
+
+
+# ---------------------------------------------------------------- disk
+
+
+class SmallDisk:
+    """A small tmpfs mounted on a folder (a server's work dir, before the server
+    starts), which :meth:`fill` fills to the last byte with a filler file and
+    :meth:`free` empties again: a full disk under one server alone. ``close()``
+    unmounts it once nothing uses it any more (after the cluster's teardown)."""
+
+    FILLER = ".chaos-disk-filler"
+
+    def __init__(self, folder: Path, size_mb: int) -> None:
+        self.folder = folder
+        self.size_mb = size_mb
+        self._mounted = False
+
+    def mount(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        _run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m,mode=0755", "tmpfs",
+              str(self.folder)])  # fmt: skip
+        self._mounted = True
+
+    def fill(self) -> int:
+        """Write the filler until the disk is full (ENOSPC); the bytes written."""
+        written = 0
+        chunk = b"\0" * (1 << 20)
+        with open(self.folder / self.FILLER, "wb", buffering=0) as f:
+            try:
+                while True:
+                    written += f.write(chunk)
+            except OSError:
+                pass  # ENOSPC: full
+            # The last partial chunk: fill to the byte (a small write may still fit).
+            for size in (1 << 16, 1 << 12, 1 << 8, 1):
+                try:
+                    while True:
+                        written += f.write(b"\0" * size)
+                except OSError:
+                    continue
+        return written
+
+    def free(self) -> None:
+        (self.folder / self.FILLER).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if not self._mounted:
+            return
+        self.free()
+        # Lazy: a process of the trial that outlived the teardown must not keep the
+        # mount (and its memory) around; it goes once the last user closes.
+        subprocess.run(["umount", "-l", str(self.folder)], capture_output=True, check=False)
+        self._mounted = False
+
+
+def mounts_unavailable() -> str | None:
+    """Why a tmpfs cannot be mounted here, or None if it can."""
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root (CAP_SYS_ADMIN)"
+    probe = Path(f"/tmp/srchaos-mount-probe-{os.getpid()}")
+    probe.mkdir(exist_ok=True)
+    try:
+        _run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)], timeout=10)
+    except (FaultError, FileNotFoundError) as exc:
+        return f"cannot mount a tmpfs here: {exc}"
+    finally:
+        subprocess.run(["umount", str(probe)], capture_output=True, check=False)
+        probe.rmdir()
+    return None
 
 
 # ---------------------------------------------------------------- S3

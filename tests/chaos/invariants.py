@@ -72,24 +72,107 @@ INVALID_JOB = re.compile(
 )
 
 
-def _overlapping(spans: Mapping[str, list[tuple[str, float, float]]], margin: float) -> list[str]:
+# A freeze of a whole host (``freeze``: a server SIGSTOPped together with its watchdogs
+# and drivers, as ``podman pause`` or a cgroup freeze would) is outside the fencing
+# model once it outlasts the lease: the frozen watchdog cannot kill its driver in time.
+# It is frozen too, so it runs nothing while frozen; on the thaw its watchdog sees its
+# BOOTTIME deadline passed and SIGKILLs it at once, but the driver may be scheduled first
+# and beat for a moment beside its successor. That moment, up to this bound after the
+# thaw, is the model's documented margin (docs/chaos.md); anything longer is reported.
+FREEZE_THAW_BOUND_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Freeze:
+    """One freeze of ``server``'s host: from ``start`` (every process stopped) to ``end``
+    (just before the SIGCONT), on ``clock`` (``t`` or ``mono``: a comparison uses the
+    freezes on its records' clock)."""
+
+    server: str
+    start: float
+    end: float
+    clock: str = "t"
+
+
+def _running(
+    server: str, start: float, end: float, freezes: Sequence[Freeze]
+) -> tuple[list[tuple[float, float]], Freeze | None]:
+    """The parts of a driver's span [start, end] on ``server`` in which it could run:
+    the span minus, for each freeze of its server that it was alive for (it started
+    before the thaw), the frozen time and FREEZE_THAW_BOUND_S after the thaw. Also the
+    last such freeze, to name in a report."""
+    pieces = [(start, end)]
+    excused = None
+    for f in freezes:
+        if f.server != server or start >= f.end or end <= f.start:
+            continue
+        excused = f
+        cut_from, cut_to = f.start, f.end + FREEZE_THAW_BOUND_S
+        pieces = [
+            part
+            for a, b in pieces
+            for part in ((a, min(b, cut_from)), (max(a, cut_to), b))
+            if part[1] > part[0]
+        ]
+    return pieces, excused
+
+
+Span = tuple[str, str, float, float]  # label, server, start, end
+
+
+def _frozen_through(life: _Life, t: float, freezes: Sequence[Freeze]) -> bool:
+    """Whether ``life`` counts as not running at ``t`` because a freeze of its server
+    (on the clock of ``t`` and the life) covered it: it was alive when its server froze,
+    ``t`` falls in the freeze or within FREEZE_THAW_BOUND_S after the thaw, and its
+    ``ended`` record came within that bound after the thaw."""
+    return life.end is not None and any(
+        f.server == life.server
+        and life.start < f.end
+        and f.start <= t <= f.end + FREEZE_THAW_BOUND_S
+        and life.end <= f.end + FREEZE_THAW_BOUND_S
+        for f in freezes
+    )
+
+
+def _overlapping(
+    spans: Mapping[str, list[Span]], margin: float, freezes: Sequence[Freeze] = ()
+) -> list[str]:
     problems = []
     for job, items in sorted(spans.items()):
-        items = sorted(items, key=lambda item: item[1])
+        items = sorted(items, key=lambda item: item[2])
         for a, b in itertools.combinations(items, 2):
-            overlap = min(a[2], b[2]) - max(a[1], b[1])
+            if not freezes:
+                overlap = min(a[3], b[3]) - max(a[2], b[2])
+                if overlap > margin:
+                    problems.append(f"{job}: {a[0]} and {b[0]} overlap by {overlap:.3f} s")
+                continue
+            a_runs, a_freeze = _running(a[1], a[2], a[3], freezes)
+            b_runs, b_freeze = _running(b[1], b[2], b[3], freezes)
+            overlap = sum(
+                max(0.0, min(x[1], y[1]) - max(x[0], y[0])) for x in a_runs for y in b_runs
+            )
             if overlap > margin:
-                problems.append(f"{job}: {a[0]} and {b[0]} overlap by {overlap:.3f} s")
+                problem = f"{job}: {a[0]} and {b[0]} overlap by {overlap:.3f} s"
+                for f in (a_freeze, b_freeze):
+                    if f is not None:
+                        problem += (
+                            f" (beyond the freeze of {f.server} and the "
+                            f"{FREEZE_THAW_BOUND_S:g} s allowed after the thaw at {f.end:.3f})"
+                        )
+                problems.append(problem)
     return problems
 
 
-def heartbeat_overlaps(records: Iterable[Mapping[str, Any]], margin: float = 0.0) -> list[str]:
+def heartbeat_overlaps(
+    records: Iterable[Mapping[str, Any]], margin: float = 0.0, freezes: Sequence[Freeze] = ()
+) -> list[str]:
     """S1 from heartbeats: two driver processes of one job beating in the same instant.
 
     A driver's span runs from its first to its last heartbeat; two spans of one job
     that overlap by more than ``margin`` seconds are a double run. A driver is
     (job, server, pid): pids of different servers (hosts, namespaces) may coincide.
     Beats are compared on ``mono`` (BOOTTIME) when every one carries it, else on ``t``.
+    ``freezes`` (on that clock) excuse what :func:`_running` says, nothing more.
     """
     records = list(records)
     clock = records_clock(records)
@@ -98,28 +181,32 @@ def heartbeat_overlaps(records: Iterable[Mapping[str, Any]], margin: float = 0.0
         key = (r["job"], str(r.get("server")), r["pid"])
         span = first_last.setdefault(key, [r[clock], r[clock]])
         span[0], span[1] = min(span[0], r[clock]), max(span[1], r[clock])
-    spans: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
+    spans: dict[str, list[Span]] = defaultdict(list)
     for (job, server, pid), (start, end) in first_last.items():
-        spans[job].append((f"pid {pid} on {server}", start, end))
-    return _overlapping(spans, margin)
+        spans[job].append((f"pid {pid} on {server}", server, start, end))
+    return _overlapping(spans, margin, [f for f in freezes if f.clock == clock])
 
 
 def lifetime_overlaps(
-    records: Iterable[Mapping[str, Any]], margin: float = 0.0, now: float | None = None
+    records: Iterable[Mapping[str, Any]],
+    margin: float = 0.0,
+    now: float | None = None,
+    freezes: Sequence[Freeze] = (),
 ) -> list[str]:
     """S1 from the watchdogs' lifetime records; a driver with no ``ended`` record is
     alive until ``now`` (on the records' clock, :func:`records_clock`; default: that
     clock read now). A driver is (job, epoch, server, pid): two incarnations of one
-    server id may each start a driver for the same epoch."""
+    server id may each start a driver for the same epoch. ``freezes`` as in
+    :func:`heartbeat_overlaps`."""
     records = list(records)
     clock = records_clock(records)
     if now is None:
         now = watchdog.lease_clock() if clock == "mono" else time.time()
-    spans: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
+    spans: dict[str, list[Span]] = defaultdict(list)
     for life in _lives(records, clock):
         end = now if life.end is None else life.end
-        spans[life.job].append((life.label, life.start, end))
-    return _overlapping(spans, margin)
+        spans[life.job].append((life.label, life.server, life.start, end))
+    return _overlapping(spans, margin, [f for f in freezes if f.clock == clock])
 
 
 @dataclasses.dataclass
@@ -181,9 +268,12 @@ def double_runs(
     heartbeats: Sequence[Mapping[str, Any]],
     lifetimes: Sequence[Mapping[str, Any]],
     margin: float = 0.0,
+    freezes: Sequence[Freeze] = (),
 ) -> list[str]:
-    """Every S1 violation either kind of evidence shows."""
-    return heartbeat_overlaps(heartbeats, margin) + lifetime_overlaps(lifetimes, margin)
+    """Every S1 violation either kind of evidence shows (``freezes``: both clocks)."""
+    return heartbeat_overlaps(heartbeats, margin, freezes) + lifetime_overlaps(
+        lifetimes, margin, freezes=freezes
+    )
 
 
 def stale_writes(events: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -400,7 +490,9 @@ def resurrections(
 
 
 def early_handoffs(
-    events: Iterable[Mapping[str, Any]], lifetimes: Iterable[Mapping[str, Any]]
+    events: Iterable[Mapping[str, Any]],
+    lifetimes: Iterable[Mapping[str, Any]],
+    freezes: Sequence[Freeze] = (),
 ) -> list[str]:
     """S1 before it shows as an overlap: a lease given up, or taken, while a driver it
     fences was still alive. Events need ``at_s`` (PostgreSQL's clock, seconds since the
@@ -415,7 +507,12 @@ def early_handoffs(
 
     A driver counts as alive until its ``ended`` record, which its watchdog (or
     ``Driver.kill``) writes once every process of the group is gone: a correct hand-off
-    writes it before the release, so no tolerance is needed."""
+    writes it before the release, so no tolerance is needed. One exception, outside
+    the model (``FREEZE_THAW_BOUND_S``): a claim while the old driver's whole host was
+    frozen (``freezes`` on the wall clock), that driver having been alive at the
+    freeze and ended within the bound after the thaw."""
+    wall_freezes = [f for f in freezes if f.clock == "t"]
+
     lives_of: dict[str, list[_Life]] = defaultdict(list)
     # PostgreSQL has no BOOTTIME of this host: events and lives meet on the wall clock.
     for life in _lives(lifetimes, clock="t"):
@@ -444,7 +541,8 @@ def early_handoffs(
                     )
         elif e["kind"] == "claimed":
             for life in lives_of.get(job, []):
-                if life.epoch < epoch and alive_at(life, t):
+                frozen = _frozen_through(life, t, wall_freezes)
+                if life.epoch < epoch and alive_at(life, t) and not frozen:
                     problems.append(
                         f"{job}: claimed by {e['server']} at epoch {epoch} (event {e['id']}) "
                         f"before driver {life.label} provably ended ({late(life, t)})"
@@ -496,6 +594,7 @@ def batch_generations(
     kinds: Mapping[str, str],
     lifetimes: Iterable[Mapping[str, Any]],
     events: Iterable[Mapping[str, Any]],
+    freezes: Sequence[Freeze] = (),
 ) -> list[str]:
     """S1/S4 for batch jobs (``kinds``: job -> kind), from lifetime records and claims:
     in each generation at most one driver ran to its end (exit 0), no driver of a
@@ -503,10 +602,14 @@ def batch_generations(
     generation provably ended (an ``ended`` record) before the next one started (it
     failed and was retried, or its owner was lost and its watchdog killed it), and a
     generation recorded ``finished``
-    had a driver that ran to its end."""
+    had a driver that ran to its end. A host freeze excuses what :func:`_frozen_through`
+    says (the earlier driver frozen with its server, ended just after the thaw)."""
     by_job = _by_job(events)
+    lifetimes = list(lifetimes)
+    clock = records_clock(lifetimes)
+    frozen = [f for f in freezes if f.clock == clock]
     lives_of: dict[str, list[_Life]] = defaultdict(list)
-    for life in _lives(lifetimes):
+    for life in _lives(lifetimes, clock):
         lives_of[life.job].append(life)
     problems = []
     for job in sorted(name for name, kind in kinds.items() if kind == "batch"):
@@ -539,7 +642,7 @@ def batch_generations(
                         f"{job}: generation {gen} started again ({b.label}) after "
                         f"{a.label} ran to its end"
                     )
-                elif a.end is None or a.end > b.start:
+                elif (a.end is None or a.end > b.start) and not _frozen_through(a, b.start, frozen):
                     end = (
                         "no ended record"
                         if a.end is None

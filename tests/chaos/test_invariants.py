@@ -499,3 +499,76 @@ def test_a_started_driver_of_a_corrupt_artifact_is_counted() -> None:
     events = [{"job_name": "bad", "kind": "driver_started", "epoch": 1}]
     assert len(invariants.corrupt_starts(["bad"], lives, events)) == 2
     assert invariants.corrupt_starts(["other"], lives, events) == []
+
+
+def test_a_freeze_excuses_only_the_frozen_time_and_a_bounded_moment_after_the_thaw() -> None:
+    """A host frozen with its watchdogs (``freeze``: server, watchdogs and drivers
+    SIGSTOPped together) past the lease: another server claims the job meanwhile, and on
+    the thaw the old driver may beat once more before its watchdog, whose BOOTTIME
+    deadline passed during the freeze, SIGKILLs it. The checker accepts that overlap
+    only on the frozen server, only for a driver alive when it froze, and only up to
+    FREEZE_THAW_BOUND_S after the thaw; anything longer is a double run."""
+    bound = invariants.FREEZE_THAW_BOUND_S
+    freeze = invariants.Freeze(server="s1", start=5.0, end=15.0)
+    # The old driver (s1) beats 0-5, is frozen 5-15, beats once more 0.4 s after the
+    # thaw; the new one (s2) was claimed at 13.5 (lease expired) and beats from 14.
+    old = _beats("a", 1, 0, 5, server="s1") + _beats("a", 1, 15.0, 15.0 + 0.4, server="s1")
+    new = _beats("a", 2, 14, 20, server="s2")
+    assert len(invariants.heartbeat_overlaps(old + new)) == 1  # without the freeze
+    assert invariants.heartbeat_overlaps(old + new, freezes=[freeze]) == []
+    # Beating on past the bound after the thaw is a double run, freeze or not.
+    late = _beats("a", 1, 0, 5, server="s1") + _beats("a", 1, 15.0, 15.0 + bound + 1, server="s1")
+    problems = invariants.heartbeat_overlaps(late + new, freezes=[freeze])
+    assert len(problems) == 1 and "after the thaw" in problems[0]
+    # A freeze of another server excuses nothing.
+    other = invariants.Freeze(server="s3", start=5.0, end=15.0)
+    assert len(invariants.heartbeat_overlaps(old + new, freezes=[other])) == 1
+    # A driver started after the thaw on the frozen server is not excused either.
+    after = _beats("a", 3, 15.2, 16, server="s1") + new
+    assert len(invariants.heartbeat_overlaps(after, freezes=[freeze])) == 1
+
+    # Lifetime records: the old watchdog's ``ended`` comes after the thaw.
+    lives = _life("a", 1, "s1", 0, 15.0 + 0.5, reason="lease_expired") + _life(
+        "a", 2, "s2", 14, None
+    )
+    assert len(invariants.lifetime_overlaps(lives, now=20)) == 1
+    assert invariants.lifetime_overlaps(lives, now=20, freezes=[freeze]) == []
+    slow = _life("a", 1, "s1", 0, 15.0 + bound + 2, reason="lease_expired") + _life(
+        "a", 2, "s2", 14, None
+    )
+    assert len(invariants.lifetime_overlaps(slow, now=20, freezes=[freeze])) == 1
+    assert invariants.double_runs(old + new, lives, freezes=[freeze]) == []
+
+    # Early hand-offs: the claim at 13.5 came while the frozen driver had no ended record.
+    events = [
+        {**_event(1, "claimed", "s1", 1), "at_s": 0.0},
+        {**_event(2, "claimed", "s2", 2), "at_s": 13.5},
+    ]
+    assert len(invariants.early_handoffs(events, lives)) == 1
+    assert invariants.early_handoffs(events, lives, freezes=[freeze]) == []
+    assert len(invariants.early_handoffs(events, slow, freezes=[freeze])) == 1
+    # A claim before the freeze began is early whatever came after.
+    before = [events[0], {**_event(2, "claimed", "s2", 2), "at_s": 4.0}]
+    assert len(invariants.early_handoffs(before, lives, freezes=[freeze])) == 1
+
+
+def test_a_freeze_excuses_a_batch_driver_ended_just_after_the_thaw() -> None:
+    """The batch check's "every earlier driver ended before the next one started" sees
+    the same host freeze (CHAOS_SEED=380134431: b1 and b2, and b0 twice, reported on the
+    old checker, each earlier driver frozen with its server and killed by its watchdog
+    0.1-0.3 s after the thaw): excused within FREEZE_THAW_BOUND_S of the thaw only."""
+    bound = invariants.FREEZE_THAW_BOUND_S
+    kinds = {"b": "batch"}
+    freeze = invariants.Freeze(server="s1", start=5.0, end=15.0)
+    events = [*_claims((1, 1)), _event(9, "claimed", "s2", 2, "b")]
+    thawed = _life("b", 1, "s1", 0, 15.3, reason="lease_expired", exit_code=-9)
+    thawed += _life("b", 2, "s2", 14, 20)
+    assert len(invariants.batch_generations(kinds, thawed, events)) == 1
+    assert invariants.batch_generations(kinds, thawed, events, freezes=[freeze]) == []
+    slow = _life("b", 1, "s1", 0, 15 + bound + 1, reason="lease_expired", exit_code=-9)
+    slow += _life("b", 2, "s2", 14, 20)
+    assert len(invariants.batch_generations(kinds, slow, events, freezes=[freeze])) == 1
+    # The next driver started before the freeze: no excuse.
+    early = _life("b", 1, "s1", 0, 15.3, reason="lease_expired", exit_code=-9)
+    early += _life("b", 2, "s2", 4, 20)
+    assert len(invariants.batch_generations(kinds, early, events, freezes=[freeze])) == 1

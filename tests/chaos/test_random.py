@@ -6,8 +6,9 @@ job commands from several threads at the same time; every invariant checked at t
   uses seed ``N + r - 1``.
 - ``CHAOS_MINUTES=M`` is how long faults are injected (default 2: what CI runs); the
   setup (~70 s on a busy 2-core machine) and the recovery wait (up to 90 s) come on top.
-- ``CHAOS_FAULTS=a,b`` draws only from those faults (default: all of them), e.g. to
-  look past a hole that every run finds; a replay needs the same list.
+- ``CHAOS_FAULTS=a,b`` draws only from those faults (default: all of them but
+  OPT_IN_FAULTS), e.g. to look past a hole that every run finds; a replay needs the
+  same list.
 
 The seed decides the order of the faults, their victims and durations, the gaps between
 them and every command thread's choices; timings of the cluster itself (when a driver
@@ -35,7 +36,20 @@ Faults (one at a time; the command threads run throughout):
 - ``planned_restart``: SIGTERM of a server (every server runs with a hand-over window of
   HANDOVER_S, 30 s: a planned restart hands its leases over), restarted with its id and
   work dir 0-35 s later (within the window: it adopts its drivers; past it: they fail
-  over).
+  over);
+- ``pg_immediate``: PostgreSQL crashed (``pg_ctl -m immediate``: no shutdown
+  checkpoint) for 1-10 s, then started (the trial database runs with
+  ``synchronous_commit=on``, so no acknowledged commit is lost);
+- ``conn_drop``: a server's PostgreSQL connections terminated (``pg_terminate_backend``
+  by client port) 3-5 times within ~2 s, so that some land mid-commit;
+- ``packet_drop``: 20-50 % of the namespaced server's packets to PostgreSQL or to
+  ZooKeeper dropped for 5-20 s (needs root, like ``zk_partition``);
+- ``freeze``: a server SIGSTOPped together with its watchdogs and drivers for 5-15 s,
+  then all SIGCONT (a host freeze: outside the fencing model past the lease; the
+  checker excuses only FREEZE_THAW_BOUND_S after the thaw, ``invariants.Freeze``).
+- ``disk_full``: SMALL_DISK's work dir (a tmpfs of SMALL_DISK_MB, mounted before it
+  starts) filled to the last byte for 5-20 s, then freed (needs root to mount; left out
+  otherwise, and under CI=true the run fails instead).
 
 The jobs: eight streaming heartbeats, four batch ones that run 2-6 s, two batch ones
 whose driver always fails (exit 3; ``--max-retries`` 0 and 1: they end FAILED, so the
@@ -62,7 +76,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -70,9 +84,10 @@ import sqlalchemy as sa
 from resource_center import catalog
 from scheduler import jobs
 from scheduler.states import JobKind
+from server import watchdog
 from sql import database
 from tests import conftest
-from tests.chaos import faults
+from tests.chaos import faults, invariants
 from tests.chaos.trial import HEARTBEAT_JOB, Trial
 
 pytestmark = pytest.mark.chaos
@@ -116,10 +131,25 @@ FAULTS = (
     "watchdog_kill9",
     "pg_partition",
     "planned_restart",
+    "pg_immediate",
+    "conn_drop",
+    "packet_drop",
+    "freeze",
+    "disk_full",
 )
+# Selectable with CHAOS_FAULTS only, not drawn by default (the CI run), each for a cause
+# docs/chaos.md gives: ``freeze`` (CHAOS_SEED=380134431) ran a batch job past its
+# budget: its driver failed (exit 3) 0.6 s before its server froze, the failure was
+# never recorded, and the job was claimed and run again after the lease expired.
+OPT_IN_FAULTS = frozenset({"freeze"})
+DEFAULT_FAULTS = tuple(f for f in FAULTS if f not in OPT_IN_FAULTS)
 # Faults that need a network namespace and iptables (root): left out without them,
 # locally; under CI=true their absence fails the run.
-NETNS_FAULTS = frozenset({"zk_partition", "pg_partition"})
+NETNS_FAULTS = frozenset({"zk_partition", "pg_partition", "packet_drop"})
+# The server whose work dir is a small tmpfs when disk_full is drawn (mounting needs
+# root: left out otherwise, and under CI=true the run fails instead).
+SMALL_DISK = "s2"
+SMALL_DISK_MB = 256
 COMMANDS: dict[str, Callable[[sa.Connection, str], str]] = {
     "start": jobs.start,
     "stop": jobs.stop,
@@ -135,7 +165,7 @@ BATCH_WEIGHTS = (8, 1, 1, 1, 1)
 def chaos_faults() -> tuple[str, ...]:
     value = os.environ.get("CHAOS_FAULTS", "")
     if not value:
-        return FAULTS
+        return DEFAULT_FAULTS
     chosen = tuple(name.strip() for name in value.split(",") if name.strip())
     unknown = sorted(set(chosen) - set(FAULTS))
     if unknown or not chosen:
@@ -190,7 +220,7 @@ class RandomChaos:
         self.root = root
         self.log = Schedule(root / "fault-log.jsonl")
         self.partition: faults.Partition | None = None
-        self.faults: tuple[str, ...] = FAULTS
+        self.faults: tuple[str, ...] = DEFAULT_FAULTS
         self.special: dict[str, dict[str, Any]] = {}
         self.work_dirs: dict[str, Path] = {}
         self.duplicates: list[subprocess.Popen[bytes]] = []
@@ -205,7 +235,7 @@ class RandomChaos:
 
     # ------------------------------------------------------------------ cluster
 
-    def start_cluster(self, chosen: tuple[str, ...] = FAULTS) -> None:
+    def start_cluster(self, chosen: tuple[str, ...] = DEFAULT_FAULTS) -> None:
         reason = faults.namespaces_unavailable()
         faults_used = list(chosen)
         for needs_netns in sorted(set(faults_used) & NETNS_FAULTS) if reason else []:
@@ -215,8 +245,14 @@ class RandomChaos:
                 conftest.unavailable(f"{needs_netns}: {reason}")
             faults_used.remove(needs_netns)
             self.log.note(f"{needs_netns} left out", reason=reason)
+        mount_reason = faults.mounts_unavailable() if "disk_full" in faults_used else None
+        if mount_reason is not None:
+            if conftest.IN_CI:
+                conftest.unavailable(f"disk_full: {mount_reason}")
+            faults_used.remove("disk_full")
+            self.log.note("disk_full left out", reason=mount_reason)
         if not faults_used:
-            pytest.skip(f"no fault left to inject: {reason}")
+            pytest.skip(f"no fault left to inject: {reason or mount_reason}")
         if reason is None:  # s3 lives in a namespace whether or not it is partitioned
             control = self.stack
             self.partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
@@ -233,6 +269,27 @@ class RandomChaos:
                 },
             }
         self.faults = tuple(faults_used)
+        if "pg_immediate" in self.faults:
+            # A crash keeps only commits whose WAL was written: a stack started by an
+            # older stack.py runs with synchronous_commit=off, which loses acknowledged
+            # commits on a crash (outside the model, docs/drivers.md). This database
+            # alone is set to on, whatever the stack's setting (new sessions read it).
+            engine = database.create_engine(self.trial.database_url, pool_size=1)
+            try:
+                with engine.begin() as conn:
+                    db = conn.execute(sa.text("SELECT current_database()")).scalar_one()
+                    quoted = db.replace('"', '""')
+                    conn.execute(sa.text(f'ALTER DATABASE "{quoted}" SET synchronous_commit = on'))
+            finally:
+                engine.dispose()
+        if "disk_full" in self.faults:
+            # Mounted before the server starts (Cluster.start_server's work dir), so
+            # that everything it writes lives on the small disk (a same-id restart with
+            # a fresh work dir gets one of its own: _start_server).
+            disk = faults.SmallDisk(self.trial.cluster_root / "servers" / SMALL_DISK / "work",
+                                    SMALL_DISK_MB)  # fmt: skip
+            self.trial.disks.append(disk)
+            disk.mount()
         # The hand-over window on every server: the coordinator holds a departed owner's
         # jobs for it (docs/upgrade.md), and each may be the victim of a planned restart.
         handover = {"SPARKRING_HANDOVER_WINDOW": f"{HANDOVER_S:g}"}
@@ -273,10 +330,19 @@ class RandomChaos:
         self.commands = database.create_engine(t.database_url, pool_size=COMMAND_THREADS + 2)
 
     def _start_server(self, sid: str, work_dir: Path) -> None:
+        if sid == SMALL_DISK and "disk_full" in self.faults and self._disk(work_dir) is None:
+            # A same-id restart with a fresh work dir: that one gets a small disk too,
+            # so that disk_full keeps filling the work dir the server uses.
+            disk = faults.SmallDisk(work_dir, SMALL_DISK_MB)
+            self.trial.disks.append(disk)
+            disk.mount()
         special = dict(self.special.get(sid, {}))
         special["env"] = {**special.get("env", {}), "SPARKRING_WORK_DIR": str(work_dir)}
         self.trial.cluster.start_server(sid, capacity=CAPACITY, **special)
         self.work_dirs[sid] = work_dir
+
+    def _disk(self, work_dir: Path) -> faults.SmallDisk | None:
+        return next((d for d in self.trial.disks if d.folder == work_dir), None)
 
     def _fresh_dir(self, sid: str, what: str) -> Path:
         # Under servers/ so that the cluster's teardown finds its watchdogs too.
@@ -332,6 +398,105 @@ class RandomChaos:
             partition.heal()
         self.log.note("healed", server=PARTITIONED)
 
+    def packet_drop(self) -> None:
+        # A lossy link rather than a cut: each packet the namespaced server sends to
+        # PostgreSQL or to ZooKeeper dropped with probability 0.2-0.5 (retransmissions,
+        # slow statements, maybe a session expiry), for 5-20 s.
+        assert self.partition is not None
+        target = self.rng.choice(("pg", "zk"))
+        probability = round(self.rng.uniform(0.2, 0.5), 2)
+        lossy = round(self.rng.uniform(5.0, 20.0), 1)
+        ports = [self.stack.pg_port] if target == "pg" else self.stack.zk_ports
+        self.log.note(
+            "packet_drop", server=PARTITIONED, to=target, probability=probability, lossy_s=lossy
+        )
+        partition = self.partition
+        self.trial.inject(lambda: partition.lossy(ports, probability))
+        try:
+            time.sleep(lossy)  # the loss is the fault
+        finally:
+            partition.heal()
+        self.log.note("healed", server=PARTITIONED)
+
+    def conn_drop(self) -> None:
+        # A server's PostgreSQL connections reset (pg_terminate_backend) three to five
+        # times within ~2 s, so that some land mid-statement or mid-commit. Its
+        # connections are told from the others' by their client ports (every server's
+        # application_name is 'sparkring'), read from the server's own sockets.
+        servers = self.trial.cluster.servers
+        alive = [sid for sid in SERVERS if sid in servers and servers[sid].poll() is None]
+        victim = self.rng.choice(alive or SERVERS)
+        times = self.rng.randint(3, 5)
+        gaps = [round(self.rng.uniform(0.1, 0.6), 2) for _ in range(times)]
+        if not alive:
+            self.log.note("conn_drop_skipped", reason="no live server process")
+            return
+        self.log.note("conn_drop", server=victim, times=times)
+        pid = servers[victim].pid
+        engine = self.trial.cluster.engine
+
+        def drop() -> int:
+            ports = faults.postgres_client_ports(pid, self.stack.pg_port)
+            return faults.terminate_backends(engine, sorted(ports)) if ports else 0
+
+        dropped = [cast(int, self.trial.inject(drop))]
+        for gap in gaps[1:]:
+            time.sleep(gap)  # the spacing of the resets is part of the fault
+            dropped.append(drop())
+        self.log.note("conn_dropped", server=victim, backends=dropped)
+
+    def freeze(self) -> None:
+        # The whole host paused (podman pause, a cgroup freeze, a VM stall): the server,
+        # its watchdogs and its drivers SIGSTOPped together for 5-15 s, then all
+        # continued. Past the lease this is outside the fencing model (a frozen
+        # watchdog cannot kill its driver): docs/chaos.md says what the checker sees.
+        servers = self.trial.cluster.servers
+        alive = [sid for sid in SERVERS if sid in servers and servers[sid].poll() is None]
+        victim = self.rng.choice(alive or SERVERS)
+        pause = round(self.rng.uniform(5.0, 15.0), 1)
+        if not alive:
+            self.log.note("freeze_skipped", reason="no live server process")
+            return
+        pid, work = servers[victim].pid, self.work_dirs[victim]
+        frozen: list[int] = []
+        self.trial.paused.add(victim)
+        try:
+            frozen = cast(list[int], self.trial.inject(lambda: faults.freeze(pid, work)))
+            # The window the checker excuses starts once every process is stopped and
+            # ends before the first SIGCONT: strictly inside the real freeze.
+            start_t, start_mono = time.time(), watchdog.lease_clock()
+            self.log.note(
+                "freeze", server=victim, pause_s=pause, pids=frozen, start_mono=start_mono
+            )
+            time.sleep(pause)  # the freeze is the fault
+        finally:
+            end_t, end_mono = time.time(), watchdog.lease_clock()
+            faults.thaw(frozen)
+            self.trial.paused.discard(victim)
+        if frozen:
+            self.trial.freezes += [
+                invariants.Freeze(victim, start_t, end_t, clock="t"),
+                invariants.Freeze(victim, start_mono, end_mono, clock="mono"),
+            ]
+        self.log.note("thawed", server=victim, thaw_t=end_t, thaw_mono=end_mono)
+
+    def disk_full(self) -> None:
+        # SMALL_DISK's work dir filled to the last byte for 5-20 s, then freed: writes
+        # of its run dirs, watchdog state and driver logs fail with ENOSPC meanwhile.
+        # Expected: starts defer, stops still complete (a failing stop kills), nothing
+        # is lost.
+        disk = self._disk(self.work_dirs[SMALL_DISK])
+        assert disk is not None, f"{SMALL_DISK}'s work dir is on no small disk"
+        full = round(self.rng.uniform(5.0, 20.0), 1)
+        self.log.note("disk_full", server=SMALL_DISK, full_s=full)
+        try:
+            written = self.trial.inject(disk.fill)
+            self.log.note("disk_filled", server=SMALL_DISK, bytes=written)
+            time.sleep(full)  # the full disk is the fault
+        finally:
+            disk.free()
+        self.log.note("disk_freed", server=SMALL_DISK)
+
     def watchdog_kill9(self) -> None:
         # Sorted, so that the seed picks the same (job, server) whenever the same
         # drivers run; which ones run still follows the cluster's timing.
@@ -348,6 +513,19 @@ class RandomChaos:
             pid=target.pid,
         )
         self.trial.inject(lambda: self.trial.kill_watchdog(target))
+
+    def pg_immediate(self) -> None:
+        # A PostgreSQL crash: no shutdown checkpoint, every connection cut at once, the
+        # WAL replayed on start. Acknowledged commits survive only with
+        # synchronous_commit=on (the stack's, and the trial database's: start_cluster).
+        down = round(self.rng.uniform(1.0, 10.0), 1)
+        self.log.note("pg_immediate", down_s=down)
+        self.trial.inject(self.stack.pg_kill)
+        try:
+            time.sleep(down)  # the outage is the fault
+        finally:
+            self.stack.pg_start()
+        self.log.note("pg_started")
 
     def pg_restart(self) -> None:
         down = round(self.rng.uniform(1.0, 10.0), 1)
@@ -583,7 +761,7 @@ def test_randomized_faults_and_concurrent_commands(
     minutes = chaos_minutes()
     chosen = chaos_faults()
     replay = f"CHAOS_SEED={seed} CHAOS_MINUTES={minutes:g}"
-    if chosen != FAULTS:
+    if chosen != DEFAULT_FAULTS:
         replay += f" CHAOS_FAULTS={','.join(chosen)}"
     trial.outcome.fault = f"randomized ({replay})"
     print(f"randomized chaos: {replay}", file=sys.stderr)

@@ -108,6 +108,12 @@ class Trial:
         self.broken_artifacts: list[str] = []  # jobs whose artifact is corrupt or gone
         self.paused: set[str] = set()  # servers under SIGSTOP: not live
         self.killed_watchdogs: list[Path] = []  # run dirs swept at close (hole H1)
+        # Freezes of a whole host (server, watchdogs, drivers), on both clocks: the
+        # checker excuses their bounded overlap (invariants.FREEZE_THAW_BOUND_S).
+        self.freezes: list[invariants.Freeze] = []
+        # Small disks under a server's work dir: unmounted after the cluster's teardown
+        # (its processes keep files open there until then).
+        self.disks: list[faults.SmallDisk] = []
         self._event_mark = 0
         # Events the harness pruned (``prune_history``), read before they were deleted:
         # the checker reads the whole history, so a prune must not blind it.
@@ -122,6 +128,11 @@ class Trial:
     @property
     def database_url(self) -> str:
         return self._args[1]
+
+    @property
+    def cluster_root(self) -> Path:
+        """The cluster's folder (servers/<id>/work are its work dirs), before it starts."""
+        return self._args[4]
 
     @property
     def cluster(self) -> Cluster:
@@ -193,6 +204,8 @@ class Trial:
                 pass
         if self._cluster is not None:
             self._cluster.close()
+        for disk in self.disks:
+            disk.close()
 
     # ------------------------------------------------------------------ jobs
 
@@ -492,8 +505,8 @@ class Trial:
         now, now_mono = time.time(), watchdog.lease_clock()
         kinds = {r["name"]: r["kind"] for r in rows}
         checks = {
-            "S1": invariants.double_runs(heartbeats, lifetimes),
-            "early": invariants.early_handoffs(events, lifetimes),
+            "S1": invariants.double_runs(heartbeats, lifetimes, freezes=self.freezes),
+            "early": invariants.early_handoffs(events, lifetimes, self.freezes),
             "S2": invariants.stale_writes(events) + probe_stale_writes(c.engine, events),
             "S3": invariants.lost_jobs(
                 rows,
@@ -509,7 +522,7 @@ class Trial:
             )
             + invariants.terminal_resurrections(events),
             "S5": invariants.corrupt_starts(self.broken_artifacts, lifetimes, events),
-            "batch": invariants.batch_generations(kinds, lifetimes, events),
+            "batch": invariants.batch_generations(kinds, lifetimes, events, self.freezes),
             "budget": invariants.budget_overruns(rows, lifetimes, events),
         }
         o.double_runs = len(checks["S1"])
