@@ -259,7 +259,7 @@ class Runner:
         with self._lock:
             for run in self._runs.values():
                 if run.driver is not None and extended.get(run.job_id) == run.epoch:
-                    run.driver.confirm(deadline)
+                    self._confirm(run, deadline)
                     handed.append(run.name)
         log.info(
             "leases handed over to the next incarnation",
@@ -354,7 +354,7 @@ class Runner:
                 if renewed.get(run.job_id) == run.epoch:
                     run.deadline = deadline
                     if run.driver is not None:
-                        run.driver.confirm(deadline)
+                        self._confirm(run, deadline)
                 elif run.driver is not None and run.driver.ended():
                     # The driver ended before the poll noticed (a paused server: its
                     # lease ran out meanwhile). Its outcome is what must be recorded
@@ -381,6 +381,20 @@ class Runner:
                 except RuntimeError:  # the pool is shut down: the process is stopping
                     run.driver.kill()
         return True
+
+    def _confirm(self, run: Run, deadline: float) -> None:
+        """Give the run's watchdog its new deadline. A lease file that cannot be written
+        (a full work dir, EIO) leaves that driver to die at its current deadline, safely;
+        it must not end the renewals of every other job (the renew thread would die and
+        take the server with it)."""
+        assert run.driver is not None
+        try:
+            run.driver.confirm(deadline)
+        except OSError as exc:
+            log.error(
+                "cannot confirm the driver's lease: it dies at its current deadline",
+                extra={"action": "confirm_failed", "job": run.name, "error": str(exc)},
+            )
 
     def _not_ended(self, runs: list[Run]) -> list[Run]:
         """``runs`` (not renewed) but those whose watchdog recorded the driver's exit

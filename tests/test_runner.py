@@ -1027,8 +1027,11 @@ def test_a_hung_kill_of_a_lost_run_does_not_hold_up_the_renewals(
 
 
 class _ConfirmedDriver(_HungDriver):
+    """A driver handle that records its confirmations (its kill returns at once)."""
+
     def __init__(self) -> None:
         super().__init__()
+        self.release.set()
         self.deadlines: list[float] = []
 
     def confirm(self, deadline: float) -> None:
@@ -1284,3 +1287,54 @@ def test_an_exit_0_its_watchdog_recorded_is_written_again_if_postgresql_lost_it(
         message="the ended run was not forgotten",
     )
     assert factories.row(engine, job_id).state == "finished"
+
+
+class _FullDiskDriver(_ConfirmedDriver):
+    def confirm(self, deadline: float) -> None:
+        raise OSError(28, "No space left on device", "lease.json")
+
+
+def test_a_lease_file_that_cannot_be_written_does_not_stop_the_renewals(
+    engine: sa.Engine,
+    bucket: store.Store,
+    stepped_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """A full work dir (found by the chaos fault disk_full, seed 772255147): writing one
+    driver's lease file raised ENOSPC inside the renewal, the renew thread died and the
+    server exited ('the runner thread died'). One driver's confirmation failing must
+    leave it to die at its deadline, not stop every other job's renewals."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    with engine.begin() as conn:
+        other = jobs.create(
+            conn,
+            jobs.JobSpec(
+                name="c",
+                kind=JobKind.BATCH,
+                resource_id=conn.execute(
+                    sa.text("SELECT resource_id FROM jobs WHERE id = :j"), {"j": job_id}
+                ).scalar_one(),
+            ),
+        )
+        jobs.start(conn, "c")
+    factories.target(engine, other, "s1")
+    handles = {job_id: _FullDiskDriver(), other: _ConfirmedDriver()}
+    for jid, handle in handles.items():
+        with engine.begin() as conn:
+            claim = distribution.claim(conn, jid, stepped_runner.owner, TTL)
+        with stepped_runner._lock:
+            stepped_runner._runs[jid] = runner.Run(
+                job_id=jid,
+                name=claim.name,
+                kind=JobKind.BATCH,
+                epoch=claim.epoch,
+                attempt=1,
+                claimed_at=watchdog.lease_clock(),
+                deadline=watchdog.lease_clock() + TTL - 3.0,
+                owner=stepped_runner.owner,
+                phase=runner.reconcile.Phase.RUNNING,
+                driver=handle,  # type: ignore[arg-type]
+            )
+    assert stepped_runner.renew_once()
+    assert handles[other].deadlines, "the other job's driver was not confirmed"
