@@ -650,8 +650,13 @@ def test_an_adoption_committed_while_a_poll_reads_its_rows_kills_nothing(
     driver` 0 ms after `adopted a running driver of the previous incarnation`)."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     long_lease_runner.poll_once()  # the first incarnation claims; the driver starts
+    # It renews while spark-submit starts (beyond 27 s on a loaded machine); it is gone
+    # only from then on.
     waiting.wait_until(
-        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+        lambda: long_lease_runner.renew_once() and (stage / "starts").exists(),
+        SPARK_START_S,
+        interval=0.5,
+        message="the driver did not start",
     )
     # The first incarnation is gone (its loops never ran); the next one, same id and
     # work dir, adopts. Its adoption commits between the poll's read and its run list.
