@@ -209,7 +209,7 @@ def lapsed(rows: Iterable[sa.Row], live: Iterable[str], lapse: float) -> dict[st
 
 def not_renewing(rows: Iterable[sa.Row], lapsed_owners: Iterable[str]) -> set[str]:
     """Of the owners of lapsed leases, those that hold no live lease at all: their
-    renewals fail (a server that renews extends every unexpired lease it holds in one
+    renewals fail (a server that renews extends the leases of all its runs in one
     statement), so they must not be given any job until one of their leases is live
     again (they claim, or re-claim)."""
     suspects = set(lapsed_owners)

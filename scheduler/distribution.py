@@ -174,28 +174,25 @@ def claim(conn: sa.Connection, job_id: int, owner: Owner, ttl: float) -> Claim:
     return Claim(row.job_id, row.name, row.epoch, row.attempt, row.generation, row.revision)
 
 
-_RENEW = sa.text(
-    """
-    UPDATE distribution
-       SET lease_until = now() + make_interval(secs => :ttl)
-     WHERE owner = :server
-       AND owner_incarnation = :incarnation
-       AND lease_until > now()
-    RETURNING job_id, epoch
-    """
-)
-# The same, for the leases of the given jobs only (a server's local runs).
-_RENEW_JOBS = sa.text(
-    """
-    UPDATE distribution
-       SET lease_until = now() + make_interval(secs => :ttl)
-     WHERE owner = :server
-       AND owner_incarnation = :incarnation
-       AND lease_until > now()
-       AND job_id = ANY(:job_ids)
-    RETURNING job_id, epoch
-    """
-)
+def _renew_statement(only_jobs: bool) -> sa.TextClause:
+    """Extend the unexpired leases of one incarnation of a server; ``only_jobs``: of
+    the jobs in ``:job_ids`` only (a server's local runs)."""
+    only = "AND job_id = ANY(:job_ids)" if only_jobs else ""
+    return sa.text(
+        f"""
+        UPDATE distribution
+           SET lease_until = now() + make_interval(secs => :ttl)
+         WHERE owner = :server
+           AND owner_incarnation = :incarnation
+           AND lease_until > now()
+           {only}
+        RETURNING job_id, epoch
+        """
+    )
+
+
+_RENEW = _renew_statement(only_jobs=False)
+_RENEW_JOBS = _renew_statement(only_jobs=True)
 
 
 # What a run's watchdog leaves a job in when it records its driver's end.
