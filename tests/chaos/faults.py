@@ -1,7 +1,7 @@
 """Fault injectors of the chaos campaign: the stack's ZooKeeper and PostgreSQL stopped and
 started (``scripts/stack.py``), a server cut off from ZooKeeper alone or from PostgreSQL
 alone (a network namespace, a veth pair and iptables), a driver's watchdog SIGKILLed,
-and a throwaway S3 server a test may kill.
+a server's wall clock stepped (libfaketime), and a throwaway S3 server a test may kill.
 
 Stopping ZooKeeper or PostgreSQL affects everything that uses the stack at that moment:
 the chaos suite runs alone, after every other test (``scripts/test.sh``). Every
@@ -489,6 +489,67 @@ def mounts_unavailable() -> str | None:
     finally:
         subprocess.run(["umount", str(probe)], capture_output=True, check=False)
         probe.rmdir()
+    return None
+
+
+# ---------------------------------------------------------------- clock
+
+
+class SteppableClock:
+    """A wall clock a test can step, for one server and every process it starts
+    (watchdogs, drivers' Python; not the JVM: ``env``): libfaketime preloaded, its
+    offset read from ``file`` (re-read every second), BOOTTIME and CLOCK_MONOTONIC left
+    alone (``FAKETIME_DONT_FAKE_MONOTONIC``), as an NTP or operator step of the host's
+    clock would.
+
+    The library comes from the ``libfaketime`` wheel (a test dependency): Debian's
+    0.9.10 breaks Python's ``time.sleep`` with EINVAL when monotonic clocks are not
+    faked (libfaketime issue #426, fixed in the wheel's newer build)."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        self.file.write_text("+0\n")
+
+    @staticmethod
+    def library() -> Path:
+        import importlib.resources
+
+        path = Path(str(importlib.resources.files("libfaketime"))) / (
+            "vendor/libfaketime/src/libfaketime.so.1"
+        )
+        if not path.is_file():
+            raise FaultError(f"libfaketime's library is not at {path}: reinstall the wheel")
+        return path
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment that puts a process (and its children) on this clock."""
+        return {
+            "LD_PRELOAD": str(self.library()),
+            "FAKETIME_TIMESTAMP_FILE": str(self.file),
+            "FAKETIME_CACHE_DURATION": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            # A JVM under the library never got to run the driver's Python (a chaos run's
+            # drivers hung after spark-submit's first line): spark-submit's JVM keeps
+            # the host's clock; the job's Python, the server and its watchdogs step.
+            "FAKETIME_SKIP_CMDS": "java",
+        }
+
+    def step(self, seconds: float) -> None:
+        """Set the clock ``seconds`` away from the host's (0: back to it). Processes
+        see it within a second (the library's cache)."""
+        tmp = self.file.with_suffix(".tmp")
+        tmp.write_text(f"{seconds:+g}\n")
+        tmp.replace(self.file)
+
+
+def clock_unavailable() -> str | None:
+    """Why a steppable clock cannot be had here, or None if it can."""
+    try:
+        SteppableClock.library()
+    except (FaultError, ModuleNotFoundError) as exc:
+        return f"libfaketime: {exc}"
     return None
 
 

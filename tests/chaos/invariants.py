@@ -20,7 +20,9 @@ host. Records are compared with each other on ``mono`` whenever every record of 
 comparison has it (:func:`records_clock`): heartbeat against heartbeat, life against
 life, a heartbeat's age against the check's time. Only :func:`early_handoffs` still
 compares on the wall clock: its events carry PostgreSQL's ``now()``, which has no
-BOOTTIME (the stack runs on the watchdogs' host, so both read one wall clock).
+BOOTTIME (the stack runs on the watchdogs' host, so both read one wall clock). A record
+written under a stepped clock (the fault ``clock_step``) is placed there by its
+BOOTTIME (:func:`host_wall`).
 
 Generations come from the events alone: an operator command that gives a job a new
 generation (``start_requested`` of a terminal job, ``restart_requested``, and a
@@ -72,6 +74,9 @@ INVALID_JOB = re.compile(
 )
 
 
+# A record whose wall clock (``t``) is further than this from its BOOTTIME (``mono``)
+# moved onto the wall clock was written under a stepped clock (``host_wall``), seconds.
+STEPPED_CLOCK_S = 2.0
 # A freeze of a whole host (``freeze``: a server SIGSTOPped together with its watchdogs
 # and drivers, as ``podman pause`` or a cgroup freeze would) is outside the fencing
 # model once it outlasts the lease: the frozen watchdog cannot kill its driver in time.
@@ -238,13 +243,39 @@ def records_clock(records: Iterable[Mapping[str, Any]]) -> str:
     return "mono" if all("mono" in r for r in records) else "t"
 
 
-def _lives(records: Iterable[Mapping[str, Any]], clock: str = "auto") -> list[_Life]:
+def host_wall(record: Mapping[str, Any], boot_to_wall: float) -> float:
+    """A record's time on the host's true wall clock (PostgreSQL's, the harness's): its
+    ``t``, unless that disagrees with its ``mono`` by more than STEPPED_CLOCK_S (it was
+    written under a stepped clock: the fault ``clock_step``); then ``mono`` moved onto
+    the wall clock by ``boot_to_wall`` (true wall minus BOOTTIME, read at the check).
+    Below the bound ``t`` wins: NTP slews the wall clock against BOOTTIME by
+    milliseconds over a run, and ``t`` is the clock PostgreSQL reads."""
+    t = float(record["t"])
+    if "mono" not in record:
+        return t
+    placed = float(record["mono"]) + boot_to_wall
+    return placed if abs(t - placed) > STEPPED_CLOCK_S else t
+
+
+def boot_to_wall_now() -> float:
+    """The host's wall clock minus BOOTTIME, now (read by the checker, whose clock no
+    fault steps)."""
+    return time.time() - watchdog.lease_clock()
+
+
+def _lives(
+    records: Iterable[Mapping[str, Any]], clock: str = "auto", boot_to_wall: float | None = None
+) -> list[_Life]:
     """Pair each ``started`` record with its ``ended`` record (same job, epoch, server
     and driver pid); an ``ended`` record without a start is ignored. Times are on
-    ``clock`` (``auto``: :func:`records_clock` of the records)."""
+    ``clock`` (``auto``: :func:`records_clock` of the records; ``wall``: the host's true
+    wall clock, :func:`host_wall`)."""
     records = list(records)
     if clock == "auto":
         clock = records_clock(records)
+    if clock == "wall":
+        offset = boot_to_wall_now() if boot_to_wall is None else boot_to_wall
+        records = [{**r, "wall": host_wall(r, offset)} for r in records]
     lives: dict[tuple[str, int, str, Any], _Life] = {}
     ends: dict[tuple[str, int, str, Any], Mapping[str, Any]] = {}
     for r in records:
@@ -493,6 +524,7 @@ def early_handoffs(
     events: Iterable[Mapping[str, Any]],
     lifetimes: Iterable[Mapping[str, Any]],
     freezes: Sequence[Freeze] = (),
+    boot_to_wall: float | None = None,
 ) -> list[str]:
     """S1 before it shows as an overlap: a lease given up, or taken, while a driver it
     fences was still alive. Events need ``at_s`` (PostgreSQL's clock, seconds since the
@@ -514,8 +546,9 @@ def early_handoffs(
     wall_freezes = [f for f in freezes if f.clock == "t"]
 
     lives_of: dict[str, list[_Life]] = defaultdict(list)
-    # PostgreSQL has no BOOTTIME of this host: events and lives meet on the wall clock.
-    for life in _lives(lifetimes, clock="t"):
+    # PostgreSQL has no BOOTTIME of this host: events and lives meet on the wall clock,
+    # the true one (a record written under a stepped clock is placed by its BOOTTIME).
+    for life in _lives(lifetimes, clock="wall", boot_to_wall=boot_to_wall):
         lives_of[life.job].append(life)
     problems = []
 

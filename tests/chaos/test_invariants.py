@@ -494,6 +494,38 @@ def test_a_lease_released_or_claimed_while_its_driver_lives_is_early() -> None:
     assert len(invariants.early_handoffs(handoff, open_ended)) == 2
 
 
+def test_a_lifetime_written_under_a_stepped_wall_clock_is_placed_by_boottime() -> None:
+    """The fault ``clock_step`` moves a server's wall clock (and its watchdogs' and
+    drivers') by minutes; BOOTTIME never moves. PostgreSQL's ``at_s`` is on the host's
+    true wall clock, so a record's ``t`` that disagrees with its ``mono`` by more than
+    STEPPED_CLOCK_S is placed by ``mono`` (``boot_to_wall``: true wall minus BOOTTIME)."""
+    boot_to_wall = 1000.0  # true wall = mono + 1000
+
+    def life(start_mono: float, end_mono: float, step: float) -> list[dict]:
+        out = _life("a", 1, "s1", start_mono + boot_to_wall, end_mono + boot_to_wall + step)
+        out[0]["mono"], out[1]["mono"] = start_mono, end_mono
+        return out
+
+    events = [
+        {**_event(1, "claimed", "s1", 1), "at_s": boot_to_wall + 0},
+        {**_event(2, "released", "s1", 1, state="pending"), "at_s": boot_to_wall + 5},
+        {**_event(3, "claimed", "s2", 2), "at_s": boot_to_wall + 6},
+    ]
+    # The driver really ended at 8, after the release (5) and the claim (6), but its
+    # server's clock was stepped back 300 s: its "ended" record says -292.
+    stepped_back = life(0, 8, -300.0)
+    problems = invariants.early_handoffs(events, stepped_back, boot_to_wall=boot_to_wall)
+    assert len(problems) == 2, problems
+    # It ended at 4, but the clock was stepped forward: "ended" says 304. Not early.
+    stepped_on = life(0, 4, +300.0)
+    assert invariants.early_handoffs(events, stepped_on, boot_to_wall=boot_to_wall) == []
+    # A wall clock within STEPPED_CLOCK_S of BOOTTIME's keeps its own reading (NTP slews
+    # it by milliseconds, and BOOTTIME's offset is measured at the check): an ended
+    # record at 4 on BOOTTIME but 5.5 on its wall clock came after the release (5).
+    slewed = life(0, 4, invariants.STEPPED_CLOCK_S - 0.5)
+    assert len(invariants.early_handoffs(events, slewed, boot_to_wall=boot_to_wall)) == 1
+
+
 def test_a_started_driver_of_a_corrupt_artifact_is_counted() -> None:
     lives = _life("bad", 1, "s1", 0, 1) + _life("good", 1, "s1", 0, 1)
     events = [{"job_name": "bad", "kind": "driver_started", "epoch": 1}]

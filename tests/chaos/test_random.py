@@ -50,6 +50,11 @@ Faults (one at a time; the command threads run throughout):
 - ``disk_full``: SMALL_DISK's work dir (a tmpfs of SMALL_DISK_MB, mounted before it
   starts) filled to the last byte for 5-20 s, then freed (needs root to mount; left out
   otherwise, and under CI=true the run fails instead).
+- ``clock_step``: a server's wall clock (and its watchdogs' and drivers': every server
+  runs under ``faults.SteppableClock`` when the fault is drawn) stepped 5 min back or
+  forward for 10-60 s, then back (an NTP step, an operator's ``date -s``); BOOTTIME
+  and PostgreSQL's clock do not move. The checker places a record written under the
+  stepped clock by its BOOTTIME (``invariants.host_wall``).
 
 The jobs: eight streaming heartbeats, four batch ones that run 2-6 s, two batch ones
 whose driver always fails (exit 3; ``--max-retries`` 0 and 1: they end FAILED, so the
@@ -136,6 +141,7 @@ FAULTS = (
     "packet_drop",
     "freeze",
     "disk_full",
+    "clock_step",
 )
 # Selectable with CHAOS_FAULTS only, not drawn by default (the CI run), each for a cause
 # docs/chaos.md gives: ``freeze`` (CHAOS_SEED=380134431) ran a batch job past its
@@ -222,6 +228,7 @@ class RandomChaos:
         self.partition: faults.Partition | None = None
         self.faults: tuple[str, ...] = DEFAULT_FAULTS
         self.special: dict[str, dict[str, Any]] = {}
+        self.clocks: dict[str, faults.SteppableClock] = {}
         self.work_dirs: dict[str, Path] = {}
         self.duplicates: list[subprocess.Popen[bytes]] = []
         self.problems: list[str] = []
@@ -251,8 +258,14 @@ class RandomChaos:
                 conftest.unavailable(f"disk_full: {mount_reason}")
             faults_used.remove("disk_full")
             self.log.note("disk_full left out", reason=mount_reason)
+        clock_reason = faults.clock_unavailable() if "clock_step" in faults_used else None
+        if clock_reason is not None:
+            if conftest.IN_CI:
+                conftest.unavailable(f"clock_step: {clock_reason}")
+            faults_used.remove("clock_step")
+            self.log.note("clock_step left out", reason=clock_reason)
         if not faults_used:
-            pytest.skip(f"no fault left to inject: {reason or mount_reason}")
+            pytest.skip(f"no fault left to inject: {reason or mount_reason or clock_reason}")
         if reason is None:  # s3 lives in a namespace whether or not it is partitioned
             control = self.stack
             self.partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
@@ -290,10 +303,18 @@ class RandomChaos:
                                     SMALL_DISK_MB)  # fmt: skip
             self.trial.disks.append(disk)
             disk.mount()
+        if "clock_step" in self.faults:
+            # Every server (and whatever it starts) on a wall clock of its own, which
+            # reads the host's until clock_step moves it; a restart keeps it (special).
+            for sid in SERVERS:
+                clock = faults.SteppableClock(self.trial.cluster_root / "clocks" / sid)
+                self.clocks[sid] = clock
+                entry = self.special.setdefault(sid, {})
+                entry["env"] = {**entry.get("env", {}), **clock.env}
         # The hand-over window on every server: the coordinator holds a departed owner's
         # jobs for it (docs/upgrade.md), and each may be the victim of a planned restart.
         handover = {"SPARKRING_HANDOVER_WINDOW": f"{HANDOVER_S:g}"}
-        self.trial.start(["s1"], capacity=CAPACITY, extra_env=handover)  # s1 coordinates
+        self.trial.start(["s1"], capacity=CAPACITY, extra_env=handover, special=self.special)
         self.trial.start(["s2", "s3"], capacity=CAPACITY, special=self.special)
         for sid in SERVERS:
             self.work_dirs[sid] = self.trial.cluster.server_dir(sid) / "work"
@@ -496,6 +517,22 @@ class RandomChaos:
         finally:
             disk.free()
         self.log.note("disk_freed", server=SMALL_DISK)
+
+    def clock_step(self) -> None:
+        # The victim's host clock stepped 5 min either way for 10-60 s, then back (two
+        # steps). Leases run on BOOTTIME and PostgreSQL's now(): expected, nothing at
+        # all (no expiry, no move, no restart); recorded times of that server are off.
+        victim = self.rng.choice(SERVERS)
+        step = self.rng.choice((-300.0, 300.0))
+        hold = round(self.rng.uniform(10.0, 60.0), 1)
+        clock = self.clocks[victim]
+        self.log.note("clock_step", server=victim, step_s=step, hold_s=hold)
+        try:
+            self.trial.inject(lambda: clock.step(step))
+            time.sleep(hold)  # the stepped clock is the fault
+        finally:
+            clock.step(0)
+        self.log.note("clock_stepped_back", server=victim)
 
     def watchdog_kill9(self) -> None:
         # Sorted, so that the seed picks the same (job, server) whenever the same
