@@ -29,8 +29,9 @@ The decisions, per job, in order:
 - a running run whose row still says ``starting`` (that record failed):
   :class:`MarkRunning` again;
 - a row with a live lease of this server id but no local run (a previous incarnation's,
-  or one this process gave up): :class:`HandleOrphan` (adopt it, record its outcome, or
-  leave it to expire: see the runner), once;
+  or one this process gave up), or an expired one whose job is wanted stopped:
+  :class:`HandleOrphan` (adopt it, record its outcome, release it, or leave it to
+  expire: see the runner), once;
 - a row targeted here that is free (unowned and claimable, or its lease expired) while
   this server is registered, claiming and below capacity: :class:`Claim`.
 
@@ -220,15 +221,22 @@ def claimable(row: distribution.Row, me: str) -> bool:
 
 
 def orphaned(row: distribution.Row, me: str) -> bool:
-    """A live lease of this server id (any incarnation) with no local run."""
-    return row.owner == me and row.lease_expired is False
+    """A lease of this server id (any incarnation) that is this server's to settle when
+    it has no local run: a live one, or an expired one of a job wanted stopped (nobody
+    claims that one over the expired lease, the coordinator reaps only departed owners'
+    leases: left alone, it would stay owned for ever)."""
+    if row.owner != me:
+        return False
+    return row.lease_expired is False or (
+        row.lease_expired is True and row.desired != states.Desired.RUNNING
+    )
 
 
 def decide(
     rows: Mapping[int, distribution.Row],
     runs: Mapping[int, LocalRun],
     conditions: Conditions,
-    handled_orphans: Iterable[int] = (),
+    handled_orphans: Iterable[OrphanKey] = (),
 ) -> list[Action]:
     """The actions for one poll (see the module docstring), in a stable order."""
     me = conditions.me.server
@@ -254,7 +262,7 @@ def decide(
         if job_id in runs:
             continue
         if orphaned(row, me):
-            if job_id not in handled:
+            if orphan_key(row) not in handled:
                 actions.append(HandleOrphan(job_id))
         elif conditions.may_claim and room > 0 and claimable(row, me):
             actions.append(Claim(job_id))
@@ -271,7 +279,16 @@ def next_look(rows: Iterable[distribution.Row], me: str, default: float) -> floa
     return min(min(due, default=default), default)
 
 
-def live_orphans(rows: Iterable[distribution.Row], me: str) -> set[int]:
-    """Jobs whose rows still hold a live lease of this server id (orphans stay handled
-    until their rows move on: released, expired or claimed)."""
-    return {row.job_id for row in rows if orphaned(row, me)}
+# An orphan is handled once per job and lease state: a live lease left to expire is
+# handled again once it has expired (if its job is wanted stopped, :func:`orphaned`).
+OrphanKey = tuple[int, bool]
+
+
+def orphan_key(row: distribution.Row) -> OrphanKey:
+    return (row.job_id, bool(row.lease_expired))
+
+
+def live_orphans(rows: Iterable[distribution.Row], me: str) -> set[OrphanKey]:
+    """The keys of rows that are still orphans of this server id (:func:`orphaned`:
+    they stay handled until their rows move on: released, expired or claimed)."""
+    return {orphan_key(row) for row in rows if orphaned(row, me)}

@@ -165,7 +165,8 @@ class Runner:
         self._may_claim = may_claim
         self.owner = distribution.Owner(config.server, config.incarnation)
         self._runs: dict[int, Run] = {}
-        self._orphans: set[int] = set()  # jobs whose previous-incarnation lease is handled
+        # Orphans handled (reconcile.orphan_key): a previous incarnation's lease, or one given up.
+        self._orphans: set[reconcile.OrphanKey] = set()
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -467,7 +468,7 @@ class Runner:
                 case reconcile.MarkRunning(job_id):
                     self._tasks.submit(self._mark_running, runs[job_id])
                 case reconcile.HandleOrphan(job_id):
-                    self._orphans.add(job_id)
+                    self._orphans.add(reconcile.orphan_key(rows[job_id]))
                     self._tasks.submit(self._clean_orphan, rows[job_id])
                 case reconcile.Claim(job_id):
                     self._claim(rows[job_id])
@@ -868,7 +869,9 @@ class Runner:
         - its run directory holds a result: record that outcome;
         - its watchdog died without a result: sweep what is left, then release;
         - nothing of it here (another host, a fresh work dir): leave the lease to
-          expire. Its watchdog, wherever it is, kills the driver before that.
+          expire. Its watchdog, wherever it is, kills the driver before that. Once
+          expired, a job wanted stopped comes back here (:func:`reconcile.orphaned`:
+          nobody else settles it) and is released.
 
         A state or result file counts only when it names this run (job id, epoch,
         server: ``driver.RunIdentity``); another job's, such as a deleted namesake's,
@@ -915,6 +918,12 @@ class Runner:
             write = lambda conn: distribution.release(  # noqa: E731
                 conn, row.job_id, previous, row.epoch
             )
+        elif row.lease_expired:
+            # Expired (a job wanted stopped: reconcile.orphaned): its watchdog, wherever
+            # it runs, has killed the driver at its deadline, before the expiry.
+            write = lambda conn: distribution.release(  # noqa: E731
+                conn, row.job_id, previous, row.epoch
+            )
         else:
             log.warning(
                 "a lease of this server id with no trace of its driver here: left to expire",
@@ -952,7 +961,7 @@ class Runner:
         except DBAPIError:
             # Unknown: leave the run alone (its watchdog keeps its deadline), look again.
             with self._lock:
-                self._orphans.discard(row.job_id)
+                self._orphans.discard(reconcile.orphan_key(row))
             return True
         deadline = t_sent + cfg.lease_ttl - cfg.watchdog_margin
         old.confirm(deadline)

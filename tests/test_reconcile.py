@@ -62,7 +62,7 @@ def decide(
     capacity: int = 4,
     may_claim: bool = True,
     may_migrate: bool = True,
-    handled: tuple[int, ...] = (),
+    handled: tuple[reconcile.OrphanKey, ...] = (),
 ) -> list[reconcile.Action]:
     return reconcile.decide(
         {r.job_id: r for r in rows},
@@ -149,7 +149,7 @@ def test_a_healthy_run_needs_nothing() -> None:
 def test_a_live_lease_of_this_server_id_without_a_run_is_an_orphan_handled_once() -> None:
     left = row(owner="s1", owner_incarnation=BEFORE.incarnation, epoch=2, state=RunState.RUNNING)
     assert decide([left]) == [reconcile.HandleOrphan(1)]
-    assert decide([left], handled=(1,)) == []
+    assert decide([left], handled=((1, False),)) == []
     # Even when not targeted here, and even while claims are not allowed (adoption
     # happens before registration: its proof is local).
     assert decide([dataclasses.replace(left, target="s2")], may_claim=False) == [
@@ -167,6 +167,28 @@ def test_an_expired_lease_is_no_orphan_but_claimable_when_targeted_here() -> Non
     )
     assert decide([expired]) == [reconcile.Claim(1)]
     assert decide([dataclasses.replace(expired, target="s2")]) == []
+
+
+def test_an_expired_lease_of_this_server_id_of_a_job_wanted_stopped_is_an_orphan() -> None:
+    """Nobody else settles it: the coordinator places only jobs wanted running and reaps
+    only departed owners' leases (CHAOS_SEED=798327972: stuck ``running`` for ever)."""
+    expired = row(
+        owner="s1",
+        owner_incarnation=BEFORE.incarnation,
+        epoch=2,
+        state=RunState.RUNNING,
+        lease_expired=True,
+        desired="stopped",
+        target=None,
+    )
+    assert decide([expired]) == [reconcile.HandleOrphan(1)]
+    assert decide([expired], handled=((1, True),)) == []
+    # Handled while live (left to expire), it is handled again once expired.
+    assert decide([expired], handled=((1, False),)) == [reconcile.HandleOrphan(1)]
+    assert decide([expired], may_claim=False) == [reconcile.HandleOrphan(1)]
+    assert reconcile.live_orphans([expired], "s1") == {(1, True)}
+    # Wanted running, it is the target's to claim over the expired lease (above).
+    assert decide([dataclasses.replace(expired, desired="running", target="s2")]) == []
 
 
 @pytest.mark.parametrize(

@@ -523,6 +523,9 @@ def test_a_failure_while_its_server_is_stalled_is_counted_once_with_restarts_lef
             backoff_base=0.5,
             backoff_max=2.0,
         )
+    # Targeted elsewhere: the resumed server's own claim of the next attempt (its backoff
+    # over, on a loaded machine, before _resume returned) is no part of this check.
+    factories.target(engine, job_id, "s2")
     _resume(long_lease_runner)
     assert factories.row(engine, job_id).restarts == 1
     kinds = _kinds(database_url)
@@ -1343,3 +1346,35 @@ def test_a_lease_file_that_cannot_be_written_does_not_stop_the_renewals(
             )
     assert stepped_runner.renew_once()
     assert handles[other].deadlines, "the other job's driver was not confirmed"
+
+
+def test_a_previous_incarnation_s_expired_lease_of_a_job_wanted_stopped_is_released(
+    engine: sa.Engine,
+    bucket: store.Store,
+    stepped_runner: runner.Runner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the chaos run CHAOS_SEED=798327972 (freeze,kill9): stall0's server was
+    killed; its watchdog killed the driver when the lease expired, 4 s later; the
+    successor started 13 s after the kill, with the lease already expired, and the job
+    was then stopped. Nobody settled it: the successor handled only live leases of its
+    server id as orphans, the coordinator places only jobs wanted running (a lapsed
+    lease goes to a new target, and there was none) and reaps only departed owners'
+    leases. It stayed ``running``, owner s1, target None, for ever. An expired lease of
+    this server id whose job is wanted stopped is an orphan now: released, ``stopped``."""
+    job_id = _streaming_job(engine, bucket, tmp_path)
+    with engine.begin() as conn:
+        distribution.claim(conn, job_id, factories.owner("s1", "old"), TTL)
+        jobs.stop(conn, "s")
+    factories.target(engine, job_id, None)
+    factories.expire_lease(engine, job_id)
+    cleaned = _orphan_cleaned(stepped_runner, monkeypatch)
+    stepped_runner.poll_once()
+    waiting.wait_until(cleaned.is_set, 10, message="the expired lease was not handled")
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "stopped" or stepped_runner.poll_once() < 0,
+        10,
+        message="the expired lease of a stopped job was not released",
+    )
+    assert factories.row(engine, job_id).owner is None
