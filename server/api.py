@@ -55,7 +55,7 @@ from resource_center import catalog, store, validation
 from resource_center import errors as resource_errors
 from scheduler import coordinator, jobs, placement, ring
 from scheduler.states import JobKind
-from server import auth, livelog, metrics, tokens
+from server import admission, auth, defaults, livelog, metrics, tokens
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ class Backend:
     placement_epsilon: float
     vnodes: int
     bucket: store.Store | None = None  # the resource center (uploads and deletes)
-    max_artifact_bytes: int = 512 * 1024 * 1024
+    max_artifact_bytes: int = defaults.MAX_ARTIFACT_BYTES
+    max_json_bytes: int = defaults.MAX_JSON_BODY_BYTES
 
 
 class ApiError(Exception):
@@ -174,6 +175,13 @@ def create_app(backend: Backend) -> FastAPI:
     viewer = Depends(authenticator.reader)
     operator = Depends(authenticator.writer)
     _install_error_handlers(app)
+    # Inside the request metrics (refusals are counted), before any body is read.
+    app.add_middleware(
+        admission.Admission,
+        authenticator=authenticator,
+        max_json_bytes=backend.max_json_bytes,
+        max_artifact_bytes=backend.max_artifact_bytes,
+    )
     _install_request_metrics(app)
 
     # ---------------------------------------------------------------- open endpoints
