@@ -55,7 +55,7 @@ from resource_center import catalog, store, validation
 from resource_center import errors as resource_errors
 from scheduler import coordinator, jobs, placement, ring
 from scheduler.states import JobKind
-from server import admission, auth, defaults, livelog, metrics, tokens
+from server import admission, audit, auth, defaults, livelog, metrics, tokens
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +413,18 @@ def create_app(backend: Backend) -> FastAPI:
         with backend.engine.connect() as conn:
             return _json(jobs.recent_events(conn, after, limit))
 
+    @app.get(f"{API}/audit", tags=["auth"])
+    def audit_events(
+        principal: auth.Caller = viewer,
+        after: Annotated[int, Query(ge=0, description="Only events with a larger id.")] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    ) -> list[dict[str, Any]]:
+        """The audit trail of writes that are not a job's own (artifact uploads and
+        deletes, token creation and revocation), oldest first; poll with ``after``.
+        Job writes are job events (``detail.by``)."""
+        with backend.engine.connect() as conn:
+            return _json(audit.recent(conn, after, limit))
+
     # ---------------------------------------------------------------- jobs: commands
 
     @app.post(f"{API}/jobs", tags=["jobs"], status_code=201)
@@ -545,6 +557,7 @@ def create_app(backend: Backend) -> FastAPI:
                 f"{filename} is {file.size} bytes, above the limit of "
                 f"{backend.max_artifact_bytes} (SPARKRING_MAX_ARTIFACT_BYTES)",
             )
+        before = {r.id for r in catalog.list_resources(backend.engine, name)}
         with tempfile.TemporaryDirectory(prefix="sparkring-upload-") as folder:
             path = Path(folder) / filename
             with path.open("wb") as out:
@@ -556,6 +569,14 @@ def create_app(backend: Backend) -> FastAPI:
                 path=path,
                 max_bytes=backend.max_artifact_bytes,
             )
+        created = resource.id not in before
+        audit.record_alone(
+            backend.engine,
+            principal.actor,
+            audit.Action.RESOURCE_UPLOADED,
+            resource.reference,
+            {"sha256": resource.sha256, "size": resource.size, "created": created},
+        )
         log.info(
             "resource uploaded over HTTP",
             extra={"action": "upload", "resource": resource.reference, "by": principal.actor},
@@ -567,6 +588,13 @@ def create_app(backend: Backend) -> FastAPI:
         """Delete NAME:VERSION, or every version of NAME; refused (409, naming the jobs)
         while a job references a version to delete."""
         deleted = catalog.delete(backend.engine, _bucket(), reference)
+        audit.record_alone(
+            backend.engine,
+            principal.actor,
+            audit.Action.RESOURCE_DELETED,
+            reference,
+            {"deleted": [r.reference for r in deleted]},
+        )
         return {"deleted": [r.reference for r in deleted]}
 
     # ---------------------------------------------------------------- the console

@@ -1,7 +1,7 @@
 """Bearer-token authentication of the HTTP API (FastAPI dependencies).
 
-``Authorization: Bearer <token>`` is looked up on every request (a revoked
-token stops working at once). No header or an unknown token: 401. A viewer asking to
+``Authorization: Bearer <token>`` is looked up on every request (a revoked or expired
+token stops working at once). No header, an unknown or an expired token: 401. A viewer asking to
 write: 403. Tokens are never logged; a refusal names the problem, not the token.
 
 Requests that carry a body are checked before it is read (``server/admission.py``),
@@ -40,8 +40,11 @@ class Authenticator:
         scheme, _, credentials = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not credentials.strip():
             raise AuthError(401, "a bearer token is required (Authorization: Bearer <token>)")
-        with self._engine.begin() as conn:
-            principal = tokens.authenticate(conn, credentials.strip())
+        try:
+            with self._engine.begin() as conn:
+                principal = tokens.authenticate(conn, credentials.strip())
+        except tokens.TokenExpired as exc:
+            raise AuthError(401, str(exc)) from None
         if principal is None:
             raise AuthError(401, "the bearer token is unknown or revoked")
         return principal

@@ -6,7 +6,6 @@ libraries are imported there only, so ``job list`` starts in a fraction of the t
 
 from __future__ import annotations
 
-import getpass
 import shlex
 import sys
 import time
@@ -17,7 +16,7 @@ import typer
 
 from scheduler import health_policy, jobs, states
 from scheduler.states import JobKind, RunState
-from server import clients, console, tokens
+from server import audit, clients, console, tokens
 
 app = typer.Typer(no_args_is_help=True, help="Define, start, stop and inspect jobs.")
 
@@ -256,11 +255,9 @@ def _changes(revision: dict[str, Any]) -> str:
 
 
 def _actor() -> str:
-    """How job events name a CLI user (``detail.by``); API writes name their token."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):  # no user name in this environment (a bare container)
-        return "cli"
+    """How job events name a CLI user (``detail.by``), as claimed; API writes name their
+    token."""
+    return audit.cli_actor()
 
 
 def _command(ctx: typer.Context, name: str, action) -> None:
