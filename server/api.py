@@ -31,10 +31,12 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio.from_thread
+import anyio.to_thread
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, File, Query, Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -48,6 +50,7 @@ from fastapi.responses import (
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import exc as sa_exc
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry import servers as registry_servers
@@ -189,29 +192,49 @@ def create_app(backend: Backend) -> FastAPI:
     @app.get("/healthz", tags=["health"], summary="200 while healthy, 503 when not (open).")
     def healthz() -> JSONResponse:
         healthy, body = backend.status()
-        return JSONResponse(body, status_code=200 if healthy else 503)
+        return JSONResponse(_counts_only(body), status_code=200 if healthy else 503)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics (open).")
     def prometheus() -> Response:
         return Response(metrics.REGISTRY.render(), media_type=metrics.CONTENT_TYPE)
 
+    follows = livelog.FollowGate()
+
+    def _streamed(stream: AsyncIterator[bytes], release: Callable[[], None]) -> Response:
+        # The release also runs as a background task: a stream never iterated (the
+        # client gone before the first byte) gives its place back too.
+        return StreamingResponse(
+            livelog.gated(stream, release),
+            media_type="text/plain",
+            background=BackgroundTask(release),
+        )
+
+    def _admit(principal: tokens.Principal) -> Callable[[], None]:
+        try:
+            return follows.admit(principal.name, counted=principal.role != tokens.Role.CLUSTER)
+        except livelog.FollowRefused as exc:
+            raise ApiError(429, str(exc)) from None
+
     @app.get("/logs/{job}", tags=["logs"], response_class=PlainTextResponse)
-    def local_log(
+    async def local_log(
         job: str,
         principal: auth.Caller = viewer,
-        lines: Annotated[int, Query(ge=1)] = 200,
-        follow: Annotated[bool, Query(description="Stream until the run ends.")] = False,
+        lines: Annotated[int, Query(ge=0, le=livelog.MAX_LINES)] = 200,
+        follow: Annotated[
+            bool, Query(description="Stream until the run ends (bounded: see livelog).")
+        ] = False,
     ) -> Response:
-        """The tail of a driver log of a job running on this server."""
+        """The tail of a driver log of a job running on this server (``lines=0`` with
+        ``follow``: only what is written from now on)."""
         path = backend.log_file(job)
         if path is None or not path.exists():
             raise ApiError(404, f"no run of {job} here")
         if follow:
-            return StreamingResponse(
-                livelog.follow(path, lines, lambda: backend.log_file(job) == path),
-                media_type="text/plain",
-            )
-        return PlainTextResponse(livelog.tail(path, lines))
+            release = _admit(principal)
+            stream = livelog.follow(path, lines, lambda: backend.log_file(job) == path)
+            return _streamed(stream, release)
+        text = await anyio.to_thread.run_sync(livelog.tail, path, lines)
+        return PlainTextResponse(text)
 
     # ---------------------------------------------------------------- servers + ring
 
@@ -381,18 +404,24 @@ def create_app(backend: Backend) -> FastAPI:
     def job_logs(
         name: str,
         principal: auth.Caller = viewer,
-        lines: Annotated[int, Query(ge=1, le=livelog.MAX_LINES)] = 200,
+        lines: Annotated[int, Query(ge=0, le=livelog.MAX_LINES)] = 200,
         follow: Annotated[
             bool, Query(description="Stream the current run's log until the run ends.")
         ] = False,
     ) -> Response:
         """The driver log of the current run (wherever it runs) or of the last run.
-        With ``follow=true`` and a run live, the response streams what the driver writes."""
+        With ``follow=true`` and a run live, the response streams what the driver writes
+        (an asynchronous stream, at most 4 per token and 32 per server; it ends with a
+        line saying why: the run ended, idle for 300 s, or open for an hour)."""
         with backend.engine.begin() as conn:
             job = jobs.show(conn, name)
             secret = tokens.cluster_secret(conn)
-        if follow and (stream := _follow(backend, job, lines, secret)) is not None:
-            return StreamingResponse(stream, media_type="text/plain")
+        if follow and job["owner"] is not None:
+            release = _admit(principal)
+            stream = anyio.from_thread.run(_follow, backend, job, lines, secret)
+            if stream is not None:
+                return _streamed(stream, release)
+            release()
         text = _live_log(backend, job, lines, secret)
         if text is None:
             for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
@@ -621,7 +650,8 @@ def _health_of(
 
     def probe(info: registry_servers.ServerInfo) -> tuple[bool | None, dict[str, Any] | None]:
         if info.id == backend.server_id:
-            return backend.status()
+            healthy, body = backend.status()
+            return healthy, _counts_only(body)
         if not info.health_url:
             return None, None
         try:
@@ -644,6 +674,15 @@ def _health_of(
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(members))) as pool:
         futures = {sid: pool.submit(probe, info) for sid, info in members.items()}
         return {sid: future.result() for sid, future in futures.items()}
+
+
+def _counts_only(status: dict[str, Any]) -> dict[str, Any]:
+    """A server's status as the open /healthz shows it: the jobs it runs as a count
+    (``running``), never their names."""
+    shown = {k: v for k, v in status.items() if k != "jobs"}
+    if "jobs" in status:
+        shown["running"] = len(status["jobs"])
+    return shown
 
 
 def _arcs(built: ring.Ring) -> list[dict[str, Any]]:
@@ -689,9 +728,9 @@ def _live_log(backend: Backend, job: dict[str, Any], lines: int, secret: str) ->
     return livelog.fetch(info.health_url, job["name"], lines, secret)
 
 
-def _follow(
+async def _follow(
     backend: Backend, job: dict[str, Any], lines: int, secret: str
-) -> Iterator[bytes] | None:
+) -> AsyncIterator[bytes] | None:
     owner, name = job["owner"], job["name"]
     if owner is None:
         return None
@@ -703,7 +742,7 @@ def _follow(
     info = backend.members().get(owner)
     if info is None or not info.health_url:
         return None
-    return livelog.follow_remote(info.health_url, name, lines, secret)
+    return await livelog.follow_remote_async(info.health_url, name, lines, secret)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -48,6 +48,8 @@ def test_health_and_metrics_are_open_and_metrics_have_histograms(stack: ApiStack
         health = http.get("/healthz")
         scrape = http.get("/metrics")
     assert health.status_code == 200 and health.json()["server"] == "s1"
+    # Open to anyone: the jobs it runs as a count, never their names (issue 23).
+    assert health.json()["running"] == 0 and "jobs" not in health.json()
     families = {f.name: f for f in text_string_to_metric_families(scrape.text)}
     assert families["sparkring_lease_renew_seconds"].type == "histogram"
     assert families["sparkring_driver_stop_seconds"].type == "histogram"
