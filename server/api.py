@@ -171,7 +171,9 @@ def create_app(backend: Backend) -> FastAPI:
         version="1",
         description="HA control plane for PySpark jobs: servers, ring and jobs over HTTP.",
         openapi_url=f"{API}/openapi.json",
-        docs_url=f"{API}/docs",
+        # No browsable page: it would load a third-party script on the console's origin
+        # (where the console keeps its token); the schema is enough for any client.
+        docs_url=None,
         redoc_url=None,
     )
     authenticator = auth.Authenticator(backend.engine)
@@ -185,7 +187,7 @@ def create_app(backend: Backend) -> FastAPI:
         max_json_bytes=backend.max_json_bytes,
         max_artifact_bytes=backend.max_artifact_bytes,
     )
-    _install_request_metrics(app)
+    _install_metrics_and_headers(app)
 
     # ---------------------------------------------------------------- open endpoints
 
@@ -822,11 +824,26 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(500, "internal error; see the server log")
 
 
-def _install_request_metrics(app: FastAPI) -> None:
+# Sent with every answer: the console loads only its own script, style and data, draws
+# no plugin, and may not be framed (its buttons cannot be clickjacked).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def _install_metrics_and_headers(app: FastAPI) -> None:
     @app.middleware("http")
     async def count(request: Request, call_next: Callable[[Request], Any]) -> Response:
         started = time.perf_counter()
         response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
         metrics.REGISTRY.http_requests.labels(request.method, str(response.status_code)).inc()
         metrics.REGISTRY.http_latency.observe(time.perf_counter() - started)
         return response
