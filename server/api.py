@@ -31,10 +31,12 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio.from_thread
+import anyio.to_thread
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, File, Query, Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -48,6 +50,7 @@ from fastapi.responses import (
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import exc as sa_exc
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry import servers as registry_servers
@@ -55,7 +58,7 @@ from resource_center import catalog, store, validation
 from resource_center import errors as resource_errors
 from scheduler import coordinator, jobs, placement, ring
 from scheduler.states import JobKind
-from server import auth, livelog, metrics, tokens
+from server import admission, audit, auth, defaults, livelog, metrics, tokens
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,8 @@ class Backend:
     placement_epsilon: float
     vnodes: int
     bucket: store.Store | None = None  # the resource center (uploads and deletes)
-    max_artifact_bytes: int = 512 * 1024 * 1024
+    max_artifact_bytes: int = defaults.MAX_ARTIFACT_BYTES
+    max_json_bytes: int = defaults.MAX_JSON_BODY_BYTES
 
 
 class ApiError(Exception):
@@ -167,43 +171,72 @@ def create_app(backend: Backend) -> FastAPI:
         version="1",
         description="HA control plane for PySpark jobs: servers, ring and jobs over HTTP.",
         openapi_url=f"{API}/openapi.json",
-        docs_url=f"{API}/docs",
+        # No browsable page: it would load a third-party script on the console's origin
+        # (where the console keeps its token); the schema is enough for any client.
+        docs_url=None,
         redoc_url=None,
     )
     authenticator = auth.Authenticator(backend.engine)
     viewer = Depends(authenticator.reader)
     operator = Depends(authenticator.writer)
     _install_error_handlers(app)
-    _install_request_metrics(app)
+    # Inside the request metrics (refusals are counted), before any body is read.
+    app.add_middleware(
+        admission.Admission,
+        authenticator=authenticator,
+        max_json_bytes=backend.max_json_bytes,
+        max_artifact_bytes=backend.max_artifact_bytes,
+    )
+    _install_metrics_and_headers(app)
 
     # ---------------------------------------------------------------- open endpoints
 
     @app.get("/healthz", tags=["health"], summary="200 while healthy, 503 when not (open).")
     def healthz() -> JSONResponse:
         healthy, body = backend.status()
-        return JSONResponse(body, status_code=200 if healthy else 503)
+        return JSONResponse(_counts_only(body), status_code=200 if healthy else 503)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics (open).")
     def prometheus() -> Response:
         return Response(metrics.REGISTRY.render(), media_type=metrics.CONTENT_TYPE)
 
+    follows = livelog.FollowGate()
+
+    def _streamed(stream: AsyncIterator[bytes], release: Callable[[], None]) -> Response:
+        # The release also runs as a background task: a stream never iterated (the
+        # client gone before the first byte) gives its place back too.
+        return StreamingResponse(
+            livelog.gated(stream, release),
+            media_type="text/plain",
+            background=BackgroundTask(release),
+        )
+
+    def _admit(principal: tokens.Principal) -> Callable[[], None]:
+        try:
+            return follows.admit(principal.name, counted=principal.role != tokens.Role.CLUSTER)
+        except livelog.FollowRefused as exc:
+            raise ApiError(429, str(exc)) from None
+
     @app.get("/logs/{job}", tags=["logs"], response_class=PlainTextResponse)
-    def local_log(
+    async def local_log(
         job: str,
         principal: auth.Caller = viewer,
-        lines: Annotated[int, Query(ge=1)] = 200,
-        follow: Annotated[bool, Query(description="Stream until the run ends.")] = False,
+        lines: Annotated[int, Query(ge=0, le=livelog.MAX_LINES)] = 200,
+        follow: Annotated[
+            bool, Query(description="Stream until the run ends (bounded: see livelog).")
+        ] = False,
     ) -> Response:
-        """The tail of a driver log of a job running on this server."""
+        """The tail of a driver log of a job running on this server (``lines=0`` with
+        ``follow``: only what is written from now on)."""
         path = backend.log_file(job)
         if path is None or not path.exists():
             raise ApiError(404, f"no run of {job} here")
         if follow:
-            return StreamingResponse(
-                livelog.follow(path, lines, lambda: backend.log_file(job) == path),
-                media_type="text/plain",
-            )
-        return PlainTextResponse(livelog.tail(path, lines))
+            release = _admit(principal)
+            stream = livelog.follow(path, lines, lambda: backend.log_file(job) == path)
+            return _streamed(stream, release)
+        text = await anyio.to_thread.run_sync(livelog.tail, path, lines)
+        return PlainTextResponse(text)
 
     # ---------------------------------------------------------------- servers + ring
 
@@ -373,18 +406,24 @@ def create_app(backend: Backend) -> FastAPI:
     def job_logs(
         name: str,
         principal: auth.Caller = viewer,
-        lines: Annotated[int, Query(ge=1, le=livelog.MAX_LINES)] = 200,
+        lines: Annotated[int, Query(ge=0, le=livelog.MAX_LINES)] = 200,
         follow: Annotated[
             bool, Query(description="Stream the current run's log until the run ends.")
         ] = False,
     ) -> Response:
         """The driver log of the current run (wherever it runs) or of the last run.
-        With ``follow=true`` and a run live, the response streams what the driver writes."""
+        With ``follow=true`` and a run live, the response streams what the driver writes
+        (an asynchronous stream, at most 4 per token and 32 per server; it ends with a
+        line saying why: the run ended, idle for 300 s, or open for an hour)."""
         with backend.engine.begin() as conn:
             job = jobs.show(conn, name)
             secret = tokens.cluster_secret(conn)
-        if follow and (stream := _follow(backend, job, lines, secret)) is not None:
-            return StreamingResponse(stream, media_type="text/plain")
+        if follow and job["owner"] is not None:
+            release = _admit(principal)
+            stream = anyio.from_thread.run(_follow, backend, job, lines, secret)
+            if stream is not None:
+                return _streamed(stream, release)
+            release()
         text = _live_log(backend, job, lines, secret)
         if text is None:
             for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
@@ -404,6 +443,18 @@ def create_app(backend: Backend) -> FastAPI:
         """The cluster's event feed (every job), oldest first; poll with ``after``."""
         with backend.engine.connect() as conn:
             return _json(jobs.recent_events(conn, after, limit))
+
+    @app.get(f"{API}/audit", tags=["auth"])
+    def audit_events(
+        principal: auth.Caller = viewer,
+        after: Annotated[int, Query(ge=0, description="Only events with a larger id.")] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    ) -> list[dict[str, Any]]:
+        """The audit trail of writes that are not a job's own (artifact uploads and
+        deletes, token creation and revocation), oldest first; poll with ``after``.
+        Job writes are job events (``detail.by``)."""
+        with backend.engine.connect() as conn:
+            return _json(audit.recent(conn, after, limit))
 
     # ---------------------------------------------------------------- jobs: commands
 
@@ -537,6 +588,7 @@ def create_app(backend: Backend) -> FastAPI:
                 f"{filename} is {file.size} bytes, above the limit of "
                 f"{backend.max_artifact_bytes} (SPARKRING_MAX_ARTIFACT_BYTES)",
             )
+        before = {r.id for r in catalog.list_resources(backend.engine, name)}
         with tempfile.TemporaryDirectory(prefix="sparkring-upload-") as folder:
             path = Path(folder) / filename
             with path.open("wb") as out:
@@ -548,6 +600,14 @@ def create_app(backend: Backend) -> FastAPI:
                 path=path,
                 max_bytes=backend.max_artifact_bytes,
             )
+        created = resource.id not in before
+        audit.record_alone(
+            backend.engine,
+            principal.actor,
+            audit.Action.RESOURCE_UPLOADED,
+            resource.reference,
+            {"sha256": resource.sha256, "size": resource.size, "created": created},
+        )
         log.info(
             "resource uploaded over HTTP",
             extra={"action": "upload", "resource": resource.reference, "by": principal.actor},
@@ -559,6 +619,13 @@ def create_app(backend: Backend) -> FastAPI:
         """Delete NAME:VERSION, or every version of NAME; refused (409, naming the jobs)
         while a job references a version to delete."""
         deleted = catalog.delete(backend.engine, _bucket(), reference)
+        audit.record_alone(
+            backend.engine,
+            principal.actor,
+            audit.Action.RESOURCE_DELETED,
+            reference,
+            {"deleted": [r.reference for r in deleted]},
+        )
         return {"deleted": [r.reference for r in deleted]}
 
     # ---------------------------------------------------------------- the console
@@ -585,7 +652,8 @@ def _health_of(
 
     def probe(info: registry_servers.ServerInfo) -> tuple[bool | None, dict[str, Any] | None]:
         if info.id == backend.server_id:
-            return backend.status()
+            healthy, body = backend.status()
+            return healthy, _counts_only(body)
         if not info.health_url:
             return None, None
         try:
@@ -608,6 +676,15 @@ def _health_of(
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(members))) as pool:
         futures = {sid: pool.submit(probe, info) for sid, info in members.items()}
         return {sid: future.result() for sid, future in futures.items()}
+
+
+def _counts_only(status: dict[str, Any]) -> dict[str, Any]:
+    """A server's status as the open /healthz shows it: the jobs it runs as a count
+    (``running``), never their names."""
+    shown = {k: v for k, v in status.items() if k != "jobs"}
+    if "jobs" in status:
+        shown["running"] = len(status["jobs"])
+    return shown
 
 
 def _arcs(built: ring.Ring) -> list[dict[str, Any]]:
@@ -653,9 +730,9 @@ def _live_log(backend: Backend, job: dict[str, Any], lines: int, secret: str) ->
     return livelog.fetch(info.health_url, job["name"], lines, secret)
 
 
-def _follow(
+async def _follow(
     backend: Backend, job: dict[str, Any], lines: int, secret: str
-) -> Iterator[bytes] | None:
+) -> AsyncIterator[bytes] | None:
     owner, name = job["owner"], job["name"]
     if owner is None:
         return None
@@ -667,7 +744,7 @@ def _follow(
     info = backend.members().get(owner)
     if info is None or not info.health_url:
         return None
-    return livelog.follow_remote(info.health_url, name, lines, secret)
+    return await livelog.follow_remote_async(info.health_url, name, lines, secret)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -747,11 +824,26 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(500, "internal error; see the server log")
 
 
-def _install_request_metrics(app: FastAPI) -> None:
+# Sent with every answer: the console loads only its own script, style and data, draws
+# no plugin, and may not be framed (its buttons cannot be clickjacked).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def _install_metrics_and_headers(app: FastAPI) -> None:
     @app.middleware("http")
     async def count(request: Request, call_next: Callable[[Request], Any]) -> Response:
         started = time.perf_counter()
         response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
         metrics.REGISTRY.http_requests.labels(request.method, str(response.status_code)).inc()
         metrics.REGISTRY.http_latency.observe(time.perf_counter() - started)
         return response

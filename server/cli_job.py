@@ -6,7 +6,6 @@ libraries are imported there only, so ``job list`` starts in a fraction of the t
 
 from __future__ import annotations
 
-import getpass
 import shlex
 import sys
 import time
@@ -17,7 +16,7 @@ import typer
 
 from scheduler import health_policy, jobs, states
 from scheduler.states import JobKind, RunState
-from server import clients, console, tokens
+from server import audit, clients, console, tokens
 
 app = typer.Typer(no_args_is_help=True, help="Define, start, stop and inspect jobs.")
 
@@ -256,11 +255,9 @@ def _changes(revision: dict[str, Any]) -> str:
 
 
 def _actor() -> str:
-    """How job events name a CLI user (``detail.by``); API writes name their token."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):  # no user name in this environment (a bare container)
-        return "cli"
+    """How job events name a CLI user (``detail.by``), as claimed; API writes name their
+    token."""
+    return audit.cli_actor()
 
 
 def _command(ctx: typer.Context, name: str, action) -> None:
@@ -567,6 +564,12 @@ def events(
 
 # Exit code of a `job logs --follow` ended with Ctrl-C (128 + SIGINT, as a shell reports it).
 FOLLOW_INTERRUPTED = 130
+# `job logs --follow` across runs: how long it waits for the job's next run after one
+# ended while the job is still wanted running (a restart, a roll, a failover), and how
+# often it reads the job meanwhile, seconds; the exit code when no run came.
+FOLLOW_NEXT_RUN_S = 120.0
+FOLLOW_NEXT_POLL_S = 0.5
+FOLLOW_NO_NEXT_RUN = 1
 
 
 @app.command()
@@ -578,12 +581,16 @@ def logs(
         False,
         "--follow",
         "-f",
-        help="Then keep printing what the current run's driver writes, until the run "
-        "ends (Ctrl-C stops following). Without a live run: the last run's log.",
+        help="Then keep printing what the driver writes. When a run ends and the job is "
+        "still wanted running (a restart, a new revision, a failover), follow its next "
+        "run; when the job is stopped, finished or failed, say so on stderr and exit 0; "
+        f"exit {FOLLOW_NO_NEXT_RUN} if no next run starts within {FOLLOW_NEXT_RUN_S:g} s "
+        "(Ctrl-C stops following). Without a live run: the last run's log.",
     ),
 ) -> None:
     """The driver log of the current run (from its server) or of the last run (from S3),
-    as the driver wrote it (piped through unchanged)."""
+    as the driver wrote it (piped through unchanged; a follow's streams end with one
+    '[sparkring] follow ended: ...' line saying why)."""
     settings = console.context(ctx).settings()
     engine = console.engine(ctx)
     with engine.begin() as conn:
@@ -593,9 +600,7 @@ def logs(
         stream = _follow_live(settings, job, lines, secret)
         if stream is not None:
             try:
-                for chunk in stream:
-                    sys.stdout.buffer.write(chunk)
-                    sys.stdout.buffer.flush()
+                _follow_runs(engine, settings, job, lines, secret, stream)
             except KeyboardInterrupt:
                 raise typer.Exit(FOLLOW_INTERRUPTED) from None
             return
@@ -607,6 +612,54 @@ def logs(
     if follow:
         console.err.print(f"job {name} has no live run: the log of its last run", soft_wrap=True)
     console.write_raw(text)
+
+
+def _follow_runs(
+    engine: Any, settings: Any, job: dict[str, Any], lines: int, secret: str, stream: Any
+) -> None:
+    """Print ``stream``; when it ends, follow the same run again (it went idle or hit
+    its time limit) or the job's next run, until the job is no longer wanted running."""
+    from server import livelog
+
+    name = job["name"]
+    while True:
+        tail = b""
+        for chunk in stream:
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+            tail = (tail + chunk)[-1024:]
+        run_ended = livelog.ENDED + livelog.RUN_ENDED.encode() in tail
+        deadline = time.monotonic() + FOLLOW_NEXT_RUN_S
+        while True:
+            with engine.connect() as conn:
+                now = jobs.show(conn, name)
+            if now["desired"] != "running" or now["state"] in (
+                RunState.FINISHED,
+                RunState.FAILED,
+            ):
+                console.err.print(
+                    f"job {name}: the run ended; the job is {now['state']}", soft_wrap=True
+                )
+                return
+            new_run = now["epoch"] != job["epoch"]
+            if now["owner"] and (new_run or not run_ended):
+                stream = _follow_live(settings, now, lines if new_run else 0, secret)
+                if stream is not None:
+                    if new_run:
+                        console.err.print(
+                            f"job {name}: following its next run (epoch {now['epoch']} on "
+                            f"{now['owner']})",
+                            soft_wrap=True,
+                        )
+                    job = now
+                    break
+            if time.monotonic() >= deadline:
+                raise console.fail(
+                    f"job {name}: no run to follow within {FOLLOW_NEXT_RUN_S:g} s "
+                    f"(state {now['state']})",
+                    FOLLOW_NO_NEXT_RUN,
+                )
+            time.sleep(FOLLOW_NEXT_POLL_S)
 
 
 def _follow_live(settings: Any, job: dict[str, Any], lines: int, secret: str) -> Any:

@@ -59,6 +59,7 @@ def upload(
     from rich import progress as rich_progress
 
     from resource_center import catalog
+    from server import audit
 
     settings = _settings(ctx)
     # Refuse bad input before touching any service.
@@ -88,6 +89,13 @@ def upload(
             progress=lambda sent: bar.advance(task, sent),
         )
     created = resource.id not in before
+    audit.record_alone(
+        engine,
+        audit.cli_actor(),
+        audit.Action.RESOURCE_UPLOADED,
+        resource.reference,
+        {"sha256": resource.sha256, "size": resource.size, "created": created},
+    )
     if as_json:
         console.emit_json({**resource.to_json(), "created": created})
     elif created:
@@ -153,10 +161,19 @@ def delete(
 ) -> None:
     """Delete a version (or all versions of NAME); refused while any job uses one."""
     from resource_center import catalog
+    from server import audit
 
     settings = _settings(ctx)
     validation.parse_reference(reference)
-    deleted = catalog.delete(clients.engine(settings), clients.bucket(settings), reference)
+    engine = clients.engine(settings)
+    deleted = catalog.delete(engine, clients.bucket(settings), reference)
+    audit.record_alone(
+        engine,
+        audit.cli_actor(),
+        audit.Action.RESOURCE_DELETED,
+        reference,
+        {"deleted": [resource.reference for resource in deleted]},
+    )
     if as_json:
         console.emit_json([resource.to_json() for resource in deleted])
     else:

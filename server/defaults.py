@@ -20,6 +20,8 @@ S3_SECURE = False
 S3_REGION = "us-east-1"
 # Largest artifact accepted on upload, bytes.
 MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
+# Largest JSON request body the HTTP API reads, bytes (every write but an upload).
+MAX_JSON_BODY_BYTES = 1024 * 1024
 # Local artifact cache bound, bytes (least recently used entries are evicted).
 CACHE_MAX_BYTES = 2 * 1024 * 1024 * 1024
 # S3 client timeouts, seconds: opening a connection, and waiting for bytes on it.

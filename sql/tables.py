@@ -311,6 +311,7 @@ run_health = sa.Table(
 # Bearer tokens of the HTTP API: only a SHA-256 of each token is kept (a token is 32
 # random bytes, so a plain hash is enough; no salt or slow hash needed). Revoking sets
 # revoked_at; rows stay for the audit trail of job_events (detail.by names the token).
+# A token with expires_at stops working then; last_used_at is kept to the minute.
 TOKEN_ROLES = ("viewer", "operator")
 api_tokens = sa.Table(
     "api_tokens",
@@ -321,10 +322,30 @@ api_tokens = sa.Table(
     sa.Column("token_sha256", sa.String(64), nullable=False, unique=True),
     _timestamp("created_at"),
     sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("last_used_at", sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint(_in("role", TOKEN_ROLES), name="role_known"),
     sa.CheckConstraint("token_sha256 ~ '^[0-9a-f]{64}$'", name="sha256_hex"),
     sa.CheckConstraint(r"name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'", name="name_charset"),
 )
+
+# The audit trail of writes that are not a job's (job writes are job_events with
+# detail.by): artifact uploads and deletes, token creation and revocation. ``actor`` is
+# ``token:<name>`` (authenticated by the API) or ``cli:<user> (claimed)`` (the CLI user
+# name, which nothing verifies: whoever runs the CLI holds the database URL).
+AUDIT_ACTIONS = ("resource_uploaded", "resource_deleted", "token_created", "token_revoked")
+audit_events = sa.Table(
+    "audit_events",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    _timestamp("at"),
+    sa.Column("actor", sa.Text, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("detail", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.CheckConstraint(_in("action", AUDIT_ACTIONS), name="action_known"),
+)
+sa.Index("ix_audit_events_at", audit_events.c.at)
 
 # The cluster credential: one random secret servers accept from each other and from the
 # CLI (which reads it here) for reads such as a live driver log. Whoever can read this

@@ -55,11 +55,19 @@ class ApiStack:
         return reply.json()
 
 
-def api_stack(postgres_url: str, stack_env: dict[str, str], root: Path) -> Iterator[ApiStack]:
-    """Start the server, wait until it is registered and healthy, yield, clean up."""
+def api_stack(
+    postgres_url: str,
+    stack_env: dict[str, str],
+    root: Path,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[ApiStack]:
+    """Start the server (``extra_env`` added to its environment), wait until it is
+    registered and healthy, yield, clean up."""
     database_url = services.create_test_database(postgres_url)
     zk_root = f"/sparkring-test/{services.unique_name('api')}"
-    cluster = Cluster(stack_env, database_url, zk_root, services.unique_name("api"), root)
+    cluster = Cluster(
+        stack_env, database_url, zk_root, services.unique_name("api"), root, extra_env
+    )
     try:
         cluster.start_server("s1", capacity=0, role="coordinator")
         cluster.cli("resource", "upload", "heartbeat", str(HEARTBEAT_JOB))

@@ -48,6 +48,8 @@ def test_health_and_metrics_are_open_and_metrics_have_histograms(stack: ApiStack
         health = http.get("/healthz")
         scrape = http.get("/metrics")
     assert health.status_code == 200 and health.json()["server"] == "s1"
+    # Open to anyone: the jobs it runs as a count, never their names (issue 23).
+    assert health.json()["running"] == 0 and "jobs" not in health.json()
     families = {f.name: f for f in text_string_to_metric_families(scrape.text)}
     assert families["sparkring_lease_renew_seconds"].type == "histogram"
     assert families["sparkring_driver_stop_seconds"].type == "histogram"
@@ -227,7 +229,57 @@ def test_cli_commands_are_recorded_as_cli_in_events(stack: ApiStack) -> None:
     stack.cluster.cli("job", "start", name)
     events = stack.cluster.events(name)
     started = next(e for e in events if e["kind"] == "start_requested")
-    assert started["detail"]["by"].startswith("cli")
+    # The CLI user name is claimed (nothing verifies it), and the actor says so.
+    assert started["detail"]["by"].startswith("cli") and started["detail"]["by"].endswith(
+        " (claimed)"
+    )
+
+
+def test_resource_and_token_writes_are_in_the_audit_trail_with_their_actor(
+    stack: ApiStack, tmp_path: Path
+) -> None:
+    with stack.client(stack.viewer) as http:
+        after = max(
+            [e["id"] for e in http.get(f"{API}/audit", params={"limit": 1000}).json()] or [0]
+        )
+    name = _name("audited")
+    with stack.client(stack.operator) as http:
+        assert (
+            http.post(f"{API}/resources/{name}", files={"file": ("a.py", b"x = 1\n")}).status_code
+            == 201
+        )
+        assert http.delete(f"{API}/resources/{name}").status_code == 200
+    made = stack.cluster.cli("token", "create", f"t-{name}", "--role", "viewer", "--expires", "1h")
+    assert "expires in 1h" in made.stderr
+    stack.cluster.cli("token", "revoke", f"t-{name}")
+    with stack.client(stack.viewer) as http:
+        trail = http.get(f"{API}/audit", params={"after": after}).json()
+    mine = [(e["actor"], e["action"], e["subject"]) for e in trail if name in e["subject"]]
+    cli = mine[2][0]
+    assert mine == [
+        ("token:ops", "resource_uploaded", f"{name}:1"),
+        ("token:ops", "resource_deleted", name),
+        (cli, "token_created", f"t-{name}"),
+        (cli, "token_revoked", f"t-{name}"),
+    ]
+    assert cli.startswith("cli") and cli.endswith(" (claimed)")
+    assert made.stdout.strip() not in json.dumps(trail)
+
+
+def test_token_list_shows_expiry_and_last_use(stack: ApiStack) -> None:
+    made = stack.cluster.cli("token", "create", "dated", "--role", "viewer", "--expires", "2d")
+    with stack.client(made.stdout.strip()) as http:
+        assert http.get(f"{API}/whoami").status_code == 200
+    listed = json.loads(stack.cluster.cli("token", "list", "--json").stdout)
+    row = next(r for r in listed if r["name"] == "dated")
+    assert row["expires_at"] is not None and row["last_used_at"] is not None
+    assert row["active"] and not row["expired"]
+    table = stack.cluster.cli("token", "list").stdout
+    assert "last used" in table and "expires" in table
+    refused = stack.cluster.cli(
+        "token", "create", "x2", "--role", "viewer", "--expires", "0", check=False
+    )
+    assert refused.returncode != 0 and "must be a positive duration" in refused.stderr
 
 
 def test_job_list_filters_and_pages(stack: ApiStack) -> None:

@@ -1,5 +1,5 @@
-"""benchmarks/api_jobs.py runs end to end at a small size (it must not rot): every
-query's figures are in its JSON and its scratch database is gone afterwards."""
+"""benchmarks/api_jobs.py and api_refusal.py run end to end at a small size (they must
+not rot): every figure is in their JSON and their scratch databases are gone afterwards."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from tests import services
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "api_jobs.py"
+REFUSAL = Path(__file__).resolve().parent.parent / "benchmarks" / "api_refusal.py"
 
 
 def test_api_benchmark_reports_every_query(postgres_url: str, stack_env: dict[str, str]) -> None:
@@ -40,3 +41,21 @@ def _script_queries() -> list[str]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return list(module.QUERIES)
+
+
+def test_refusal_benchmark_runs_and_the_refusal_is_quick_and_flat(
+    postgres_url: str, stack_env: dict[str, str]
+) -> None:
+    before = services.bench_databases(postgres_url)
+    result = subprocess.run(
+        [sys.executable, str(REFUSAL), "--mib", "16", "--requests", "2", "--json"],
+        env={**os.environ, **stack_env, "SPARKRING_DATABASE_URL": postgres_url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["statuses"] == [401]
+    assert report["refusal_ms_max"] < 1000 and report["rss_growth_mib"] < 10
+    assert services.bench_databases(postgres_url) == before

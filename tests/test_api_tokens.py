@@ -53,3 +53,61 @@ def test_the_cluster_credential_is_created_once_and_reads_only(engine: sa.Engine
         principal = tokens.authenticate(conn, first)
     assert len(first) >= 32 and principal is not None
     assert principal.role == tokens.Role.CLUSTER and not principal.may_write
+
+
+def test_a_token_with_an_expiry_works_until_then_and_is_listed_as_expired(
+    engine: sa.Engine,
+) -> None:
+    with engine.begin() as conn:
+        token = tokens.create(conn, "temp", "operator", expires_in=3600)
+        forever = tokens.create(conn, "forever", "viewer")
+        assert tokens.authenticate(conn, token) == tokens.Principal("temp", tokens.Role.OPERATOR)
+        # The clock moves on: the expiry is now in the past.
+        conn.execute(
+            sa.text(
+                "UPDATE api_tokens SET expires_at = now() - interval '1 second' WHERE name = 'temp'"
+            )
+        )
+        with pytest.raises(tokens.TokenExpired) as expired:
+            tokens.authenticate(conn, token)
+        assert tokens.authenticate(conn, forever) is not None
+        rows = {r["name"]: r for r in tokens.list_tokens(conn)}
+    assert str(expired.value).startswith("token 'temp' expired at ")
+    assert token not in str(expired.value)
+    assert rows["temp"]["expired"] and not rows["temp"]["active"]
+    assert rows["forever"]["expires_at"] is None and rows["forever"]["active"]
+
+
+@pytest.mark.parametrize("expires_in", [0, -5, float("inf")])
+def test_an_expiry_must_be_a_positive_duration(engine: sa.Engine, expires_in: float) -> None:
+    with engine.begin() as conn, pytest.raises(tokens.TokenError, match="must expire after"):
+        tokens.create(conn, "bad", "viewer", expires_in=expires_in)
+
+
+def test_last_use_is_recorded_at_most_once_a_minute(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        token = tokens.create(conn, "ci", "viewer")
+        assert tokens.list_tokens(conn)[0]["last_used_at"] is None
+    with engine.begin() as conn:
+        tokens.authenticate(conn, token)
+        first = tokens.list_tokens(conn)[0]["last_used_at"]
+    with engine.begin() as conn:
+        tokens.authenticate(conn, token)
+        assert tokens.list_tokens(conn)[0]["last_used_at"] == first
+        conn.execute(sa.text("UPDATE api_tokens SET last_used_at = now() - interval '2 minutes'"))
+    with engine.begin() as conn:
+        tokens.authenticate(conn, token)
+        assert tokens.list_tokens(conn)[0]["last_used_at"] > first
+    assert first is not None
+
+
+def test_a_bad_token_does_not_write_the_cluster_credential(engine: sa.Engine) -> None:
+    """An unauthenticated request must not make the server write to the database."""
+    with engine.begin() as conn:
+        assert tokens.authenticate(conn, "no-prefix-guess") is None
+        assert conn.execute(sa.text("SELECT count(*) FROM cluster_credential")).scalar_one() == 0
+
+
+def test_a_token_name_with_a_trailing_newline_is_refused_by_name(engine: sa.Engine) -> None:
+    with engine.begin() as conn, pytest.raises(tokens.TokenError, match="token name"):
+        tokens.create(conn, "ci\n", "viewer")

@@ -17,7 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -164,7 +168,17 @@ def test_operator_sees_a_job_appear_stops_it_and_sees_it_stopped(
     _until(browser, lambda: _text(browser, "#job-name") == name, "the job page")
     _until(browser, lambda: "start_requested" in _text(browser, "#job-events"), "events")
     assert "has no driver log yet" in _text(browser, "#job-log")
+    # Stop asks first: dismissed, nothing is sent; accepted, the job stops.
     _click(browser, By.ID, "job-stop")
+    _until(browser, lambda: _alert(browser), "the confirmation")
+    assert browser.switch_to.alert.text == f"Stop job {name}?"
+    browser.switch_to.alert.dismiss()
+    with stack.client(stack.viewer) as http:
+        assert http.get(f"{API}/jobs/{name}").json()["desired"] == "running"
+    assert "stop_requested" not in _text(browser, "#job-events")
+    _click(browser, By.ID, "job-stop")
+    _until(browser, lambda: _alert(browser), "the confirmation")
+    browser.switch_to.alert.accept()
     _until(browser, lambda: _text(browser, "dd[data-field='state']") == "stopped", "state stopped")
     assert _text(browser, "#job-outcome") == "stop: stopped"
     _until(browser, lambda: "stop_requested" in _text(browser, "#job-events"), "stop event")
@@ -172,6 +186,14 @@ def test_operator_sees_a_job_appear_stops_it_and_sees_it_stopped(
     _screenshot(browser, "job")
     with stack.client(stack.viewer) as http:
         assert http.get(f"{API}/jobs/{name}").json()["desired"] == "stopped"
+
+
+def _alert(browser: webdriver.Chrome) -> bool:
+    try:
+        browser.switch_to.alert  # noqa: B018 (raises while no dialog is open)
+    except NoAlertPresentException:
+        return False
+    return True
 
 
 def test_a_viewer_cannot_press_the_buttons(browser: webdriver.Chrome, stack: ApiStack) -> None:
@@ -246,3 +268,12 @@ def test_console_is_served_without_a_token_but_its_data_is_not(stack: ApiStack) 
     assert script.status_code == 200 and "javascript" in script.headers["content-type"]
     assert httpx.get(stack.url + "/", timeout=5, follow_redirects=False).status_code == 307
     assert httpx.get(stack.url + f"{API}/servers", timeout=5).status_code == 401
+    # Hardening (issue 23): a CSP that allows only this origin's script and no framing;
+    # no third-party script page (the schema stays).
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert "default-src 'self'" in policy and "https:" not in policy
+    assert page.headers["x-frame-options"] == "DENY"
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert httpx.get(stack.url + f"{API}/docs", timeout=5).status_code == 404
+    assert httpx.get(stack.url + f"{API}/openapi.json", timeout=5).status_code == 200

@@ -227,3 +227,45 @@ def test_history_index_comes_and_goes_with_0008_and_events_stay(engine: sa.Engin
     assert _job_events_at_index(engine) == [("ix_job_events_at", True)]
     with engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM job_events")).scalar_one() == 1
+
+
+def test_audit_actions_are_declared_once_and_guarded(engine: sa.Engine) -> None:
+    """audit_events.action accepts exactly server.audit.Action (as tables.AUDIT_ACTIONS
+    and migration 0010 declare them)."""
+    import importlib
+
+    from server import audit
+
+    latest = importlib.import_module("sql.migrations.versions.0010_token_expiry_and_audit")
+    assert set(latest.ACTIONS) == set(tables.AUDIT_ACTIONS) == {a.value for a in audit.Action}
+    with engine.begin() as connection:
+        for action in audit.Action:
+            audit.record(connection, "cli:test (claimed)", action, "x")
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as connection:
+        connection.execute(
+            sa.insert(tables.audit_events).values(actor="a", action="job_eaten", subject="x")
+        )
+
+
+def test_tokens_made_before_expiry_keep_working_and_never_expire(engine: sa.Engine) -> None:
+    """0010 on a database with tokens: they authenticate as before (no expiry) and can
+    be listed with their last use; back down to 0009 they still authenticate."""
+    from server import tokens
+
+    migrate.downgrade(engine, "0009")
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO api_tokens (name, role, token_sha256) VALUES ('old', 'viewer', :h)"
+            ),
+            {"h": tokens.digest("srt_old")},
+        )
+    migrate.upgrade(engine)
+    with engine.begin() as connection:
+        assert tokens.authenticate(connection, "srt_old") == tokens.Principal("old", "viewer")
+        (row,) = tokens.list_tokens(connection)
+    assert row["expires_at"] is None and row["last_used_at"] is not None
+    migrate.downgrade(engine, "0009")
+    assert "audit_events" not in sa.inspect(engine).get_table_names()
+    with engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT name FROM api_tokens")).scalar_one() == "old"

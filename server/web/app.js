@@ -22,6 +22,8 @@ function h(tag, attrs, ...children) {
     if (value === null || value === undefined || value === false) continue;
     if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
     else if (key === "class") el.className = value;
+    // Through the CSSOM: the CSP refuses style attributes set as markup.
+    else if (key === "style") el.style.cssText = value;
     else el.setAttribute(key, value === true ? "" : value);
   }
   for (const child of children.flat(Infinity)) {
@@ -171,6 +173,8 @@ async function viewJobs() {
 }
 
 async function command(name, action) {
+  // A command changes what runs on the cluster: ask first (a click is no consent).
+  if (!window.confirm(`${action[0].toUpperCase() + action.slice(1)} job ${name}?`)) return;
   try {
     const result = await api(`/jobs/${encodeURIComponent(name)}/${action}`, { method: "POST" });
     banner("");

@@ -24,7 +24,9 @@ def test_start_and_stop_wait_until_the_job_is_there(cluster: Cluster) -> None:
     assert (job["state"], job["owner"]) == ("stopped", None)
 
 
-def test_logs_follow_streams_the_run_until_it_ends(cluster: Cluster) -> None:
+def test_logs_follow_survives_a_restart_and_says_why_it_ends(cluster: Cluster) -> None:
+    """`job logs -f` follows the job's next run after a restart, and when the job is
+    stopped it says so on stderr (before issue 23 it ended silently with the first run)."""
     helpers.start_cluster(cluster, servers=("s1",))
     helpers.heartbeat_job(cluster, "talk")
     cluster.cli("job", "start", "talk", "--wait", "--timeout", "100")
@@ -48,7 +50,14 @@ def test_logs_follow_streams_the_run_until_it_ends(cluster: Cluster) -> None:
     reader.start()
     try:
         waiting.wait_until(lambda: received, 60, message="the log's tail was printed")
-        # Written after the follow began: the stop, and the watchdog's last line.
+        epoch = cluster.job("talk")["epoch"]
+        cluster.cli("job", "restart", "talk")
+        waiting.wait_until(
+            lambda: f"following its next run (epoch {epoch + 1}" in errors.read_text(),
+            120,
+            message="the follow moved to the next run",
+        )
+        # Written after the follow moved on: the stop, and the watchdog's last line.
         cluster.cli("job", "stop", "talk")
         assert follower.wait(timeout=120) == 0, errors.read_text()
     finally:
@@ -58,3 +67,5 @@ def test_logs_follow_streams_the_run_until_it_ends(cluster: Cluster) -> None:
         reader.join(timeout=10)
     assert b"stop requested" in received, bytes(received[-2000:])
     assert b"driver ended: reason=stopped" in received, bytes(received[-2000:])
+    assert received.count(b"[sparkring] follow ended: the run ended\n") == 2
+    assert "job talk: the run ended; the job is stopped" in errors.read_text()

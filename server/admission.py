@@ -1,0 +1,127 @@
+"""Refusing a request before its body is read: a pure ASGI middleware.
+
+FastAPI reads (and parses, or spools to disk) a request's body before it resolves the
+route's dependencies, the token check among them. So this middleware, in front of the
+app, takes every request that may carry a body (any method but GET, HEAD and OPTIONS;
+all of them are operator writes) and, before one byte of the body is read:
+
+1. authenticates the ``Authorization`` header and requires an operator (401 / 403);
+2. refuses a declared ``Content-Length`` above the route's cap (413): artifact uploads
+   (``POST /api/v1/resources/<name>``) get ``SPARKRING_MAX_ARTIFACT_BYTES`` plus the
+   multipart framing, every other body ``defaults.MAX_JSON_BODY_BYTES``;
+3. counts a body sent without a length (chunked) while the app reads it, and cuts it
+   at the same cap with a 413.
+
+A refusal is the API's one-line JSON error and closes the connection (the unread body
+is not wanted). The principal found is left in the scope (``auth.SCOPE_KEY``), so the
+route does not look the token up again.
+"""
+
+from __future__ import annotations
+
+import re
+
+import anyio.to_thread
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server import auth
+
+# Methods that carry no body and change nothing: left to the routes' own checks.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+UPLOAD = re.compile(r"^/api/v1/resources/[^/]+$")
+# Room for the multipart boundaries and part headers around an uploaded file.
+MULTIPART_FRAMING_BYTES = 64 * 1024
+
+
+class BodyTooLarge(HTTPException):
+    """A body without a declared length grew past its cap while it was read."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(status_code=413, detail=message)
+
+
+class Admission:
+    def __init__(
+        self,
+        app: ASGIApp,
+        authenticator: auth.Authenticator,
+        *,
+        max_json_bytes: int,
+        max_artifact_bytes: int,
+    ) -> None:
+        self.app = app
+        self._authenticator = authenticator
+        self._max_json_bytes = max_json_bytes
+        self._max_artifact_bytes = max_artifact_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in SAFE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        try:
+            scope[auth.SCOPE_KEY] = await anyio.to_thread.run_sync(
+                self._authenticator.writer_of, headers.get("authorization")
+            )
+        except auth.AuthError as exc:
+            extra = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+            await _refuse(scope, receive, send, exc.status, str(exc), extra)
+            return
+        limit, named = self._limit(scope["method"], scope["path"])
+        declared = headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await _refuse(scope, receive, send, 400, "Content-Length is not a number")
+                return
+            if int(declared) > limit:
+                await _refuse(
+                    scope,
+                    receive,
+                    send,
+                    413,
+                    f"the request body of {int(declared)} bytes is above the limit of "
+                    f"{limit} bytes{named}",
+                )
+                return
+        await self.app(scope, _capped(receive, limit, named), send)
+
+    def _limit(self, method: str, path: str) -> tuple[int, str]:
+        """The body cap of a request, and how the refusal names where it comes from."""
+        if method == "POST" and UPLOAD.match(path):
+            return (
+                self._max_artifact_bytes + MULTIPART_FRAMING_BYTES,
+                " (SPARKRING_MAX_ARTIFACT_BYTES and the multipart framing)",
+            )
+        return self._max_json_bytes, ""
+
+
+def _capped(receive: Receive, limit: int, named: str) -> Receive:
+    received = 0
+
+    async def capped_receive() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise BodyTooLarge(f"the request body is above the limit of {limit} bytes{named}")
+        return message
+
+    return capped_receive
+
+
+async def _refuse(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    status: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+) -> None:
+    response = JSONResponse(
+        {"error": message}, status_code=status, headers={**(headers or {}), "Connection": "close"}
+    )
+    await response(scope, receive, send)
