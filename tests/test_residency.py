@@ -77,9 +77,7 @@ JOINER = "d"
 
 
 def _placed(count: int) -> dict[str, placement.Job]:
-    first = placement.stick(
-        {f"j{i}": placement.Job() for i in range(count)}, SERVERS, vnodes=16
-    )
+    first = placement.stick({f"j{i}": placement.Job() for i in range(count)}, SERVERS, vnodes=16)
     return {name: placement.Job(current=server) for name, server in first.targets.items()}
 
 
