@@ -116,6 +116,14 @@ def test_a_joining_server_moves_only_retargeted_jobs_stop_then_start(cluster: Cl
         message="the coordinator targeted jobs at the new server",
     )
 
+    # A gentle join moves one job at a time; it is over once s4 is marked settled.
+    waiting.wait_until(
+        lambda: cluster.sql("SELECT 1 FROM ring_members WHERE server = 's4' AND settled"),
+        180,
+        interval=0.5,
+        message="s4's join over",
+    )
+
     def settled() -> bool:
         jobs = {name: cluster.job(name) for name in names}
         return all(helpers.running(j) and j["owner"] == j["target"] for j in jobs.values())
