@@ -14,6 +14,14 @@ Side by side for the three algorithms:
   (ample capacity): moved / ideal (ideal K/(N+1) for a join, the leaver's K/N share
   for a leave), *needless* moves (a job moved although it was not on the leaver, or
   not to the joiner), and max/mean after the change;
+- gentle join (issue 24): the sticky join again, paced as the coordinator paces it
+  (``scheduler/residency.py``): a job moves only once it has run for the residency
+  (each job starts 0-3 rounds old, the residency is 2 rounds, a moved job starts again
+  at 0), at most one move per server per round and none from or to a server whose move
+  of the round before is still in flight. Rounds run until no move is made or deferred.
+  Reports moved / ideal, needless moves, whether the moved jobs are exactly those of the
+  one-shot sticky join, and the rounds it took. Only K <= 1000 (one round per move into
+  the joiner: K/(N+1) rounds of a full placement each);
 - startup: 3 servers register 1 s apart (t = 0, 1, 2 s), 6 streaming jobs are started
   at t = 0.2 s, the coordinator rebalances every 0.5 s (its membership debounce), a job
   is claimed each time its target changes to a server. Claims per job until t = 20 s.
@@ -117,6 +125,53 @@ def join_leave(algorithm: str, servers: int, jobs: int, seed: int, vnodes: int) 
     }
 
 
+def join_gentle(servers: int, jobs: int, seed: int, vnodes: int) -> dict[str, float]:
+    """The sticky join made by paced rounds; see the module docstring."""
+    rng = random.Random(f"gentle-{seed}-{servers}-{jobs}")
+    names = [f"job-{seed}-{i:05d}" for i in range(jobs)]
+    ids = [f"server-{seed}-{i:03d}" for i in range(servers + 1)]
+    base = dict.fromkeys(ids[:servers], jobs)
+    joiner = ids[servers]
+    grown = {**base, joiner: jobs}
+    before = _assign("sticky", dict.fromkeys(names), base, vnodes)
+    at_once = _assign("sticky", dict(before), grown, vnodes, joined=(joiner,))
+    current = dict(before)
+    age = {name: rng.randint(0, 3) for name in names}
+    busy: frozenset[str] = frozenset()
+    moved: set[str] = set()
+    moves = rounds = 0
+    while True:
+        rounds += 1
+        pace = placement.Pace(
+            movable=frozenset(n for n in names if age[n] >= GENTLE_RESIDENCY_ROUNDS),
+            maturing=frozenset(n for n in names if age[n] < GENTLE_RESIDENCY_ROUNDS),
+            busy=busy,
+        )
+        described = {name: placement.Job(current=at) for name, at in current.items()}
+        result = placement.stick(described, grown, joined=(joiner,), pace=pace, vnodes=vnodes)
+        made = [n for n in names if result.targets[n] != current[n]]
+        busy = frozenset(s for n in made for s in (current[n], result.targets[n]))
+        for name in made:
+            age[name] = -1  # a move is a new run
+        moves += len(made)
+        moved.update(made)
+        current = dict(result.targets)
+        age = {name: a + 1 for name, a in age.items()}
+        if not made and not result.deferred:
+            break
+    return {
+        "join": moves / (jobs / (servers + 1)),
+        "join_needless": sum(1 for n in moved if current[n] != joiner),
+        "same_moves": float(moved == {n for n in names if at_once[n] != before[n]}),
+        "rounds": rounds,
+    }
+
+
+# The residency of the gentle join, in rounds of the simulation.
+GENTLE_RESIDENCY_ROUNDS = 2
+GENTLE_MAX_JOBS = 1000
+
+
 def startup(algorithm: str, vnodes: int, settle: float = defaults.PLACEMENT_SETTLE_S) -> float:
     """Mean claims per job when 3 servers start 1 s apart and 6 jobs start at once."""
     arrivals = {"s1": 0.0, "s2": 1.0, "s3": 2.0}
@@ -178,6 +233,23 @@ def run(seeds: int, vnodes: int, on_line: Callable[[str], None]) -> dict[str, ob
                 f"{row['leave_needless']}, after {row['leave_balance']:.3f})"
             )
     result["join_leave"] = rows
+    gentle_rows = []
+    for servers, jobs in SIZES:
+        if jobs > GENTLE_MAX_JOBS:
+            continue
+        samples = [join_gentle(servers, jobs, seed, vnodes) for seed in range(seeds)]
+        row = {"servers": servers, "jobs": jobs}
+        row["join"] = round(max(s["join"] for s in samples), 3)
+        row["join_needless"] = max(s["join_needless"] for s in samples)
+        row["same_moves"] = all(s["same_moves"] for s in samples)
+        row["rounds"] = max(s["rounds"] for s in samples)
+        gentle_rows.append(row)
+        on_line(
+            f"N={servers:<3} K={jobs:<6} sticky, gentle  join {row['join']:.3f} (needless "
+            f"{row['join_needless']}, same moves as at once: {row['same_moves']}, "
+            f"{row['rounds']} rounds)"
+        )
+    result["join_gentle"] = gentle_rows
     result["startup"] = {}
     for algorithm in ALGORITHMS:
         claims = startup(algorithm, vnodes)

@@ -19,12 +19,21 @@ Membership memory lives in PostgreSQL (``ring_members``), so a new coordinator a
 failover tells joiners from known servers exactly as the old one did:
 
     unknown -> member (settling)   first seen placeable; joined_at = now()
-    settling -> settled            joined_at + settle window passed: the streaming jobs
-                                   whose ideal target it is move to it, in that rebalance
+    settling -> joining            joined_at + settle window passed: the streaming jobs
+                                   whose ideal target it is move to it, gently (below)
+    joining -> settled             the last move of its join was made
     member -> left                 no longer placeable (left, drained, capacity 0):
                                    left_at = now(); its jobs are placed elsewhere at once
-    left -> member (unchanged)     back within the settle window: a flap, nothing moves
-    left -> member (settling)      back later: a fresh join
+    left -> member (unchanged)     back within the settle window or the hold: a blip or
+                                   an adopting restart, nothing moves to it
+    left -> member (settled)       back later, after any fault: a return, never a join;
+                                   it takes back no running job (one fault, one restart)
+    drained -> member (settling)   an operator's undrain is a join again
+
+A join is gentle (``scheduler/residency.py``, with ``residency`` set): it moves only
+jobs that ran healthily on their server for the minimum residency, at most one move per
+server at a time; a move it defers keeps the join open (``settled`` false) and a later
+rebalance makes it. The coordinator wakes when the first deferred job matures.
 
 A live server may still fail its jobs: cut off from PostgreSQL only, it stays in
 ZooKeeper, its leases lapse and its watchdogs kill its drivers, but its targets would
@@ -60,7 +69,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from scheduler import distribution, notify, placement, states
+from scheduler import distribution, notify, placement, residency, states
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +131,10 @@ def _fence(conn: sa.Connection, term: int) -> None:
 
 
 def job_rows(conn: sa.Connection) -> list[sa.Row]:
-    """Every job with what placement needs: name, kind, desired, state, target, owner, and
-    its start request time (``jobs.updated_at``, set by the start command) for FIFO."""
+    """Every job with what placement needs: name, kind, desired, state, target, owner,
+    its start request time (``jobs.updated_at``, set by the start command) for FIFO, and
+    for the residency rules the age of its current run (since its claim) and whether the
+    health monitor flags that run."""
     return conn.execute(
         sa.text(
             """
@@ -131,7 +142,12 @@ def job_rows(conn: sa.Connection) -> list[sa.Row]:
                    d.pending_reason,
                    CAST(EXTRACT(EPOCH FROM d.lease_until - now()) AS double precision)
                        AS lease_left,
-                   CAST(EXTRACT(EPOCH FROM j.updated_at) AS double precision) AS queued_at
+                   CAST(EXTRACT(EPOCH FROM j.updated_at) AS double precision) AS queued_at,
+                   CAST(EXTRACT(EPOCH FROM now() - d.started_at) AS double precision)
+                       AS run_age,
+                   EXISTS (SELECT 1 FROM run_health h
+                            WHERE h.job_id = d.job_id AND h.epoch = d.epoch
+                              AND h.flag IS NOT NULL) AS flagged
               FROM distribution d JOIN jobs j ON j.id = d.job_id
             """
         )
@@ -282,12 +298,14 @@ def members(
 ) -> Members:
     """Record arrivals and departures of placeable servers in ``ring_members``.
 
-    A server back within ``max(settle, hold)`` seconds of leaving is a *return*, not a
-    join: it keeps the membership it had and takes no job from the others. Within the
-    settle window that is a ZooKeeper blip; within the hold (:func:`held`) it is a
-    server restarted on its host, whose jobs kept their targets while it was away and
-    whose drivers its successor adopted: taking other servers' jobs as a joiner would
-    restart drivers on every rolling restart. Back later, it is a fresh join.
+    A server seen for the first time is a *join*. A known server back after leaving is
+    a *return*, never a join, however long it was away: it takes no job from the
+    others, only new and orphaned ones (one fault, one restart: its jobs failed over,
+    or were held for its successor, and moving them back would restart each a second
+    time). Back within ``max(settle, hold)`` seconds it keeps the membership it had (a
+    ZooKeeper blip, or a restart whose successor adopted its drivers: a member still
+    settling goes on settling); back later, its join counts as done (``settled``).
+    An operator's undrain (:func:`undrained`) is a join again.
 
     Must run after :func:`_fence` (the coordinator row lock serialises coordinators).
     """
@@ -306,11 +324,8 @@ def members(
             INSERT INTO ring_members (server)
             SELECT unnest(CAST(:live AS text[]))
             ON CONFLICT (server) DO UPDATE
-               SET joined_at = CASE
-                       WHEN ring_members.left_at < now() - make_interval(secs => :flap)
-                       THEN now() ELSE ring_members.joined_at END,
-                   settled = ring_members.settled AND NOT (
-                       ring_members.left_at < now() - make_interval(secs => :flap)),
+               SET settled = ring_members.settled OR
+                       ring_members.left_at < now() - make_interval(secs => :flap),
                    left_at = NULL
              WHERE ring_members.left_at IS NOT NULL
             """
@@ -364,6 +379,7 @@ class Plan:
     lapsed: dict[str, str] = dataclasses.field(default_factory=dict)  # job -> live owner
     not_renewing: frozenset[str] = frozenset()  # live servers given no job (lapsed leases)
     deferring: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    join_due: float | None = None  # seconds until a deferred join move may be made
 
 
 @dataclass(frozen=True)
@@ -378,6 +394,8 @@ class Rebalance:
     held_due: float | None = None  # seconds until a departed owner's live lease expires
     lapsed: int = 0  # jobs whose live owner's lease lapsed past the grace (H7)
     not_renewing: tuple[str, ...] = ()  # live servers given no job: their leases all lapsed
+    deferred: int = 0  # join moves deferred by the residency rules (made later)
+    join_due: float | None = None  # seconds until the first deferred move's job matures
 
 
 _UPDATE_TARGETS = sa.text(
@@ -416,6 +434,7 @@ def plan(
     lapse: float | None = None,
     defer_streak: int = 0,
     defer_window: float = 0.0,
+    min_residency: float | None = None,
 ) -> Plan:
     """The job rows and their sticky placement on the live ``servers``; reads only.
 
@@ -427,7 +446,9 @@ def plan(
     server with only such leases gets no job (:func:`lapsed`, :func:`not_renewing`);
     None: never (the coordinator has not reached PostgreSQL for that long itself).
     With ``defer_streak`` above 0, a job is not placed on a server that deferred it that
-    many times within ``defer_window`` seconds (:func:`deferring`).
+    many times within ``defer_window`` seconds (:func:`deferring`). With
+    ``min_residency`` (seconds), a join is gentle (``scheduler/residency.py``); None:
+    every move of a join at once.
     """
     usable = placeable(conn, servers)
     rows = job_rows(conn)
@@ -453,16 +474,28 @@ def plan(
         for r in rows
         if r.name in wanted
     }
+    pace, join_due = None, None
+    if min_residency is not None and joined and not full:
+        runs = {
+            r.name: residency.Run(
+                state=r.state, owner=r.owner, target=r.target, age=r.run_age, flagged=r.flagged
+            )
+            for r in rows
+        }
+        pace, join_due = residency.pace(runs, min_residency)
     result = placement.stick(
         jobs,
         usable,
         joined=joined,
         hold_new=hold_new,
         rebalance=full,
+        pace=pace,
         epsilon=epsilon,
         vnodes=vnodes,
     )
-    return Plan(rows, result, keep, lapsed_at, frozenset(failing), stuck)
+    if not result.deferred:
+        join_due = None
+    return Plan(rows, result, keep, lapsed_at, frozenset(failing), stuck, join_due)
 
 
 def _avoidable(avoid: set[str], usable: Mapping[str, int]) -> frozenset[str]:
@@ -486,6 +519,7 @@ def rebalance(
     lapse: float | None = None,
     defer_streak: int = 0,
     defer_window: float = 0.0,
+    residency: float | None = None,
 ) -> Rebalance:
     """Decide every target for the live ``servers`` (id -> capacity) and write changes.
 
@@ -494,7 +528,8 @@ def rebalance(
     ``hold`` how long a departed owner's jobs keep their targets (:func:`held`),
     ``lapse`` how long a live owner's lease may stay expired (:func:`lapsed`; None: no
     limit), ``defer_streak`` and ``defer_window`` when a server steps back from a job
-    it keeps deferring (:func:`deferring`; 0: never).
+    it keeps deferring (:func:`deferring`; 0: never), ``residency`` the minimum
+    residency of a gentle join (seconds; None: a join moves everything at once).
     Must run inside a transaction; raises :class:`DeposedError` when ``term`` is no
     longer the recorded one.
     """
@@ -516,6 +551,7 @@ def rebalance(
         lapse=lapse,
         defer_streak=defer_streak,
         defer_window=defer_window,
+        min_residency=residency,
     )
     rows, result = planned.rows, planned.placement
     changes = []
@@ -524,10 +560,12 @@ def rebalance(
         reason = result.pending.get(r.name)
         if (target, reason) != (r.target, r.pending_reason):
             changes.append((r, target, reason))
-    if view.joined:
+    # A join is done once no move to the joiner waits (a gentle join: residency).
+    done = [server for server in view.joined if not result.deferred.get(server)]
+    if done:
         conn.execute(
             sa.text("UPDATE ring_members SET settled = true WHERE server = ANY(:joined)"),
-            {"joined": list(view.joined)},
+            {"joined": done},
         )
     if full:
         conn.execute(sa.text("UPDATE coordinator SET rebalance_requested_at = NULL WHERE id = 1"))
@@ -574,6 +612,8 @@ def rebalance(
         held_due=min(planned.held.values(), default=None),
         lapsed=len(planned.lapsed),
         not_renewing=tuple(sorted(planned.not_renewing)),
+        deferred=sum(result.deferred.values()),
+        join_due=planned.join_due,
     )
 
 
@@ -623,6 +663,7 @@ class CoordinatorLoop:
         lapse: float | None = None,
         defer_streak: int = 0,
         defer_window: float = 0.0,
+        residency: float | None = None,
         on_deposed: Callable[[], None] = lambda: None,
         on_rebalance: Callable[[Rebalance], None] = lambda _: None,
         still_leader: Callable[[], bool] = lambda: False,
@@ -641,6 +682,7 @@ class CoordinatorLoop:
         self._lapse = lapse
         self._defer_streak = defer_streak
         self._defer_window = defer_window
+        self._residency = residency
         # When this loop's PostgreSQL access last began (monotonic; None: failing now).
         self._reachable_since: float | None = None
         self._next_wait = interval
@@ -756,11 +798,13 @@ class CoordinatorLoop:
                 lapse=self._lapse_now(),
                 defer_streak=self._defer_streak,
                 defer_window=self._defer_window,
+                residency=self._residency,
             )
         # Look again as soon as a settle window ends: a joiner then takes its jobs and
         # held new jobs are placed.
         # ... and as soon as a departed owner's lease expires: its jobs fail over then.
-        dues = [d for d in (result.settle_due, result.held_due) if d is not None]
+        # ... and as soon as a deferred join move's job has run for the residency.
+        dues = [d for d in (result.settle_due, result.held_due, result.join_due) if d is not None]
         due = min(dues, default=None)
         self._next_wait = self._interval if due is None else min(self._interval, due + 0.05)
         with self.engine.begin() as conn:
@@ -778,6 +822,7 @@ class CoordinatorLoop:
                     "pending": result.pending,
                     "reaped": len(reaped),
                     "lapsed": result.lapsed,
+                    "deferred": result.deferred,
                     "not_renewing": list(result.not_renewing),
                     "seconds": round(result.seconds, 3),
                 },

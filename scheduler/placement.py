@@ -256,11 +256,28 @@ class Job:
 
 
 @dataclasses.dataclass(frozen=True)
+class Pace:
+    """How gently a join moves jobs (built by ``scheduler/residency.py``).
+
+    A join moves a job only if it is ``movable`` and neither end of the move is
+    ``busy``; each server takes part in at most one such move per placement. A move of a
+    ``maturing`` job, or one a busy server blocks, is *deferred*: it keeps its slot on
+    the joiner (nothing else is moved there instead) and is made by a later placement.
+    A job in neither set (not running healthily) is not moved for balance at all."""
+
+    movable: frozenset[str]  # may move for balance now (resident, healthy)
+    maturing: frozenset[str] = frozenset()  # healthy, too young: moves later
+    busy: frozenset[str] = frozenset()  # servers already in a move: none to or from them
+
+
+@dataclasses.dataclass(frozen=True)
 class Sticky(Placement):
     """A sticky placement: the targets, and why each job has its target or none."""
 
     why: dict[str, Why]  # job -> decision, sorted by job name
     ideal: dict[str, str]  # job -> its target under a fresh bounded-load placement
+    # joiner -> moves to it that a Pace deferred (0 or absent: its join is complete)
+    deferred: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def stick(
@@ -270,6 +287,7 @@ def stick(
     joined: Iterable[str] = (),
     hold_new: str | None = None,
     rebalance: bool = False,
+    pace: Pace | None = None,
     epsilon: float = DEFAULT_EPSILON,
     vnodes: int = ring.DEFAULT_VNODES,
 ) -> Sticky:
@@ -286,7 +304,10 @@ def stick(
        is one of ``joined`` moves there, while that server is below its bound; if that
        leaves the joiner below its fair share ``floor(K / N)`` (few jobs per server),
        it also takes streaming jobs from the most loaded servers. Nothing moves
-       between other servers; batch jobs never move for balance.
+       between other servers; batch jobs never move for balance. With ``pace``, only
+       its movable jobs move, at most one move to or from each server and none to or
+       from a busy one; the other moves are deferred (:attr:`Sticky.deferred`), keep
+       their slot on the joiner, and happen in a later call (:class:`Pace`).
     3. With ``rebalance`` (the operator's explicit request), every streaming job is
        placed again from scratch around the batch jobs, which stay.
     4. The remaining jobs (new, orphaned, shed) are placed by the bounded-load walk on
@@ -337,7 +358,13 @@ def stick(
                 load[targets.pop(name)] -= 1
                 del why[name]
                 free[name] = Why.REBALANCED
+        claimed, deferred = load, {}
     elif joiners:
+        # ``claimed`` is ``load`` with every deferred move counted as made: the decisions
+        # use it, so a deferred move keeps its slot and the moves made over several
+        # paced placements are those one unpaced placement makes.
+        claimed = dict(load)
+        gate = _Gate(pace)
         for name in names:
             to = ideal.get(name)
             if (
@@ -345,33 +372,38 @@ def stick(
                 and why.get(name) == Why.KEPT
                 and infos[name].streaming
                 and targets[name] != to
-                and load[to] < bound[to]
+                and claimed[to] < bound[to]
                 and to not in infos[name].avoid
             ):
-                load[targets[name]] -= 1
-                load[to] += 1
-                targets[name], why[name] = to, Why.JOINED
-        _top_up(joiners, targets, why, load, bound, infos, len(names), len(usable))
+                gate.offer(name, targets[name], to, targets, why, load, claimed)
+        _top_up(joiners, targets, why, claimed, bound, infos, len(names), len(usable), gate, load)
+        deferred = gate.deferred
+    else:
+        claimed, deferred = load, {}
 
     pending: dict[str, str] = {}
     if hold_new is not None:
         for name in [n for n, w in free.items() if w == Why.PLACED]:
             del free[name]
             pending[name], why[name] = hold_new, Why.WAITING
-    spare = {s: capacity - load[s] for s, capacity in usable.items()}
+    spare = {s: capacity - max(load[s], claimed[s]) for s, capacity in usable.items()}
     admitted = sorted(
         free,
         key=lambda n: (free[n] == Why.PLACED, infos[n].queued_at, n),
     )[: max(0, sum(spare.values()))]
     the_ring = ring.build(usable, vnodes)
     # First up to each server's bound, then (only if that is short) up to its capacity.
-    room = {s: max(0, min(bound[s], usable[s]) - load[s]) for s in usable}
+    # A deferred move's slot stays free on its joiner and taken on its donor.
+    taken = {s: max(load[s], claimed[s]) for s in usable}
+    room = {s: max(0, min(bound[s], usable[s]) - taken[s]) for s in usable}
     placed = _walk_each(admitted, the_ring, room, infos)
     for server in placed.values():
         load[server] += 1
+        taken[server] += 1
     rest = [name for name in admitted if name not in placed]
     if rest:
-        more = _walk_each(rest, the_ring, {s: usable[s] - load[s] for s in usable}, infos)
+        spare_now = {s: max(0, usable[s] - taken[s]) for s in usable}
+        more = _walk_each(rest, the_ring, spare_now, infos)
         for server in more.values():
             load[server] += 1
         placed.update(more)
@@ -389,7 +421,48 @@ def stick(
         bounds=bound,
         why=dict(sorted(why.items())),
         ideal=ideal,
+        deferred=dict(sorted(deferred.items())),
     )
+
+
+class _Gate:
+    """Makes or defers the moves of a join under a :class:`Pace` (None: makes all)."""
+
+    def __init__(self, pace: Pace | None) -> None:
+        self.pace = pace
+        self.busy: set[str] = set(pace.busy) if pace is not None else set()
+        self.deferred: dict[str, int] = {}
+        self.waiting: set[str] = set()  # jobs whose move was deferred
+
+    def offer(
+        self,
+        name: str,
+        source: str,
+        to: str,
+        targets: dict[str, str],
+        why: dict[str, Why],
+        load: dict[str, int],
+        claimed: dict[str, int],
+    ) -> bool:
+        """Move ``name`` from ``source`` to the joiner ``to`` now, or defer it, or (a job
+        that is not running healthily) neither. Returns whether its slot was taken."""
+        pace = self.pace
+        if pace is not None and name not in pace.movable and name not in pace.maturing:
+            return False
+        claimed[source] -= 1
+        claimed[to] += 1
+        if pace is None or (
+            name in pace.movable and source not in self.busy and to not in self.busy
+        ):
+            load[source] -= 1
+            load[to] += 1
+            targets[name], why[name] = to, Why.JOINED
+            if pace is not None:
+                self.busy |= {source, to}
+        else:
+            self.deferred[to] = self.deferred.get(to, 0) + 1
+            self.waiting.add(name)
+        return True
 
 
 def _walk_each(
@@ -419,6 +492,8 @@ def _top_up(
     infos: Mapping[str, Job],
     jobs: int,
     servers: int,
+    gate: _Gate,
+    made: dict[str, int],
 ) -> None:
     """Give each joiner at least its fair share ``floor(K / N)`` (within its bound).
 
@@ -426,7 +501,9 @@ def _top_up(
     is the joiner can be far fewer than its share (8 jobs on 4 servers: none at all for
     one name set in ten). The joiner then also takes kept streaming jobs from the most
     loaded servers, while they hold at least two more than it: from each, the job
-    nearest to the joiner on the ring. Still only moves *to* a joiner.
+    nearest to the joiner on the ring. Still only moves *to* a joiner. ``load`` counts
+    deferred moves as made; ``gate`` makes or defers each move (``made``: the loads of
+    the moves actually made).
     """
     for joiner in sorted(joiners):
         share = min(jobs // servers, bound[joiner])
@@ -436,6 +513,7 @@ def _top_up(
             if (
                 server not in joiners
                 and why.get(name) == Why.KEPT
+                and name not in gate.waiting
                 and infos[name].streaming
                 and joiner not in infos[name].avoid
             ):
@@ -450,9 +528,7 @@ def _top_up(
                 break
             donor = max(donors, key=lambda s: (load[s], s))
             _, name = movable[donor].pop()
-            load[donor] -= 1
-            load[joiner] += 1
-            targets[name], why[name] = joiner, Why.JOINED
+            gate.offer(name, donor, joiner, targets, why, made, load)
 
 
 def _job(name: str, job: object) -> Job:

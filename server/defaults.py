@@ -108,6 +108,13 @@ PLACEMENT_EPSILON = 0.05
 # this long after leaving is the same member (a flap moves nothing). Leaves are never
 # delayed by it (docs/distribution.md).
 PLACEMENT_SETTLE_S = 5.0
+# Minimum residency of a gentle join, seconds (docs/distribution.md, "Gentle joins"): a
+# joiner takes a streaming job only once it has run healthily on its server this long
+# since its last claim, so a job that failed over, moved or restarted is not moved again
+# for balance right away (one fault, one restart). 300 s is the stall timeout: the
+# health monitor can call a stream healthy only after it made progress for that long,
+# and it is more than three times the slowest Spark cold start measured here (90 s).
+MIN_RESIDENCY_S = 300.0
 # Virtual nodes per server on the ring: 640 keeps moves on a join or leave within
 # 1.10x of the ideal K/(N+1) with bounded loads (160 gives 1.15-1.2x, docs/benchmarks.md).
 RING_VNODES = 640

@@ -328,6 +328,7 @@ class Server:
                 lapse=s.lease_lapse_grace,
                 defer_streak=s.defer_streak,
                 defer_window=s.defer_avoid,
+                residency=s.min_residency,
                 on_deposed=self._deposed,
                 still_leader=lambda: bool(self.registry and self.registry.confirm_leader()),
             )

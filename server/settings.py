@@ -119,6 +119,8 @@ class Settings(BaseSettings):
     placement_epsilon: float = Field(defaults.PLACEMENT_EPSILON, gt=0)
     # Settle window of sticky placement, seconds (server/defaults.py).
     placement_settle: float = Field(defaults.PLACEMENT_SETTLE_S, ge=0)
+    # Minimum residency of a gentle join, seconds (server/defaults.py).
+    min_residency: float = Field(defaults.MIN_RESIDENCY_S, ge=0)
     health_port: int = Field(defaults.HEALTH_PORT, ge=0, le=65535)
     # Health monitor of the local drivers, seconds (server/health.py, docs/drivers.md).
     health_interval: float = Field(defaults.HEALTH_INTERVAL_S, gt=0)

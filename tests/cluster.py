@@ -41,6 +41,8 @@ FAST_TIMEOUTS = {
     "SPARKRING_RESTART_BACKOFF_BASE": "0.5",
     "SPARKRING_RESTART_BACKOFF_MAX": "2",
     "SPARKRING_S3_FETCH_RETRY": "3",
+    # A joiner takes jobs that ran 10 s (not 300 s): the join tests stay short.
+    "SPARKRING_MIN_RESIDENCY": "10",
 }
 
 

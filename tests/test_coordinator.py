@@ -279,17 +279,35 @@ def test_a_leave_is_never_delayed_and_a_flap_moves_nothing_back(engine: sa.Engin
     assert all(during[name][0] in without_c for name in on_c)
     assert _sticky(engine, SERVERS, settle=60).changed == 0  # back within the window
     assert _by_name(engine) == during
-    # Gone for longer than the window: a fresh join, which takes jobs once settled.
-    _sticky(engine, without_c, settle=60)
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE ring_members SET left_at = now() - interval '2 min'"))
-    assert _sticky(engine, SERVERS, settle=60).changed == 0  # settling again
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE ring_members SET joined_at = now() - interval '2 min'"))
-    result = _sticky(engine, SERVERS, settle=60)
-    after = _by_name(engine)
-    assert result.moved > 0
-    assert {after[n][0] for n in after if after[n] != during[n]} == {"c"}
+
+
+def test_a_server_back_after_a_fault_takes_back_no_running_job(engine: sa.Engine) -> None:
+    """One fault, one restart (issue 24): c crashes (kill -9, SIGTERM, SIGSTOP past the
+    session), its jobs fail over and run elsewhere; when c returns, however long after,
+    it is a known member, not a joiner: no job moves back to it (before: a fresh join
+    past the settle window, which moved its streaming jobs back: a second restart)."""
+    for i in range(12):
+        factories.job(engine, f"j{i}")
+    _become(engine, 1)
+    _sticky(engine, SERVERS)
+    with engine.begin() as conn:  # long settled
+        conn.execute(sa.text("UPDATE ring_members SET joined_at = now() - interval '1 hour'"))
+    without_c = {"a": 10, "b": 10}
+    _sticky(engine, without_c, settle=5)  # c left: its jobs fail over at once
+    during = _by_name(engine)
+    assert "c" not in {target for target, _ in during.values()}
+    with engine.begin() as conn:  # it was away for ten minutes
+        conn.execute(sa.text("UPDATE ring_members SET left_at = now() - interval '10 min'"))
+    assert _sticky(engine, SERVERS, settle=5).moved == 0
+    with engine.begin() as conn:  # and has been back for longer than any window
+        conn.execute(sa.text("UPDATE ring_members SET joined_at = now() - interval '1 hour'"))
+    assert _sticky(engine, SERVERS, settle=5).moved == 0
+    assert _by_name(engine) == during
+    # It still takes new jobs.
+    for i in range(12, 18):
+        factories.job(engine, f"j{i}")
+    _sticky(engine, SERVERS, settle=5)
+    assert "c" in {target for target, _ in _by_name(engine).values()}
 
 
 def test_a_server_back_within_the_hold_is_a_return_not_a_join(engine: sa.Engine) -> None:
@@ -558,3 +576,137 @@ def test_a_server_that_defers_a_job_three_times_in_a_row_steps_back_from_it(
         distribution.mark_running(conn, job_id, owner(first), claim.epoch, pid=1)
         distribution.release(conn, job_id, owner(first), claim.epoch)
     assert planned().placement.targets["j"] == first
+
+
+# ---------------------------------------------------------------- gentle joins
+
+
+def _run_on_targets(engine: sa.Engine, ids: dict[str, int], age: str = "1 hour") -> None:
+    """Every job claimed by its target and running there, its run ``age`` old."""
+    from scheduler import distribution
+
+    targets = _by_name(engine)
+    with engine.begin() as conn:
+        for name, job_id in ids.items():
+            server = factories.owner(targets[name][0])
+            claim = distribution.claim(conn, job_id, server, 60.0)
+            distribution.mark_running(conn, job_id, server, claim.epoch, 1)
+        conn.execute(sa.text(f"UPDATE distribution SET started_at = now() - interval '{age}'"))
+
+
+def _complete_move(engine: sa.Engine, job_id: int) -> None:
+    """The old owner stops the driver and releases the job; the target claims it and
+    its driver runs (a new run: its residency starts now)."""
+    from scheduler import distribution
+
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT owner, target, epoch FROM distribution WHERE job_id = :j"),
+            {"j": job_id},
+        ).one()
+    old, new = factories.owner(row.owner), factories.owner(row.target)
+    with engine.begin() as conn:
+        distribution.begin_stop(conn, job_id, old, row.epoch, "retargeted")
+        distribution.release(conn, job_id, old, row.epoch)
+        claim = distribution.claim(conn, job_id, new, 60.0)
+        distribution.mark_running(conn, job_id, new, claim.epoch, 1)
+
+
+def _gentle(engine: sa.Engine, servers: dict[str, int], residency: float = 300.0):
+    with engine.begin() as conn:
+        return coordinator.rebalance(
+            conn, 1, "a", servers, epsilon=0.05, vnodes=160, settle=5, residency=residency
+        )
+
+
+def _settled(engine: sa.Engine, server: str) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.text("SELECT settled FROM ring_members WHERE server = :s"), {"s": server}
+        ).scalar_one()
+
+
+def test_a_join_moves_only_resident_jobs_one_move_per_server_at_a_time(
+    engine: sa.Engine,
+) -> None:
+    """Gentle rebalance (issue 24): the joiner takes only jobs that ran healthily for the
+    residency, one move at a time (it is one end of each), never a job that failed over
+    or moved within the residency; its join stays open until the last such move."""
+    ids = {f"s{i}": factories.job(engine, f"s{i}") for i in range(24)}
+    _become(engine, 1)
+    _sticky(engine, SERVERS)
+    _run_on_targets(engine, ids)
+    with engine.begin() as conn:  # two jobs failed over a minute ago
+        conn.execute(
+            sa.text(
+                "UPDATE distribution SET started_at = now() - interval '1 min' "
+                "WHERE job_id = ANY(:ids)"
+            ),
+            {"ids": [ids["s0"], ids["s1"]]},
+        )
+    bigger = {**SERVERS, "d": 10}
+    assert _gentle(engine, bigger).moved == 0  # d settles first
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE ring_members SET joined_at = now() - interval '2 min' WHERE server = 'd'"
+            )
+        )
+    moves: list[str] = []
+    for _ in range(30):
+        before = _by_name(engine)
+        result = _gentle(engine, bigger)
+        after = _by_name(engine)
+        moved = [n for n in after if after[n] != before[n]]
+        assert len(moved) == result.moved <= 1
+        if not moved:
+            break
+        assert after[moved[0]][0] == "d" and moved[0] not in ("s0", "s1")
+        assert not _settled(engine, "d")
+        assert _gentle(engine, bigger).moved == 0  # d is busy until the move completes
+        moves += moved
+        _complete_move(engine, ids[moved[0]])
+    assert len(moves) >= 2, moves
+    # The young jobs wait; once they have run for the residency, they may move too.
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE distribution SET started_at = now() - interval '1 hour' "
+                "WHERE job_id = ANY(:ids)"
+            ),
+            {"ids": [ids["s0"], ids["s1"]]},
+        )
+    for _ in range(5):
+        result = _gentle(engine, bigger)
+        if not result.moved:
+            break
+        moved = [n for n, (t, _) in _by_name(engine).items() if t == "d" and n not in moves]
+        moves += moved
+        for name in moved:
+            _complete_move(engine, ids[name])
+    assert _settled(engine, "d")
+    assert len(moves) == len(set(moves))  # no job moved twice
+    assert {t for t, _ in _by_name(engine).values()} == set(bigger)
+
+
+def test_a_joins_young_jobs_keep_it_open_and_unhealthy_ones_do_not(engine: sa.Engine) -> None:
+    ids = {f"s{i}": factories.job(engine, f"s{i}") for i in range(12)}
+    _become(engine, 1)
+    _sticky(engine, SERVERS)
+    _run_on_targets(engine, ids, age="10 s")  # every job just (re)started
+    bigger = {**SERVERS, "d": 10}
+    _gentle(engine, bigger)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ring_members SET joined_at = now() - interval '2 min'"))
+    result = _gentle(engine, bigger)
+    assert result.moved == 0 and not _settled(engine, "d")
+    assert result.join_due is not None and 280 < result.join_due <= 290
+    with engine.begin() as conn:  # every run flagged (stalled): none is moved for balance
+        conn.execute(
+            sa.text(
+                "INSERT INTO run_health (job_id, epoch, server, app_state, flag, flagged_at) "
+                "SELECT job_id, epoch, owner, 'RUNNING', 'stalled', now() FROM distribution"
+            )
+        )
+    result = _gentle(engine, bigger)
+    assert result.moved == 0 and _settled(engine, "d")

@@ -771,3 +771,83 @@ def corrupt_starts(
         if e["job_name"] in names and e["kind"] == "driver_started"
     ]
     return problems
+
+
+# Events after which a job's next claim is not a restart a fault cost it: its own
+# driver ended (crashed, failed, finished: the restart budget governs what follows), its
+# start was deferred (no driver ran: the next claim is the same restart, retried), or an
+# operator command gave it a new run (``scheduler/jobs.py``).
+NOT_A_FAULTS_RESTART = frozenset(
+    {
+        "crashed",
+        "failed",
+        "finished",
+        "deferred",
+        "created",
+        "start_requested",
+        "stop_requested",
+        "restart_requested",
+        "revised",
+        "deleted",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultWindow:
+    """When a fault may have made a job restart: from its injection (``start``) to its
+    healing plus the recovery bound (``end``), on the wall clock of the events' ``at_s``
+    (PostgreSQL's ``now()``; the stack runs on the harness's host)."""
+
+    start: float
+    end: float
+
+
+def fault_restarts(
+    events: Iterable[Mapping[str, Any]], since_id: int = 0
+) -> dict[str, list[Mapping[str, Any]]]:
+    """job -> its claims after event ``since_id`` that restarted a driver for no reason
+    of its own: the job's previous claim had started a driver (a ``driver_started`` at
+    that epoch), and nothing in :data:`NOT_A_FAULTS_RESTART` happened since."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for job, items in sorted(_by_job(events).items()):
+        epoch, had_driver, excused = None, False, False
+        for e in items:
+            if e["kind"] == "claimed":
+                if e["id"] > since_id and had_driver and not excused:
+                    out.setdefault(job, []).append(e)
+                epoch, had_driver, excused = e.get("epoch"), False, False
+            elif e["kind"] == "driver_started" and e.get("epoch") == epoch:
+                had_driver = True
+            elif e["kind"] in NOT_A_FAULTS_RESTART:
+                excused = True
+    return out
+
+
+def restarts_per_fault(
+    events: Iterable[Mapping[str, Any]], faults: Sequence[FaultWindow], since_id: int = 0
+) -> list[str]:
+    """One fault, one restart (DESIGN.md): each fault costs each affected job at most one
+    restart. Every restart a fault may have caused (:func:`fault_restarts`) must be
+    matched to a fault of its own, one whose window contains the restart and that no
+    other restart of the same job was matched to. Restarts are matched in time order,
+    each to the open window that ends first (optimal for points and intervals), so a
+    problem means no assignment exists: some fault cost the job two restarts, such as a
+    failover and then a move back to the server that returned."""
+    problems = []
+    windows = sorted(faults, key=lambda w: (w.start, w.end))
+    for job, restarts in fault_restarts(events, since_id).items():
+        used: set[int] = set()
+        for e in sorted(restarts, key=lambda e: (float(e["at_s"]), e["id"])):
+            t = float(e["at_s"])
+            open_ = [i for i, w in enumerate(windows) if w.start <= t <= w.end and i not in used]
+            if open_:
+                used.add(min(open_, key=lambda i: windows[i].end))
+                continue
+            count = sum(1 for w in windows if w.start <= t <= w.end)
+            problems.append(
+                f"{job}: restarted again at epoch {e['epoch']} by {e['server']} (event "
+                f"{e['id']}): {len(restarts)} restarts after the faults, more than one per "
+                f"fault ({count} fault window{'s' if count != 1 else ''} cover this one)"
+            )
+    return problems

@@ -604,3 +604,99 @@ def test_a_freeze_excuses_a_batch_driver_ended_just_after_the_thaw() -> None:
     early = _life("b", 1, "s1", 0, 15.3, reason="lease_expired", exit_code=-9)
     early += _life("b", 2, "s2", 4, 20)
     assert len(invariants.batch_generations(kinds, early, events, freezes=[freeze])) == 1
+
+
+# ---------------------------------------------------------------- one fault, one restart
+
+
+def _timed(i: int, t: float, kind: str, server: str | None, epoch: int | None, **kw) -> dict:
+    return {**_event(i, kind, server, epoch, **kw), "at_s": t}
+
+
+RUNNING_BEFORE = [
+    _timed(1, 0.0, "created", None, None),
+    _timed(2, 1.0, "claimed", "s1", 1),
+    _timed(3, 2.0, "driver_started", "s1", 1),
+]
+KILL_S1 = invariants.FaultWindow(start=100.0, end=200.0)
+
+
+def test_a_failover_then_a_move_back_is_two_restarts_for_one_fault() -> None:
+    """The double move of issue 24: s1 is killed, the job fails over to s2, s1 returns
+    and the job is moved back to it: two restarts for one fault."""
+    failover = [
+        _timed(4, 105.0, "retargeted", "s2", None, why="orphaned"),
+        _timed(5, 110.0, "claimed", "s2", 2),
+        _timed(6, 111.0, "driver_started", "s2", 2),
+    ]
+    move_back = [
+        _timed(7, 127.0, "retargeted", "s2", None, why="joined"),
+        _timed(8, 128.0, "stopping", "s2", 2),
+        _timed(9, 130.0, "released", "s2", 2, state="pending"),
+        _timed(10, 131.0, "claimed", "s1", 3),
+        _timed(11, 132.0, "driver_started", "s1", 3),
+    ]
+    assert invariants.restarts_per_fault(RUNNING_BEFORE + failover, [KILL_S1], 3) == []
+    problems = invariants.restarts_per_fault(RUNNING_BEFORE + failover + move_back, [KILL_S1], 3)
+    assert len(problems) == 1 and "restarted again at epoch 3 by s1 (event 10)" in problems[0]
+    # A second fault of its own (s2 killed later) may cost the job its second restart.
+    kill_s2 = invariants.FaultWindow(start=120.0, end=220.0)
+    assert (
+        invariants.restarts_per_fault(RUNNING_BEFORE + failover + move_back, [KILL_S1, kill_s2], 3)
+        == []
+    )
+
+
+def test_restarts_the_job_or_an_operator_caused_are_not_charged_to_the_fault() -> None:
+    after = [
+        _timed(4, 110.0, "claimed", "s2", 2),  # the fault's restart
+        _timed(5, 111.0, "driver_started", "s2", 2),
+        _timed(6, 115.0, "crashed", "s2", 2, error="driver exited with exit code 1: boom"),
+        _timed(7, 117.0, "claimed", "s2", 3),  # its own crash: the budget's business
+        _timed(8, 118.0, "driver_started", "s2", 3),
+        _timed(9, 120.0, "restart_requested", None, None, generation=2),
+        _timed(10, 121.0, "claimed", "s2", 4),  # an operator's restart
+        _timed(11, 122.0, "driver_started", "s2", 4),
+        _timed(12, 125.0, "claimed", "s3", 5),  # a second restart for the same fault
+    ]
+    problems = invariants.restarts_per_fault(RUNNING_BEFORE + after, [KILL_S1], 3)
+    assert len(problems) == 1 and "(event 12)" in problems[0]
+    assert invariants.restarts_per_fault(RUNNING_BEFORE + after[:-1], [KILL_S1], 3) == []
+
+
+def test_a_start_retried_after_a_deferral_is_the_same_restart() -> None:
+    """S3 away: the claim's start is deferred and retried; only one driver starts."""
+    after = [
+        _timed(4, 110.0, "claimed", "s2", 2),
+        _timed(5, 113.0, "deferred", "s2", 2, error="S3 unreachable"),
+        _timed(6, 115.0, "claimed", "s2", 3),
+        _timed(7, 116.0, "deferred", "s2", 3, error="S3 unreachable"),
+        _timed(8, 119.0, "claimed", "s2", 4),
+        _timed(9, 120.0, "driver_started", "s2", 4),
+    ]
+    assert invariants.restarts_per_fault(RUNNING_BEFORE + after, [KILL_S1], 3) == []
+    # A claim whose driver never started (its commit answer lost) is no restart either.
+    lost = [_timed(4, 110.0, "claimed", "s2", 2), _timed(5, 130.0, "claimed", "s2", 3)]
+    assert invariants.restarts_per_fault(RUNNING_BEFORE + lost, [KILL_S1], 3) == []
+
+
+def test_a_restart_outside_every_fault_window_is_reported() -> None:
+    late = [_timed(4, 300.0, "claimed", "s2", 2)]
+    assert len(invariants.restarts_per_fault(RUNNING_BEFORE + late, [KILL_S1], 3)) == 1
+    # Claims before the fault (``since_id``) are not the fault's.
+    assert invariants.restarts_per_fault(RUNNING_BEFORE + late, [KILL_S1], 4) == []
+
+
+def test_matching_restarts_to_faults_finds_an_assignment_when_one_exists() -> None:
+    """Two faults whose windows overlap, two restarts: the first restart must take the
+    window that ends first, or the second would find none."""
+    a = invariants.FaultWindow(start=100.0, end=150.0)
+    b = invariants.FaultWindow(start=90.0, end=300.0)
+    after = [
+        _timed(4, 110.0, "claimed", "s2", 2),
+        _timed(5, 111.0, "driver_started", "s2", 2),
+        _timed(6, 200.0, "claimed", "s3", 3),
+        _timed(7, 201.0, "driver_started", "s3", 3),
+    ]
+    assert invariants.restarts_per_fault(RUNNING_BEFORE + after, [b, a], 3) == []
+    assert len(invariants.restarts_per_fault(RUNNING_BEFORE + after, [a], 3)) == 1

@@ -752,6 +752,7 @@ class RandomChaos:
         try:
             while time.monotonic() < end:
                 getattr(self, self.rng.choice(self.faults))()
+                self.trial.fault_over()
                 time.sleep(round(self.rng.uniform(1.0, 4.0), 1))  # a quiet gap
         finally:
             self._stop_commands.set()

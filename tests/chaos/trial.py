@@ -61,6 +61,7 @@ class Outcome:
     batch: int = 0  # batch generations run to their end twice, or re-run unproven
     budget: int = 0  # generations that started a driver after their budget was spent
     restarts: int = 0  # claims after the fault: drivers (re)started by the recovery
+    double_restarts: int = 0  # restarts beyond one per fault and job (one fault, one restart)
     adoptions: int = 0  # ``adopted`` events after the fault: drivers a restart took over
     pruned: int = 0  # job events the harness pruned (kept in its own snapshot first)
     recovery_s: float | None = None
@@ -74,6 +75,7 @@ class Outcome:
         return (
             self.double_runs + self.early + self.stale_writes + self.lost
             + self.resurrected + self.corrupt_starts + self.batch + self.budget
+            + self.double_restarts
         )  # fmt: skip
 
     @property
@@ -121,6 +123,9 @@ class Trial:
         self._prune_lock = threading.Lock()
         self._t_fault: float | None = None
         self._t_healed: float | None = None
+        # [injected, over] of each fault on the wall clock (over None: still on), for the
+        # one-fault-one-restart check (invariants.restarts_per_fault).
+        self._fault_spans: list[list[float | None]] = []
         self.resource: catalog.Resource | None = None
 
     # ------------------------------------------------------------------ cluster
@@ -481,10 +486,29 @@ class Trial:
             self._event_mark = self._max_event_id()
             self._t_fault = time.monotonic()
         self.outcome.injected += 1
+        self._fault_spans.append([time.time(), None])
         return action()
+
+    def fault_over(self) -> None:
+        """The faults injected so far are over (a server restarted, a pause ended): a
+        restart they cause comes within the recovery bound after this."""
+        for span in self._fault_spans:
+            if span[1] is None:
+                span[1] = time.time()
 
     def healed(self) -> None:
         self._t_healed = time.monotonic()
+        self.fault_over()
+
+    def fault_windows(self, bound: float) -> list[invariants.FaultWindow]:
+        """Each fault from its injection to ``bound`` seconds after it was over (a fault
+        never declared over lasts until now)."""
+        now = time.time()
+        return [
+            invariants.FaultWindow(start=start, end=(now if over is None else over) + bound)
+            for start, over in self._fault_spans
+            if start is not None
+        ]
 
     # ------------------------------------------------------------------ the verdict
 
@@ -524,6 +548,9 @@ class Trial:
             "S5": invariants.corrupt_starts(self.broken_artifacts, lifetimes, events),
             "batch": invariants.batch_generations(kinds, lifetimes, events, self.freezes),
             "budget": invariants.budget_overruns(rows, lifetimes, events),
+            "restarts": invariants.restarts_per_fault(
+                events, self.fault_windows(bound), self._event_mark
+            ),
         }
         o.double_runs = len(checks["S1"])
         o.early = len(checks["early"])
@@ -534,6 +561,7 @@ class Trial:
         o.corrupt_starts = len(checks["S5"])
         o.batch = len(checks["batch"])
         o.budget = len(checks["budget"])
+        o.double_restarts = len(checks["restarts"])
         o.restarts = sum(1 for e in since if e["kind"] == "claimed")
         o.adoptions = sum(1 for e in since if e["kind"] == "adopted")
         o.problems = [f"{k} {p}" for k, items in checks.items() for p in items]

@@ -116,6 +116,14 @@ def test_a_joining_server_moves_only_retargeted_jobs_stop_then_start(cluster: Cl
         message="the coordinator targeted jobs at the new server",
     )
 
+    # A gentle join moves one job at a time; it is over once s4 is marked settled.
+    waiting.wait_until(
+        lambda: cluster.sql("SELECT 1 FROM ring_members WHERE server = 's4' AND settled"),
+        180,
+        interval=0.5,
+        message="s4's join over",
+    )
+
     def settled() -> bool:
         jobs = {name: cluster.job(name) for name in names}
         return all(helpers.running(j) and j["owner"] == j["target"] for j in jobs.values())
@@ -196,7 +204,9 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
 ) -> None:
     """(a) + (h): kill -9 the owner of a streaming job whose executors run on the Spark
     standalone cluster; it runs again elsewhere and resumes from its checkpoint with no
-    micro-batch duplicated or lost."""
+    micro-batch duplicated or lost. Then the killed server comes back: one fault, one
+    restart (issue 24): it takes the job back neither at its return nor later, so the
+    job has exactly one new claim over the whole scenario (``job events``)."""
     master = stack_env["SPARKRING_STACK_SPARK_MASTER_URL"]
     test_started_ms = time.time() * 1000
     helpers.start_cluster(cluster)
@@ -222,8 +232,25 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
         90,
         "job failed over",
     )
+    # The killed server returns (same id, same work dir). The coordinator's pass that
+    # sees it back records the return (left_at cleared) and, in the same transaction,
+    # that it is no joiner (settled): no later pass can move a job to it as one.
+    cluster.start_server(first["owner"])
+    waiting.wait_until(
+        lambda: cluster.sql(
+            "SELECT 1 FROM ring_members WHERE server = :s AND left_at IS NULL AND settled",
+            s=first["owner"],
+        ),
+        90,
+        interval=0.5,
+        message="the killed server's return recorded",
+    )
     helpers.stop_after_more_batches_exactly_once(cluster, "stream", output, 120, "the new driver")
     assert moved["epoch"] > first["epoch"]
+    history = json.loads(cluster.cli("job", "events", "stream", "--json", "--limit", "1000").stdout)
+    claims = [e for e in history if e["kind"] == "claimed"]
+    assert [e["epoch"] for e in claims if e["epoch"] > first["epoch"]] == [moved["epoch"]], claims
+    assert not [e for e in history if (e.get("detail") or {}).get("why") == "joined"], history
     heartbeats = cluster.heartbeat_records()
     new_driver = [h for h in heartbeats if h["epoch"] == str(moved["epoch"])]
     assert new_driver and min(h["t"] for h in new_driver) > killed_at

@@ -71,6 +71,14 @@ def test_a_fourth_server_takes_about_a_quarter_and_nothing_moves_between_the_fir
         )
 
     waiting.wait_until(joiner_has_its_share, TIMEOUT, interval=0.5, message="s4 took jobs")
+    # A join is gentle (one move per server at a time, docs/distribution.md): it is over
+    # once the coordinator marked s4 settled, in the pass that made its last move.
+    waiting.wait_until(
+        lambda: cluster.sql("SELECT 1 FROM ring_members WHERE server = 's4' AND settled"),
+        TIMEOUT,
+        interval=0.5,
+        message="s4's join over",
+    )
     # Let any further (wrong) moves show up: the coordinator settles within its window.
     waiting.wait_until(
         lambda: all(helpers.running(cluster.job(name)) for name in names), TIMEOUT, interval=0.5
@@ -88,6 +96,14 @@ def test_a_fourth_server_takes_about_a_quarter_and_nothing_moves_between_the_fir
     assert all(after[name][0] == "s4" for name in moved), (before, after)
     # About a quarter of 8: the ideal is 2; bounded loads allow up to ceil(1.05 * 8 / 4).
     assert 1 <= len(moved) <= 3, (before, after)
+    # One move at a time: each retarget to s4 came in a pass of its own.
+    generations = [
+        e["detail"]["ring_generation"]
+        for name in moved
+        for e in cluster.events(name)
+        if e["kind"] == "retargeted" and (e["detail"] or {}).get("why") == "joined"
+    ]
+    assert len(generations) == len(set(generations)) == len(moved), generations
 
 
 def test_a_full_cluster_keeps_the_running_job_and_queues_the_new_one(cluster: Cluster) -> None:
