@@ -13,6 +13,11 @@ deadline), ``watchdog.json`` (pids, for ``adopt``), ``stop.json`` (the grace of 
 requested stop) and ``result.json`` (how the run ended). The driver itself runs in
 ``cwd/`` below it, so that nothing it writes to its working directory can touch them.
 
+With a driver user (``DriverSpec.user``, ``server/driver_user.py``) the watchdog runs as
+the server's user and the driver as that user: the run directory and its control files
+stay the server's (the driver can read them, never write them), and only ``cwd/`` (also
+its HOME) and its streaming checkpoint are the driver user's.
+
 This module never reads ``os.environ`` itself: the server passes the base environment
 to :func:`build_env`.
 """
@@ -38,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server import watchdog
+from server import driver_user, watchdog
 
 log = logging.getLogger("sparkring.driver")
 
@@ -106,6 +111,8 @@ class DriverSpec:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     revision: int | None = None  # the job revision run (SPARKRING_REVISION), if known
     job_id: int | None = None  # recorded in the watchdog's state and result (RunIdentity)
+    # The OS user the driver runs as (SPARKRING_DRIVER_USER); None: the server's own.
+    user: driver_user.DriverUser | None = None
 
 
 @dataclass(frozen=True)
@@ -261,6 +268,11 @@ def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
     )
     if spec.revision is not None:
         env["SPARKRING_REVISION"] = str(spec.revision)
+    if spec.user is not None:
+        # The server's HOME is not the driver's to write (Spark and Ivy keep their
+        # caches below HOME): its private working directory is.
+        env["HOME"] = str(spec.run_dir / WORKING_DIR)
+        env["USER"] = env["LOGNAME"] = spec.user.name
     if spec.kind == "streaming":
         assert spec.checkpoint_dir is not None  # _check
         env["SPARKRING_CHECKPOINT_DIR"] = str(spec.checkpoint_dir)
@@ -538,12 +550,17 @@ def pin_artifacts(run_dir: Path, artifacts: Sequence[tuple[Path, str]]) -> list[
     return pinned
 
 
-def _working_dir(run_dir: Path) -> Path:
+def _working_dir(run_dir: Path, user: driver_user.DriverUser | None = None) -> Path:
     """The driver's working directory: a folder of its own inside the run directory, so
     that the job cannot overwrite the watchdog's control files (lease, state, stop,
-    result) and switch off its own fencing by writing to its current directory."""
+    result) and switch off its own fencing by writing to its current directory. With a
+    driver user it is that user's alone (mode 0700), and the run directory stays the
+    server's, readable and passable by all, writable by the server only."""
     path = run_dir / WORKING_DIR
     path.mkdir(parents=True, exist_ok=True)
+    if user is not None:
+        os.chmod(run_dir, 0o755)
+        driver_user.give(path, user, 0o700)
     return path
 
 
@@ -561,12 +578,14 @@ def supervise(
     term_only: str | None = None,
     report: FinishReport | None = None,
     job_id: int | None = None,
+    user: driver_user.DriverUser | None = None,
 ) -> Driver:
     """Run ``command`` under a new watchdog in its own session; see :func:`launch`.
 
     ``term_only``: on stop, SIGTERM only the processes with this argv element (see
     ``server/watchdog.py``); None sends it to the whole group. ``report``: the watchdog
-    records the driver's own exit in PostgreSQL itself.
+    records the driver's own exit in PostgreSQL itself. ``user``: the watchdog (this
+    process's user) starts ``command`` as that user.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in (RESULT_FILE, STOP_FILE, STATE_FILE):
@@ -594,8 +613,10 @@ def supervise(
         "--server",
         server,
         "--cwd",
-        str(_working_dir(run_dir)),
+        str(_working_dir(run_dir, user)),
     ]
+    if user is not None:
+        argv += ["--uid", str(user.uid), "--gid", str(user.gid)]
     if job_id is not None:
         argv += ["--job-id", str(job_id)]
     if records is not None:
@@ -662,9 +683,13 @@ def launch(
         raise DriverError(f"job {spec.job}: spark-submit not found at {spec.spark_submit}")
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     if spec.main.suffix.lower() in (".zip", ".egg"):
-        (spec.run_dir / ZIP_LAUNCHER_FILE).write_text(_zip_launcher(spec.main))
+        launcher = spec.run_dir / ZIP_LAUNCHER_FILE
+        launcher.write_text(_zip_launcher(spec.main))
+        launcher.chmod(0o644)  # read by the driver, whatever the umask
     if spec.checkpoint_dir is not None and spec.kind == "streaming":
         spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if spec.user is not None:
+            driver_user.give_tree(spec.checkpoint_dir, spec.user)
     # A Python main is stopped through its own process (argv[-1 - len(args)]): it can
     # stop its query while the JVM still serves it. A JVM main gets SIGTERM itself.
     python_main = None if _is_jar(spec) else argv[-1 - len(spec.args)]
@@ -680,6 +705,7 @@ def launch(
         term_only=python_main,
         report=report,
         job_id=spec.job_id,
+        user=spec.user,
     )
 
 
