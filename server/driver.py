@@ -250,10 +250,15 @@ def build_argv(spec: DriverSpec) -> list[str]:
     return [*argv, main, *spec.args]
 
 
+def without_secrets(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` without the server's configuration and anything named like a secret."""
+    return {name: value for name, value in base.items() if not _SECRET_NAME.search(name)}
+
+
 def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
     """The driver's environment: ``base`` without secrets, then the job's variables."""
     _check(spec)
-    env = {name: value for name, value in base.items() if not _SECRET_NAME.search(name)}
+    env = without_secrets(base)
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     env.update(spec.extra_env)
     env.update(
@@ -268,11 +273,6 @@ def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
     )
     if spec.revision is not None:
         env["SPARKRING_REVISION"] = str(spec.revision)
-    if spec.user is not None:
-        # The server's HOME is not the driver's to write (Spark and Ivy keep their
-        # caches below HOME): its private working directory is.
-        env["HOME"] = str(spec.run_dir / WORKING_DIR)
-        env["USER"] = env["LOGNAME"] = spec.user.name
     if spec.kind == "streaming":
         assert spec.checkpoint_dir is not None  # _check
         env["SPARKRING_CHECKPOINT_DIR"] = str(spec.checkpoint_dir)
@@ -635,12 +635,17 @@ def supervise(
         os.set_inheritable(report_fd, True)
         argv += ["--report-fd", str(report_fd)]
     argv += ["--", *command]
+    env = {**env, watchdog.RUN_MARK_VARIABLE: str(run_dir)}
+    if user is not None:
+        # The server's HOME is not the driver's to write (Spark and Ivy keep caches
+        # below HOME): its private working directory is.
+        env.update(HOME=str(run_dir / WORKING_DIR), USER=user.name, LOGNAME=user.name)
     log_fd = os.open(run_dir / LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         pid = os.posix_spawn(
             sys.executable,
             argv,
-            {**env, watchdog.RUN_MARK_VARIABLE: str(run_dir)},
+            env,
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, log_fd, 1),

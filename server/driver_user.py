@@ -142,8 +142,15 @@ def check_reachable(setting: str, path: Path, user: DriverUser) -> None:
         mode = stat.filemode(blocked.stat().st_mode)
         raise DriverUserError(
             f"{setting} ({path}): the driver user {user.name} cannot reach it: {blocked} is "
-            f"{mode}; let it pass (chmod o+x, or the group {grp.getgrgid(user.gid).gr_name})"
+            f"{mode}; let it pass (chmod o+x, or give it the group {_group_name(user.gid)})"
         )
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def give(path: Path, user: DriverUser, mode: int = 0o700) -> None:
