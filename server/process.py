@@ -210,6 +210,7 @@ class Server:
             for setting, path in (
                 ("SPARKRING_WORK_DIR", s.work_dir),
                 ("SPARKRING_CHECKPOINT_ROOT", s.checkpoint_root),
+                ("the Python interpreter", Path(sys.executable)),
                 ("the Python interpreter", Path(sys.executable).resolve()),
                 ("spark-submit", driver.default_spark_submit().resolve()),
             ):
