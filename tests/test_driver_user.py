@@ -348,3 +348,13 @@ def test_the_watchdog_refuses_a_run_directory_the_driver_could_write(
     assert result.returncode == exit_codes.ExitCode.SPAWN_FAILED
     assert "writable by others" in result.stderr
     assert watchdog.read_json(run_dir / "result.json")["reason"] == "spawn_failed"
+
+
+def test_server_list_shows_whose_user_drivers_run_as() -> None:
+    from server import cli_server
+
+    own = {"driver_user": "root", "driver_user_isolated": False}
+    assert cli_server._drivers_as(own) == "root (own)"
+    isolated = {"driver_user": USER, "driver_user_isolated": True}
+    assert cli_server._drivers_as(isolated) == USER
+    assert cli_server._drivers_as({"driver_user": "", "driver_user_isolated": False}) is None
