@@ -2,7 +2,7 @@
 
 Pure checks of the user's resolution and of what it may reach, then real processes (no
 services, no Spark): a stand-in server process holding secrets in its environment
-starts a probe as the driver through the real watchdog. Without a driver user the probe
+starts a probe (tests/jobs/sandbox_probe.py) as the driver through the real watchdog. Without a driver user the probe
 finds the secrets and can rewrite its lease (the findings of issue 23, kept as controls
 so that the probe cannot pass by finding nothing); with one it can do neither, and the
 watchdog still stops, kills and fences it.
@@ -18,7 +18,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from tests import conftest, waiting
 
 USER = "sparkring-driver"
 REPO = Path(__file__).resolve().parent.parent
+PROBE_JOB = REPO / "tests" / "jobs" / "sandbox_probe.py"
 
 
 @pytest.fixture(scope="module")
@@ -103,50 +103,6 @@ def test_a_folder_the_user_cannot_pass_is_named(tmp_path: Path) -> None:
 
 # --- real processes ---------------------------------------------------------------------
 
-# The job: everything a job author would try. Looks for the secret (given in two halves,
-# so that its own argv does not hold it) in every readable environ and cmdline, tries to
-# open each control file of its run for writing and to put a file of its own there, and
-# rewrites the lease if it can. Reports one JSON line on stdout (the run's driver.log).
-PROBE = textwrap.dedent(
-    """
-    import json, os, sys, time
-    secret = (sys.argv[1] + sys.argv[2]).encode()
-    found, readable = [], 0
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        for name in ("environ", "cmdline"):
-            try:
-                data = open(f"/proc/{pid}/{name}", "rb").read()
-            except OSError:
-                continue
-            readable += 1
-            if secret in data:
-                found.append(f"{pid}/{name}")
-    run_dir = os.environ["SPARKRING_RUN_DIR"]
-    writable = []
-    for name in ("lease.json", "watchdog.json", "driver.log", "new-file"):
-        try:
-            with open(os.path.join(run_dir, name), "a"):
-                writable.append(name)
-        except OSError:
-            pass
-    try:
-        open("forged", "w").write('{"deadline": 1e12}')
-        os.replace("forged", os.path.join(run_dir, "lease.json"))
-        writable.append("replace lease.json")
-    except OSError:
-        pass
-    print("PROBE " + json.dumps({
-        "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
-        "home": os.environ.get("HOME"), "cwd": os.getcwd(), "found": found,
-        "readable": readable, "writable": writable,
-        "in_env": any(secret in f"{k}={v}".encode() for k, v in os.environ.items()),
-    }), flush=True)
-    if len(sys.argv) > 3 and sys.argv[3] == "linger":
-        while True:
-            time.sleep(0.2)
-    """
-)
-
 # The stand-in server: a process whose own environment holds the secrets, as a real
 # server's does, and that starts the probe as its driver through the real watchdog.
 SERVER = textwrap.dedent(
@@ -154,12 +110,12 @@ SERVER = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     from server import driver, driver_user, watchdog
-    here, user, lease_s, linger = sys.argv[1:5]
-    secret = os.environ["SPARKRING_S3_SECRET_KEY"]
+    here, probe, user, lease_s, linger = sys.argv[1:6]
     run_as = driver_user.resolve(user) if user else None
-    command = [sys.executable, str(Path(here) / "probe.py"), secret[:6], secret[6:]]
+    # Written to its working directory, the one place it may write.
+    command = [sys.executable, probe, "probe.json"]
     if linger == "1":
-        command.append("linger")
+        command.append("--linger")
     handle = driver.supervise(
         command,
         env=driver.without_secrets(os.environ),
@@ -179,8 +135,9 @@ def _secret() -> str:
 
 
 def _run_server(here: Path, user: str, secret: str, *, lease_s: float = 60, linger: bool = False):
-    (here / "probe.py").write_text(PROBE)
-    (here / "probe.py").chmod(0o644)
+    probe = here / "probe.py"
+    probe.write_text(PROBE_JOB.read_text())
+    probe.chmod(0o644)
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -188,7 +145,7 @@ def _run_server(here: Path, user: str, secret: str, *, lease_s: float = 60, ling
         "SPARKRING_DATABASE_URL": f"postgresql://sparkring:{secret}@db/sparkring",
     }
     return subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(here), user, str(lease_s), "1" if linger else "0"],
+        [sys.executable, "-c", SERVER, str(here), str(probe), user, str(lease_s), str(int(linger))],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -196,17 +153,13 @@ def _run_server(here: Path, user: str, secret: str, *, lease_s: float = 60, ling
     )
 
 
-def _probe_report(here: Path, timeout: float = 60) -> dict[str, Any]:
-    log = here / "run" / driver.LOG_FILE
-
-    def line() -> str | None:
-        text = log.read_text() if log.exists() else ""
-        return next((x for x in text.splitlines() if x.startswith("PROBE ")), None)
-
-    waiting.wait_until(lambda: line() is not None, timeout, message="the probe reported nothing")
-    found = line()
-    assert found is not None
-    return json.loads(found.removeprefix("PROBE "))
+def _probe_report(here: Path, secret: str, timeout: float = 60) -> dict[str, Any]:
+    """The probe's report, with ``found``: the /proc files in which it read ``secret``."""
+    output = here / "run" / driver.WORKING_DIR / "probe.json"
+    waiting.wait_until(output.exists, timeout, message="the probe reported nothing")
+    report = json.loads(output.read_text())
+    report["found"] = [key for key, text in report["proc"].items() if secret in text]
+    return report
 
 
 def _finish(server: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
@@ -220,10 +173,11 @@ def test_without_a_driver_user_a_driver_reads_the_servers_secret(here: Path) -> 
     the server's secret in /proc/<server>/environ and can rewrite its own lease."""
     secret = _secret()
     server = _run_server(here, "", secret)
-    report = _probe_report(here)
+    report = _probe_report(here, secret)
     assert _finish(server)["reason"] == "exited"
     assert report["found"], "the probe missed a secret it could read"
-    assert not report["in_env"]  # its own environment was filtered even then
+    own = report["proc"][f"{report['pid']}/environ"]
+    assert "SPARKRING_RUN_DIR=" in own and secret not in own  # its own was filtered even then
     assert "lease.json" in report["writable"]
 
 
@@ -232,11 +186,11 @@ def test_a_driver_user_cannot_read_the_servers_secrets(
 ) -> None:
     secret = _secret()
     server = _run_server(here, user.name, secret)
-    report = _probe_report(here)
+    report = _probe_report(here, secret)
     assert _finish(server)["reason"] == "exited"
     assert (report["uid"], report["gid"], report["groups"]) == (user.uid, user.gid, [])
-    assert report["readable"] > 0  # it did look: its own and other world-readable files
-    assert report["found"] == [] and not report["in_env"]
+    assert f"{report['pid']}/environ" in report["proc"]  # it did look: its own is readable
+    assert report["found"] == []
     run_dir = here / "run"
     assert report["home"] == report["cwd"] == str(run_dir / driver.WORKING_DIR)
 
@@ -247,8 +201,9 @@ def test_a_driver_user_cannot_touch_its_control_files_nor_outlive_its_lease(
     """Issue 23: a job rewrote lease.json and ran 4 s past its deadline. Under its own
     user it can open none of its run's control files for writing, nor replace them, and
     the watchdog kills it at the deadline it was given."""
-    server = _run_server(here, user.name, _secret(), lease_s=6, linger=True)
-    report = _probe_report(here)
+    secret = _secret()
+    server = _run_server(here, user.name, secret, lease_s=6, linger=True)
+    report = _probe_report(here, secret)
     assert report["writable"] == []
     run_dir = here / "run"
     for name in (driver.LEASE_FILE, driver.STATE_FILE, driver.LOG_FILE):
@@ -259,14 +214,6 @@ def test_a_driver_user_cannot_touch_its_control_files_nor_outlive_its_lease(
     cwd = (run_dir / driver.WORKING_DIR).stat()
     assert (cwd.st_uid, stat.S_IMODE(cwd.st_mode)) == (user.uid, 0o700)
     assert _finish(server)["reason"] == "lease_expired"
-
-
-@pytest.fixture
-def started() -> Iterator[list[driver.Driver]]:
-    drivers: list[driver.Driver] = []
-    yield drivers
-    for handle in drivers:
-        handle.kill()
 
 
 SLEEPER = "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(300)\n"

@@ -1,10 +1,11 @@
 """A job that tries what a hostile job author would (tests/e2e/test_sandbox.py).
 
-spark-submit sandbox_probe.py OUTPUT: copies every ``/proc/*/environ`` and
+spark-submit sandbox_probe.py OUTPUT [--linger]: copies every ``/proc/*/environ`` and
 ``/proc/*/cmdline`` it can read, tries to open each control file of its run directory
 for writing (and to put a file there, to replace its lease, and to make its own pinned
 artifact writable), and writes what it found to OUTPUT as one JSON object. It is given
-no secret to look for: the test, which knows them, searches the copies.
+no secret to look for: the test, which knows them, searches the copies. With
+``--linger`` it then sleeps until it is killed (tests/test_driver_user.py: its lease).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 
 def readable_proc_files() -> dict[str, str]:
@@ -55,7 +57,10 @@ def main() -> int:
     output = sys.argv[1]
     run_dir = os.environ["SPARKRING_RUN_DIR"]
     report = {
+        "pid": os.getpid(),
         "uid": os.getuid(),
+        "gid": os.getgid(),
+        "groups": os.getgroups(),
         "home": os.environ.get("HOME"),
         "cwd": os.getcwd(),
         "run_dir": run_dir,
@@ -67,6 +72,8 @@ def main() -> int:
         json.dump(report, handle)
     os.replace(partial, output)
     print(f"probe: {len(report['proc'])} proc files read, writable: {report['writable']}")
+    while "--linger" in sys.argv[2:]:
+        time.sleep(0.2)
     return 0
 
 
