@@ -695,6 +695,18 @@ def launch(
         spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         if spec.user is not None:
             driver_user.give_tree(spec.checkpoint_dir, spec.user)
+    if spec.user is not None:
+        # Its artifacts and launcher are below the run directory: a folder the server
+        # created under a strict umask would hide them from the driver's user.
+        for folder in (spec.run_dir, spec.run_dir / ARTIFACTS_DIR):
+            if folder.is_dir():
+                folder.chmod(0o755)
+        for path in (spec.main, spec.run_dir):
+            if (blocked := driver_user.unreachable(path, spec.user)) is not None:
+                raise DriverError(
+                    f"job {spec.job}: the driver user {spec.user.name} cannot reach "
+                    f"{path}: {blocked} is closed to it"
+                )
     # A Python main is stopped through its own process (argv[-1 - len(args)]): it can
     # stop its query while the JVM still serves it. A JVM main gets SIGTERM itself.
     python_main = None if _is_jar(spec) else argv[-1 - len(spec.args)]

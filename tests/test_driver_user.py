@@ -305,3 +305,33 @@ def test_server_list_shows_whose_user_drivers_run_as() -> None:
     isolated = {"driver_user": USER, "driver_user_isolated": True}
     assert cli_server._drivers_as(isolated) == USER
     assert cli_server._drivers_as({"driver_user": "", "driver_user_isolated": False}) is None
+
+
+def test_a_run_the_driver_user_cannot_reach_is_not_started(
+    tmp_path: Path, user: driver_user.DriverUser
+) -> None:
+    """A clear error (the runner defers the job with it), not a driver that fails on a
+    permission it cannot explain."""
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    closed.chmod(0o700)
+    main = closed / "job.py"
+    main.write_text("print('never')\n")
+    spark_submit = tmp_path / "spark-submit"
+    spark_submit.write_text("")
+    spec = driver.DriverSpec(
+        job="j",
+        kind="batch",
+        epoch=1,
+        attempt=0,
+        server="s",
+        main=main,
+        run_dir=closed / "run",
+        master="local[1]",
+        spark_submit=spark_submit,
+        user=user,
+    )
+    with pytest.raises(driver.DriverError) as raised:
+        driver.launch(spec, watchdog.lease_clock() + 60)
+    assert str(raised.value).startswith(f"job j: the driver user {USER} cannot reach {main}:")
+    assert not (closed / "run" / driver.STATE_FILE).exists()  # no watchdog was started
