@@ -3,9 +3,9 @@
 Pure checks of the user's resolution and of what it may reach, then real processes (no
 services, no Spark): a stand-in server process holding secrets in its environment
 starts a probe (tests/jobs/sandbox_probe.py) as the driver through the real watchdog.
-Without a driver user the probe finds the secrets and can rewrite its lease (the findings of issue 23, kept as controls
-so that the probe cannot pass by finding nothing); with one it can do neither, and the
-watchdog still stops, kills and fences it.
+Without a driver user the probe finds the secrets and can rewrite its lease (the
+findings of issue 23, kept as controls so that the probe cannot pass by finding
+nothing); with one it can do neither, and the watchdog still stops, kills and fences it.
 """
 
 from __future__ import annotations
