@@ -51,10 +51,22 @@ ARG MAVEN_REPOSITORY=https://repo1.maven.org/maven2
 COPY docker/s3a_jars.py /tmp/s3a_jars.py
 RUN python /tmp/s3a_jars.py && rm /tmp/s3a_jars.py
 
+# Two users: sparkring runs the image's processes, sparkring-driver (a group of its own)
+# runs job code: the drivers a server starts (SPARKRING_DRIVER_USER) and the Spark
+# workers' executors. A job must never run as the server's user, whose environment holds
+# the cluster's credentials (docs/drivers.md, "The driver's user"). Fixed ids: every
+# container that shares the checkpoints volume agrees on who owns what.
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/sparkring sparkring \
+    && useradd --system --uid 10002 --user-group --create-home \
+       --home-dir /var/lib/sparkring-driver --shell /usr/sbin/nologin sparkring-driver \
     && mkdir -p /var/lib/sparkring/checkpoints /var/lib/sparkring/work \
        /var/lib/sparkring/spark-worker \
-    && chown -R sparkring:sparkring /var/lib/sparkring
+    && chown -R sparkring:sparkring /var/lib/sparkring \
+    && chown sparkring-driver:sparkring-driver /var/lib/sparkring/spark-worker
+# A server starts its drivers as this user; it must then run as root (compose's server
+# service does) or hold CAP_SETUID, CAP_SETGID, CAP_KILL and CAP_CHOWN
+# (docs/deployment.md). SPARKRING_DRIVER_USER= (empty) runs them as the server's user.
+ENV SPARKRING_DRIVER_USER=sparkring-driver
 USER sparkring
 WORKDIR /var/lib/sparkring
 # /healthz and /metrics when SPARKRING_HEALTH_PORT=8090 (as docker-compose.yml sets).

@@ -45,6 +45,10 @@ class ServerInfo:
     started_at: float  # epoch seconds
     health_url: str = ""
     session_id: str = ""  # "0x..." of the session owning the node; set on registration
+    # The OS user its drivers run as ("" from a server before it was published), and
+    # whether that is a user of their own (False: the server's own user, no sandbox).
+    driver_user: str = ""
+    driver_user_isolated: bool = False
 
     def __post_init__(self) -> None:
         validate_id(self.id)

@@ -2,11 +2,13 @@
 # Install what sparkring needs on a fresh Debian 12 machine: OS packages (ZooKeeper,
 # PostgreSQL 15, a JRE, docker-compose for config validation, iproute2/iptables for
 # partition tests, Chromium and its driver for the console's browser tests) and a
-# virtualenv in .venv with the project and its test extras.
+# virtualenv in .venv with the project and its test extras, and the OS user drivers run as
+# (sparkring-driver: SPARKRING_DRIVER_USER, docs/drivers.md).
 # Idempotent: each step is skipped when its result is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 [ -f /usr/share/java/log4j-1.2.jar ] || need_apt+=(liblog4j1.2-java)
@@ -18,15 +20,23 @@ command -v docker-compose >/dev/null || need_apt+=(docker-compose)
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v iptables >/dev/null || need_apt+=(iptables)
 command -v runuser >/dev/null || need_apt+=(util-linux)
+command -v useradd >/dev/null || need_apt+=(passwd)
 # Browser tests of the web console (tests/test_console_browser.py) drive Debian's Chromium.
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: apt-get install ${need_apt[*]}" >&2
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     "${need_apt[@]}" >/dev/null
+fi
+
+# The user drivers run as: a system user with a group of its own, no login shell, and a
+# home for Spark's and Ivy's caches (scripts/stack.py env sets SPARKRING_DRIVER_USER).
+if ! id -u sparkring-driver >/dev/null 2>&1; then
+  echo "bootstrap: creating the user sparkring-driver" >&2
+  $SUDO useradd --system --user-group --create-home --home-dir /var/lib/sparkring-driver \
+    --shell /usr/sbin/nologin --comment "sparkring drivers" sparkring-driver
 fi
 
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)

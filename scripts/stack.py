@@ -494,6 +494,10 @@ def spark_down() -> None:
 # ---------------------------------------------------------------- whole stack
 
 
+# The OS user drivers run as (scripts/bootstrap.sh creates it).
+DRIVER_USER = "sparkring-driver"
+
+
 def settings_env() -> dict[str, str]:
     """The SPARKRING_* values a process on this machine uses to reach the stack."""
     root = stack_dir()
@@ -512,6 +516,9 @@ def settings_env() -> dict[str, str]:
         "SPARKRING_CHECKPOINT_ROOT": str(root / "checkpoints"),
         "SPARKRING_WORK_DIR": str(root / "work"),
         "SPARKRING_ADVERTISE_HOST": "127.0.0.1",
+        # Drivers run as a user of their own (created by scripts/bootstrap.sh), never as
+        # the server's: a job must not read the server's credentials (docs/drivers.md).
+        "SPARKRING_DRIVER_USER": DRIVER_USER,
         # Not settings of the server: where the stack's Spark standalone master listens,
         # and the Spark installation, for jobs and tests that use them.
         "SPARKRING_STACK_SPARK_MASTER_URL": spark_master_url(),

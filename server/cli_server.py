@@ -31,12 +31,20 @@ def _uptime(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
+def _drivers_as(row: dict[str, Any]) -> str | None:
+    """The user a server's drivers run as, marked "(own)" when it is the server's own."""
+    if not row["driver_user"]:
+        return None  # a server of an older version: not published
+    return row["driver_user"] + ("" if row["driver_user_isolated"] else " (own)")
+
+
 @app.command("list")
 def list_(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Live servers: role, capacity, coordinator flag, drained flag and uptime."""
+    """Live servers: role, capacity, coordinator flag, drained flag, uptime, and the OS
+    user their drivers run as ("(own)": the server's own user, no sandbox)."""
     from registry import election, servers
 
     settings = console.context(ctx).settings()
@@ -62,7 +70,18 @@ def list_(
         console.emit_json(rows)
         return
     console.table(
-        ["id", "role", "capacity", "coordinator", "term", "drained", "uptime", "host", "version"],
+        [
+            "id",
+            "role",
+            "capacity",
+            "coordinator",
+            "term",
+            "drained",
+            "uptime",
+            "drivers as",
+            "host",
+            "version",
+        ],
         [
             [
                 r["id"],
@@ -72,6 +91,7 @@ def list_(
                 r["term"],
                 "yes" if r["drained"] else None,
                 _uptime(r["uptime_s"]),
+                _drivers_as(r),
                 r["host"],
                 r["version"],
             ]

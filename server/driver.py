@@ -13,6 +13,11 @@ deadline), ``watchdog.json`` (pids, for ``adopt``), ``stop.json`` (the grace of 
 requested stop) and ``result.json`` (how the run ended). The driver itself runs in
 ``cwd/`` below it, so that nothing it writes to its working directory can touch them.
 
+With a driver user (``DriverSpec.user``, ``server/driver_user.py``) the watchdog runs as
+the server's user and the driver as that user: the run directory and its control files
+stay the server's (the driver can read them, never write them), and only ``cwd/`` (also
+its HOME) and its streaming checkpoint are the driver user's.
+
 This module never reads ``os.environ`` itself: the server passes the base environment
 to :func:`build_env`.
 """
@@ -38,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server import watchdog
+from server import driver_user, watchdog
 
 log = logging.getLogger("sparkring.driver")
 
@@ -106,6 +111,8 @@ class DriverSpec:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     revision: int | None = None  # the job revision run (SPARKRING_REVISION), if known
     job_id: int | None = None  # recorded in the watchdog's state and result (RunIdentity)
+    # The OS user the driver runs as (SPARKRING_DRIVER_USER); None: the server's own.
+    user: driver_user.DriverUser | None = None
 
 
 @dataclass(frozen=True)
@@ -243,10 +250,15 @@ def build_argv(spec: DriverSpec) -> list[str]:
     return [*argv, main, *spec.args]
 
 
+def without_secrets(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` without the server's configuration and anything named like a secret."""
+    return {name: value for name, value in base.items() if not _SECRET_NAME.search(name)}
+
+
 def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
     """The driver's environment: ``base`` without secrets, then the job's variables."""
     _check(spec)
-    env = {name: value for name, value in base.items() if not _SECRET_NAME.search(name)}
+    env = without_secrets(base)
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     env.update(spec.extra_env)
     env.update(
@@ -538,12 +550,17 @@ def pin_artifacts(run_dir: Path, artifacts: Sequence[tuple[Path, str]]) -> list[
     return pinned
 
 
-def _working_dir(run_dir: Path) -> Path:
+def _working_dir(run_dir: Path, user: driver_user.DriverUser | None = None) -> Path:
     """The driver's working directory: a folder of its own inside the run directory, so
     that the job cannot overwrite the watchdog's control files (lease, state, stop,
-    result) and switch off its own fencing by writing to its current directory."""
+    result) and switch off its own fencing by writing to its current directory. With a
+    driver user it is that user's alone (mode 0700), and the run directory stays the
+    server's, readable and passable by all, writable by the server only."""
     path = run_dir / WORKING_DIR
     path.mkdir(parents=True, exist_ok=True)
+    if user is not None:
+        os.chmod(run_dir, 0o755)
+        driver_user.give(path, user, 0o700)
     return path
 
 
@@ -561,12 +578,14 @@ def supervise(
     term_only: str | None = None,
     report: FinishReport | None = None,
     job_id: int | None = None,
+    user: driver_user.DriverUser | None = None,
 ) -> Driver:
     """Run ``command`` under a new watchdog in its own session; see :func:`launch`.
 
     ``term_only``: on stop, SIGTERM only the processes with this argv element (see
     ``server/watchdog.py``); None sends it to the whole group. ``report``: the watchdog
-    records the driver's own exit in PostgreSQL itself.
+    records the driver's own exit in PostgreSQL itself. ``user``: the watchdog (this
+    process's user) starts ``command`` as that user.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in (RESULT_FILE, STOP_FILE, STATE_FILE):
@@ -594,8 +613,10 @@ def supervise(
         "--server",
         server,
         "--cwd",
-        str(_working_dir(run_dir)),
+        str(_working_dir(run_dir, user)),
     ]
+    if user is not None:
+        argv += ["--uid", str(user.uid), "--gid", str(user.gid)]
     if job_id is not None:
         argv += ["--job-id", str(job_id)]
     if records is not None:
@@ -614,12 +635,17 @@ def supervise(
         os.set_inheritable(report_fd, True)
         argv += ["--report-fd", str(report_fd)]
     argv += ["--", *command]
+    env = {**env, watchdog.RUN_MARK_VARIABLE: str(run_dir)}
+    if user is not None:
+        # The server's HOME is not the driver's to write (Spark and Ivy keep caches
+        # below HOME): its private working directory is.
+        env.update(HOME=str(run_dir / WORKING_DIR), USER=user.name, LOGNAME=user.name)
     log_fd = os.open(run_dir / LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         pid = os.posix_spawn(
             sys.executable,
             argv,
-            {**env, watchdog.RUN_MARK_VARIABLE: str(run_dir)},
+            env,
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, log_fd, 1),
@@ -662,9 +688,25 @@ def launch(
         raise DriverError(f"job {spec.job}: spark-submit not found at {spec.spark_submit}")
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     if spec.main.suffix.lower() in (".zip", ".egg"):
-        (spec.run_dir / ZIP_LAUNCHER_FILE).write_text(_zip_launcher(spec.main))
+        launcher = spec.run_dir / ZIP_LAUNCHER_FILE
+        launcher.write_text(_zip_launcher(spec.main))
+        launcher.chmod(0o644)  # read by the driver, whatever the umask
     if spec.checkpoint_dir is not None and spec.kind == "streaming":
         spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if spec.user is not None:
+            driver_user.give_tree(spec.checkpoint_dir, spec.user)
+    if spec.user is not None:
+        # Its artifacts and launcher are below the run directory: a folder the server
+        # created under a strict umask would hide them from the driver's user.
+        for folder in (spec.run_dir, spec.run_dir / ARTIFACTS_DIR):
+            if folder.is_dir():
+                folder.chmod(0o755)
+        for path in (spec.main, spec.run_dir):
+            if (blocked := driver_user.unreachable(path, spec.user)) is not None:
+                raise DriverError(
+                    f"job {spec.job}: the driver user {spec.user.name} cannot reach "
+                    f"{path}: {blocked} is closed to it"
+                )
     # A Python main is stopped through its own process (argv[-1 - len(args)]): it can
     # stop its query while the JVM still serves it. A JVM main gets SIGTERM itself.
     python_main = None if _is_jar(spec) else argv[-1 - len(spec.args)]
@@ -680,6 +722,7 @@ def launch(
         term_only=python_main,
         report=report,
         job_id=spec.job_id,
+        user=spec.user,
     )
 
 

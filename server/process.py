@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
+import sys
 import threading
 import time
 import uuid
@@ -39,6 +41,8 @@ from server import (
     api,
     clients,
     defaults,
+    driver,
+    driver_user,
     exit_codes,
     health,
     httpd,
@@ -54,6 +58,13 @@ from sql import database, migrate
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
+
+
+def _own_user_name() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (a container's --user)
+        return str(os.geteuid())
 
 
 class StartupError(Exception):
@@ -103,6 +114,7 @@ class Server:
             raise StartupError(str(exc)) from None
         s.checkpoint_root.mkdir(parents=True, exist_ok=True)
         capacity = 0 if s.role == settings_module.Role.COORDINATOR else s.capacity
+        run_as = self._driver_user()
         self.runner = runner.Runner(
             self.engine,
             bucket,
@@ -125,6 +137,7 @@ class Server:
                 backoff_max=s.restart_backoff_max,
                 fetch_retry=s.s3_fetch_retry,
                 records=s.driver_records,
+                run_as=run_as,
             ),
             may_claim=self._may_claim,
         )
@@ -139,6 +152,8 @@ class Server:
             version=VERSION,
             started_at=time.time(),
             health_url=f"http://{s.advertise_host}:{self.http.port}",
+            driver_user=run_as.name if run_as else _own_user_name(),
+            driver_user_isolated=run_as is not None,
         )
         self.registry = session.Registry(
             hosts=s.zk_hosts,
@@ -177,6 +192,36 @@ class Server:
                 "health_port": self.http.port,
             },
         )
+
+    def _driver_user(self) -> driver_user.DriverUser | None:
+        """The user drivers run as, checked to be usable here; None (and a warning) when
+        they run as this server's own user."""
+        s = self.settings
+        if not s.driver_user:
+            log.warning(
+                "drivers run as the server's own user: a job can read this server's "
+                "credentials and rewrite its own lease; set SPARKRING_DRIVER_USER",
+                extra={"action": "driver_user", "user": _own_user_name()},
+            )
+            return None
+        try:
+            user = driver_user.resolve(s.driver_user)
+            driver_user.check_can_switch(user)
+            for setting, path in (
+                ("SPARKRING_WORK_DIR", s.work_dir),
+                ("SPARKRING_CHECKPOINT_ROOT", s.checkpoint_root),
+                ("the Python interpreter", Path(sys.executable)),
+                ("the Python interpreter", Path(sys.executable).resolve()),
+                ("spark-submit", driver.default_spark_submit().resolve()),
+            ):
+                driver_user.check_reachable(setting, path, user)
+        except (driver_user.DriverUserError, driver.DriverError) as exc:
+            raise StartupError(str(exc)) from None
+        log.info(
+            "drivers run as their own user",
+            extra={"action": "driver_user", "user": user.name, "uid": user.uid},
+        )
+        return user
 
     def _start_http(self, bucket: Any) -> None:
         s = self.settings

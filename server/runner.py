@@ -45,7 +45,7 @@ from resource_center import cache as cache_module
 from resource_center import catalog, errors, store
 from scheduler import distribution, notify, states
 from scheduler import jobs as job_catalog
-from server import checkpoint, driver, metrics, reconcile, watchdog
+from server import checkpoint, driver, driver_user, metrics, reconcile, watchdog
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,8 @@ class RunnerConfig:
     backoff_max: float
     fetch_retry: float
     records: Path | None = None
+    # The user drivers run as (driver_user.resolve); None: this server's own user.
+    run_as: driver_user.DriverUser | None = None
 
 
 @dataclass
@@ -556,6 +558,7 @@ class Runner:
                 run_dir=run_dir(cfg.work_dir, run.job_id, run.epoch),
                 revision=run.revision,
                 job_id=run.job_id,
+                user=cfg.run_as,
             )
             with self._lock:
                 deadline = run.deadline

@@ -136,6 +136,9 @@ class Settings(BaseSettings):
     # Optional JSON-lines file where watchdogs record each driver's start and end
     # (job, epoch, server, pid, time): evidence for chaos tests and audits.
     driver_records: Path | None = None
+    # The OS user (name or uid) drivers run as, with its own group; empty: the server's
+    # own user, which lets a job read the server's credentials (docs/drivers.md).
+    driver_user: str = ""
 
     @field_validator("zk_hosts")
     @classmethod

@@ -39,6 +39,12 @@ signal to the server's process group nor a SIGSTOP of the server reaches it. It 
   job's budget; ``reconcile.watchdog_ending``), fenced on the run, so that a server
   stalled or dead at that moment loses nothing; ``"recorded": true`` in the result
   tells the server that nothing is left to write.
+- the **driver's user** (``--uid``/``--gid``, ``SPARKRING_DRIVER_USER``): the driver
+  runs as that user, with its primary group and no supplementary group, while the
+  watchdog keeps the server's user. It then trusts no file the driver can write: before
+  it spawns the driver it checks that the folders of its lease, stop, state and result
+  files are its own user's and writable by no one else, and refuses to start otherwise
+  (``spawn_failed``).
 - optional **lifetime records** (``--records``): one JSON line when the driver started
   (time taken before the spawn) and one when it ended (time taken after every
   descendant was reaped), so that runs of one job can be proven not to overlap.
@@ -509,6 +515,48 @@ class Watchdog:
             if self._reap(block=True):
                 return
 
+    def _control_files_are_safe(self) -> bool:
+        """With a driver user: no folder of a control file (lease, stop, state, result)
+        is writable by anyone but this process's user, so the driver can neither
+        rewrite its lease nor plant a state the server would trust. Logs and returns
+        False otherwise."""
+        if self.args.uid is None:
+            return True
+        paths = (self.lease_file, self.args.stop_file, self.args.state, self.args.result)
+        for folder in {path.absolute().parent for path in paths if path is not None}:
+            try:
+                st = folder.stat()
+            except OSError as exc:
+                log.error("cannot check the run directory %s: %s", folder, exc)
+                return False
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                log.error(
+                    "the run directory %s is writable by others (mode %o, uid %d): "
+                    "the driver could rewrite its own lease; not started",
+                    folder,
+                    st.st_mode & 0o7777,
+                    st.st_uid,
+                )
+                return False
+        return True
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """Start the driver: leader of a new process group, in its working directory,
+        killed if the watchdog dies, and as the driver's user when one is given."""
+        identity: dict[str, Any] = {}
+        if self.args.uid is not None:
+            identity = {"user": self.args.uid, "group": self.args.gid, "extra_groups": []}
+        # Popen switches the user before it runs preexec_fn: the parent-death signal,
+        # which a change of credentials clears, is set after it (prctl(2)).
+        return subprocess.Popen(
+            self.command,
+            stdin=subprocess.DEVNULL,
+            cwd=self.args.cwd,
+            process_group=0,
+            preexec_fn=_die_with_parent,
+            **identity,
+        )
+
     def run(self) -> int:
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_read, False)
@@ -529,18 +577,14 @@ class Watchdog:
             return self._finish(Reason.KILLED, None, time.time())
         if self.stop_requested:
             return self._finish(Reason.STOPPED, None, time.time())
+        if not self._control_files_are_safe():
+            return self._finish(Reason.SPAWN_FAILED, None, time.time())
 
         # Taken before the spawn: a record never claims a start later than the real one.
         self.started_at, started_mono = time.time(), lease_clock()
         try:
-            self.driver = subprocess.Popen(
-                self.command,
-                stdin=subprocess.DEVNULL,
-                cwd=self.args.cwd,
-                process_group=0,
-                preexec_fn=_die_with_parent,
-            )
-        except OSError as exc:
+            self.driver = self._spawn()
+        except (OSError, subprocess.SubprocessError) as exc:
             log.error("cannot start driver %r: %s", self.command[0], exc)
             return self._finish(Reason.SPAWN_FAILED, None, time.time())
         self._write_state()
@@ -615,6 +659,10 @@ def _parser() -> argparse.ArgumentParser:
         help="on stop, SIGTERM only the group's non-leader processes with ARG in their argv "
         "(falls back to the whole group when none has)",
     )
+    parser.add_argument(
+        "--uid", type=int, default=None, help="run CMD as this user id (needs --gid)"
+    )
+    parser.add_argument("--gid", type=int, default=None, help="run CMD with this group id")
     parser.add_argument("--job", default=None)
     parser.add_argument("--job-id", type=int, default=None)
     parser.add_argument("--epoch", type=int, default=None)
@@ -640,6 +688,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no command given after --")
     if args.grace < 0 or args.interval <= 0:
         parser.error("--grace must be >= 0 and --interval > 0")
+    if (args.uid is None) != (args.gid is None):
+        parser.error("--uid and --gid go together")
+    if args.uid == 0:
+        parser.error("--uid 0: a driver never runs as root")
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,6 +48,21 @@ FAST_TIMEOUTS = {
 }
 
 
+def open_to_drivers(root: Path) -> None:
+    """Let drivers under their own user (SPARKRING_DRIVER_USER, the stack's default) use
+    a test's folder as jobs use a shared scratch folder: pass through its ancestors that
+    this process owns (pytest makes them 0700) and write their outputs (heartbeats,
+    sinks, markers) at its root, sticky like /tmp. The servers keep their own folders
+    below it, which the drivers can read but not write."""
+    temp = Path(tempfile.gettempdir())
+    for folder in reversed(root.parents):
+        st = folder.stat()
+        mine = st.st_uid == os.geteuid() and folder.is_relative_to(temp) and folder != temp
+        if mine and not st.st_mode & 0o001:
+            folder.chmod(stat.S_IMODE(st.st_mode) | 0o711)
+    root.chmod(0o1777)
+
+
 class Cluster:
     def __init__(
         self,
@@ -73,6 +90,8 @@ class Cluster:
         }
         self.servers: dict[str, subprocess.Popen[bytes]] = {}
         self.engine = database.create_engine(database_url, pool_size=2)
+        if self.env.get("SPARKRING_DRIVER_USER"):
+            open_to_drivers(root)
 
     # ------------------------------------------------------------------ servers
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from server import driver
 from server import settings as settings_module
 from sql import database
 from tests import services
@@ -132,3 +133,12 @@ def settings(
         work_dir=tmp_path / "work",
         server_id="test-server",
     )
+
+
+@pytest.fixture
+def started() -> Iterator[list[driver.Driver]]:
+    """Drivers started by a test; killed afterwards whatever happened."""
+    drivers: list[driver.Driver] = []
+    yield drivers
+    for handle in drivers:
+        handle.kill()

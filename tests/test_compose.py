@@ -450,3 +450,17 @@ def test_zookeeper_ensemble_override_in_the_docs_validates(
 
 def _doc() -> str:
     return DEPLOYMENT_DOC.read_text()
+
+
+def test_job_code_runs_as_the_driver_user_never_the_servers(resolved: dict[str, Any]) -> None:
+    """Servers start their drivers as sparkring-driver (so they run as root in the
+    container, to switch users); executors run as that user too; the image says so."""
+    services_ = resolved["services"]
+    server = services_["server"]
+    assert server["environment"]["SPARKRING_DRIVER_USER"] == "sparkring-driver"
+    assert server["user"] == "root"
+    assert services_["spark-worker"]["user"] == "sparkring-driver"
+    text = DOCKERFILE.read_text()
+    assert "--uid 10002 --user-group" in text and "sparkring-driver" in text
+    env = [args for keyword, args in _instructions(text) if keyword == "ENV"]
+    assert "SPARKRING_DRIVER_USER=sparkring-driver" in env

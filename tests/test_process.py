@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from registry import servers
-from server import process
+from server import driver_user, process
 from server import settings as settings_module
-from tests import services
+from tests import conftest, services
 from tests.waiting import wait_until
 
 
@@ -91,3 +92,43 @@ def test_a_planned_restart_hands_over_without_waiting_for_a_stop_in_flight(
         stop_in_flight.set()
         shutdown.join(60)
     assert not shutdown.is_alive()
+
+
+def test_a_server_without_a_driver_user_warns_and_says_so_in_zookeeper(
+    server: process.Server, settings: settings_module.Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Drivers under the server's own user can read its credentials: the server says so
+    at start and publishes it (``server list`` shows "(own)")."""
+    assert not settings.driver_user
+    started = " ".join(r.getMessage() for r in caplog.get_records("setup"))  # the fixture's start
+    assert "drivers run as the server's own user" in started
+    wait_until(
+        lambda: (
+            server.id in {i.id for i in servers.list_servers(settings.zk_hosts, settings.zk_root)}
+        ),
+        10,
+        message="the server never registered",
+    )
+    [info] = servers.list_servers(settings.zk_hosts, settings.zk_root)
+    assert info.driver_user == process._own_user_name() and not info.driver_user_isolated
+
+
+def test_a_driver_user_that_cannot_reach_the_work_dir_stops_the_start(
+    settings: settings_module.Settings, tmp_path: Path
+) -> None:
+    """pytest's temporary folders are 0700: a driver could not read its artifacts below
+    them. The server refuses to start and names the setting and the folder."""
+    try:
+        driver_user.resolve("sparkring-driver")
+    except driver_user.DriverUserError as exc:
+        conftest.unavailable(f"{exc}: run scripts/bootstrap.sh")
+    tmp_path.chmod(0o700)
+    the_server = process.Server(settings.model_copy(update={"driver_user": "sparkring-driver"}))
+    try:
+        with pytest.raises(process.StartupError) as raised:
+            the_server.start()
+    finally:
+        the_server.shutdown(hand_off=False)
+    message = str(raised.value)
+    assert message.startswith(f"SPARKRING_WORK_DIR ({settings.work_dir}): the driver user")
+    assert "is drwx------" in message

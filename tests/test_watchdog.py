@@ -62,15 +62,6 @@ def child(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def started() -> Iterator[list[driver.Driver]]:
-    """Drivers started by a test; killed afterwards whatever happened."""
-    drivers: list[driver.Driver] = []
-    yield drivers
-    for handle in drivers:
-        handle.kill()
-
-
 def supervise(
     started: list[driver.Driver],
     tmp_path: Path,
