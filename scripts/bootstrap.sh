@@ -49,3 +49,19 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+
+# Drivers run as sparkring-driver with the venv's Python and this checkout's job files:
+# every folder on the way must let it pass (search, not read). A Python built under
+# /root (pyenv) sits behind a 0700 /root: open the way with o+x, and say so. The server
+# refuses to start when the driver user cannot reach its Python (docs/deployment.md).
+python_real=$(readlink -f .venv/bin/python)
+for target in "$python_real" "$PWD/.venv/bin/python"; do
+  dir=$(dirname "$target")
+  while [ "$dir" != "/" ]; do
+    if [ $(( 0$(stat -c %a "$dir") & 1 )) -eq 0 ]; then
+      echo "bootstrap: letting sparkring-driver pass through $dir (chmod o+x)" >&2
+      $SUDO chmod o+x "$dir"
+    fi
+    dir=$(dirname "$dir")
+  done
+done

@@ -132,6 +132,10 @@ def settings(
         checkpoint_root=tmp_path / "checkpoints",
         work_dir=tmp_path / "work",
         server_id="test-server",
+        # In-process servers run drivers as themselves under pytest's 0700 folders, the
+        # stack's SPARKRING_DRIVER_USER notwithstanding; a test that wants the driver
+        # user says so (test_process, test_driver_user; tests/cluster.py for e2e).
+        driver_user="",
     )
 
 
