@@ -13,6 +13,7 @@ stopped by PID. Standard library only, so it runs before the project is installe
     python3 scripts/stack.py zk stop|start N     # fault injection for chaos tests
     python3 scripts/stack.py pg stop|start
     python3 scripts/stack.py s3 stop|start
+    python3 scripts/stack.py spark stop|start|kill  # the standalone master and worker
 
 Ports come from environment variables (defaults in PORTS below):
 SPARKRING_STACK_ZK_PORT (first of N consecutive client ports), SPARKRING_STACK_PG_PORT,
@@ -559,10 +560,10 @@ def spark_up() -> None:
     wait_for("Spark worker registration", _spark_workers_alive, 90)
 
 
-def spark_down() -> None:
+def spark_down(sig: int = signal.SIGTERM) -> None:
     root = stack_dir() / "spark"
-    kill_pidfile(root / "worker.pid")
-    kill_pidfile(root / "master.pid")
+    kill_pidfile(root / "worker.pid", sig=sig)
+    kill_pidfile(root / "master.pid", sig=sig)
 
 
 # ---------------------------------------------------------------- whole stack
@@ -661,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     p_status = sub.add_parser("status", help="report each service")
     p_status.add_argument("--json", action="store_true")
     sub.add_parser("env", help="print SPARKRING_* exports for a shell")
-    for service in ("zk", "pg", "s3"):
+    for service in ("zk", "pg", "s3", "spark"):
         p = sub.add_parser(service, help=f"stop or start {service} alone (fault injection)")
         p.add_argument("action", choices=("start", "stop", "kill"))
         if service == "zk":
@@ -703,6 +704,11 @@ def main(argv: list[str] | None = None) -> int:
                 pg_stop("immediate" if args.action == "kill" else "fast")
         elif args.command == "s3":
             s3_start() if args.action == "start" else s3_stop()
+        elif args.command == "spark":
+            if args.action == "start":
+                spark_up()
+            else:
+                spark_down(signal.SIGKILL if args.action == "kill" else signal.SIGTERM)
     except (StackError, subprocess.CalledProcessError) as exc:
         print(f"stack: {exc}", file=sys.stderr)
         return 1
