@@ -8,7 +8,7 @@ first exception line (:func:`first_exception`), e.g.
 awaitResult`` or ``ValueError: bad input``. The full trace stays in the driver log.
 Never the watchdog's own lines (``sparkring-watchdog[pid] ... driver ended``).
 
-Pure text handling; read from the tail of the log the watchdog writes
+Pure text handling; read from the start and the end of the log the watchdog writes
 (``driver.LOG_FILE``).
 """
 
