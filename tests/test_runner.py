@@ -1482,3 +1482,54 @@ def test_a_driver_that_never_registered_while_no_master_answers_is_deferred_by_i
     error = last["detail"]["error"]
     assert error.startswith(f"cause=spark-master-unreachable master={master} after "), error
     assert "\n" not in error and len(error) <= 300, error
+
+
+@pytest.mark.parametrize("master_up", [False, True])
+def test_an_unregistered_exit_the_server_records_is_a_deferral_while_no_master_answers(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    stepped_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    master_up: bool,
+) -> None:
+    """When the watchdog could not record a driver's exit (PostgreSQL away past its
+    retries), the server records it, and judges it as the watchdog would: an exit before
+    the registration while no master answers is deferred, not counted (S9); with a
+    master answering it is the job's crash (no retries: failed)."""
+    port = _free_port()
+    listener = _listening(port) if master_up else None
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, stepped_runner.owner, TTL)
+    run = runner.Run(
+        job_id=job_id,
+        name="b",
+        kind="batch",
+        epoch=claim.epoch,
+        attempt=claim.attempt,
+        claimed_at=watchdog.lease_clock(),
+        deadline=watchdog.lease_clock() + TTL,
+        owner=stepped_runner.owner,
+        master=f"spark://127.0.0.1:{port}",
+    )
+    log = runner.run_dir(tmp_path / "work", job_id, claim.epoch) / driver_module.LOG_FILE
+    log.parent.mkdir(parents=True)
+    log.write_text((Path(__file__).parent / "data" / "spark_driver_no_master.log").read_text())
+    outcome = driver_module.Outcome(1, watchdog.Reason.EXITED, 0.0, 1.0, recorded=False)
+    try:
+        write = stepped_runner._outcome_write(run, outcome)
+    finally:
+        if listener is not None:
+            listener.close()
+    with engine.begin() as conn:
+        write(conn)
+    now = factories.row(engine, job_id)
+    last = _events(database_url)[-1]
+    if master_up:
+        assert (now.state, last["kind"]) == ("failed", "failed"), now
+        assert now.last_error.startswith("driver exited with exit code 1: SparkException: ")
+        return
+    assert (now.state, now.restarts, last["kind"]) == ("backoff", 0, "deferred"), now
+    assert last["detail"]["cause"] == "spark-master-unreachable", last
