@@ -242,6 +242,9 @@ _DEFERRING = sa.text(
            SELECT e.server FROM job_events e
             WHERE e.job_id = d.job_id
               AND e.kind = '{states.EventKind.DEFERRED}'
+              -- a Spark master outage is no fault of the server's: moving the job
+              -- to another server would not help it
+              AND e.detail->>'cause' IS DISTINCT FROM '{states.DeferCause.SPARK_MASTER_UNREACHABLE}'
               AND e.at > now() - make_interval(secs => :window)
               AND e.id > COALESCE((
                       SELECT s.id FROM job_events s

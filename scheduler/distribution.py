@@ -17,10 +17,10 @@ so two processes with one server id (a restart before the old ZooKeeper session
 expired, two hosts with one name) never renew or write each other's leases.
 
 A run's watchdog (``server/watchdog.py``) records how its driver ended itself, for
-when its server is stalled or dead at that moment: :func:`finish_by_watchdog` and
-:func:`record_crash_by_watchdog` are the same writes, fenced on the *run* (server and
-epoch) instead of the owner's incarnation (see :func:`finish_by_watchdog` for why that
-is exact).
+when its server is stalled or dead at that moment: :func:`finish_by_watchdog`,
+:func:`record_crash_by_watchdog` and :func:`defer_by_watchdog` are the same writes,
+fenced on the *run* (server and epoch) instead of the owner's incarnation (see
+:func:`finish_by_watchdog` for why that is exact).
 
 Lock order: a statement that reads the job's ``desired`` or ``generation`` to decide a
 row's next state locks the job row first (``FOR SHARE``), as every operator command in
@@ -425,22 +425,38 @@ def adopt(
     return RunState(row.state)
 
 
-_DEFER = _transition(
-    EventKind.DEFERRED,
-    RunState.BACKOFF,
-    """last_error = :error,
-       not_before = now() + make_interval(secs => :delay),""",
-    release=True,
-    detail="jsonb_build_object('error', CAST(:error AS text))",
-)
+def _defer_statement(*, by_watchdog: bool) -> sa.TextClause:
+    return _transition(
+        EventKind.DEFERRED,
+        RunState.BACKOFF,
+        """last_error = :error,
+           not_before = now() + make_interval(secs => :delay),""",
+        release=True,
+        detail="jsonb_strip_nulls(jsonb_build_object("
+        "'error', CAST(:error AS text), 'cause', CAST(:cause AS text)))",
+        by_watchdog=by_watchdog,
+    )
+
+
+_DEFER = _defer_statement(by_watchdog=False)
+_DEFER_BY_WATCHDOG = _defer_statement(by_watchdog=True)
 
 
 def defer(
-    conn: sa.Connection, job_id: int, owner: Owner, epoch: int, error: str, delay: float
+    conn: sa.Connection,
+    job_id: int,
+    owner: Owner,
+    epoch: int,
+    error: str,
+    delay: float,
+    *,
+    cause: str | None = None,
 ) -> None:
     """The driver could not be started for a passing reason (S3 unreachable, PostgreSQL
-    restarting, no memory for a process): release the job for ``delay`` seconds
-    without counting a restart. Never FAILED for this."""
+    restarting, no memory for a process, no Spark master answering): release the job
+    for ``delay`` seconds without counting a restart. Never FAILED for this. ``cause``
+    (e.g. ``spark-master-unreachable``) goes into the event's detail: a cause outside
+    this server is not held against it (``coordinator.deferring``)."""
     _fenced(
         conn,
         _DEFER,
@@ -450,7 +466,36 @@ def defer(
         epoch,
         error=error[-2000:],
         delay=delay,
+        cause=cause,
     )
+
+
+def defer_by_watchdog(
+    conn: sa.Connection,
+    job_id: int,
+    server: str,
+    epoch: int,
+    error: str,
+    delay: float,
+    *,
+    cause: str,
+) -> RunState:
+    """:func:`defer`, written by the run's watchdog when its driver exited before it
+    could register with a Spark master and no master answers (an outage of the cluster
+    manager is not the job's failure): fenced on the run (``server`` and ``epoch``) as
+    :func:`finish_by_watchdog` is, and for the same reason. No restart is counted."""
+    row = _fenced(
+        conn,
+        _DEFER_BY_WATCHDOG,
+        RunState.BACKOFF,
+        job_id,
+        {"server": server},
+        epoch,
+        error=error[-2000:],
+        delay=delay,
+        cause=cause,
+    )
+    return RunState(row.state)
 
 
 def _finish_statement(*, by_watchdog: bool) -> sa.TextClause:

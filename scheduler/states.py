@@ -76,6 +76,13 @@ class EventKind(StrEnum):
     HEALTH_CLEARED = "health_cleared"  # ... and the flag no longer holds
 
 
+class DeferCause(StrEnum):
+    """Why a run was deferred, when the cause lies outside the server (in the event's
+    detail): the coordinator does not move a job away from a server for it."""
+
+    SPARK_MASTER_UNREACHABLE = "spark-master-unreachable"  # no master of its URL answered
+
+
 class HealthFlag(StrEnum):
     """What the health monitor (server/health.py) says is wrong with a running job; it
     informs and restarts nothing unless the job opted in (docs/drivers.md)."""

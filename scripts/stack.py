@@ -13,11 +13,14 @@ stopped by PID. Standard library only, so it runs before the project is installe
     python3 scripts/stack.py zk stop|start N     # fault injection for chaos tests
     python3 scripts/stack.py pg stop|start
     python3 scripts/stack.py s3 stop|start
+    python3 scripts/stack.py spark stop|start|kill  # the standalone master and worker
 
 Ports come from environment variables (defaults in PORTS below):
 SPARKRING_STACK_ZK_PORT (first of N consecutive client ports), SPARKRING_STACK_PG_PORT,
 SPARKRING_STACK_S3_PORT, SPARKRING_STACK_SPARK_PORT, SPARKRING_STACK_SPARK_UI_PORT.
-SPARKRING_STACK_DIR moves the state folder.
+The first ``up`` records them in the state folder (``ports.json``): every later
+command uses those, with or without the variables, and ``up`` refuses a variable that
+contradicts them. SPARKRING_STACK_DIR moves the state folder.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -54,6 +58,8 @@ ZK_CLASSPATH = ":".join(
         "/usr/share/java/log4j-1.2.jar",
     ]
 )
+# In the stack folder: the ports it was created with (recorded_ports).
+PORTS_FILE = "ports.json"
 S3_ACCESS_KEY = "sparkring"
 S3_SECRET_KEY = "sparkring-dev-secret"
 DATABASE = "sparkring"
@@ -67,8 +73,77 @@ def stack_dir() -> Path:
     return Path(os.environ.get("SPARKRING_STACK_DIR", REPO / ".stack")).resolve()
 
 
+def _port_variable(name: str) -> str:
+    return f"SPARKRING_STACK_{name.upper()}_PORT"
+
+
+def _port_of(address: str) -> int | None:
+    """The port of ``host:port``, ``scheme://host:port/...`` or a comma list's first."""
+    first = address.split(",")[0]
+    host_port = urllib.parse.urlsplit(first if "//" in first else f"//{first}")
+    try:
+        return host_port.port
+    except ValueError:
+        return None
+
+
+def recorded_ports() -> dict[str, int]:
+    """The ports the stack folder was created with: its ``ports.json`` (written by
+    ``up`` before it starts anything), else, for a folder made before that file existed,
+    what its ``env.json`` says; {} for a new folder."""
+    root = stack_dir()
+    try:
+        recorded = json.loads((root / PORTS_FILE).read_text())
+        return {name: int(recorded[name]) for name in PORTS if name in recorded}
+    except FileNotFoundError:
+        pass
+    except (ValueError, TypeError) as exc:
+        raise StackError(f"{root / PORTS_FILE} is not a JSON map of ports: {exc}") from exc
+    try:
+        env = json.loads((root / "env.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    sources = {
+        "zk": env.get("SPARKRING_ZK_HOSTS"),
+        "pg": env.get("SPARKRING_DATABASE_URL"),
+        "s3": env.get("SPARKRING_S3_ENDPOINT"),
+        "spark": env.get("SPARKRING_STACK_SPARK_MASTER_URL"),
+        "spark_ui": env.get("SPARKRING_STACK_SPARK_UI_URL"),
+    }
+    found = {name: _port_of(value) for name, value in sources.items() if value}
+    return {name: number for name, number in found.items() if number is not None}
+
+
 def port(name: str) -> int:
-    return int(os.environ.get(f"SPARKRING_STACK_{name.upper()}_PORT", PORTS[name]))
+    """A service's port: as the stack folder was created, else its SPARKRING_STACK_*_PORT
+    variable, else the default (PORTS)."""
+    recorded = recorded_ports()
+    if name in recorded:
+        return recorded[name]
+    return int(os.environ.get(_port_variable(name), PORTS[name]))
+
+
+def check_ports() -> None:
+    """Refuse a SPARKRING_STACK_*_PORT that contradicts the existing stack folder: its
+    services listen where they were created, and a silent switch would wait for them
+    on the wrong port (or start a second set of them)."""
+    recorded = recorded_ports()
+    for name in PORTS:
+        given = os.environ.get(_port_variable(name))
+        if given and name in recorded and int(given) != recorded[name]:
+            raise StackError(
+                f"the stack in {stack_dir()} was created with {_port_variable(name)}="
+                f"{recorded[name]}, but {_port_variable(name)}={given} is set: unset it, "
+                f"or run `stack.py down` and remove {stack_dir()} to start over"
+            )
+
+
+def record_ports() -> None:
+    """Write the ports this stack folder uses (:func:`port`) to its ``ports.json``."""
+    root = stack_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    ports = {name: port(name) for name in PORTS}
+    (root / PORTS_FILE).write_text(json.dumps(ports, indent=2) + "\n")
 
 
 def venv_bin(name: str) -> str:
@@ -485,10 +560,10 @@ def spark_up() -> None:
     wait_for("Spark worker registration", _spark_workers_alive, 90)
 
 
-def spark_down() -> None:
+def spark_down(sig: int = signal.SIGTERM) -> None:
     root = stack_dir() / "spark"
-    kill_pidfile(root / "worker.pid")
-    kill_pidfile(root / "master.pid")
+    kill_pidfile(root / "worker.pid", sig=sig)
+    kill_pidfile(root / "master.pid", sig=sig)
 
 
 # ---------------------------------------------------------------- whole stack
@@ -549,7 +624,8 @@ def status() -> dict[str, object]:
 
 def up(zk_nodes: int, spark: bool) -> None:
     root = stack_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    check_ports()
+    record_ports()  # before any service starts: a failed first `up` still knows them
     for sub in ("checkpoints", "work"):
         (root / sub).mkdir(exist_ok=True)
     steps = [("zookeeper", lambda: zk_up(zk_nodes)), ("postgresql", pg_up), ("s3", s3_start)]
@@ -593,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     p_status = sub.add_parser("status", help="report each service")
     p_status.add_argument("--json", action="store_true")
     sub.add_parser("env", help="print SPARKRING_* exports for a shell")
-    for service in ("zk", "pg", "s3"):
+    for service in ("zk", "pg", "s3", "spark"):
         p = sub.add_parser(service, help=f"stop or start {service} alone (fault injection)")
         p.add_argument("action", choices=("start", "stop", "kill"))
         if service == "zk":
@@ -635,6 +711,11 @@ def main(argv: list[str] | None = None) -> int:
                 pg_stop("immediate" if args.action == "kill" else "fast")
         elif args.command == "s3":
             s3_start() if args.action == "start" else s3_stop()
+        elif args.command == "spark":
+            if args.action == "start":
+                spark_up()
+            else:
+                spark_down(signal.SIGKILL if args.action == "kill" else signal.SIGTERM)
     except (StackError, subprocess.CalledProcessError) as exc:
         print(f"stack: {exc}", file=sys.stderr)
         return 1

@@ -549,7 +549,10 @@ def events(
     limit: int = typer.Option(50, "--limit", min=1, help="Newest N events."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """The job's history: created, claimed, started, stopped, retargeted, reaped..."""
+    """The job's history: created, claimed, started, stopped, retargeted, reaped...
+
+    One line per event, also when piped; a crash's error names the driver's first
+    exception, a deferral its cause (e.g. cause=spark-master-unreachable)."""
     engine = console.engine(ctx)
     with engine.connect() as conn:
         rows = jobs.events(conn, name, limit)

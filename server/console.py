@@ -114,9 +114,18 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=_default, indent=2, sort_keys=True) + "\n")
 
 
+def one_line(value: str) -> str:
+    """``value`` with its line breaks and tabs as single spaces: an error recorded with
+    a stack trace (older releases kept one) is still one row of a listing."""
+    if not any(c in value for c in "\n\r\t\v\f"):
+        return value
+    return " ".join(value.split())
+
+
 def text(value: Any) -> str:
     """A value as a person reads it: ``-`` for none, yes/no, ``k=v k=v`` for a mapping
-    (a value with spaces quoted as JSON), comma-separated lists; never a Python repr."""
+    (a value with spaces quoted as JSON), comma-separated lists; never a Python repr.
+    Always one line (:func:`one_line`)."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -127,14 +136,16 @@ def text(value: Any) -> str:
         return " ".join(f"{key}={_word(item)}" for key, item in value.items())
     if isinstance(value, list | tuple):
         return ", ".join(text(item) for item in value) or "-"
-    return str(value)
+    return one_line(str(value))
 
 
 def _word(value: Any) -> str:
+    if isinstance(value, str):
+        value = one_line(value)
     if isinstance(value, str) and value and not any(c.isspace() or c in '"=' for c in value):
         return value
     if isinstance(value, str | int | float | bool) or value is None:
-        return json.dumps(value)
+        return json.dumps(value, ensure_ascii=False)
     return json.dumps(value, default=_default, separators=(",", ":"), sort_keys=True)
 
 

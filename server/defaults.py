@@ -99,6 +99,10 @@ STOP_GRACE_S = 20.0
 # Restart backoff of a crashed streaming driver: base * 2**restarts, capped, seconds.
 RESTART_BACKOFF_BASE_S = 1.0
 RESTART_BACKOFF_MAX_S = 60.0
+# A run deferred because no Spark master answered waits RESTART_BACKOFF_BASE_S, doubling
+# with each consecutive deferral, at most this long: it starts soon after a master is
+# back (seconds).
+SPARK_MASTER_WAIT_MAX_S = 15.0
 MAX_RESTARTS = 3
 # Bounded-load placement slack: a server takes at most ceil((1 + eps) * average) jobs.
 PLACEMENT_EPSILON = 0.05

@@ -169,7 +169,10 @@ class FinishReport:
     epoch: int
     backoff_base: float  # the server's restart backoff (runner.RunnerConfig), seconds
     backoff_max: float
-    log_file: str  # the run's driver.log: its tail goes into a crash's error
+    log_file: str  # the run's driver.log: its first exception goes into a crash's error
+    # The job's master: a driver that exited before it registered while no master of a
+    # spark:// URL answers is deferred, not counted as a crash (server/spark_master.py).
+    spark_master: str = ""
 
     def payload(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()

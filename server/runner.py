@@ -45,7 +45,20 @@ from resource_center import cache as cache_module
 from resource_center import catalog, errors, store
 from scheduler import distribution, notify, states
 from scheduler import jobs as job_catalog
+<<<<<<< HEAD
 from server import checkpoint, driver, driver_user, metrics, reconcile, watchdog
+=======
+from server import (
+    checkpoint,
+    defaults,
+    driver,
+    driver_error,
+    metrics,
+    reconcile,
+    spark_master,
+    watchdog,
+)
+>>>>>>> h29-master
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +94,13 @@ class RunnerConfig:
     backoff_max: float
     fetch_retry: float
     records: Path | None = None
+<<<<<<< HEAD
     # The user drivers run as (driver_user.resolve); None: this server's own user.
     run_as: driver_user.DriverUser | None = None
+=======
+    # The longest wait between two looks at a Spark master that did not answer, seconds.
+    master_wait_max: float = defaults.SPARK_MASTER_WAIT_MAX_S
+>>>>>>> h29-master
 
 
 @dataclass
@@ -104,6 +122,8 @@ class Run:
     # or adopted): the driver is started from it, not from whatever is current later.
     revision: int | None = None
     driver: driver.Driver | None = None
+    # The Spark master its driver was launched with ("": unknown, e.g. adopted).
+    master: str = ""
     # How the run ended, not yet recorded in PostgreSQL (retried until it is).
     unrecorded: Callable[[sa.Connection], object] | None = None
     recording: bool = False  # a thread is writing ``unrecorded`` now
@@ -167,8 +187,14 @@ class Runner:
         self._may_claim = may_claim
         self.owner = distribution.Owner(config.server, config.incarnation)
         self._runs: dict[int, Run] = {}
+<<<<<<< HEAD
         # Orphans handled (reconcile.orphan_key): a previous incarnation's lease, or one given up.
         self._orphans: set[reconcile.OrphanKey] = set()
+=======
+        self._orphans: set[int] = set()  # jobs whose previous-incarnation lease is handled
+        # Job id -> consecutive deferrals because no Spark master answered (the backoff).
+        self._master_deferrals: dict[int, int] = {}
+>>>>>>> h29-master
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -533,6 +559,15 @@ class Runner:
             with self.engine.connect() as conn:
                 # The revision the claim pinned: a newer one rolls the job anew.
                 job = job_catalog.run_definition(conn, run.job_id, run.revision)
+            master = job["spark_master"] or cfg.spark_master
+            try:
+                outage = spark_master.unreachable(master)
+            except spark_master.MasterURLError as exc:
+                raise driver.SpecError(str(exc)) from exc
+            if outage:  # before anything is fetched: a driver could not register now
+                self._defer_for_master(run, master)
+                return
+            self._master_deferrals.pop(run.job_id, None)
             artifacts = [job["resource"], *job["py_files"]]
             fetched = [(self._fetch(item["id"]), item["filename"]) for item in artifacts]
             # The run's own links, under the original names: the cache may evict them.
@@ -549,7 +584,7 @@ class Runner:
                 py_files=py_files,
                 conf=job["conf"],
                 args=job["args"],
-                master=job["spark_master"] or cfg.spark_master,
+                master=master,
                 checkpoint_dir=(
                     checkpoint.prepare(cfg.checkpoint_root, run.name, run.job_id)
                     if job["kind"] == states.JobKind.STREAMING
@@ -575,6 +610,7 @@ class Runner:
                 backoff_base=cfg.backoff_base,
                 backoff_max=cfg.backoff_max,
                 log_file=str(spec.run_dir / driver.LOG_FILE),
+                spark_master=master,
             )
             handle = driver.launch(spec, deadline, records=cfg.records, report=report)
         # FAILED means only: the job's own driver failed past its budget, or its
@@ -600,6 +636,7 @@ class Runner:
             return
         with self._lock:
             run.driver = handle
+            run.master = master
             run.driver.confirm(run.deadline)
             run.phase = reconcile.Phase.RUNNING
         log.info(
@@ -699,7 +736,12 @@ class Runner:
             if run.driver is not None
             else run_trace(cfg.work_dir, run.job_id, run.name, run.epoch)
         )
-        error = watchdog.crash_error(outcome.reason, outcome.exit_code, where / driver.LOG_FILE)
+        error = driver_error.crash_error(outcome.reason, outcome.exit_code, where / driver.LOG_FILE)
+        if how is reconcile.Ending.CRASH and spark_master.lost_to_outage(
+            run.master, where / driver.LOG_FILE
+        ):
+            # It never registered, and no master answers: the outage's, not the job's.
+            return self._master_defer_write(run, error)
         # Batch and streaming alike: backoff while the job's budget lasts, then failed.
         crash = self._failure_write(run, error, fail=False)
         if how is reconcile.Ending.RECORDED:
@@ -757,6 +799,31 @@ class Runner:
                 conn, run.job_id, run.owner, run.epoch, error, cfg.backoff_base
             ),
         )
+
+    def _master_defer_write(
+        self, run: Run, after: str = "", master: str | None = None
+    ) -> Callable[[sa.Connection], object]:
+        """The deferral of a run that no Spark master could take (S9): no restart
+        counted, the wait doubling with each consecutive one, up to ``master_wait_max``;
+        ``after``: the error of the driver that ended for it."""
+        cfg = self.config
+        master = run.master if master is None else master
+        with self._lock:
+            streak = self._master_deferrals.get(run.job_id, 0)
+            self._master_deferrals[run.job_id] = streak + 1
+        delay = spark_master.wait_before_retry(streak, cfg.backoff_base, cfg.master_wait_max)
+        error = spark_master.detail(master) + (f" after {after}" if after else "")
+        error = driver_error.one_line(error)
+        log.warning(
+            "no Spark master answers: deferred",
+            extra={"action": "deferred", "job": run.name, "epoch": run.epoch, "master": master},
+        )
+        return lambda conn: distribution.defer(
+            conn, run.job_id, run.owner, run.epoch, error, delay, cause=spark_master.CAUSE
+        )
+
+    def _defer_for_master(self, run: Run, master: str) -> None:
+        self._end(run, self._master_defer_write(run, master=master))
 
     def _release(self, run: Run) -> None:
         self._end(run, lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch))

@@ -36,7 +36,9 @@ signal to the server's process group nor a SIGSTOP of the server reaches it. It 
 - the **record of the end** (``--report-fd``, ``server.driver.FinishReport``): when the
   driver exits on its own, the watchdog records it in PostgreSQL itself before it
   writes the result (an exit 0 ``finished``, a nonzero exit a crash that spends the
-  job's budget; ``reconcile.watchdog_ending``), fenced on the run, so that a server
+  job's budget; ``reconcile.watchdog_ending``; but a deferral, no budget spent, when
+  the driver never registered with its Spark master and no master answers:
+  ``spark_master.lost_to_outage``), fenced on the run, so that a server
   stalled or dead at that moment loses nothing; ``"recorded": true`` in the result
   tells the server that nothing is left to write.
 - the **driver's user** (``--uid``/``--gid``, ``SPARKRING_DRIVER_USER``): the driver
@@ -96,8 +98,6 @@ RECORD_CONNECT_TIMEOUT_S = 2.0
 RECORD_STATEMENT_TIMEOUT_S = 2.0
 RECORD_RETRY_S = 0.5
 RECORD_AFTER_DEADLINE_S = 3.0
-# Lines of the driver's log quoted in the error of a crash (the job's last_error).
-LOG_TAIL_LINES = 8
 # How long a driver's SIGTERM exit waits for a stop of the watchdog's own before the
 # watchdog records it as the job's crash: a service manager that signals every process
 # of the unit (systemd's KillMode=control-group) SIGTERMs the driver and its watchdog
@@ -172,26 +172,6 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
         os.write(fd, (json.dumps(record) + "\n").encode())
     finally:
         os.close(fd)
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of the log at ``path`` ("" when it cannot be read)."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def crash_error(reason: str, exit_code: int | None, log_file: Path) -> str:
-    """The error recorded for a run that ended as a crash, by its server or by its
-    watchdog alike: how it ended, then the tail of its log."""
-    error = f"driver {reason} with exit code {exit_code}"
-    tail = log_tail(log_file)
-    return f"{error}: {tail}" if tail else error
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -376,7 +356,7 @@ class Watchdog:
         try:
             # Imported here: a watchdog that records nothing never loads a database driver.
             from scheduler import distribution
-            from server import reconcile
+            from server import driver_error, reconcile, spark_master
             from sql import database
 
             stopping = self._stopping_at_exit(exit_code, reconcile.SIGTERM_EXITS)
@@ -391,9 +371,30 @@ class Watchdog:
                     return distribution.finish_by_watchdog(
                         conn, report["job_id"], report["server"], report["epoch"]
                     )
+            elif spark_master.lost_to_outage(
+                master := report.get("spark_master") or "", Path(report["log_file"])
+            ):
+                # Not the job's failure: no restart counted; it runs once a master answers.
+                what = f"the exit {exit_code} as a deferral (no Spark master answers)"
+                error = driver_error.one_line(
+                    spark_master.detail(master)
+                    + " after "
+                    + driver_error.crash_error(str(reason), exit_code, Path(report["log_file"]))
+                )
+
+                def write(conn: Any) -> Any:
+                    return distribution.defer_by_watchdog(
+                        conn,
+                        report["job_id"],
+                        report["server"],
+                        report["epoch"],
+                        error,
+                        report["backoff_base"],
+                        cause=spark_master.CAUSE,
+                    )
             else:
                 what = f"the exit {exit_code}"
-                error = crash_error(str(reason), exit_code, Path(report["log_file"]))
+                error = driver_error.crash_error(str(reason), exit_code, Path(report["log_file"]))
 
                 def write(conn: Any) -> Any:
                     return distribution.record_crash_by_watchdog(

@@ -265,6 +265,40 @@ def test_job_show_and_events_read_as_text_not_python(
     assert as_json["resource"]["name"] == "app" and as_json["resource"]["version"] == 1
 
 
+def test_job_events_and_show_print_a_multiline_error_on_one_line(
+    env: dict[str, str], engine: sa.Engine
+) -> None:
+    """An error recorded with newlines and tabs (a stack trace, as older releases kept
+    it) is one line of ``job events`` and of ``job show``, piped as here: no escapes,
+    no line of the trace on a line of its own."""
+    job_id = factories.job(engine, "tracer")
+    trace = "driver exited with exit code 1: Traceback (most recent call last):\n\tat x.y(Z)\nBoom"
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO job_events (job_id, job_name, kind, server, epoch, detail) "
+                "VALUES (:id, 'tracer', 'crashed', 's1', 1, "
+                "jsonb_build_object('error', CAST(:error AS text), 'next', 'backoff'))"
+            ),
+            {"id": job_id, "error": trace},
+        )
+        conn.execute(
+            sa.text("UPDATE distribution SET last_error = :error WHERE job_id = :id"),
+            {"id": job_id, "error": trace},
+        )
+    one_line = "Traceback (most recent call last): at x.y(Z) Boom"
+    events = _run(env, "job", "events", "tracer")
+    assert events.returncode == 0, events.stderr
+    assert "\\n" not in events.stdout and "\\t" not in events.stdout, events.stdout
+    crashed = [line for line in events.stdout.splitlines() if "crashed" in line]
+    assert len(crashed) == 1 and one_line in crashed[0], events.stdout
+    assert not any(line.strip().startswith(("at x", "Boom")) for line in events.stdout.splitlines())
+    shown = _run(env, "job", "show", "tracer")
+    assert shown.returncode == 0, shown.stderr
+    error = [line for line in shown.stdout.splitlines() if "last_error" in line]
+    assert len(error) == 1 and one_line in error[0], shown.stdout
+
+
 def test_ring_show_says_yes_and_no(env: dict[str, str], engine: sa.Engine, zk_root: str) -> None:
     factories.target(engine, factories.job(engine, "placed"), "gone")
     shown = _run({**env, "SPARKRING_ZK_ROOT": zk_root}, "ring", "show")

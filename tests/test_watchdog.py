@@ -595,12 +595,3 @@ def test_a_watchdog_records_its_driver_s_own_exit_but_not_a_failure_during_a_sto
     for reason in ("stopped", "lease_expired", "killed", "spawn_failed"):
         assert dog._record_end(watchdog.Reason(reason), None) is False
     assert len(connecting) == int(writes), "an ending that is not the driver's own was written"
-
-
-def test_a_crash_error_quotes_the_tail_of_the_driver_log(tmp_path: Path) -> None:
-    """The server and the watchdog record a crash with one error shape."""
-    log = tmp_path / "driver.log"
-    assert watchdog.crash_error("exited", 1, log) == "driver exited with exit code 1"
-    log.write_text("".join(f"line {n}\n" for n in range(20)))
-    tail = "\n".join(f"line {n}" for n in range(12, 20))
-    assert watchdog.crash_error("exited", 1, log) == f"driver exited with exit code 1: {tail}"

@@ -1,0 +1,107 @@
+"""scripts/stack.py reads the ports an existing stack folder was created with (issue 29,
+"The house and the harness"): a plain ``up``, ``env`` or ``status`` of a stack made
+with SPARKRING_STACK_*_PORT set must not look for its services on the default ports.
+No service is started here: each test has a stack folder of its own under tmp_path."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "stack.py"
+CUSTOM = {"zk": 22181, "pg": 25432, "s3": 29000, "spark": 27077, "spark_ui": 28080}
+
+
+@pytest.fixture
+def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("stack_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "stack_script", module)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("SPARKRING_STACK_DIR", str(tmp_path / "stack"))
+    for name in CUSTOM:
+        monkeypatch.delenv(f"SPARKRING_STACK_{name.upper()}_PORT", raising=False)
+    return module
+
+
+def _created_with_custom_ports(stack: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``up`` records before it starts anything, with every port variable set."""
+    with monkeypatch.context() as env:
+        for name, number in CUSTOM.items():
+            env.setenv(f"SPARKRING_STACK_{name.upper()}_PORT", str(number))
+        stack.record_ports()
+
+
+def test_a_stack_made_with_custom_ports_keeps_them_without_the_variables(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _created_with_custom_ports(stack, monkeypatch)
+    assert {name: stack.port(name) for name in CUSTOM} == CUSTOM
+    assert stack.main(["env"]) == 0
+    exports = capsys.readouterr().out
+    assert "127.0.0.1:25432/" in exports and "spark://127.0.0.1:27077" in exports, exports
+    assert "12181" not in exports and "15432" not in exports, exports
+
+
+def test_a_stack_from_before_the_ports_file_reads_them_from_its_env_json(
+    stack: ModuleType,
+) -> None:
+    root = stack.stack_dir()
+    root.mkdir(parents=True)
+    (root / "zk").mkdir()
+    (root / "zk" / "nodes").write_text("3")
+    (root / "env.json").write_text(
+        json.dumps(
+            {
+                "SPARKRING_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:25432/sparkring",
+                "SPARKRING_ZK_HOSTS": "127.0.0.1:22181,127.0.0.1:22182,127.0.0.1:22183",
+                "SPARKRING_S3_ENDPOINT": "127.0.0.1:29000",
+                "SPARKRING_STACK_SPARK_MASTER_URL": "spark://127.0.0.1:27077",
+                "SPARKRING_STACK_SPARK_UI_URL": "http://127.0.0.1:28080",
+            }
+        )
+    )
+    assert {name: stack.port(name) for name in CUSTOM} == CUSTOM
+    assert stack.zk_hosts() == "127.0.0.1:22181,127.0.0.1:22182,127.0.0.1:22183"
+
+
+def test_status_looks_at_the_recorded_ports(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        pg = listener.getsockname()[1]
+        with monkeypatch.context() as env:
+            env.setenv("SPARKRING_STACK_PG_PORT", str(pg))
+            stack.record_ports()
+        assert stack.status()["postgresql"] is True
+
+
+def test_up_refuses_a_port_variable_that_contradicts_the_stack(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _created_with_custom_ports(stack, monkeypatch)
+    monkeypatch.setenv("SPARKRING_STACK_ZK_PORT", "12181")
+    with pytest.raises(stack.StackError, match="SPARKRING_STACK_ZK_PORT=22181") as refused:
+        stack.check_ports()
+    assert "12181" in str(refused.value) and str(stack.stack_dir()) in str(refused.value)
+    monkeypatch.setenv("SPARKRING_STACK_ZK_PORT", "22181")
+    stack.check_ports()  # the same port again is no contradiction
+
+
+def test_a_fresh_stack_takes_the_variables_then_the_defaults(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARKRING_STACK_S3_PORT", "29000")
+    stack.check_ports()
+    stack.record_ports()
+    recorded = json.loads((stack.stack_dir() / "ports.json").read_text())
+    assert recorded == {**stack.PORTS, "s3": 29000}
