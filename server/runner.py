@@ -45,20 +45,17 @@ from resource_center import cache as cache_module
 from resource_center import catalog, errors, store
 from scheduler import distribution, notify, states
 from scheduler import jobs as job_catalog
-<<<<<<< HEAD
-from server import checkpoint, driver, driver_user, metrics, reconcile, watchdog
-=======
 from server import (
     checkpoint,
     defaults,
     driver,
     driver_error,
+    driver_user,
     metrics,
     reconcile,
     spark_master,
     watchdog,
 )
->>>>>>> h29-master
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +91,10 @@ class RunnerConfig:
     backoff_max: float
     fetch_retry: float
     records: Path | None = None
-<<<<<<< HEAD
     # The user drivers run as (driver_user.resolve); None: this server's own user.
     run_as: driver_user.DriverUser | None = None
-=======
     # The longest wait between two looks at a Spark master that did not answer, seconds.
     master_wait_max: float = defaults.SPARK_MASTER_WAIT_MAX_S
->>>>>>> h29-master
 
 
 @dataclass
@@ -187,14 +181,10 @@ class Runner:
         self._may_claim = may_claim
         self.owner = distribution.Owner(config.server, config.incarnation)
         self._runs: dict[int, Run] = {}
-<<<<<<< HEAD
         # Orphans handled (reconcile.orphan_key): a previous incarnation's lease, or one given up.
         self._orphans: set[reconcile.OrphanKey] = set()
-=======
-        self._orphans: set[int] = set()  # jobs whose previous-incarnation lease is handled
         # Job id -> consecutive deferrals because no Spark master answered (the backoff).
         self._master_deferrals: dict[int, int] = {}
->>>>>>> h29-master
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
