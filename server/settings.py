@@ -128,6 +128,13 @@ class Settings(BaseSettings):
     resource_wait_timeout: float = Field(defaults.RESOURCE_WAIT_TIMEOUT_S, gt=0)
     # Host name other servers and the CLI use to reach this server's HTTP endpoint.
     advertise_host: str = Field(default_factory=socket.gethostname)
+    # PEM certificate chain and key of the HTTP listener (server/tls.py): both or
+    # neither; unset, the API and console are plain HTTP.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # PEM CA (or a self-signed certificate) calls to a server's listener are verified
+    # against; unset, the system's trust store.
+    tls_ca: Path | None = None
     # How long a driver start retries an unreachable S3 before deferring the job, seconds.
     s3_fetch_retry: float = Field(defaults.S3_FETCH_RETRY_S, ge=0)
     # How long job events and shipped driver logs are kept, seconds; a duration such as
