@@ -163,6 +163,7 @@ class Server:
             info=info,
             session_timeout=s.zk_session_timeout,
             auth=s.zk_auth.get_secret_value(),
+            previous_auth=s.zk_auth_previous.get_secret_value(),
             on_members=self._members_changed,
             on_coordinator=self._coordinator_changed,
             on_state=self._state_changed,

@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     zk_session_timeout: float = Field(defaults.ZK_SESSION_TIMEOUT_S, gt=0)
     # "user:password" for ZooKeeper digest authentication; empty disables ACLs.
     zk_auth: SecretStr = SecretStr("")
+    # The credential being replaced, while it is rotated (docs/security.md): held as a
+    # second identity, and nodes are readable by both. Needs zk_auth.
+    zk_auth_previous: SecretStr = SecretStr("")
     s3_endpoint: str = ""
     s3_access_key: SecretStr = SecretStr("")
     s3_secret_key: SecretStr = SecretStr("")
@@ -185,6 +188,19 @@ class Settings(BaseSettings):
         if not value or len(value) > 64 or not set(value) <= allowed:
             raise ValueError("must be 1-64 characters of letters, digits, '-', '_' or '.'")
         return value
+
+    @model_validator(mode="after")
+    def _pairs_are_complete(self) -> Settings:
+        """Settings that mean nothing alone (server/tls.py, docs/security.md)."""
+        p = ENV_PREFIX
+        if self.zk_auth_previous.get_secret_value() and not self.zk_auth.get_secret_value():
+            raise ValueError(
+                f"{p}ZK_AUTH_PREVIOUS needs {p}ZK_AUTH: the previous credential is held "
+                "only while rotating to a new one"
+            )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError(f"{p}TLS_CERT and {p}TLS_KEY go together: set both or neither")
+        return self
 
     @model_validator(mode="after")
     def _timings_fit_the_lease(self) -> Settings:
