@@ -29,6 +29,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import Auth
+from kazoo.security import ACL
 
 from registry import errors
 
@@ -88,18 +89,41 @@ def parse_auth(auth: str) -> tuple[str, str] | None:
     return user, password
 
 
-def make_client(hosts: str, auth: str = "", session_timeout: float = 6.0) -> KazooClient:
+def identities(auth: str, previous_auth: str = "") -> list[tuple[str, str]]:
+    """The digest identities a client holds: ``auth`` and, while the credential is being
+    rotated, ``previous_auth`` (``docs/security.md``); none: open ACLs."""
+    current, previous = parse_auth(auth), parse_auth(previous_auth)
+    if previous is not None and current is None:
+        raise errors.InvalidServer("a previous ZooKeeper auth needs a current one")
+    if current is None:
+        return []
+    return [current] if previous is None or previous == current else [current, previous]
+
+
+def acl(auth: str, previous_auth: str = "") -> list[ACL] | None:
+    """The ACL of every node under the root: all permissions to each identity (the
+    previous one too while rotating, so that servers on either credential see each
+    other); None: open, as ZooKeeper's default."""
+    held = identities(auth, previous_auth)
+    if not held:
+        return None
+    return [security.make_digest_acl(user, password, all=True) for user, password in held]
+
+
+def make_client(
+    hosts: str, auth: str = "", session_timeout: float = 6.0, previous_auth: str = ""
+) -> KazooClient:
     """A client that reconnects quickly and, with ``auth``, creates digest-protected nodes.
 
-    Nodes created with ``auth`` grant every permission to that digest user only; the
-    credential travels in ``auth_data`` and is never logged by us.
+    Nodes created with ``auth`` grant every permission to that digest identity only (and
+    to ``previous_auth``'s while rotating); the credentials travel in ``auth_data`` and
+    are never logged by us.
     """
-    credentials = parse_auth(auth)
     options: dict[str, object] = {}
-    if credentials is not None:
-        user, password = credentials
-        options["auth_data"] = [("digest", f"{user}:{password}")]
-        options["default_acl"] = [security.make_digest_acl(user, password, all=True)]
+    held = identities(auth, previous_auth)
+    if held:
+        options["auth_data"] = [("digest", f"{user}:{password}") for user, password in held]
+        options["default_acl"] = acl(auth, previous_auth)
     return KazooClient(
         hosts=hosts,
         timeout=session_timeout,
@@ -124,9 +148,13 @@ def start(client: KazooClient, hosts: str, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def opened(hosts: str, auth: str = "", timeout: float = 5.0) -> Iterator[KazooClient]:
+def opened(
+    hosts: str, auth: str = "", timeout: float = 5.0, previous_auth: str = ""
+) -> Iterator[KazooClient]:
     """A short-lived client for one-shot reads (the CLI); closed on exit."""
-    client = make_client(hosts, auth, session_timeout=max(timeout, 2.0))
+    client = make_client(
+        hosts, auth, session_timeout=max(timeout, 2.0), previous_auth=previous_auth
+    )
     start(client, hosts, timeout)
     try:
         yield client

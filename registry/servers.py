@@ -139,8 +139,10 @@ def read_all(
     return found
 
 
-def list_servers(hosts: str, root: str, auth: str = "", timeout: float = 5.0) -> list[ServerInfo]:
+def list_servers(
+    hosts: str, root: str, auth: str = "", timeout: float = 5.0, previous_auth: str = ""
+) -> list[ServerInfo]:
     """The live servers now, sorted by id: one short session, for the CLI."""
     validate_root(root)
-    with connection.opened(hosts, auth, timeout) as client:
+    with connection.opened(hosts, auth, timeout, previous_auth) as client:
         return sorted(read_all(client, root, timeout).values(), key=lambda info: info.id)

@@ -39,10 +39,16 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState, WatchedEvent
-from kazoo.security import OPEN_ACL_UNSAFE
+from kazoo.security import ACL, OPEN_ACL_UNSAFE
 
 from registry import connection, election, errors, membership, servers
 
@@ -67,6 +73,7 @@ class Registry:
         info: servers.ServerInfo,
         session_timeout: float = 6.0,
         auth: str = "",
+        previous_auth: str = "",
         on_members: membership.MembersCallback | None = None,
         on_coordinator: Callable[[int | None], None] | None = None,
         on_state: Callable[[connection.State], None] | None = None,
@@ -79,7 +86,8 @@ class Registry:
         self._root = servers.validate_root(root)
         self._info = info
         self._session_timeout = session_timeout
-        self._acl_enabled = connection.parse_auth(auth) is not None
+        # The ACL of every node under the root; None: open (no SPARKRING_ZK_AUTH).
+        self._acl = connection.acl(auth, previous_auth)
         self._on_coordinator = on_coordinator
         self._on_state = on_state
         # A quarter of the session timeout: long enough to ride through a ZooKeeper
@@ -89,7 +97,9 @@ class Registry:
         self._step_down_after = session_timeout / 4 if step_down_after is None else step_down_after
         # Bound of each ZooKeeper call made by our threads, seconds.
         self._call_timeout = max(self._step_down_after, 1.0)
-        self._client: KazooClient = connection.make_client(hosts, auth, session_timeout)
+        self._client: KazooClient = connection.make_client(
+            hosts, auth, session_timeout, previous_auth
+        )
         self._membership = membership.Membership(
             self._client, self._root, on_members, debounce, self._call_timeout
         )
@@ -190,6 +200,11 @@ class Registry:
             wait_until = min(deadline, time.monotonic() + self._session_timeout + HOLDER_GRACE_S)
             self._register(session_id, wait_until)
             self._membership.start()
+        except NoAuthError:
+            self._abort()
+            raise errors.RegistryError(
+                "ZooKeeper refused access to the registry: check SPARKRING_ZK_AUTH"
+            ) from None
         except ZK_ERRORS as exc:
             self._abort()
             raise errors.ZooKeeperUnreachable(
@@ -256,12 +271,25 @@ class Registry:
 
     def _ensure_paths(self) -> None:
         parent = self._root.rsplit("/", 1)[0]
-        if self._acl_enabled and parent:
+        if self._acl is not None and parent:
             # Folders above our root stay open: protecting them is the operator's
             # business, and other clusters may share them.
             self._call(self._client.ensure_path_async(parent, acl=OPEN_ACL_UNSAFE))
-        self._call(self._client.ensure_path_async(servers.servers_path(self._root)))
-        self._call(self._client.ensure_path_async(servers.election_path(self._root)))
+        folders = (self._root, servers.servers_path(self._root), servers.election_path(self._root))
+        for path in folders[1:]:
+            self._call(self._client.ensure_path_async(path))
+        if self._acl is not None:
+            for path in folders:
+                self._protect(path, self._acl)
+
+    def _protect(self, path: str, acl: list[ACL]) -> None:
+        """Give a folder of the root exactly ``acl``: one made before the cluster had
+        a credential (open), or under the previous credential while it is rotated
+        (``docs/security.md``). Ephemeral nodes need nothing: they go with their session."""
+        current, _ = self._call(self._client.get_acls_async(path))
+        if set(current) != set(acl):
+            self._call(self._client.set_acls_async(path, acl))
+            log.info("set the ACL of a registry folder", extra={"action": "acl", "path": path})
 
     def _register(self, session_id: int, wait_until: float | None) -> None:
         """Create our ephemeral node for ``session_id``.

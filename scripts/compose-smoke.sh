@@ -205,12 +205,20 @@ compose() {
   "${COMPOSE_CMD[@]}" --project-name "$PROJECT" "${files[@]}" --env-file "$WORK/smoke.env" "$@"
 }
 
+secret() { python3 -c 'import secrets; print(secrets.token_urlsafe(24))'; }
+
 write_env() {
-  # .env.example's development values, this project's image, host ports clear of
-  # anything else on the machine, one core per worker.
-  grep -v -E '^(SERVER_IMAGE|SPARK_UI_PORT|MINIO_CONSOLE_PORT|SPARK_WORKER_CORES|SPARK_WORKER_MEMORY)=' \
+  # .env.example's development values, fresh secrets for those it leaves empty (compose
+  # refuses to start without them), this project's image, host ports clear of anything
+  # else on the machine, one core per worker.
+  install -m 600 /dev/null "$WORK/smoke.env" # secrets: readable by us only
+  grep -v -E '^(SERVER_IMAGE|SPARK_UI_PORT|MINIO_CONSOLE_PORT|SPARK_WORKER_CORES|SPARK_WORKER_MEMORY|POSTGRES_PASSWORD|MINIO_ROOT_PASSWORD|S3_SECRET_KEY|ZK_AUTH)=' \
     "$REPO/.env.example" >"$WORK/smoke.env"
   cat >>"$WORK/smoke.env" <<EOF
+POSTGRES_PASSWORD=$(secret)
+MINIO_ROOT_PASSWORD=$(secret)
+S3_SECRET_KEY=$(secret)
+ZK_AUTH=sparkring:$(secret)
 SERVER_IMAGE=$SERVER_IMAGE
 SPARK_UI_PORT=$((PORT_BASE + 80))
 MINIO_CONSOLE_PORT=$((PORT_BASE + 1))

@@ -26,6 +26,7 @@ import datetime
 import json
 import logging
 import shutil
+import ssl
 import tempfile
 import time
 import urllib.error
@@ -89,6 +90,9 @@ class Backend:
     bucket: store.Store | None = None  # the resource center (uploads and deletes)
     max_artifact_bytes: int = defaults.MAX_ARTIFACT_BYTES
     max_json_bytes: int = defaults.MAX_JSON_BODY_BYTES
+    # What calls to a peer's listener verify it with (server/tls.py); None: the system's
+    # trust store.
+    peer_tls: ssl.SSLContext | None = None
 
 
 class ApiError(Exception):
@@ -658,7 +662,9 @@ def _health_of(
             return None, None
         try:
             with urllib.request.urlopen(
-                f"{info.health_url}/healthz", timeout=PEER_HEALTH_TIMEOUT_S
+                f"{info.health_url}/healthz",
+                timeout=PEER_HEALTH_TIMEOUT_S,
+                context=backend.peer_tls,
             ) as reply:
                 return True, json.loads(reply.read())
         except urllib.error.HTTPError as exc:
@@ -727,7 +733,7 @@ def _live_log(backend: Backend, job: dict[str, Any], lines: int, secret: str) ->
     info = backend.members().get(owner)
     if info is None or not info.health_url:
         return None
-    return livelog.fetch(info.health_url, job["name"], lines, secret)
+    return livelog.fetch(info.health_url, job["name"], lines, secret, verify=backend.peer_tls)
 
 
 async def _follow(
@@ -744,7 +750,9 @@ async def _follow(
     info = backend.members().get(owner)
     if info is None or not info.health_url:
         return None
-    return await livelog.follow_remote_async(info.health_url, name, lines, secret)
+    return await livelog.follow_remote_async(
+        info.health_url, name, lines, secret, verify=backend.peer_tls
+    )
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -672,7 +672,19 @@ def _follow_live(settings: Any, job: dict[str, Any], lines: int, secret: str) ->
     info = _owner(settings, job)
     if info is None:
         return None
-    return livelog.follow_remote(info.health_url, job["name"], lines, secret)
+    return livelog.follow_remote(
+        info.health_url, job["name"], lines, secret, verify=_peer_tls(settings)
+    )
+
+
+def _peer_tls(settings: Any) -> Any:
+    """What the CLI verifies a server's HTTPS listener with (SPARKRING_TLS_CA)."""
+    from server import tls
+
+    try:
+        return tls.client_context(settings.tls_ca)
+    except tls.TlsError as exc:
+        raise console.fail(str(exc)) from None
 
 
 def _owner(settings: Any, job: dict[str, Any]) -> Any:
@@ -694,7 +706,7 @@ def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> st
     if info is None:
         return None
     # The owner serves logs only to token holders: the CLI presents the cluster credential.
-    return livelog.fetch(info.health_url, job["name"], lines, secret)
+    return livelog.fetch(info.health_url, job["name"], lines, secret, verify=_peer_tls(settings))
 
 
 def _shipped_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:

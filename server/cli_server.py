@@ -138,6 +138,9 @@ def run(
     With SPARKRING_HANDOVER_WINDOW > 0, SIGTERM is a planned restart instead: the drivers
     keep running and the next server started with the same id and work dir adopts them.
     A server restarted after a crash adopts the drivers still running in its work dir.
+    With SPARKRING_TLS_CERT and SPARKRING_TLS_KEY it serves the API and console over HTTPS
+    only, and verifies its peers against SPARKRING_TLS_CA; SPARKRING_ZK_AUTH puts its
+    ZooKeeper nodes under a digest ACL (docs/security.md).
     """
     from registry import errors as registry_errors
     from server import logs, process, signals

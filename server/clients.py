@@ -83,7 +83,10 @@ def zookeeper(settings: settings_module.Settings) -> Iterator[tuple[KazooClient,
     _quiet_kazoo()
     root = servers.validate_root(settings.zk_root)
     with connection.opened(
-        settings.zk_hosts, settings.zk_auth.get_secret_value(), timeout=CLI_ZK_TIMEOUT_S
+        settings.zk_hosts,
+        settings.zk_auth.get_secret_value(),
+        timeout=CLI_ZK_TIMEOUT_S,
+        previous_auth=settings.zk_auth_previous.get_secret_value(),
     ) as client:
         yield client, root
 
@@ -95,5 +98,8 @@ def live_servers(settings: settings_module.Settings) -> list[servers.ServerInfo]
     settings.require(*settings_module.ZOOKEEPER_KEYS)
     _quiet_kazoo()
     return servers.list_servers(
-        settings.zk_hosts, settings.zk_root, settings.zk_auth.get_secret_value()
+        settings.zk_hosts,
+        settings.zk_root,
+        settings.zk_auth.get_secret_value(),
+        previous_auth=settings.zk_auth_previous.get_secret_value(),
     )

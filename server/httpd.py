@@ -3,6 +3,7 @@
 The socket is bound before the thread starts, so the port (0 picks a free one) is known
 at once and a taken port fails start-up with a clear error. uvicorn installs no signal
 handlers off the main thread: the server process keeps its own (``server/signals.py``).
+With a :class:`~server.tls.ServerTls` the listener speaks HTTPS only.
 """
 
 from __future__ import annotations
@@ -14,13 +15,21 @@ import threading
 import uvicorn
 from fastapi import FastAPI
 
+from server import tls
+
 log = logging.getLogger(__name__)
 # How long stop() waits for open requests to finish, seconds.
 STOP_TIMEOUT_S = 5.0
 
 
 class HttpServer:
-    def __init__(self, app: FastAPI, port: int, host: str = "0.0.0.0") -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        port: int,
+        host: str = "0.0.0.0",
+        listener_tls: tls.ServerTls | None = None,
+    ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -35,6 +44,8 @@ class HttpServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=STOP_TIMEOUT_S,
+            ssl_certfile=str(listener_tls.cert) if listener_tls else None,
+            ssl_keyfile=str(listener_tls.key) if listener_tls else None,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import threading
 import time
 import urllib.error
@@ -56,13 +57,20 @@ def tail(path: Path, lines: int) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in last)
 
 
-def fetch(health_url: str, job: str, lines: int, secret: str, timeout: float = 5.0) -> str | None:
+def fetch(
+    health_url: str,
+    job: str,
+    lines: int,
+    secret: str,
+    timeout: float = 5.0,
+    verify: ssl.SSLContext | None = None,
+) -> str | None:
     """The tail of ``job``'s live log from the server at ``health_url``; None if that
     server does not answer or runs no driver of the job."""
     url = f"{health_url}/logs/{urllib.parse.quote(job, safe='')}?lines={int(lines)}"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret}"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=verify) as response:
             return response.read().decode(errors="replace")
     except (urllib.error.URLError, OSError, ValueError):
         return None
@@ -149,7 +157,7 @@ async def follow(
 
 
 async def follow_remote_async(
-    health_url: str, job: str, lines: int, secret: str
+    health_url: str, job: str, lines: int, secret: str, verify: ssl.SSLContext | None = None
 ) -> AsyncIterator[bytes] | None:
     """``follow`` on the server at ``health_url`` (its ``/logs/<job>?follow=true``),
     relayed without a thread; None if that server does not answer or runs no driver of
@@ -157,7 +165,10 @@ async def follow_remote_async(
     import httpx
 
     url = f"{health_url}/logs/{urllib.parse.quote(job, safe='')}"
-    client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=FOLLOW_IDLE_S + 30))
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(10.0, read=FOLLOW_IDLE_S + 30),
+        verify=verify if verify is not None else True,
+    )
     try:
         request = client.build_request(
             "GET",
@@ -190,7 +201,12 @@ async def follow_remote_async(
 
 
 def follow_remote(
-    health_url: str, job: str, lines: int, secret: str, timeout: float = FOLLOW_IDLE_S + 30
+    health_url: str,
+    job: str,
+    lines: int,
+    secret: str,
+    timeout: float = FOLLOW_IDLE_S + 30,
+    verify: ssl.SSLContext | None = None,
 ) -> Iterator[bytes] | None:
     """``follow`` on the server at ``health_url`` for the CLI (blocking reads, at most
     ``timeout`` each); None if that server does not answer or runs no driver of the
@@ -198,7 +214,7 @@ def follow_remote(
     url = f"{health_url}/logs/{urllib.parse.quote(job, safe='')}?lines={int(lines)}&follow=true"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret}"})
     try:
-        response = urllib.request.urlopen(request, timeout=timeout)
+        response = urllib.request.urlopen(request, timeout=timeout, context=verify)
     except (urllib.error.URLError, OSError, ValueError):
         return None
 

@@ -50,6 +50,7 @@ from server import (
     metrics,
     retention,
     runner,
+    tls,
     watchdog,
     workdir,
 )
@@ -83,6 +84,7 @@ class Server:
         self.runner: runner.Runner | None = None
         self.listener: notify.Listener | None = None
         self.http: httpd.HttpServer | None = None
+        self.listener_tls: tls.ServerTls | None = None
         # The HTTP API's own small pool: requests must never starve lease renewals.
         self.api_engine: sa.Engine | None = None
         # The health monitor of the local drivers, with its own one-connection pool.
@@ -151,7 +153,7 @@ class Server:
             role=s.role.value,
             version=VERSION,
             started_at=time.time(),
-            health_url=f"http://{s.advertise_host}:{self.http.port}",
+            health_url=f"{tls.scheme(self.listener_tls)}://{s.advertise_host}:{self.http.port}",
             driver_user=run_as.name if run_as else _own_user_name(),
             driver_user_isolated=run_as is not None,
         )
@@ -161,6 +163,7 @@ class Server:
             info=info,
             session_timeout=s.zk_session_timeout,
             auth=s.zk_auth.get_secret_value(),
+            previous_auth=s.zk_auth_previous.get_secret_value(),
             on_members=self._members_changed,
             on_coordinator=self._coordinator_changed,
             on_state=self._state_changed,
@@ -236,6 +239,11 @@ class Server:
                 lines,
             )
 
+        try:
+            self.listener_tls = tls.server_tls(s.tls_cert, s.tls_key)
+            peer_tls = tls.client_context(s.tls_ca)
+        except tls.TlsError as exc:
+            raise StartupError(str(exc)) from None
         backend = api.Backend(
             server_id=self.id,
             engine=self.api_engine,
@@ -247,9 +255,12 @@ class Server:
             vnodes=defaults.RING_VNODES,
             bucket=bucket,
             max_artifact_bytes=s.max_artifact_bytes,
+            peer_tls=peer_tls,
         )
         try:
-            self.http = httpd.HttpServer(api.create_app(backend), s.health_port)
+            self.http = httpd.HttpServer(
+                api.create_app(backend), s.health_port, listener_tls=self.listener_tls
+            )
         except OSError as exc:
             raise StartupError(f"SPARKRING_HEALTH_PORT: {exc}") from None
         self.http.start()

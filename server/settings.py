@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     zk_session_timeout: float = Field(defaults.ZK_SESSION_TIMEOUT_S, gt=0)
     # "user:password" for ZooKeeper digest authentication; empty disables ACLs.
     zk_auth: SecretStr = SecretStr("")
+    # The credential being replaced, while it is rotated (docs/security.md): held as a
+    # second identity, and nodes are readable by both. Needs zk_auth.
+    zk_auth_previous: SecretStr = SecretStr("")
     s3_endpoint: str = ""
     s3_access_key: SecretStr = SecretStr("")
     s3_secret_key: SecretStr = SecretStr("")
@@ -128,6 +131,13 @@ class Settings(BaseSettings):
     resource_wait_timeout: float = Field(defaults.RESOURCE_WAIT_TIMEOUT_S, gt=0)
     # Host name other servers and the CLI use to reach this server's HTTP endpoint.
     advertise_host: str = Field(default_factory=socket.gethostname)
+    # PEM certificate chain and key of the HTTP listener (server/tls.py): both or
+    # neither; unset, the API and console are plain HTTP.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # PEM CA (or a self-signed certificate) calls to a server's listener are verified
+    # against; unset, the system's trust store.
+    tls_ca: Path | None = None
     # How long a driver start retries an unreachable S3 before deferring the job, seconds.
     s3_fetch_retry: float = Field(defaults.S3_FETCH_RETRY_S, ge=0)
     # How long job events and shipped driver logs are kept, seconds; a duration such as
@@ -178,6 +188,19 @@ class Settings(BaseSettings):
         if not value or len(value) > 64 or not set(value) <= allowed:
             raise ValueError("must be 1-64 characters of letters, digits, '-', '_' or '.'")
         return value
+
+    @model_validator(mode="after")
+    def _pairs_are_complete(self) -> Settings:
+        """Settings that mean nothing alone (server/tls.py, docs/security.md)."""
+        p = ENV_PREFIX
+        if self.zk_auth_previous.get_secret_value() and not self.zk_auth.get_secret_value():
+            raise ValueError(
+                f"{p}ZK_AUTH_PREVIOUS needs {p}ZK_AUTH: the previous credential is held "
+                "only while rotating to a new one"
+            )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError(f"{p}TLS_CERT and {p}TLS_KEY go together: set both or neither")
+        return self
 
     @model_validator(mode="after")
     def _timings_fit_the_lease(self) -> Settings:

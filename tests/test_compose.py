@@ -82,16 +82,40 @@ def _compose(env_file: Path, *files: Path, args: tuple[str, ...] = ("config",)):
     )
 
 
-def _resolved(*files: Path) -> dict[str, Any]:
-    result = _compose(ENV_EXAMPLE, *files)
+def _secrets_left_empty() -> list[str]:
+    """The variables .env.example leaves empty for the operator to fill in."""
+    return [name for name, value in _env_file_values(ENV_EXAMPLE).items() if not value]
+
+
+def _filled_values() -> dict[str, str]:
+    """.env.example with a value of the right shape for each secret it leaves empty,
+    as an operator (or scripts/compose-smoke.sh) fills them in."""
+    values = _env_file_values(ENV_EXAMPLE)
+    for name in _secrets_left_empty():
+        values[name] = "test-user:test-password" if name == "ZK_AUTH" else f"test-{name.lower()}"
+    return values
+
+
+def _write_env(path: Path, values: dict[str, str]) -> Path:
+    path.write_text("".join(f"{name}={value}\n" for name, value in values.items()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def filled_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write_env(tmp_path_factory.mktemp("env") / "filled.env", _filled_values())
+
+
+def _resolved(env_file: Path, *files: Path) -> dict[str, Any]:
+    result = _compose(env_file, *files)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
 
 @pytest.fixture(scope="module")
-def resolved() -> dict[str, Any]:
-    """docker-compose.yml as compose resolves it with the documented development values."""
-    return _resolved()
+def resolved(filled_env: Path) -> dict[str, Any]:
+    """docker-compose.yml as compose resolves it with .env.example, its secrets filled in."""
+    return _resolved(filled_env)
 
 
 def shell_dependent(test: object) -> list[str]:
@@ -124,10 +148,12 @@ def test_shell_check_catches_shell_healthchecks(test: object) -> None:
 
 
 @pytest.mark.parametrize("override", [None, STANDINS_FILE], ids=["compose", "stand-ins"])
-def test_every_healthcheck_is_exec_form_without_a_shell(override: Path | None) -> None:
+def test_every_healthcheck_is_exec_form_without_a_shell(
+    override: Path | None, filled_env: Path
+) -> None:
     """podman 4.3 splits healthcheck arguments with spaces; exec form works everywhere."""
     files = (COMPOSE_FILE,) if override is None else (COMPOSE_FILE, override)
-    services_ = _resolved(*files)["services"]
+    services_ = _resolved(filled_env, *files)["services"]
     checked = {name for name, s in services_.items() if "healthcheck" in s}
     assert checked == set(services_) - {"migrate", "minio-setup"}, "a service lost its check"
     for name in checked:
@@ -141,13 +167,15 @@ def test_sparkring_healthchecks_use_the_image_s_own_probe(resolved: dict[str, An
         assert test[4].startswith("http://127.0.0.1:"), name
 
 
-def test_standins_replace_only_third_party_images(resolved: dict[str, Any]) -> None:
+def test_standins_replace_only_third_party_images(
+    resolved: dict[str, Any], filled_env: Path
+) -> None:
     override = yaml.safe_load(STANDINS_FILE.read_text())["services"]
     assert set(override) == THIRD_PARTY
     # Only images: podman-compose 1.6 appends to overridden lists (a healthcheck test
     # became both commands), so the stand-ins run the compose file's own commands.
     assert all(set(service) == {"image"} for service in override.values())
-    with_standins = _resolved(COMPOSE_FILE, STANDINS_FILE)["services"]
+    with_standins = _resolved(filled_env, COMPOSE_FILE, STANDINS_FILE)["services"]
     for name, service in with_standins.items():
         if name in THIRD_PARTY:
             assert service["image"].startswith("localhost/sparkring-standin/"), name
@@ -174,9 +202,30 @@ def test_smoke_script_runs_every_step() -> None:
     assert "compose-smoke:" in (REPO / "Makefile").read_text()
 
 
-def test_compose_file_validates_with_the_documented_env() -> None:
-    result = _compose(ENV_EXAMPLE, args=("config", "-q"))
+def test_compose_file_validates_once_the_secrets_are_filled_in(filled_env: Path) -> None:
+    result = _compose(filled_env, args=("config", "-q"))
     assert result.returncode == 0, result.stderr
+
+
+def test_env_example_as_it_is_does_not_start_the_cluster() -> None:
+    """No password of .env.example works as it is: each is empty, and compose refuses an
+    empty one with a message naming it."""
+    empty = _secrets_left_empty()
+    assert {"POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "S3_SECRET_KEY", "ZK_AUTH"} <= set(empty)
+    for name, value in _env_file_values(ENV_EXAMPLE).items():
+        # An access key is an account's name (like a user name): its secret is the password.
+        is_secret = SECRET_NAME.search(name) and not name.endswith("_ACCESS_KEY")
+        if is_secret or name.endswith("_AUTH"):
+            assert value == "", f".env.example gives {name} a value that would work as it is"
+    result = _compose(ENV_EXAMPLE, args=("config", "-q"))
+    assert result.returncode != 0, "compose accepted .env.example's empty passwords"
+    assert any(f"set {name} in .env" in result.stderr for name in empty), result.stderr
+
+
+def test_smoke_script_generates_every_secret_env_example_leaves_empty() -> None:
+    text = SMOKE_SCRIPT.read_text()
+    for name in _secrets_left_empty():
+        assert re.search(rf"^{name}=\S*\$\(secret\)$", text, re.M), f"smoke sets no {name}"
 
 
 def _required_variables() -> set[str]:
@@ -186,14 +235,47 @@ def _required_variables() -> set[str]:
 
 def test_credentials_are_required_not_defaulted(tmp_path: Path) -> None:
     required = _required_variables()
-    assert {"POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "S3_SECRET_KEY"} <= required
-    values = _env_file_values(ENV_EXAMPLE)
+    secrets = {"POSTGRES_PASSWORD", "MINIO_ROOT_PASSWORD", "S3_SECRET_KEY", "ZK_AUTH"}
+    assert secrets <= required
+    values = _filled_values()
     for name in sorted(required):
-        env_file = tmp_path / f"without-{name}.env"
-        env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items() if k != name))
-        result = _compose(env_file, args=("config", "-q"))
-        assert result.returncode != 0, f"compose accepted a missing {name}"
-        assert f"set {name} in .env" in result.stderr, result.stderr
+        for how, env in (
+            ("missing", {k: v for k, v in values.items() if k != name}),
+            ("empty", {**values, name: ""}),
+        ):
+            env_file = _write_env(tmp_path / f"{how}-{name}.env", env)
+            result = _compose(env_file, args=("config", "-q"))
+            assert result.returncode != 0, f"compose accepted a {how} {name}"
+            assert f"set {name} in .env" in result.stderr, result.stderr
+            if name in secrets:
+                assert values[name] not in result.stderr
+
+
+def _published(service: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(host address, host port, container port) of each port compose resolved."""
+    ports = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):  # long form: only a target, published on every address
+            ports.append(("", str(port.get("published", "")), str(port["target"])))
+        else:
+            address, host_port, target = str(port).split("/")[0].rsplit(":", 2)
+            ports.append((address, host_port, target))
+    return ports
+
+
+def test_published_ports_bind_to_loopback_unless_configured(
+    resolved: dict[str, Any], tmp_path: Path
+) -> None:
+    """The MinIO console, the Spark UI and the servers' API/console are reachable from the
+    host only, unless UI_BIND says otherwise."""
+    published = {n: _published(s) for n, s in resolved["services"].items() if s.get("ports")}
+    assert set(published) == {"minio", "spark-master", "server"}
+    for name, ports in published.items():
+        assert all(address == "127.0.0.1" for address, _, _ in ports), f"{name}: {ports}"
+    env_file = _write_env(tmp_path / "bind.env", {**_filled_values(), "UI_BIND": "10.1.2.3"})
+    rebound = _resolved(env_file)["services"]
+    for name in published:
+        assert all(address == "10.1.2.3" for address, _, _ in _published(rebound[name])), name
 
 
 def test_env_example_documents_every_variable_compose_reads() -> None:
@@ -227,6 +309,8 @@ def test_sparkring_processes_get_valid_settings(resolved: dict[str, Any], servic
     loaded = settings_module.Settings(**values)
     assert loaded.spark_master == "spark://spark-master:7077"
     assert loaded.database_url.get_secret_value().startswith("postgresql://")
+    # The chroot carries digest ACLs: every process that touches it authenticates.
+    assert loaded.zk_auth.get_secret_value() == "test-user:test-password"
 
 
 def test_servers_wait_for_every_service_they_need(resolved: dict[str, Any]) -> None:
@@ -261,7 +345,7 @@ def test_servers_scale_with_unique_ids(resolved: dict[str, Any]) -> None:
     # id, host name, container name or host port would break `--scale`.
     assert "SPARKRING_SERVER_ID" not in server["environment"]
     assert "hostname" not in server and "container_name" not in server
-    assert all("published" not in port for port in server.get("ports", []))
+    assert all(host_port == "" for _, host_port, _ in _published(server))
     assert settings_module.Settings.model_fields["server_id"].default_factory is socket.gethostname
 
 
@@ -291,7 +375,7 @@ def test_health_check_probes_the_configured_port(resolved: dict[str, Any]) -> No
     server = resolved["services"]["server"]
     port = server["environment"]["SPARKRING_HEALTH_PORT"]
     assert f"127.0.0.1:{port}/healthz" in " ".join(server["healthcheck"]["test"])
-    assert [p["target"] for p in server["ports"]] == [int(port)]
+    assert [target for _, _, target in _published(server)] == [str(port)]
 
 
 def test_checkpoints_live_on_a_volume_shared_by_servers_and_workers(
@@ -430,14 +514,14 @@ def test_dockerignore_admits_only_the_package_sources() -> None:
 
 
 def test_zookeeper_ensemble_override_in_the_docs_validates(
-    tmp_path: Path,
+    tmp_path: Path, filled_env: Path
 ) -> None:
     """The 3-node ensemble override shown in docs/deployment.md is a valid compose file."""
     blocks = re.findall(r"```yaml\n(# docker-compose\.zk-ensemble\.yml\n.*?)```", _doc(), re.S)
     assert len(blocks) == 1, "docs/deployment.md lost its ensemble override"
     override = tmp_path / "docker-compose.zk-ensemble.yml"
     override.write_text(blocks[0])
-    resolved = _resolved(COMPOSE_FILE, override)
+    resolved = _resolved(filled_env, COMPOSE_FILE, override)
     services_ = resolved["services"]
     nodes = ["zookeeper", "zookeeper-2", "zookeeper-3"]
     for number, node in enumerate(nodes, start=1):

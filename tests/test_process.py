@@ -4,15 +4,16 @@ stack's real ZooKeeper, PostgreSQL and S3: this test's own chroot, database and 
 from __future__ import annotations
 
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from registry import servers
-from server import driver_user, process
+from server import driver_user, process, tls
 from server import settings as settings_module
-from tests import conftest, services
+from tests import certificates, conftest, services
 from tests.waiting import wait_until
 
 
@@ -132,3 +133,44 @@ def test_a_driver_user_that_cannot_reach_the_work_dir_stops_the_start(
     message = str(raised.value)
     assert message.startswith(f"SPARKRING_WORK_DIR ({settings.work_dir}): the driver user")
     assert "is drwx------" in message
+
+
+def test_a_server_with_tls_serves_https_and_registers_an_https_url(
+    settings: settings_module.Settings, tmp_path: Path
+) -> None:
+    """SPARKRING_TLS_CERT / SPARKRING_TLS_KEY: the API and console answer over HTTPS only,
+    and the URL peers and the CLI use (``health_url``) says https."""
+    cert, key = certificates.self_signed(tmp_path, "server")
+    tls_settings = settings.model_copy(
+        update={"tls_cert": cert, "tls_key": key, "advertise_host": certificates.HOST}
+    )
+    the_server = process.Server(tls_settings)
+    try:
+        the_server.start()
+        assert the_server.http is not None
+        url = f"https://{certificates.HOST}:{the_server.http.port}"
+
+        def registered() -> list[servers.ServerInfo]:
+            return servers.list_servers(settings.zk_hosts, settings.zk_root)
+
+        wait_until(registered, 10, message="the server never registered")
+        assert [info.health_url for info in registered()] == [url]
+        context = tls.client_context(cert)
+        with urllib.request.urlopen(f"{url}/healthz", timeout=10, context=context) as reply:
+            assert reply.status == 200
+        with pytest.raises(OSError):  # plain HTTP on the TLS port gets no answer
+            urllib.request.urlopen(url.replace("https", "http") + "/healthz", timeout=10).read()
+    finally:
+        the_server.shutdown(hand_off=False)
+
+
+def test_a_server_with_half_of_its_tls_settings_does_not_start(
+    settings: settings_module.Settings, tmp_path: Path
+) -> None:
+    cert, _ = certificates.self_signed(tmp_path, "server")
+    the_server = process.Server(settings.model_copy(update={"tls_cert": cert}))
+    try:
+        with pytest.raises(process.StartupError, match="SPARKRING_TLS_KEY go together"):
+            the_server.start()
+    finally:
+        the_server.shutdown(hand_off=False)

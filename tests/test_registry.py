@@ -7,6 +7,7 @@ ZooKeeper-leader kill lives in ``test_registry_ensemble.py``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -573,6 +574,98 @@ def test_digest_acl_protects_the_registry_and_the_secret_is_never_logged(
         admin.delete(root, recursive=True)
         admin.stop()
         admin.close()
+
+
+OLD_AUTH = "sparkring:old-s3cr3t"
+NEW_AUTH = "sparkring:new-s3cr3t"
+
+
+@contextlib.contextmanager
+def _client(hosts: str, *auths: str) -> Iterator[KazooClient]:
+    """A plain client authenticated as each of ``auths`` (none: anonymous)."""
+    client = KazooClient(hosts=hosts, timeout=5, auth_data=[("digest", a) for a in auths])
+    client.start(timeout=10)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+@contextlib.contextmanager
+def _acl_chroot(hosts: str, *auths: str) -> Iterator[str]:
+    """A chroot of this test's own, removed afterwards by a client holding ``auths``."""
+    root = f"/sparkring-test/{services.unique_name('acl')}"
+    try:
+        yield root
+    finally:
+        with _client(hosts, *auths) as admin:
+            admin.delete(root, recursive=True)
+
+
+def _refused_to(hosts: str, root: str, *auths: str) -> None:
+    """A client holding only ``auths`` can neither read nor write the registry."""
+    with _client(hosts, *auths) as outsider:
+        for path in (root, servers.servers_path(root), servers.election_path(root)):
+            with pytest.raises(NoAuthError):
+                outsider.get_children(path)
+        with pytest.raises(NoAuthError):
+            outsider.create(servers.server_path(root, "intruder"), b"{}", ephemeral=True)
+
+
+def test_an_open_chroot_is_protected_once_a_server_runs_with_auth(zk_hosts: str) -> None:
+    """A cluster that ran without SPARKRING_ZK_AUTH has an open chroot: its folders were
+    made before any ACL existed. The first server with the setting puts them under its
+    digest ACL, so that nobody without it can list or join the servers any more."""
+    with _acl_chroot(zk_hosts, OLD_AUTH, NEW_AUTH) as root:
+        factory = registries(zk_hosts, root)
+        make_one = next(factory)
+        try:
+            before, _ = make_one("before")
+            before.start()
+            before.stop()
+            secure, _ = make_one("secure", auth=OLD_AUTH)
+            secure.start()
+            _refused_to(zk_hosts, root)
+            assert [s.id for s in servers.list_servers(zk_hosts, root, auth=OLD_AUTH)] == ["secure"]
+            stranger, _ = make_one("stranger", auth="sparkring:not-the-password")
+            with pytest.raises(errors.RegistryError, match="check SPARKRING_ZK_AUTH") as raised:
+                stranger.start()
+            assert "not-the-password" not in str(raised.value)
+        finally:
+            next(factory, None)
+
+
+def test_the_zookeeper_credential_rotates_while_servers_run(zk_hosts: str) -> None:
+    """Rotation without stopping the cluster: servers restarted one at a time with the
+    new credential and the old one as SPARKRING_ZK_AUTH_PREVIOUS see, and are seen by,
+    those still on the old one; then restarted with the new one alone. At the end the
+    old credential opens nothing."""
+    with _acl_chroot(zk_hosts, OLD_AUTH, NEW_AUTH) as root:
+        factory = registries(zk_hosts, root)
+        make_one = next(factory)
+        try:
+            a, a_seen = make_one("a", auth=OLD_AUTH)
+            a.start()
+            b, b_seen = make_one("b", auth=NEW_AUTH, previous_auth=OLD_AUTH)
+            b.start()
+            for seen in (a_seen, b_seen):
+                wait_until(lambda seen=seen: set(seen.last_view()) == {"a", "b"}, 10)
+            a.stop()
+            c, c_seen = make_one("c", auth=NEW_AUTH)
+            c.start()
+            for seen in (b_seen, c_seen):
+                wait_until(lambda seen=seen: set(seen.last_view()) == {"b", "c"}, 10)
+            b.stop()
+            _refused_to(zk_hosts, root, OLD_AUTH)
+            assert [s.id for s in servers.list_servers(zk_hosts, root, auth=NEW_AUTH)] == ["c"]
+        finally:
+            next(factory, None)
+
+
+def test_a_previous_credential_needs_a_current_one() -> None:
+    with pytest.raises(errors.InvalidServer, match="previous ZooKeeper auth needs a current"):
+        connection.make_client("127.0.0.1:1", "", previous_auth=OLD_AUTH)
 
 
 # ---------------------------------------------------------------- withdrawal (H7)

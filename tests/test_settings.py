@@ -192,3 +192,22 @@ def test_a_bad_history_retention_is_named(monkeypatch: pytest.MonkeyPatch, value
     with pytest.raises(settings_module.SettingsError) as caught:
         settings_module.load(require=())
     assert "SPARKRING_HISTORY_RETENTION: must be a duration like 30d" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"SPARKRING_ZK_AUTH_PREVIOUS": "old:pw-old"}, "SPARKRING_ZK_AUTH_PREVIOUS needs"),
+        ({"SPARKRING_TLS_CERT": "/etc/ssl/a.crt"}, "SPARKRING_TLS_CERT and SPARKRING_TLS_KEY"),
+        ({"SPARKRING_TLS_KEY": "/etc/ssl/a.key"}, "SPARKRING_TLS_CERT and SPARKRING_TLS_KEY"),
+    ],
+)
+def test_settings_that_go_together_are_refused_alone(
+    monkeypatch: pytest.MonkeyPatch, values: dict[str, str], named: str
+) -> None:
+    for key, value in {**REQUIRED, **values}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SPARKRING_ZK_AUTH", raising=False)
+    with pytest.raises(settings_module.SettingsError, match=named) as caught:
+        settings_module.load()
+    assert "pw-old" not in str(caught.value)
