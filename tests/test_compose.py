@@ -299,9 +299,8 @@ def test_servers_run_under_the_supervisor_with_tini_as_pid_1(resolved: dict[str,
 
 def _java_options(text: str) -> dict[str, str]:
     """``-Dname=value`` options of a JVM options string, by name."""
-    return dict(
-        option.removeprefix("-D").split("=", 1) for option in text.split() if option.startswith("-D")
-    )
+    options = [option for option in text.split() if option.startswith("-D")]
+    return dict(option.removeprefix("-D").split("=", 1) for option in options)
 
 
 def spark_ha_problems(master: dict[str, Any], zk_hosts: str, zk_root: str) -> list[str]:
