@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from registry import connection, election, errors, servers
+from registry import connection, election, errors, servers, session
 
 ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."
 
@@ -131,3 +131,12 @@ def test_candidates_are_ordered_by_sequence_whatever_the_ids(
     names = [f"{server_id}-abcdef-{seq:010d}" for server_id, seq in entries]
     ordered = election._candidates([*names, "stray-node"])
     assert [int(n.rsplit("-", 1)[1]) for n in ordered] == sorted(seq for _, seq in entries)
+
+
+def test_only_published_details_may_change_while_registered() -> None:
+    info = servers.ServerInfo("a", "h", 1, 2, "both", "0.1.0", 1.0)
+    registry = session.Registry("127.0.0.1:1", "/sparkring", info)  # never started
+    with pytest.raises(errors.InvalidServer, match="cannot publish capacity, role"):
+        registry.publish(capacity=8, role="worker")
+    registry.publish(spark_masters={"m1:7077": True})
+    assert registry.info.spark_masters == {"m1:7077": True} and registry.info.capacity == 2
