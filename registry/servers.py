@@ -2,7 +2,8 @@
 
 Layout under the cluster root (``SPARKRING_ZK_ROOT``, default ``/sparkring``)::
 
-    <root>/servers/<id>              ephemeral; JSON of :class:`ServerInfo`
+    <root>/servers/<id>              ephemeral; JSON of :class:`ServerInfo` (its details
+                                 rewritten in place by its own session)
     <root>/election/<id>-<nonce>-<seq>  ephemeral sequential; a coordinator candidate
 
 A server node is owned by the ZooKeeper session that created it (its
@@ -49,6 +50,11 @@ class ServerInfo:
     # whether that is a user of their own (False: the server's own user, no sandbox).
     driver_user: str = ""
     driver_user_isolated: bool = False
+    # Whether each Spark master this server uses answers, by "host:port" ({} from a
+    # server before it was published, or with no spark:// master). Updated in place
+    # (Registry.publish); not part of the member's identity: a master that flips is no
+    # membership change.
+    spark_masters: dict[str, bool] = dataclasses.field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         validate_id(self.id)
@@ -60,6 +66,12 @@ class ServerInfo:
         object.__setattr__(self, "role", str(self.role))
         if self.capacity < 0:
             raise errors.InvalidServer(f"server capacity {self.capacity} is negative")
+        if not isinstance(self.spark_masters, dict) or not all(
+            isinstance(k, str) and isinstance(v, bool) for k, v in self.spark_masters.items()
+        ):
+            raise errors.InvalidServer(
+                f"server spark_masters {self.spark_masters!r}: not a map of host:port to true/false"
+            )
 
     @property
     def electable(self) -> bool:
@@ -115,7 +127,9 @@ def read_all(
 ) -> dict[str, ServerInfo]:
     """Every registered server, by id; malformed records are logged and skipped.
 
-    ``watch`` is armed on the listing; each call waits at most ``timeout`` seconds.
+    ``watch`` is armed on the listing and on each node (a server that publishes new
+    details changes its node's data, not the listing); each call waits at most
+    ``timeout`` seconds.
     """
     try:
         children = connection.wait(
@@ -126,7 +140,9 @@ def read_all(
     found: dict[str, ServerInfo] = {}
     for name in sorted(children):
         try:
-            data, _ = connection.wait(client.get_async(server_path(root, name)), timeout)
+            data, _ = connection.wait(
+                client.get_async(server_path(root, name), watch=watch), timeout
+            )
         except NoNodeError:
             continue  # left between the listing and the read
         try:

@@ -61,6 +61,9 @@ HOLDER_GRACE_S = 2.0
 RETRY_S = 0.5
 
 ZK_ERRORS = (KazooException, KazooTimeoutError)
+# The fields of our record a server may change while registered (publish()); the others
+# say who the server is and stay as registered.
+PUBLISHABLE = frozenset({"spark_masters"})
 
 
 class Registry:
@@ -123,6 +126,7 @@ class Registry:
         self._retry_at: float | None = None
         self._withdrawn = False  # asked (withdraw()): stay out of membership and election
         self._out = False  # done (session thread only): our node and candidacy are deleted
+        self._must_publish = False  # our node's data is older than self._info (publish())
 
     # ------------------------------------------------------------------ public view
 
@@ -175,6 +179,21 @@ class Registry:
     def info(self) -> servers.ServerInfo:
         """Our record as last registered (``session_id`` filled in)."""
         return self._info
+
+    def publish(self, **details: Any) -> None:
+        """Change details of our record (:data:`PUBLISHABLE`: ``spark_masters``) and
+        rewrite our node with them. Returns at once: the session thread writes the node
+        (retrying until done), and a later registration carries the latest details."""
+        unknown = set(details) - PUBLISHABLE
+        if unknown:
+            raise errors.InvalidServer(
+                f"cannot publish {', '.join(sorted(unknown))}: only "
+                f"{', '.join(sorted(PUBLISHABLE))} may change while registered"
+            )
+        with self._lock:
+            self._info = dataclasses.replace(self._info, **details)
+            self._must_publish = True
+        self._events.put(("publish", None))
 
     def members(self) -> dict[str, servers.ServerInfo]:
         """The live servers, by id, as last read (at most one debounce window old)."""
@@ -327,12 +346,33 @@ class Registry:
                     extra={"action": "register_wait", "server": info.id, "holder": holder},
                 )
                 gone.wait(max(0.0, wait_until - now))
-        self._info = info
+        with self._lock:
+            # Details published while we registered are kept (and written next step).
+            self._must_publish = self._info.spark_masters != info.spark_masters
+            self._info = dataclasses.replace(self._info, session_id=info.session_id)
         self._session_id = session_id
         log.info(
             "registered",
             extra={"action": "register", "server": info.id, "session": info.session_id},
         )
+
+    def _write_details(self) -> None:
+        """Rewrite our node with our record as last published, if our session owns it
+        (a node gone or of another session is registration's business, not ours)."""
+        with self._lock:
+            info, self._must_publish = self._info, False
+        path = servers.server_path(self._root, info.id)
+        try:
+            _, stat = self._call(self._client.get_async(path))
+            if stat.ephemeralOwner != self._session_id:
+                return
+            self._call(self._client.set_async(path, info.to_bytes(), version=stat.version))
+        except NoNodeError:
+            return
+        except ZK_ERRORS:
+            with self._lock:
+                self._must_publish = True  # retried after RETRY_S (see _step)
+            raise
 
     def _deregister(self) -> None:
         """Delete our node, but only if our session owns it (never a successor's)."""
@@ -428,6 +468,8 @@ class Registry:
                 self._must_register = True
             if self._must_register and not self._out:
                 self._register_again()
+            if self._must_publish and not (self._out or self._must_register):
+                self._write_details()
             if self.state == State.CONNECTED and self._election is not None and not self._out:
                 if self._election_dirty:
                     self._election_dirty = False

@@ -257,12 +257,13 @@ wait_healthy() { # SERVICE COUNT TIMEOUT_S
 
 infrastructure() {
   write_env
-  compose up -d zookeeper postgres minio spark-master spark-worker >"$WORK/up.log" 2>&1 ||
+  compose up -d zookeeper postgres minio spark-master-1 spark-master-2 spark-worker >"$WORK/up.log" 2>&1 ||
     { cat "$WORK/up.log"; die "compose up failed"; }
   wait_healthy zookeeper 1 120
   wait_healthy postgres 1 120
   wait_healthy minio 1 120
-  wait_healthy spark-master 1 180
+  wait_healthy spark-master-1 1 180
+  wait_healthy spark-master-2 1 180
   wait_healthy spark-worker 2 180
 }
 
@@ -302,9 +303,12 @@ job_running() { # [NOT_OWNER]: running on a server other than NOT_OWNER
   [[ $(job_field state) == running ]] && [[ $(job_field owner) != "${1:-}" ]]
 }
 
-spark_apps() { # ids of the applications running on the compose Spark master
-  "$ENGINE" exec "$(first_line containers spark-master)" python -c \
-    'import json, urllib.request; print(" ".join(a["id"] for a in json.load(urllib.request.urlopen("http://127.0.0.1:8080/json"))["activeapps"] if a["state"] == "RUNNING"))'
+spark_apps() { # ids of the applications running on the compose Spark masters (the active one has them)
+  local master
+  for master in spark-master-1 spark-master-2; do
+    "$ENGINE" exec "$(first_line containers "$master")" python -c \
+      'import json, urllib.request; print(" ".join(a["id"] for a in json.load(urllib.request.urlopen("http://127.0.0.1:8080/json"))["activeapps"] if a["state"] == "RUNNING"))'
+  done | xargs
 }
 
 spark_app_running() { # [APP_IDS]: an application other than APP_IDS runs on the cluster

@@ -6,14 +6,14 @@ For development, the demo and the tests on machines without a Docker engine
 127.0.0.1, keeps its state under one folder (``.stack/`` by default) and is started and
 stopped by PID. Standard library only, so it runs before the project is installed.
 
-    python3 scripts/stack.py up [--zk-nodes 3]   # idempotent
+    python3 scripts/stack.py up [--zk-nodes 3] [--spark-masters 2]  # idempotent
     python3 scripts/stack.py status [--json]
     python3 scripts/stack.py env                 # SPARKRING_* exports for a shell
     python3 scripts/stack.py down                # leaves no process behind
     python3 scripts/stack.py zk stop|start N     # fault injection for chaos tests
     python3 scripts/stack.py pg stop|start
     python3 scripts/stack.py s3 stop|start
-    python3 scripts/stack.py spark stop|start|kill  # the standalone master and worker
+    python3 scripts/stack.py spark stop|start|kill  # the standalone masters and worker
 
 Ports come from environment variables (defaults in PORTS below):
 SPARKRING_STACK_ZK_PORT (first of N consecutive client ports), SPARKRING_STACK_PG_PORT,
@@ -500,70 +500,134 @@ def spark_env() -> dict[str, str]:
     }
 
 
+# Spark's standby masters keep their election and recovery state here, in the stack's
+# ZooKeeper, apart from sparkring's /sparkring (as in docker-compose.yml).
+SPARK_ZK_DIR = "/spark-ha"
+
+
+def spark_masters_configured() -> int:
+    """How many masters this stack runs: as ``up --spark-masters`` last set it, else 1."""
+    conf = stack_dir() / "spark" / "masters"
+    return int(conf.read_text()) if conf.exists() else 1
+
+
+def spark_write_config(masters: int) -> None:
+    root = stack_dir() / "spark"
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "masters").write_text(str(masters))
+
+
+def spark_master_ports(i: int) -> tuple[int, int]:
+    """Master ``i``'s (RPC, UI) ports, from 1: the first on the stack's own ports, each
+    next one a port up (its UI skips spark_ui + 1, the worker's)."""
+    if i == 1:
+        return port("spark"), port("spark_ui")
+    return port("spark") + i - 1, port("spark_ui") + i
+
+
 def spark_master_url() -> str:
-    return f"spark://127.0.0.1:{port('spark')}"
+    """Every master of the stack, as workers and drivers are given them."""
+    return "spark://" + ",".join(
+        f"127.0.0.1:{spark_master_ports(i)[0]}" for i in range(1, spark_masters_configured() + 1)
+    )
+
+
+def spark_master_argv(i: int, spark_class: str) -> list[str]:
+    rpc, ui = spark_master_ports(i)
+    return [
+        spark_class,
+        "org.apache.spark.deploy.master.Master",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(rpc),
+        "--webui-port",
+        str(ui),
+    ]
+
+
+def spark_master_env(masters: int, env: dict[str, str]) -> dict[str, str]:
+    """A master's environment: with standbys, Spark's ZooKeeper recovery mode on the
+    stack's ZooKeeper (an election picks the active master; the others wait)."""
+    if masters == 1:
+        return dict(env)
+    options = {
+        "spark.deploy.recoveryMode": "ZOOKEEPER",
+        "spark.deploy.zookeeper.url": zk_hosts(),
+        "spark.deploy.zookeeper.dir": SPARK_ZK_DIR,
+    }
+    return {**env, "SPARK_DAEMON_JAVA_OPTS": " ".join(f"-D{k}={v}" for k, v in options.items())}
+
+
+def spark_worker_argv(spark_class: str) -> list[str]:
+    return [
+        spark_class,
+        "org.apache.spark.deploy.worker.Worker",
+        spark_master_url(),
+        "--host",
+        "127.0.0.1",
+        "--cores",
+        "2",
+        "--memory",
+        "2g",
+        "--webui-port",
+        str(port("spark_ui") + 1),
+        "--work-dir",
+        str(stack_dir() / "spark" / "work"),
+    ]
+
+
+def _master_pidfile(i: int) -> Path:
+    return stack_dir() / "spark" / ("master.pid" if i == 1 else f"master{i}.pid")
 
 
 def _spark_workers_alive() -> bool:
-    url = f"http://127.0.0.1:{port('spark_ui')}/json"
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            state = json.load(response)
-    except OSError:
-        return False
-    return any(w.get("state") == "ALIVE" for w in state.get("workers", []))
+    """A worker is registered with the active master (a standby lists none)."""
+    for i in range(1, spark_masters_configured() + 1):
+        url = f"http://127.0.0.1:{spark_master_ports(i)[1]}/json"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                state = json.load(response)
+        except OSError:
+            continue
+        if any(w.get("state") == "ALIVE" for w in state.get("workers", [])):
+            return True
+    return False
 
 
-def spark_up() -> None:
+def spark_up(masters: int | None = None) -> None:
+    """Start the masters (``masters``; None: as configured) and the worker. A change of
+    the number of masters restarts the Spark processes: the worker must be given the
+    new list."""
     root = stack_dir() / "spark"
+    if masters is not None and masters != spark_masters_configured():
+        spark_down()
+        spark_write_config(masters)
+    masters = spark_masters_configured()
     (root / "work").mkdir(parents=True, exist_ok=True)
     env = spark_env()
     spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
-    if not read_pid(root / "master.pid"):
-        spawn(
-            [
-                spark_class,
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port("spark")),
-                "--webui-port",
-                str(port("spark_ui")),
-            ],
-            root / "master.log",
-            root / "master.pid",
-            env,
-        )
-        wait_for("Spark master", lambda: port_open(port("spark")), 90)
+    for i in range(1, masters + 1):
+        if not read_pid(_master_pidfile(i)):
+            log = root / ("master.log" if i == 1 else f"master{i}.log")
+            spawn(
+                spark_master_argv(i, spark_class),
+                log,
+                _master_pidfile(i),
+                spark_master_env(masters, env),
+            )
+            rpc = spark_master_ports(i)[0]
+            wait_for(f"Spark master {i}", lambda rpc=rpc: port_open(rpc), 90)
     if not read_pid(root / "worker.pid"):
-        spawn(
-            [
-                spark_class,
-                "org.apache.spark.deploy.worker.Worker",
-                spark_master_url(),
-                "--host",
-                "127.0.0.1",
-                "--cores",
-                "2",
-                "--memory",
-                "2g",
-                "--webui-port",
-                str(port("spark_ui") + 1),
-                "--work-dir",
-                str(root / "work"),
-            ],
-            root / "worker.log",
-            root / "worker.pid",
-            env,
-        )
+        spawn(spark_worker_argv(spark_class), root / "worker.log", root / "worker.pid", env)
     wait_for("Spark worker registration", _spark_workers_alive, 90)
 
 
 def spark_down(sig: int = signal.SIGTERM) -> None:
     root = stack_dir() / "spark"
     kill_pidfile(root / "worker.pid", sig=sig)
-    kill_pidfile(root / "master.pid", sig=sig)
+    for i in range(1, max(spark_masters_configured(), 2) + 1):
+        kill_pidfile(_master_pidfile(i), sig=sig)
 
 
 # ---------------------------------------------------------------- whole stack
@@ -618,11 +682,15 @@ def status() -> dict[str, object]:
         "postgresql": port_open(port("pg")),
         "s3": port_open(port("s3")) and read_pid(root / "s3" / "pid") is not None,
         "spark_master": port_open(port("spark")),
+        "spark_masters": {
+            f"127.0.0.1:{spark_master_ports(i)[0]}": port_open(spark_master_ports(i)[0])
+            for i in range(1, spark_masters_configured() + 1)
+        },
         "spark_worker": _spark_workers_alive(),
     }
 
 
-def up(zk_nodes: int, spark: bool) -> None:
+def up(zk_nodes: int, spark: bool, spark_masters: int | None = None) -> None:
     root = stack_dir()
     check_ports()
     record_ports()  # before any service starts: a failed first `up` still knows them
@@ -630,7 +698,7 @@ def up(zk_nodes: int, spark: bool) -> None:
         (root / sub).mkdir(exist_ok=True)
     steps = [("zookeeper", lambda: zk_up(zk_nodes)), ("postgresql", pg_up), ("s3", s3_start)]
     if spark:
-        steps.append(("spark", spark_up))
+        steps.append(("spark", lambda: spark_up(spark_masters)))
     for name, step in steps:
         started = time.monotonic()
         step()
@@ -665,6 +733,14 @@ def main(argv: list[str] | None = None) -> int:
         help="ZooKeeper nodes (default: as configured already, else 1)",
     )
     p_up.add_argument("--no-spark", action="store_true", help="skip the Spark standalone cluster")
+    p_up.add_argument(
+        "--spark-masters",
+        type=int,
+        choices=(1, 2),
+        default=None,
+        help="Spark masters (2: a standby recovering through the stack's ZooKeeper, "
+        f"under {SPARK_ZK_DIR}; default: as configured already, else 1)",
+    )
     sub.add_parser("down", help="stop every service, leaving no process behind")
     p_status = sub.add_parser("status", help="report each service")
     p_status.add_argument("--json", action="store_true")
@@ -677,7 +753,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
-            up(args.zk_nodes or zk_nodes_configured() or 1, spark=not args.no_spark)
+            up(
+                args.zk_nodes or zk_nodes_configured() or 1,
+                spark=not args.no_spark,
+                spark_masters=args.spark_masters,
+            )
             print("".join(f"export {k}={v}\n" for k, v in settings_env().items()), end="")
         elif args.command == "down":
             down()

@@ -38,13 +38,25 @@ def _drivers_as(row: dict[str, Any]) -> str | None:
     return row["driver_user"] + ("" if row["driver_user_isolated"] else " (own)")
 
 
+def spark_masters_cell(report: dict[str, bool]) -> str | None:
+    """A server's Spark masters as one cell: how many answer, and which do not."""
+    if not report:
+        return None  # no spark:// master in use, or a server of an older version
+    down = sorted(master for master, up in report.items() if not up)
+    shown = f"{len(report) - len(down)}/{len(report)} up"
+    return shown + (f", down: {' '.join(down)}" if down else "")
+
+
 @app.command("list")
 def list_(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Live servers: role, capacity, coordinator flag, drained flag, uptime, and the OS
-    user their drivers run as ("(own)": the server's own user, no sandbox)."""
+    """Live servers: role, capacity, coordinator flag, drained flag, uptime, the OS user
+    their drivers run as ("(own)": the server's own user, no sandbox), and how many of
+    the Spark masters each uses answered its last probe ("1/2 up, down: host:port";
+    "-": no spark:// master in use). --json gives each master by host:port in
+    spark_masters."""
     from registry import election, servers
 
     settings = console.context(ctx).settings()
@@ -79,6 +91,7 @@ def list_(
             "drained",
             "uptime",
             "drivers as",
+            "spark masters",
             "host",
             "version",
         ],
@@ -92,6 +105,7 @@ def list_(
                 "yes" if r["drained"] else None,
                 _uptime(r["uptime_s"]),
                 _drivers_as(r),
+                spark_masters_cell(r["spark_masters"]),
                 r["host"],
                 r["version"],
             ]

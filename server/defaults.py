@@ -103,6 +103,11 @@ RESTART_BACKOFF_MAX_S = 60.0
 # with each consecutive deferral, at most this long: it starts soon after a master is
 # back (seconds).
 SPARK_MASTER_WAIT_MAX_S = 15.0
+# How often a server looks at whether its Spark masters answer, for `server list`, the
+# API and sparkring_spark_master_up (server/master_watch.py), seconds; and how long one
+# master may take to accept the TCP connection, seconds.
+SPARK_MASTER_PROBE_INTERVAL_S = 15.0
+SPARK_MASTER_PROBE_TIMEOUT_S = 1.0
 MAX_RESTARTS = 3
 # Bounded-load placement slack: a server takes at most ceil((1 + eps) * average) jobs.
 PLACEMENT_EPSILON = 0.05

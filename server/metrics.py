@@ -10,7 +10,9 @@ created on first use with a warning in the log, so a typo shows.
 
 Besides these, every scrape carries the process collector (CPU, memory, open files),
 and ``jobs_by_state(fn)`` adds ``sparkring_jobs{state=...}``: the cluster's jobs per
-run state, read from PostgreSQL at scrape time.
+run state, read from PostgreSQL at scrape time; ``spark_masters_up(fn)`` adds
+``sparkring_spark_master_up{master=...}``: whether each Spark master this server uses
+answered its last probe.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ GAUGES = {
     ),
 }
 JOBS_BY_STATE_HELP = "Jobs of the cluster per run state (read from PostgreSQL at scrape time)."
+SPARK_MASTER_UP_HELP = (
+    "1 while this Spark master (host:port) answered this server's last TCP probe, else 0."
+)
 # Seconds: claims and renewals take milliseconds, driver starts and failovers seconds.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 
@@ -75,6 +80,7 @@ class _Callbacks:
         self._lock = threading.Lock()
         self._gauges: dict[str, Callable[[], float]] = {}
         self._by_state: Callable[[], Mapping[str, float]] | None = None
+        self._masters_up: Callable[[], Mapping[str, bool]] | None = None
 
     def set(self, name: str, fn: Callable[[], float]) -> None:
         with self._lock:
@@ -84,10 +90,17 @@ class _Callbacks:
         with self._lock:
             self._by_state = fn
 
+    def set_masters_up(self, fn: Callable[[], Mapping[str, bool]]) -> None:
+        with self._lock:
+            self._masters_up = fn
+
     def collect(self) -> Iterable[core.Metric]:
         with self._lock:
             gauges = dict(self._gauges)
             by_state = self._by_state
+            masters_up = self._masters_up
+        if masters_up is not None:
+            yield from _masters_up_family(masters_up)
         for name, fn in sorted(gauges.items()):
             try:
                 value = float(fn())
@@ -164,6 +177,11 @@ class Registry:
         """``fn`` returns {run state: number of jobs}; called at each scrape."""
         self._callbacks.set_by_state(fn)
 
+    def spark_masters_up(self, fn: Callable[[], Mapping[str, bool]]) -> None:
+        """``fn`` returns {"host:port": answers} (server/master_watch.py); exported as
+        ``sparkring_spark_master_up{master=...}`` at each scrape, no series when empty."""
+        self._callbacks.set_masters_up(fn)
+
     def counter(self, name: str) -> float:
         value = self.collector_registry.get_sample_value(name)
         return 0.0 if value is None else value
@@ -180,6 +198,22 @@ class Registry:
                     name.removesuffix("_total"), name, registry=self.collector_registry
                 )
         return counter
+
+
+def _masters_up_family(fn: Callable[[], Mapping[str, bool]]) -> Iterable[core.Metric]:
+    try:
+        report = dict(fn())
+    except Exception:  # a broken gauge must not break the scrape
+        log.debug("spark master gauge failed", exc_info=True)
+        return
+    if not report:
+        return
+    family = core.GaugeMetricFamily(
+        "sparkring_spark_master_up", SPARK_MASTER_UP_HELP, labels=["master"]
+    )
+    for master, up in sorted(report.items()):
+        family.add_metric([master], float(up))
+    yield family
 
 
 def _undeclared(name: str) -> None:

@@ -47,6 +47,7 @@ from server import (
     health,
     httpd,
     livelog,
+    master_watch,
     metrics,
     retention,
     runner,
@@ -94,6 +95,8 @@ class Server:
         # runner's pool), which prunes while it holds the retention advisory lock.
         self.pruner: retention.Pruner | None = None
         self._prune_engine: sa.Engine | None = None
+        # Whether the Spark masters we use answer (informational: never part of health).
+        self.master_watch: master_watch.MasterWatch | None = None
         self.exit_code = exit_codes.ExitCode.OK
         self._work_dir_lock: IO[str] | None = None
         self._handing_over = False
@@ -185,6 +188,7 @@ class Server:
         self.registry.start(timeout=max(10.0, s.zk_session_timeout * 2))
         self.runner.registered(settle=defaults.ADOPTION_SETTLE_S)
         self._start_pruner(bucket)
+        self._start_master_watch()
         log.info(
             "server started",
             extra={
@@ -307,6 +311,22 @@ class Server:
             server=self.id,
         )
         self.pruner.start()
+
+    def _start_master_watch(self) -> None:
+        """Probe our Spark masters on a side thread and publish what answers in our
+        ZooKeeper node; the gauge reads the last report."""
+
+        def masters() -> list[str]:
+            runs = self.runner.runs().values() if self.runner else []
+            return [self.settings.spark_master, *(run.master for run in runs)]
+
+        def publish(report: master_watch.Report) -> None:
+            if self.registry is not None:
+                self.registry.publish(spark_masters=report)
+
+        self.master_watch = master_watch.MasterWatch(masters, publish)
+        metrics.REGISTRY.spark_masters_up(self.master_watch.current)
+        self.master_watch.start()
 
     def _jobs_by_state(self) -> dict[str, int]:
         engine = self.api_engine
@@ -443,8 +463,9 @@ class Server:
             "lease_renew_age_s": None if renew_age is None else round(renew_age, 3),
             "loops_alive": loops_alive,
             "listener_alive": listener_alive,
-            # Informational: history pruning is housekeeping, not part of health.
+            # Informational: history pruning and the Spark master watch are not health.
             "history_pruner_alive": bool(self.pruner and self.pruner.is_alive()),
+            "master_watch_alive": bool(self.master_watch and self.master_watch.is_alive()),
             "stopping": self._stop.is_set(),
         }
 
@@ -539,6 +560,8 @@ class Server:
                 self._coordinator = None
         if self.pruner is not None:
             self.pruner.stop()  # between two batches: nothing is left half-done
+        if self.master_watch is not None:
+            self.master_watch.stop()
         if self._handing_over and self.runner is not None:
             # Loops first (a renewal must not shorten the extended leases), then extend
             # the leases and the watchdogs' deadlines, then leave ZooKeeper.

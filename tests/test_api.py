@@ -17,13 +17,24 @@ from prometheus_client.parser import text_string_to_metric_families
 from resource_center import store
 from server import runner, tokens
 from tests.api_helpers import API, ApiStack, api_stack
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
 def stack(
     postgres_url: str, stack_env: dict[str, str], zk_hosts: str, s3_endpoint: str, tmp_path_factory
 ) -> Iterator[ApiStack]:
-    yield from api_stack(postgres_url, stack_env, Path(tmp_path_factory.mktemp("api")))
+    # A Spark master nobody listens on (port 1): s1 reports it unreachable in
+    # /api/v1/servers; s1 is a coordinator, so no driver ever needs it.
+    yield from api_stack(
+        postgres_url,
+        stack_env,
+        Path(tmp_path_factory.mktemp("api")),
+        {"SPARKRING_SPARK_MASTER": UNREACHABLE_MASTER},
+    )
+
+
+UNREACHABLE_MASTER = "spark://127.0.0.1:1"
 
 
 def _name(prefix: str = "j") -> str:
@@ -360,6 +371,12 @@ def test_servers_ring_and_explain(stack: ApiStack) -> None:
     name = _name()
     stack.create_job(name)
     with stack.client(stack.viewer) as http:
+        # Probed on a side thread from the start, published through ZooKeeper.
+        wait_until(
+            lambda: http.get(f"{API}/servers").json()[0]["spark_masters"],
+            10,
+            message="s1 never reported its Spark master",
+        )
         servers = http.get(f"{API}/servers").json()
         ring = http.get(f"{API}/ring").json()
         not_running = http.get(f"{API}/ring/explain/{name}")
@@ -368,6 +385,8 @@ def test_servers_ring_and_explain(stack: ApiStack) -> None:
         heartbeat = http.get(f"{API}/resources/heartbeat").json()
     [s1] = servers
     assert s1["id"] == "s1" and s1["coordinator"] is True and s1["healthy"] is True
+    # Its Spark master does not answer: reported, and no part of its health.
+    assert s1["spark_masters"] == {"127.0.0.1:1": False}
     assert s1["role"] == "coordinator" and s1["capacity"] == 0 and s1["status"]["server"] == "s1"
     assert ring["servers"][0]["server"] == "s1" and ring["servers"][0]["placeable"] is False
     assert ring["arcs"] and all(0 <= a["end"] - a["start"] <= 1 for a in ring["arcs"])

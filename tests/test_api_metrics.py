@@ -46,6 +46,20 @@ def test_jobs_by_state_is_a_labelled_gauge() -> None:
     assert _value(registry, "sparkring_jobs", state="pending") == 1
 
 
+def test_spark_master_up_is_a_gauge_per_master() -> None:
+    registry = metrics.Registry()
+    registry.spark_masters_up(lambda: {"m1:7077": True, "m2:7077": False})
+    assert _value(registry, "sparkring_spark_master_up", master="m1:7077") == 1
+    assert _value(registry, "sparkring_spark_master_up", master="m2:7077") == 0
+    assert _families(registry)["sparkring_spark_master_up"].type == "gauge"
+
+
+def test_no_spark_master_means_no_series() -> None:
+    registry = metrics.Registry()
+    registry.spark_masters_up(dict)
+    assert "sparkring_spark_master_up" not in _families(registry)
+
+
 def test_a_failing_gauge_or_database_is_left_out_of_the_scrape() -> None:
     registry = metrics.Registry()
 

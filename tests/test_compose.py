@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from server import settings as settings_module
+from server import spark_master
 from tests import services
 
 REPO = services.REPO
@@ -31,6 +32,10 @@ STANDINS_FILE = REPO / "scripts" / "compose-smoke" / "docker-compose.standins.ym
 SMOKE_SCRIPT = REPO / "scripts" / "compose-smoke.sh"
 # Services whose images are third-party: the only ones the stand-in override replaces.
 THIRD_PARTY = {"zookeeper", "postgres", "minio", "minio-setup"}
+# The standby pair: Spark's masters recover through ZooKeeper under a path of their own.
+SPARK_MASTERS = ("spark-master-1", "spark-master-2")
+SPARK_MASTER_URL = "spark://spark-master-1:7077,spark-master-2:7077"
+SPARK_ZK_DIR = "/spark-ha"
 # A healthcheck argument with any of these needs a shell (or podman 4.3 splits it).
 NEEDS_SHELL = re.compile(r"""[\s$;|&<>`'"*?(){}\[\]~\\]""")
 
@@ -43,7 +48,8 @@ SERVERS_NEED = {
     "postgres": "service_healthy",
     "minio": "service_healthy",
     "minio-setup": "service_completed_successfully",
-    "spark-master": "service_healthy",
+    "spark-master-1": "service_healthy",
+    "spark-master-2": "service_healthy",
     "migrate": "service_completed_successfully",
 }
 
@@ -161,7 +167,7 @@ def test_every_healthcheck_is_exec_form_without_a_shell(
 
 
 def test_sparkring_healthchecks_use_the_image_s_own_probe(resolved: dict[str, Any]) -> None:
-    for name in ("spark-master", "spark-worker", "server"):
+    for name in (*SPARK_MASTERS, "spark-worker", "server"):
         test = resolved["services"][name]["healthcheck"]["test"]
         assert test[1:4] == ["python", "-m", "server.cli_health"], name
         assert test[4].startswith("http://127.0.0.1:"), name
@@ -199,6 +205,9 @@ def test_smoke_script_runs_every_step() -> None:
         "teardown",
     ]
     assert "run --rm --no-deps migrate" in text
+    # Both Spark masters come up and are waited for (compose starts no "spark-master").
+    assert re.search(r"compose up -d [^\n]*spark-master-1 spark-master-2", text)
+    assert all(f"wait_healthy {name} 1" in text for name in SPARK_MASTERS)
     assert "compose-smoke:" in (REPO / "Makefile").read_text()
 
 
@@ -269,7 +278,7 @@ def test_published_ports_bind_to_loopback_unless_configured(
     """The MinIO console, the Spark UI and the servers' API/console are reachable from the
     host only, unless UI_BIND says otherwise."""
     published = {n: _published(s) for n, s in resolved["services"].items() if s.get("ports")}
-    assert set(published) == {"minio", "spark-master", "server"}
+    assert set(published) == {"minio", "spark-master-1", "spark-master-2", "server"}
     for name, ports in published.items():
         assert all(address == "127.0.0.1" for address, _, _ in ports), f"{name}: {ports}"
     env_file = _write_env(tmp_path / "bind.env", {**_filled_values(), "UI_BIND": "10.1.2.3"})
@@ -307,7 +316,7 @@ def test_sparkring_processes_get_valid_settings(resolved: dict[str, Any], servic
     environment = _sparkring_env(resolved["services"][service])
     values = {k.removeprefix("SPARKRING_").lower(): v for k, v in environment.items()}
     loaded = settings_module.Settings(**values)
-    assert loaded.spark_master == "spark://spark-master:7077"
+    assert loaded.spark_master == SPARK_MASTER_URL
     assert loaded.database_url.get_secret_value().startswith("postgresql://")
     # The chroot carries digest ACLs: every process that touches it authenticates.
     assert loaded.zk_auth.get_secret_value() == "test-user:test-password"
@@ -360,15 +369,78 @@ def test_servers_run_under_the_supervisor_with_tini_as_pid_1(resolved: dict[str,
     assert [args for keyword, args in instructions if keyword == "CMD"] == [
         '["sparkring", "server", "supervise"]'
     ]
-    assert services_["spark-master"]["command"][:2] == [
-        "spark-class",
-        "org.apache.spark.deploy.master.Master",
-    ]
+    for name in SPARK_MASTERS:
+        assert services_[name]["command"][:2] == [
+            "spark-class",
+            "org.apache.spark.deploy.master.Master",
+        ]
     assert services_["spark-worker"]["command"][:2] == [
         "spark-class",
         "org.apache.spark.deploy.worker.Worker",
     ]
-    assert all("entrypoint" not in services_[name] for name in ("server", "spark-master"))
+    assert all("entrypoint" not in services_[name] for name in ("server", *SPARK_MASTERS))
+
+
+def _java_options(text: str) -> dict[str, str]:
+    """``-Dname=value`` options of a JVM options string, by name."""
+    options = [option for option in text.split() if option.startswith("-D")]
+    return dict(option.removeprefix("-D").split("=", 1) for option in options)
+
+
+def spark_ha_problems(master: dict[str, Any], zk_hosts: str, zk_root: str) -> list[str]:
+    """Why a resolved master service would not be a standby recovering through ZooKeeper."""
+    options = _java_options(master.get("environment", {}).get("SPARK_DAEMON_JAVA_OPTS", ""))
+    problems = []
+    if options.get("spark.deploy.recoveryMode") != "ZOOKEEPER":
+        problems.append("spark.deploy.recoveryMode is not ZOOKEEPER")
+    if options.get("spark.deploy.zookeeper.url") != zk_hosts:
+        problems.append(f"spark.deploy.zookeeper.url is not the servers' ensemble {zk_hosts}")
+    directory = options.get("spark.deploy.zookeeper.dir", "")
+    if directory != SPARK_ZK_DIR:
+        problems.append(f"spark.deploy.zookeeper.dir {directory!r} is not {SPARK_ZK_DIR}")
+    if directory == zk_root or directory.startswith(f"{zk_root}/"):
+        problems.append("Spark's recovery state sits under sparkring's root")
+    return problems
+
+
+def test_spark_ha_check_catches_a_master_without_recovery() -> None:
+    master = {"environment": {"SPARK_DAEMON_JAVA_OPTS": "-Dspark.deploy.zookeeper.dir=/sparkring"}}
+    assert spark_ha_problems(master, "zookeeper:2181", "/sparkring") == [
+        "spark.deploy.recoveryMode is not ZOOKEEPER",
+        "spark.deploy.zookeeper.url is not the servers' ensemble zookeeper:2181",
+        "spark.deploy.zookeeper.dir '/sparkring' is not /spark-ha",
+        "Spark's recovery state sits under sparkring's root",
+    ]
+
+
+def test_two_spark_masters_recover_through_the_compose_zookeeper(
+    resolved: dict[str, Any],
+) -> None:
+    """A standby master takes over when the active one dies (Spark's ZOOKEEPER recovery
+    mode); workers register with both, drivers are given both."""
+    services_ = resolved["services"]
+    assert "spark-master" not in services_
+    environment = services_["server"]["environment"]
+    for name in SPARK_MASTERS:
+        master = services_[name]
+        assert master["hostname"] == name
+        command = master["command"]
+        assert command[command.index("--host") + 1] == name
+        assert command[command.index("--port") + 1] == "7077"
+        problems = spark_ha_problems(
+            master, environment["SPARKRING_ZK_HOSTS"], environment["SPARKRING_ZK_ROOT"]
+        )
+        assert problems == [], name
+        assert master["depends_on"]["zookeeper"]["condition"] == "service_healthy"
+    masters = spark_master.endpoints(SPARK_MASTER_URL)
+    assert [(e.host, e.port) for e in masters] == [(name, 7077) for name in SPARK_MASTERS]
+    worker = services_["spark-worker"]
+    assert worker["command"][-1] == SPARK_MASTER_URL
+    assert {name: d["condition"] for name, d in worker["depends_on"].items()} == {
+        name: "service_healthy" for name in SPARK_MASTERS
+    }
+    for name in ("server", "migrate"):
+        assert services_[name]["environment"]["SPARKRING_SPARK_MASTER"] == SPARK_MASTER_URL
 
 
 def test_health_check_probes_the_configured_port(resolved: dict[str, Any]) -> None:
@@ -530,6 +602,12 @@ def test_zookeeper_ensemble_override_in_the_docs_validates(
         assert services_["server"]["depends_on"][node]["condition"] == "service_healthy"
     hosts = services_["server"]["environment"]["SPARKRING_ZK_HOSTS"]
     assert hosts == ",".join(f"{node}:2181" for node in nodes)
+    # Spark's standby masters recover through the whole ensemble too.
+    root = services_["server"]["environment"]["SPARKRING_ZK_ROOT"]
+    for name in SPARK_MASTERS:
+        assert spark_ha_problems(services_[name], hosts, root) == [], name
+        for node in nodes:
+            assert services_[name]["depends_on"][node]["condition"] == "service_healthy"
 
 
 def _doc() -> str:

@@ -227,12 +227,26 @@ def test_servers_page_shows_a_server_join_and_its_death(
         ),
         "s1 healthy and coordinator",
     )
-    stack.cluster.start_server("s2", capacity=0, role="worker")
+    # s2's Spark master never answers (nothing listens on port 1): its row says so.
+    stack.cluster.start_server(
+        "s2", capacity=0, role="worker", env={"SPARKRING_SPARK_MASTER": "spark://127.0.0.1:1"}
+    )
     try:
         _until(
             browser, lambda: browser.find_elements(By.CSS_SELECTOR, "tr[data-server='s2']"), "s2"
         )
         _until(browser, lambda: "healthy" in _text(browser, "tr[data-server='s2']"), "s2 healthy")
+        _until(browser, lambda: "0/1 up" in _text(browser, "tr[data-server='s2']"), "s2 masters")
+        _until(
+            browser,
+            lambda: (
+                browser.find_element(
+                    By.CSS_SELECTOR, "tr[data-server='s2'] .badge.bad"
+                ).get_attribute("title")
+                == "127.0.0.1:1 down"
+            ),
+            "s2's master named in the badge",
+        )
         _screenshot(browser, "servers")
         stack.cluster.signal("s2", signal.SIGKILL)
         _until(

@@ -3,6 +3,7 @@ stack's real ZooKeeper, PostgreSQL and S3: this test's own chroot, database and 
 
 from __future__ import annotations
 
+import socket
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from registry import servers
-from server import driver_user, process, tls
+from server import driver_user, metrics, process, tls
 from server import settings as settings_module
 from tests import certificates, conftest, services
 from tests.waiting import wait_until
@@ -174,3 +175,39 @@ def test_a_server_with_half_of_its_tls_settings_does_not_start(
             the_server.start()
     finally:
         the_server.shutdown(hand_off=False)
+
+
+def test_a_server_reports_whether_its_spark_masters_answer(
+    settings: settings_module.Settings,
+) -> None:
+    """Issue 29, "Visible": the server's own spark:// masters are probed off the hot path;
+    the report is published in its ZooKeeper node (``server list``, ``/api/v1/servers``)
+    and exported as sparkring_spark_master_up. /healthz stays about the server."""
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: refuses connections
+        up, down = (f"127.0.0.1:{s.getsockname()[1]}" for s in (listening, closed))
+        the_server = process.Server(
+            settings.model_copy(update={"spark_master": f"spark://{down},{up}"})
+        )
+        the_server.start()
+        try:
+            expected = {down: False, up: True}
+
+            def published() -> dict[str, bool] | None:
+                found = servers.list_servers(settings.zk_hosts, settings.zk_root)
+                return next((i.spark_masters for i in found if i.id == the_server.id), None)
+
+            wait_until(lambda: published() == expected, 10, message="no master report")
+            scrape = metrics.REGISTRY.render()
+            assert f'sparkring_spark_master_up{{master="{down}"}} 0.0' in scrape
+            assert f'sparkring_spark_master_up{{master="{up}"}} 1.0' in scrape
+            # A master down is no reason for the server to be unhealthy.
+            wait_until(lambda: the_server.status()[0], 10, message="the server is unhealthy")
+            status = the_server.status()[1]
+            assert status["master_watch_alive"]
+            assert "spark_masters" not in status
+        finally:
+            the_server.shutdown(hand_off=False)
+        assert the_server.master_watch is not None and not the_server.master_watch.is_alive()

@@ -290,6 +290,37 @@ def test_forced_session_expiry_registers_again(
     )
 
 
+def test_published_details_reach_peers_and_outlive_a_new_session(
+    make: Factory, zk: KazooClient, zk_hosts: str, zk_root: str
+) -> None:
+    """A server publishes what it sees of its Spark masters into its own node; peers'
+    views follow without a membership notification (nothing about the member changed),
+    and a session lost and opened again registers the latest details."""
+    a, _ = make("a")
+    observer, seen = make("o", role="worker")
+    a.start()
+    observer.start()
+    wait_until(lambda: set(observer.members()) == {"a", "o"}, 5, message="o never saw a")
+    notifications = len(seen.views)
+    reported = {"m1:7077": False, "m2:7077": True}
+
+    a.publish(spark_masters=reported)
+    wait_until(
+        lambda: observer.members()["a"].spark_masters == reported, 5, message="o never saw it"
+    )
+    record = json.loads(zk.get(servers.server_path(zk_root, "a"))[0])
+    assert record["spark_masters"] == reported
+    assert record["session_id"] == a.info.session_id
+    assert {s.id: s.spark_masters for s in servers.list_servers(zk_hosts, zk_root)}["a"] == reported
+    assert len(seen.views) == notifications
+
+    old = a.info.session_id
+    a.expire_session()
+    wait_until(lambda: a.state == State.CONNECTED and a.info.session_id != old, 10)
+    record = json.loads(zk.get(servers.server_path(zk_root, "a"))[0])
+    assert record["spark_masters"] == reported and record["session_id"] == a.info.session_id
+
+
 def test_cut_off_past_the_session_timeout_registers_again_with_a_fresh_session(
     make: Factory, proxy: Proxy, zk: KazooClient, zk_root: str
 ) -> None:

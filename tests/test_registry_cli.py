@@ -11,7 +11,10 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
+from registry import servers
+from server import cli_server
 from tests import test_registry as helpers
+from tests.waiting import wait_until
 
 SPARKRING = [sys.executable, "-m", "server"]
 
@@ -52,6 +55,55 @@ def test_server_list_shows_live_servers(
     lines = {row[0]: row for row in cells}
     assert lines["a"][:5] == ["a", "both", "4", "yes", str(a.term)]
     assert lines["w"][:4] == ["w", "worker", "4", "-"]
+
+
+def test_server_list_shows_which_spark_masters_each_server_reaches(
+    make: helpers.Factory, stack_env: dict[str, str], zk_hosts: str, zk_root: str, database_url: str
+) -> None:
+    a, _ = make("a")
+    w, _ = make("w", role="worker")
+    a.start()
+    w.start()
+    reported = {"m1:7077": False, "m2:7077": True}
+    a.publish(spark_masters=reported)
+    wait_until(
+        lambda: (
+            {s.id: s.spark_masters for s in servers.list_servers(zk_hosts, zk_root)}["a"]
+            == reported
+        ),
+        5,
+        message="the report never reached ZooKeeper",
+    )
+    env = {**stack_env, "SPARKRING_ZK_ROOT": zk_root, "SPARKRING_DATABASE_URL": database_url}
+
+    listed = _run(env, "server", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["id"]: row for row in json.loads(listed.stdout)}
+    assert rows["a"]["spark_masters"] == reported and rows["w"]["spark_masters"] == {}
+
+    table = _run({**env, "COLUMNS": "250"}, "server", "list")
+    assert table.returncode == 0, table.stderr
+    header = table.stdout.splitlines()[0]
+    columns = [c.strip() for c in header.split("┃")]
+    rows = [[c.strip() for c in line.split("│")] for line in table.stdout.splitlines()[2:]]
+    cells = {row[0]: row for row in rows if len(row) > 1}
+    assert "spark masters" in columns, table.stdout
+    where = columns.index("spark masters")
+    assert cells["a"][where] == "1/2 up, down: m1:7077"
+    assert cells["w"][where] == "-"
+
+
+@pytest.mark.parametrize(
+    ("report", "shown"),
+    [
+        ({}, None),
+        ({"m1:7077": True}, "1/1 up"),
+        ({"m1:7077": True, "m2:7077": True}, "2/2 up"),
+        ({"m1:7077": False, "m2:7077": False}, "0/2 up, down: m1:7077 m2:7077"),
+    ],
+)
+def test_the_spark_masters_cell(report: dict[str, bool], shown: str | None) -> None:
+    assert cli_server.spark_masters_cell(report) == shown
 
 
 def test_server_list_with_zookeeper_down_is_one_clear_line(stack_env: dict[str, str]) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from registry import connection, election, errors, servers
+from registry import connection, election, errors, servers, session
 
 ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."
 
@@ -45,6 +46,8 @@ def test_unknown_fields_from_newer_versions_are_ignored() -> None:
         ({"id": "x" * 65}, "1-64 characters"),
         ({"role": "master"}, "server role 'master'"),
         ({"capacity": -1}, "capacity -1"),
+        ({"spark_masters": ["m:7077"]}, "spark_masters"),
+        ({"spark_masters": {"m:7077": "yes"}}, "spark_masters"),
     ],
 )
 def test_bad_server_records_are_refused_by_name(kwargs: dict[str, object], problem: str) -> None:
@@ -59,6 +62,18 @@ def test_bad_server_records_are_refused_by_name(kwargs: dict[str, object], probl
     }
     with pytest.raises(errors.InvalidServer, match=problem):
         servers.ServerInfo(**{**fields, **kwargs})  # type: ignore[arg-type]
+
+
+def test_spark_master_reachability_travels_in_the_record_but_is_no_identity() -> None:
+    """A master's reachability flips without the server changing: two records that
+    differ only there are the same member (no membership change, no rebalance)."""
+    info = servers.ServerInfo("a", "h", 1, 2, "both", "0.1.0", 1.0)
+    assert info.spark_masters == {}
+    reported = dataclasses.replace(info, spark_masters={"m1:7077": True, "m2:7077": False})
+    back = servers.ServerInfo.from_bytes(reported.to_bytes())
+    assert back.spark_masters == {"m1:7077": True, "m2:7077": False}
+    assert json.loads(reported.to_bytes())["spark_masters"] == {"m1:7077": True, "m2:7077": False}
+    assert reported == info and hash(reported) == hash(info)
 
 
 def test_malformed_record_is_an_invalid_server() -> None:
@@ -116,3 +131,12 @@ def test_candidates_are_ordered_by_sequence_whatever_the_ids(
     names = [f"{server_id}-abcdef-{seq:010d}" for server_id, seq in entries]
     ordered = election._candidates([*names, "stray-node"])
     assert [int(n.rsplit("-", 1)[1]) for n in ordered] == sorted(seq for _, seq in entries)
+
+
+def test_only_published_details_may_change_while_registered() -> None:
+    info = servers.ServerInfo("a", "h", 1, 2, "both", "0.1.0", 1.0)
+    registry = session.Registry("127.0.0.1:1", "/sparkring", info)  # never started
+    with pytest.raises(errors.InvalidServer, match="cannot publish capacity, role"):
+        registry.publish(capacity=8, role="worker")
+    registry.publish(spark_masters={"m1:7077": True})
+    assert registry.info.spark_masters == {"m1:7077": True} and registry.info.capacity == 2

@@ -105,3 +105,58 @@ def test_a_fresh_stack_takes_the_variables_then_the_defaults(
     stack.record_ports()
     recorded = json.loads((stack.stack_dir() / "ports.json").read_text())
     assert recorded == {**stack.PORTS, "s3": 29000}
+
+
+# --- standby Spark masters (issue 29, "Standby masters") ---------------------------
+
+
+def _java_options(env: dict[str, str]) -> dict[str, str]:
+    options = env.get("SPARK_DAEMON_JAVA_OPTS", "").split()
+    return dict(o.removeprefix("-D").split("=", 1) for o in options if o.startswith("-D"))
+
+
+def test_one_spark_master_by_default_without_recovery(stack: ModuleType) -> None:
+    assert stack.spark_masters_configured() == 1
+    assert stack.spark_master_url() == "spark://127.0.0.1:17077"
+    argv = stack.spark_master_argv(1, "spark-class")
+    assert argv[:2] == ["spark-class", "org.apache.spark.deploy.master.Master"]
+    assert argv[argv.index("--port") + 1] == "17077"
+    assert argv[argv.index("--webui-port") + 1] == "18080"
+    assert "SPARK_DAEMON_JAVA_OPTS" not in stack.spark_master_env(1, {"SPARK_HOME": "/spark"})
+
+
+def test_two_spark_masters_stand_by_through_the_stack_zookeeper(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _created_with_custom_ports(stack, monkeypatch)
+    stack.zk_write_config(3)
+    stack.spark_write_config(2)
+    assert stack.spark_masters_configured() == 2
+    # Each master its own RPC and UI port; the worker's UI keeps spark_ui + 1.
+    assert [stack.spark_master_ports(i) for i in (1, 2)] == [(27077, 28080), (27078, 28082)]
+    assert stack.spark_master_url() == "spark://127.0.0.1:27077,127.0.0.1:27078"
+    for i in (1, 2):
+        argv = stack.spark_master_argv(i, "spark-class")
+        assert argv[argv.index("--port") + 1] == str(27076 + i)
+        env = stack.spark_master_env(2, {"SPARK_HOME": "/spark"})
+        assert env["SPARK_HOME"] == "/spark"
+        assert _java_options(env) == {
+            "spark.deploy.recoveryMode": "ZOOKEEPER",
+            "spark.deploy.zookeeper.url": "127.0.0.1:22181,127.0.0.1:22182,127.0.0.1:22183",
+            "spark.deploy.zookeeper.dir": "/spark-ha",
+        }
+    worker = stack.spark_worker_argv("spark-class")
+    assert worker[2] == "spark://127.0.0.1:27077,127.0.0.1:27078"
+    assert worker[worker.index("--webui-port") + 1] == "28081"
+    assert stack.settings_env()["SPARKRING_STACK_SPARK_MASTER_URL"] == stack.spark_master_url()
+
+
+def test_up_takes_spark_masters_1_or_2(
+    stack: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        stack.main(["up", "--help"])
+    assert "--spark-masters {1,2}" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        stack.main(["up", "--spark-masters", "3"])
+    assert "invalid choice: 3" in capsys.readouterr().err

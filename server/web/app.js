@@ -108,7 +108,7 @@ async function viewServers() {
     h("h1", {}, `Servers (${servers.length} live)`),
     h("table", { id: "servers" },
       h("thead", {}, h("tr", {}, ["server", "health", "role", "coordinator", "load",
-        "targeted", "capacity", "uptime", "host", "version"].map((c) => h("th", {}, c)))),
+        "targeted", "capacity", "spark masters", "uptime", "host", "version"].map((c) => h("th", {}, c)))),
       h("tbody", {}, servers.map((s) => h("tr", { "data-server": s.id },
         h("td", {}, s.id),
         h("td", {}, s.healthy === true ? h("span", { class: "badge ok" }, "healthy")
@@ -121,11 +121,23 @@ async function viewServers() {
           ` ${s.owned}`, s.draining ? " (draining)" : ""),
         h("td", {}, s.targeted),
         h("td", {}, s.capacity),
+        h("td", {}, sparkMasters(s.spark_masters)),
         h("td", {}, duration(s.uptime_s)),
         h("td", {}, s.host),
         h("td", {}, s.version),
       )))),
   ];
+}
+
+// A server's Spark masters (host:port -> answered its last probe) as one badge; the
+// title lists each. Empty: no spark:// master in use, or a server of an older version.
+function sparkMasters(report) {
+  const masters = Object.keys(report || {}).sort();
+  if (!masters.length) return "";
+  const up = masters.filter((m) => report[m]).length;
+  const title = masters.map((m) => `${m} ${report[m] ? "up" : "down"}`).join(", ");
+  return h("span", { class: up === masters.length ? "badge ok" : "badge bad", title },
+    `${up}/${masters.length} up`);
 }
 
 const jobFilter = { q: "", state: "", limit: 100, offset: 0 };
