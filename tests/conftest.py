@@ -8,6 +8,8 @@ A service that is not running skips the tests that need it locally and fails the
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,40 @@ from server import driver
 from server import settings as settings_module
 from sql import database
 from tests import services
+
+# Kept of the folders of earlier sessions (pytest's own default is 3).
+KEPT_SESSIONS = 3
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """With drivers under their own user (SPARKRING_DRIVER_USER, the stack's default), each
+    session's temporary folders live under a parent that user may pass through
+    (``tests.cluster.open_to_drivers`` opens the rest). Not under pytest's
+    ``/tmp/pytest-of-<user>``: every pytest session that starts resets that folder to
+    0700, which locked the drivers of a session already running out of their artifacts
+    ("Permission denied", "the driver user cannot reach ..."). An explicit
+    ``--basetemp`` is left alone."""
+    if config.option.basetemp is not None or not os.environ.get("SPARKRING_DRIVER_USER"):
+        return
+    parent = Path(tempfile.gettempdir()) / f"sparkring-pytest-{os.geteuid()}"
+    parent.mkdir(mode=0o711, exist_ok=True)
+    parent.chmod(0o711)
+    _forget_old_sessions(parent)
+    config.option.basetemp = str(parent / f"session-{os.getpid()}")
+
+
+def _forget_old_sessions(parent: Path) -> None:
+    """Remove the folders of finished sessions but the newest KEPT_SESSIONS."""
+    finished = []
+    for folder in parent.glob("session-*"):
+        pid = folder.name.removeprefix("session-")
+        if pid.isdigit() and not Path("/proc", pid).exists():
+            finished.append(folder)
+    finished.sort(key=lambda folder: folder.stat().st_mtime, reverse=True)
+    for folder in finished[KEPT_SESSIONS:]:
+        shutil.rmtree(folder, ignore_errors=True)
+
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

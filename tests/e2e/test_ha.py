@@ -174,8 +174,9 @@ def test_crash_looping_job_ends_failed_after_max_restarts(cluster: Cluster) -> N
     job = cluster.wait_job("crashy", lambda j: j["state"] == "failed", 120, "job failed")
     assert job["restarts"] == 2
     assert "exit code 3" in job["last_error"]
-    kinds = _kinds(cluster, "crashy")
-    assert kinds.count("claimed") == 3 and kinds[-1] == "failed"
+    # The coordinator's retarget of the failed job (wanted nowhere) may come after it.
+    kinds = [k for k in _kinds(cluster, "crashy") if k != "retargeted"]
+    assert kinds.count("claimed") == 3 and kinds[-1] == "failed", kinds
 
 
 def test_duplicate_concurrent_starts_run_one_driver(cluster: Cluster) -> None:
