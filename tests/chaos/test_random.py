@@ -243,28 +243,26 @@ class RandomChaos:
 
     def start_cluster(self, chosen: tuple[str, ...] = DEFAULT_FAULTS) -> None:
         reason = faults.namespaces_unavailable()
+        needs = {name: reason for name in NETNS_FAULTS}
+        if "disk_full" in chosen:
+            needs["disk_full"] = faults.mounts_unavailable()
+        if "clock_step" in chosen:
+            needs["clock_step"] = faults.clock_unavailable()
         faults_used = list(chosen)
-        for needs_netns in sorted(set(faults_used) & NETNS_FAULTS) if reason else []:
+        left_out: list[str] = []
+        for name in sorted(set(faults_used) & set(needs)):
+            why_not = needs[name]
+            if why_not is None:
+                continue
             # Locally the run goes on without it; under CI=true a fault that cannot be
             # injected fails the run (tests.conftest.unavailable) rather than thin it.
             if conftest.IN_CI:
-                conftest.unavailable(f"{needs_netns}: {reason}")
-            faults_used.remove(needs_netns)
-            self.log.note(f"{needs_netns} left out", reason=reason)
-        mount_reason = faults.mounts_unavailable() if "disk_full" in faults_used else None
-        if mount_reason is not None:
-            if conftest.IN_CI:
-                conftest.unavailable(f"disk_full: {mount_reason}")
-            faults_used.remove("disk_full")
-            self.log.note("disk_full left out", reason=mount_reason)
-        clock_reason = faults.clock_unavailable() if "clock_step" in faults_used else None
-        if clock_reason is not None:
-            if conftest.IN_CI:
-                conftest.unavailable(f"clock_step: {clock_reason}")
-            faults_used.remove("clock_step")
-            self.log.note("clock_step left out", reason=clock_reason)
+                conftest.unavailable(f"{name}: {why_not}")
+            faults_used.remove(name)
+            left_out.append(f"{name}: {why_not}")
+            self.log.note(f"{name} left out", reason=why_not)
         if not faults_used:
-            pytest.skip(f"no fault left to inject: {reason or mount_reason or clock_reason}")
+            pytest.skip(f"no fault left to inject: {'; '.join(left_out)}")
         if reason is None:  # s3 lives in a namespace whether or not it is partitioned
             control = self.stack
             self.partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
