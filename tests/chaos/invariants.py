@@ -235,6 +235,13 @@ class _Life:
     def ran_to_its_end(self) -> bool:
         return self.reason == "exited" and self.exit_code == 0
 
+    @property
+    def ending(self) -> str:
+        """How its records say it ended, for a problem's message."""
+        if self.end is None:
+            return "no ended record"
+        return f"{self.reason} (exit code {self.exit_code})"
+
 
 def records_clock(records: Iterable[Mapping[str, Any]]) -> str:
     """The one clock a set of records can be compared on: ``mono`` (CLOCK_BOOTTIME,
@@ -654,12 +661,12 @@ def batch_generations(
                 problems.append(f"{job}: driver {life.label} ran at an epoch nobody claimed")
                 continue
             per_gen[gen_of_epoch[life.epoch]].append(life)
-        finished = {
-            gen_of_epoch.get(int(e["epoch"]))
+        finished: dict[int | None, Mapping[str, Any]] = {
+            gen_of_epoch.get(int(e["epoch"])): e
             for e in items
             if e["kind"] == "finished" and e.get("epoch") is not None
         }
-        for gen in sorted(set(per_gen) | (finished - {None})):
+        for gen in sorted(set(per_gen) | (set(finished) - {None})):
             lives = sorted(per_gen.get(gen, []), key=lambda life: life.start)
             done = [life for life in lives if life.ran_to_its_end]
             if len(done) > 1:
@@ -668,7 +675,12 @@ def batch_generations(
                     + ", ".join(life.label for life in done)
                 )
             if gen in finished and not done:
-                problems.append(f"{job}: generation {gen} finished with no driver that exited 0")
+                was = finished[gen]
+                seen = ", ".join(f"{life.label}: {life.ending}" for life in lives) or "none"
+                problems.append(
+                    f"{job}: generation {gen} finished (event {was['id']} by {was['server']} "
+                    f"at epoch {was['epoch']}) with no driver that exited 0; its drivers: {seen}"
+                )
             for a, b in itertools.pairwise(lives):
                 if a.ran_to_its_end:
                     problems.append(

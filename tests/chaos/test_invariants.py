@@ -418,6 +418,12 @@ def test_a_batch_generation_runs_to_its_end_once() -> None:
     late = _life("b", 1, "s1", 0, 6, reason="killed", exit_code=None)
     late += _life("b", 2, "s2", 5, 9)
     assert len(invariants.batch_generations(kinds, late, events)) == 1
+    # A generation recorded finished whose only driver lost its lease: never ran to its
+    # end, so the 'finished' is unproven; the message names the event and the drivers.
+    killed = _life("b", 1, "s1", 0, 4, reason="lease_expired", exit_code=0)
+    [problem] = invariants.batch_generations(kinds, killed, finished)
+    assert "generation 1 finished (event 10 by s1 at epoch 1) with no driver" in problem
+    assert "epoch 1 on s1" in problem and "lease_expired (exit code 0)" in problem
     # Recorded finished, but no driver of that generation exited 0.
     killed = _life("b", 1, "s1", 0, 3, reason="lease_expired", exit_code=-9)
     assert len(invariants.batch_generations(kinds, killed, finished)) == 1

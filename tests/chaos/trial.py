@@ -121,6 +121,10 @@ class Trial:
         # the checker reads the whole history, so a prune must not blind it.
         self._pruned: dict[int, dict[str, Any]] = {}
         self._prune_lock = threading.Lock()
+        # One harness prune at a time (the command threads draw them concurrently): the
+        # count of events deleted unseen is exact only when no other prune deletes the
+        # copied events between this one's copy and its delete.
+        self._prune_pass = threading.Lock()
         self._t_fault: float | None = None
         self._t_healed: float | None = None
         # [injected, over] of each fault on the wall clock (over None: still on), for the
@@ -453,7 +457,13 @@ class Trial:
         merges back. An event older than the cutoff that commits between the copy and
         the delete (a transaction's ``now()`` is its start: a server paused mid
         transaction) would be deleted unseen: that is counted and fails the run, never
-        silently blinds the checker. ``conn`` must not be in a transaction."""
+        silently blinds the checker. The harness's prunes run one at a time (a
+        concurrent one deleting the copied events would make the count meaningless:
+        a negative "unseen"). ``conn`` must not be in a transaction."""
+        with self._prune_pass:
+            return self._prune_history(conn, older_than)
+
+    def _prune_history(self, conn: sa.Connection, older_than: float) -> str:
         cutoff = retention.cutoff(conn, older_than)  # leaves conn outside a transaction
         with conn.begin():
             doomed = {
@@ -473,8 +483,13 @@ class Trial:
             )
         unseen = pruned.events - (len(doomed) - len(kept))
         self.outcome.pruned += pruned.events
-        if unseen:
+        if unseen > 0:
             raise AssertionError(f"{unseen} job events were pruned before the harness saw them")
+        if unseen < 0:
+            raise AssertionError(
+                f"{-unseen} of the copied job events were deleted by another prune meanwhile: "
+                "the count cannot tell whether it deleted events the harness never saw"
+            )
         return f"pruned {pruned.events}"
 
     def _max_event_id(self) -> int:
