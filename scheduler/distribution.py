@@ -237,6 +237,8 @@ def renew_leases(
 # The state an ended run leaves the job in when a restart was requested meanwhile (the
 # job's generation moved past the run's): pending, so the new generation runs.
 _RESTART_WINS = "CASE WHEN j.desired = 'running' AND j.generation <> d.generation THEN 'pending' "
+# A run that ends while its job is wanted stopped ends 'stopped' (a crash counted first).
+_STOP_WINS = "CASE WHEN j.desired = 'stopped' THEN 'stopped' "
 
 
 def _transition(
@@ -291,6 +293,7 @@ def _fenced(
     job_id: int,
     fence: Mapping[str, str],
     epoch: int,
+    sources: Iterable[RunState] | None = None,
     **params: object,
 ) -> sa.Row:
     """Run a :func:`_transition`; ``fence``: ``Owner.params()``, or ``{"server": ...}``
@@ -301,7 +304,7 @@ def _fenced(
             "job_id": job_id,
             **fence,
             "epoch": epoch,
-            "sources": list(states.sources(target)),
+            "sources": sorted(sources) if sources is not None else list(states.sources(target)),
             **params,
         },
     ).one_or_none()
@@ -560,6 +563,8 @@ def _crash_statements(*, by_watchdog: bool) -> tuple[sa.TextClause, sa.TextClaus
         release=True,
         detail="jsonb_build_object('error', CAST(:error AS text), 'next', 'backoff')",
         guard="AND d.restarts < j.max_restarts",
+        # The failure counts; a job its operator stopped meanwhile stays stopped.
+        state=_STOP_WINS + "ELSE 'backoff' END",
         by_watchdog=by_watchdog,
     )
     failed = _transition(
@@ -567,7 +572,7 @@ def _crash_statements(*, by_watchdog: bool) -> tuple[sa.TextClause, sa.TextClaus
         RunState.FAILED,
         "last_error = :error,",
         release=True,
-        state=_RESTART_WINS + "ELSE 'failed' END",
+        state=_RESTART_WINS + "WHEN j.desired = 'stopped' THEN 'stopped' ELSE 'failed' END",
         detail="jsonb_build_object('error', CAST(:error AS text), 'cause', CAST(:cause AS text))",
         by_watchdog=by_watchdog,
     )
@@ -661,7 +666,16 @@ def _record_crash(
     if retry:
         try:
             conn.execute(sa.text("SAVEPOINT crash"))
-            _fenced(conn, to_backoff, RunState.BACKOFF, job_id, fence, epoch, **params)
+            _fenced(
+                conn,
+                to_backoff,
+                RunState.BACKOFF,
+                job_id,
+                fence,
+                epoch,
+                sources=states.CRASH_SOURCES,
+                **params,
+            )
             conn.execute(sa.text("RELEASE SAVEPOINT crash"))
             return RunState.BACKOFF
         except FencedError:
@@ -673,6 +687,7 @@ def _record_crash(
         job_id,
         fence,
         epoch,
+        sources=states.CRASH_SOURCES,
         error=params["error"],
         cause=cause,
     )

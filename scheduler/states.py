@@ -22,6 +22,10 @@ is the whole state machine:
     starting|running|stopping -> pending  the owner was lost (lease expired, reaped or
                                           claimed over); a batch job is re-run
     pending|backoff -> stopped             stop command while no driver runs
+    stopping -> backoff|failed|stopped     the driver failed on its own before its owner's
+                                           stop reached it (its watchdog saw no stop
+                                           request): counted as a crash (CRASH_SOURCES);
+                                           'stopped' when the operator wants it stopped
     stopped|finished|failed -> pending     start or restart command
     starting|running|stopping -> starting  claim over an expired lease (owner lost)
 """
@@ -103,6 +107,12 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     S.PENDING: frozenset({S.STOPPING, S.STARTING, S.RUNNING, S.STOPPED, S.FINISHED, S.FAILED}),
     S.STOPPED: frozenset({S.STOPPING, S.STARTING, S.RUNNING, S.PENDING, S.BACKOFF}),
 }
+
+# Where a crash write (a driver's own failure: backoff, or failed) may come from: a
+# running or starting run, and a stopping one whose driver failed before the stop reached
+# it (CHAOS_SEED=593937538: released uncounted, the job ran past its budget). A deferral,
+# which also enters backoff, may not: a start that failed while being stopped is released.
+CRASH_SOURCES: frozenset[RunState] = TRANSITIONS[S.BACKOFF] | TRANSITIONS[S.FAILED] | {S.STOPPING}
 
 # States in which a server owns the job and holds a lease.
 OWNED: frozenset[RunState] = frozenset({S.STARTING, S.RUNNING, S.STOPPING})

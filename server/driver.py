@@ -125,6 +125,10 @@ class Outcome:
     ended_at: float
     # The watchdog itself recorded the run's end in PostgreSQL (the driver's own exit).
     recorded: bool = False
+    # A stop was asked of the watchdog when its driver exited (False: it ended on its
+    # own first, so a failure is the job's own even if a stop began meanwhile). None:
+    # unknown (a result of the older code, or none at all).
+    stopping: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -375,6 +379,9 @@ class Driver:
                 started_at=result.get("started_at"),
                 ended_at=float(result.get("ended_at") or time.time()),
                 recorded=result.get("recorded") is True,
+                stopping=result.get("stopping")
+                if isinstance(result.get("stopping"), bool)
+                else None,
             )
         return Outcome(None, watchdog.Reason.KILLED, None, time.time())
 

@@ -38,3 +38,7 @@ class ExitCode(IntEnum):
     # Supervisor: the server crashed too often in a row; the container engine's (or
     # systemd's) restart policy takes over (sysexits' EX_TEMPFAIL: try again later).
     CRASH_LOOP = 75
+
+
+# Exit codes of a driver ended by SIGTERM: killed by the signal, or the JVM's 128 + 15.
+SIGTERM_EXITS = frozenset({-15, 143})

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from scheduler import distribution, states
+from server import exit_codes
 
 
 class Phase(StrEnum):
@@ -137,8 +138,8 @@ class Ending(StrEnum):
     CRASH = "crash"  # its own code failed: backoff while its budget lasts, then failed
 
 
-# Exit codes of a driver ended by SIGTERM: killed by the signal, or the JVM's 128 + 15.
-SIGTERM_EXITS = frozenset({-15, 143})
+# Exit codes of a driver ended by SIGTERM (``exit_codes.SIGTERM_EXITS``).
+SIGTERM_EXITS = exit_codes.SIGTERM_EXITS
 
 
 def ending(reason: str, exit_code: int | None, *, recorded: bool, shutting_down: bool) -> Ending:

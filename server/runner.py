@@ -908,9 +908,15 @@ class Runner:
             run.driver.kill()
             outcome = run.driver.poll()
         metrics.REGISTRY.observe("sparkring_driver_stop_seconds", watchdog.lease_clock() - started)
-        if outcome is not None and outcome.reason == "exited" and outcome.exit_code == 0:
-            # It ran to its end on its own before the stop reached it: a batch run that
-            # exited 0 is finished, never released to run again elsewhere.
+        if (
+            outcome is not None
+            and outcome.reason == "exited"
+            and (outcome.exit_code == 0 or outcome.stopping is False)
+        ):
+            # It ended on its own before the stop reached it: a batch run that exited 0
+            # is finished, never released to run again elsewhere; a failure is the
+            # job's own, counted against its budget (its watchdog records it, or could
+            # not: then this does), never released to run again for free.
             self._end(run, self._outcome_write(run, outcome))
         else:
             self._release(run)

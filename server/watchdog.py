@@ -341,7 +341,7 @@ class Watchdog:
                 time.sleep(0.02)
         return self._stopping()
 
-    def _record_end(self, reason: Reason, exit_code: int | None) -> bool:
+    def _record_end(self, reason: Reason, exit_code: int | None, stopping: bool) -> bool:
         """Record the driver's own exit in PostgreSQL, as its server would
         (``reconcile.watchdog_ending``): an exit 0 ``finished``, a nonzero exit a crash
         that spends the job's budget (``distribution.finish_by_watchdog`` and
@@ -359,7 +359,6 @@ class Watchdog:
             from server import driver_error, reconcile, spark_master
             from sql import database
 
-            stopping = self._stopping_at_exit(exit_code, reconcile.SIGTERM_EXITS)
             how = reconcile.watchdog_ending(reason, exit_code, stopping=stopping)
             if how is None:
                 return False
@@ -445,7 +444,12 @@ class Watchdog:
             code = exit_codes.ExitCode.OK if exit_code == 0 else exit_codes.ExitCode.DRIVER_FAILED
         else:
             code = EXIT_CODE_OF_REASON[reason]
-        recorded = self._record_end(reason, exit_code)
+        # Whether a stop was asked of it when its driver exited on its own: a failure
+        # before the stop is the job's own, counted even while its server stops it.
+        stopping = reason is not Reason.EXITED or self._stopping_at_exit(
+            exit_code, exit_codes.SIGTERM_EXITS
+        )
+        recorded = self._record_end(reason, exit_code, stopping)
         write_json_atomically(
             self.args.result,
             {
@@ -457,6 +461,7 @@ class Watchdog:
                 "ended_at": ended_at,
                 "watchdog_exit": int(code),
                 "recorded": recorded,
+                "stopping": stopping,
             },
         )
         log.info("driver ended: reason=%s exit_code=%s", reason, exit_code)

@@ -209,3 +209,55 @@ def test_a_paused_transaction_holding_a_row_is_ended_so_renewals_resume(
         holder.close()
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("by_watchdog", [True, False])
+@pytest.mark.parametrize(
+    ("max_restarts", "then", "state"),
+    [
+        (0, "resume", RunState.FAILED),  # wanted running again, no restart left
+        (1, "resume", RunState.BACKOFF),  # a restart left: retried after its backoff
+        (1, "stop", RunState.STOPPED),  # the operator's stop wins; the failure counts
+    ],
+)
+def test_a_failure_just_before_a_stop_began_is_counted(
+    engine: sa.Engine, by_watchdog: bool, max_restarts: int, then: str, state: RunState
+) -> None:
+    """CHAOS_SEED=593937538: bf0 (batch, --max-retries 0, always exits 3) exited 3; its
+    watchdog, slow to record it under load, found the row already 'stopping' (a stop,
+    then a start, came 2 s after the exit), its crash write matched no row, the server
+    released the run as pending and the job ran again past its budget. A failure that
+    came before the stop is the job's own: counted from 'stopping' too."""
+    job_id = factories.job(engine, "bf", kind=JobKind.BATCH, max_restarts=max_restarts)
+    factories.target(engine, job_id, "s1")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, owner("s1"), TTL)
+        distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=1)
+    with engine.begin() as conn:
+        jobs.stop(conn, "bf")
+        distribution.begin_stop(conn, job_id, owner("s1"), claim.epoch, "stop requested")
+        if then == "resume":
+            jobs.start(conn, "bf")
+    with engine.begin() as conn:
+        if by_watchdog:
+            distribution.record_crash_by_watchdog(
+                conn, job_id, "s1", claim.epoch, "exit 3", backoff_base=1.0, backoff_max=2.0
+            )
+        else:
+            distribution.record_crash(
+                conn,
+                job_id,
+                owner("s1"),
+                claim.epoch,
+                "exit 3",
+                retry=True,
+                backoff_base=1.0,
+                backoff_max=2.0,
+            )
+    row = factories.row(engine, job_id)
+    assert (row.owner, row.state) == (None, state)
+    with engine.connect() as conn:
+        restarts = conn.execute(
+            sa.text("SELECT restarts FROM distribution WHERE job_id = :j"), {"j": job_id}
+        ).scalar_one()
+    assert restarts == (1 if state != RunState.FAILED else 0)

@@ -587,6 +587,74 @@ def test_a_batch_exit_0_as_its_migration_begins_is_finished_not_rerun(
     assert (stage / "starts").read_text().split() == ["1"]
 
 
+@pytest.mark.parametrize("watchdog_records", [True, False])
+def test_a_batch_failure_as_its_migration_begins_spends_its_budget(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    watchdog_records: bool,
+) -> None:
+    """The failing twin of the exit-0 case above (CHAOS_SEED=593937538: ``bf0``, batch
+    with ``--max-retries 0``, exited 3; a stop came 2 s later, before its watchdog had
+    recorded the failure; the crash write found the row ``stopping`` and matched
+    nothing, the server released the run ``pending``, and it ran again past its
+    budget). The failure came before the stop reached the driver: it is the job's own,
+    counted, whether the watchdog records it or (PostgreSQL out of its reach) the
+    server does from the watchdog's result."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path, max_retries=0)
+    if not watchdog_records:
+        # A watchdog whose database URL cannot even be parsed records nothing, at once:
+        # the failure is left to the server, which reads it from the result file.
+        real_report = driver_module.FinishReport
+        monkeypatch.setattr(
+            driver_module,
+            "FinishReport",
+            lambda **kw: real_report(**{**kw, "database_url": "not a database url"}),
+        )
+    long_lease_runner.poll_once()  # claims; the driver starts in a task
+    waiting.wait_until(
+        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+    )
+    waiting.wait_until(
+        lambda: (
+            factories.row(engine, job_id).state == "running" or long_lease_runner.poll_once() < 0
+        ),
+        30,
+        message="the run was not recorded running",
+    )
+    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    stop_driver = long_lease_runner._stop_driver
+
+    def exit_3_first(run: runner.Run) -> None:
+        # ``stopping`` is committed; the driver fails on its own before it is signalled.
+        (stage / "go").write_text("3")
+        waiting.wait_until(
+            lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
+        )
+        stop_driver(run)
+
+    monkeypatch.setattr(long_lease_runner, "_stop_driver", exit_3_first)
+    factories.target(engine, job_id, "s2")  # the coordinator moves the job
+    long_lease_runner.poll_once()  # decides the stop: stopping, then the task above
+    waiting.wait_until(
+        lambda: not long_lease_runner.runs() or long_lease_runner.poll_once() < 0,
+        60,
+        message="the stopped run was not recorded",
+    )
+    assert factories.row(engine, job_id).state == "failed"
+    with pytest.raises(distribution.NotClaimable), engine.begin() as conn:
+        distribution.claim(conn, job_id, factories.owner("s2"), TTL)
+    kinds = _kinds(database_url)
+    assert kinds.count("claimed") == 1 and kinds.count("failed") == 1, kinds
+    assert (stage / "starts").read_text().split() == ["1"]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["recorded"] is watchdog_records
+
+
 def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
     engine: sa.Engine,
     bucket: store.Store,

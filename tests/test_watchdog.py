@@ -590,8 +590,9 @@ def test_a_watchdog_records_its_driver_s_own_exit_but_not_a_failure_during_a_sto
     if stop == "late signal":
         threading.Timer(0.3, lambda: setattr(dog, "stop_requested", True)).start()
     monkeypatch.setattr(watchdog, "SIGTERM_STOP_WAIT_S", 1.0)
-    assert dog._record_end(watchdog.Reason.EXITED, exit_code) is False
+    stopping = dog._stopping_at_exit(exit_code, exit_codes.SIGTERM_EXITS)
+    assert dog._record_end(watchdog.Reason.EXITED, exit_code, stopping) is False
     assert connecting == (["postgresql://nowhere/x"] if writes else [])
     for reason in ("stopped", "lease_expired", "killed", "spawn_failed"):
-        assert dog._record_end(watchdog.Reason(reason), None) is False
+        assert dog._record_end(watchdog.Reason(reason), None, True) is False
     assert len(connecting) == int(writes), "an ending that is not the driver's own was written"
