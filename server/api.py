@@ -58,8 +58,8 @@ from registry import servers as registry_servers
 from resource_center import catalog, store, validation
 from resource_center import errors as resource_errors
 from scheduler import coordinator, jobs, placement, ring
-from scheduler.states import JobKind
 from server import admission, audit, auth, defaults, livelog, metrics, tokens
+from sql.states import JobKind
 
 log = logging.getLogger(__name__)
 

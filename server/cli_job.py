@@ -14,9 +14,10 @@ from typing import Any
 
 import typer
 
-from scheduler import health_policy, jobs, states
-from scheduler.states import JobKind, RunState
+from scheduler import health_policy, jobs
 from server import audit, clients, console, tokens
+from sql import states
+from sql.states import JobKind, RunState
 
 app = typer.Typer(no_args_is_help=True, help="Define, start, stop and inspect jobs.")
 

@@ -36,7 +36,6 @@ import sqlalchemy as sa
 from registry import connection, servers, session
 from resource_center import cache
 from scheduler import coordinator, jobs, notify
-from scheduler.states import HealthFlag
 from server import (
     api,
     clients,
@@ -57,6 +56,7 @@ from server import (
 )
 from server import settings as settings_module
 from sql import database, migrate
+from sql.states import HealthFlag
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"

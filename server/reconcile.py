@@ -50,7 +50,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from scheduler import distribution, states
+from scheduler import distribution
+from sql import states
 
 
 class Phase(StrEnum):

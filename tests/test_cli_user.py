@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from scheduler.states import JobKind
 from server import clients, runner
 from server import settings as settings_module
+from sql.states import JobKind
 from tests import factories, waiting
 
 SPARKRING = [sys.executable, "-m", "server"]

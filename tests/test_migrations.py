@@ -92,11 +92,11 @@ def test_constraints_reject_bad_rows(engine: sa.Engine) -> None:
 
 
 def test_event_kinds_are_declared_once_and_guarded(engine: sa.Engine) -> None:
-    """job_events.kind accepts exactly scheduler.states.EventKind: a kind added to the
+    """job_events.kind accepts exactly sql.states.EventKind: a kind added to the
     enum without a migration that widens the CHECK fails here, not in production."""
     import importlib
 
-    from scheduler import states
+    from sql import states
 
     latest = importlib.import_module("sql.migrations.versions.0009_run_health")
     assert set(latest.KINDS) == {kind.value for kind in states.EventKind}

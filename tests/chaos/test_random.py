@@ -88,9 +88,9 @@ import sqlalchemy as sa
 
 from resource_center import catalog
 from scheduler import jobs
-from scheduler.states import JobKind
 from server import watchdog
 from sql import database
+from sql.states import JobKind
 from tests import conftest
 from tests.chaos import faults, invariants
 from tests.chaos.trial import HEARTBEAT_JOB, Trial

@@ -29,8 +29,8 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from resource_center import catalog, store
 from scheduler import distribution, jobs, placement
-from scheduler.states import JobKind
 from server import defaults, driver, retention, watchdog
+from sql.states import JobKind
 from tests import waiting
 from tests.chaos import faults, invariants
 from tests.cluster import HEARTBEAT_JOB, Cluster
