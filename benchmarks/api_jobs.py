@@ -7,7 +7,7 @@ Runs in a throwaway database copied from the migrated test template
     .venv/bin/python benchmarks/api_jobs.py [--jobs 10000] [--requests 200] [--browser]
 
 It inserts ``--jobs`` jobs in bulk (a third running with an owner and a lease, a third
-pending, a third stopped), makes an operator token, and serves ``server/api.py`` with
+pending, a third stopped), makes an operator token, and serves ``server/web/api.py`` with
 uvicorn in a child process (the same app a server runs; ZooKeeper is not needed for the
 job list, so the server list is empty). Then it times, one request at a time from this
 process with httpx, each listing in :data:`QUERIES` (``--requests`` times, after 10
@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from registry import servers  # noqa: E402
-from server import tokens  # noqa: E402
+from server.web import tokens  # noqa: E402
 from sql import database  # noqa: E402
 from tests import services, waiting  # noqa: E402
 
@@ -127,7 +127,7 @@ def serve(database_url: str, port: int) -> None:
     """The child process: the API app under uvicorn, as a server runs it."""
     import uvicorn
 
-    from server import api
+    from server.web import api
 
     engine = database.create_engine(database_url, pool_size=4)
     started = time.time() - 3600

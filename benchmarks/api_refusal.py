@@ -7,7 +7,7 @@ Runs in a throwaway database copied from the migrated test template
     eval "$(python3 scripts/stack.py env)"
     .venv/bin/python benchmarks/api_refusal.py [--mib 64] [--requests 5]
 
-It serves ``server/api.py`` in a child process through ``server/httpd.py`` (the
+It serves ``server/web/api.py`` in a child process through ``server/web/httpd.py`` (the
 listener a server runs), then POSTs ``--requests`` bodies of ``--mib`` MiB of zeros to
 ``/api/v1/jobs`` with no token, one at a time, on a raw socket (``tests/rawhttp.py``):
 the head first, the body fed from a side thread until the server closes. It prints the
@@ -38,7 +38,7 @@ MIB = 1024 * 1024
 
 def serve(database_url: str, port: int) -> None:
     """The child process: the API app behind the server's own listener."""
-    from server import api, httpd
+    from server.web import api, httpd
 
     engine = database.create_engine(database_url, pool_size=2)
     backend = api.Backend(

@@ -24,7 +24,7 @@ so after the warm-up run each checkout is measured with its ``.pyc`` files, as a
 installed package runs. The load average is recorded before and after. Only PostgreSQL
 is needed.
 
-``--breakdown`` (no database needed) splits the import of ``server.cli`` of the first
+``--breakdown`` (no database needed) splits the import of ``server.cli.main`` of the first
 checkout into the libraries it loads, in the order ``job list`` loads them: the CPU
 seconds of each group measured inside one process (``getrusage`` before and after),
 median of ``--runs`` processes. Each group's figure excludes what earlier groups loaded.
@@ -65,7 +65,7 @@ IMPORT_GROUPS: dict[str, str] = {
     "typer": "typer",
     "rich": "rich.console,rich.table",
     "sparkring tables, jobs, settings": "sql.tables,scheduler.jobs,server.settings",
-    "sparkring CLI modules": "server.cli",
+    "sparkring CLI modules": "server.cli.main",
 }
 # Prints the CPU seconds spent before the first group, then those of each group (JSON).
 BREAKDOWN_PROBE = """

@@ -56,7 +56,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scheduler import coordinator, distribution, placement  # noqa: E402
-from server import console, defaults  # noqa: E402
+from server import defaults  # noqa: E402
+from server.cli import console  # noqa: E402
 from sql import database, migrate  # noqa: E402
 from tests import services  # noqa: E402
 

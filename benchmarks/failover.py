@@ -48,9 +48,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scheduler import jobs  # noqa: E402
-from scheduler.states import JobKind  # noqa: E402
 from server import defaults  # noqa: E402
 from sql import migrate  # noqa: E402
+from sql.states import JobKind  # noqa: E402
 from tests import cluster as cluster_module  # noqa: E402
 from tests import services, sink, waiting  # noqa: E402
 from tests.chaos import trial as trial_module  # noqa: E402

@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from resource_center import cache, catalog, store  # noqa: E402
-from server import console  # noqa: E402
 from server import settings as settings_module  # noqa: E402
+from server.cli import console  # noqa: E402
 from sql import database, migrate  # noqa: E402
 
 MIB = 1024 * 1024

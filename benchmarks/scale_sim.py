@@ -53,9 +53,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from registry import servers, session  # noqa: E402
-from scheduler import coordinator, distribution, states  # noqa: E402
+from scheduler import coordinator, distribution  # noqa: E402
 from server import defaults  # noqa: E402
-from sql import migrate  # noqa: E402
+from sql import migrate, states  # noqa: E402
 from tests import services  # noqa: E402
 
 VICTIM = """

@@ -34,8 +34,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from resource_center import catalog, errors, store
-from server import defaults
+from resource_center import catalog, defaults, errors, store
 
 log = logging.getLogger(__name__)
 

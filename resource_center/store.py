@@ -30,8 +30,7 @@ import urllib3
 from minio import deleteobjects
 from minio import error as minio_error
 
-from resource_center import errors
-from server import defaults
+from resource_center import defaults, errors
 
 OBJECT_PREFIX = "sha256/"
 OBJECT_KEY = re.compile(r"sha256/[0-9a-f]{64}")

@@ -69,7 +69,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from scheduler import distribution, notify, placement, residency, states
+from scheduler import distribution, notify, placement, residency
+from sql import states
 
 log = logging.getLogger(__name__)
 

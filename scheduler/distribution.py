@@ -1,7 +1,7 @@
 """Lease and fencing operations on the distribution table.
 
 Every operation here is one guarded SQL statement (an ``UPDATE`` whose ``WHERE`` names
-the caller, its epoch and the legal source states from ``scheduler/states.py``) that
+the caller, its epoch and the legal source states from ``sql/states.py``) that
 also appends its event to ``job_events`` in the same statement. Zero rows matched means
 the caller no longer holds the job at that epoch, or the transition is illegal: it
 raises :class:`FencedError`, never passes silently.
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from scheduler import states
-from scheduler.states import EventKind, RunState
+from sql import states
+from sql.states import EventKind, RunState
 
 
 class FencedError(Exception):

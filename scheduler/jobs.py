@@ -34,9 +34,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from scheduler import distribution, health_policy, notify, run_health, states
-from scheduler.states import EventKind, JobKind, RunState
-from sql import tables
+from scheduler import distribution, health_policy, notify, run_health
+from sql import states, tables
+from sql.states import EventKind, JobKind, RunState
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 
 from scheduler import placement
-from scheduler.states import RunState
+from sql.states import RunState
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,8 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from scheduler import states
-from sql import tables
+from sql import states, tables
 
 
 @dataclass(frozen=True)

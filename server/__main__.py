@@ -1,5 +1,5 @@
 """``python -m server`` runs the sparkring CLI."""
 
-from server import cli
+from server.cli import main as cli
 
 cli.main()

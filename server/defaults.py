@@ -1,7 +1,9 @@
 """Every tunable default of sparkring, in one place, each with its unit.
 
 Settings (``server/settings.py``) read these; library packages receive plain values
-and never import this module's names implicitly through ``os.environ``.
+and never import this module's names implicitly through ``os.environ``. A lower package
+owns its own defaults (``resource_center/defaults.py``: S3 and the artifact cache), and
+settings read them there: no module reaches up a floor for a constant.
 """
 
 from __future__ import annotations
@@ -15,23 +17,10 @@ MEMBERSHIP_DEBOUNCE_S = 0.5
 # Job commands (start, stop...) fold into one recomputation within this window, seconds.
 JOB_CHANGE_DEBOUNCE_S = 0.05
 
-S3_BUCKET = "sparkring"
-S3_SECURE = False
-S3_REGION = "us-east-1"
 # Largest artifact accepted on upload, bytes.
 MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
 # Largest JSON request body the HTTP API reads, bytes (every write but an upload).
 MAX_JSON_BODY_BYTES = 1024 * 1024
-# Local artifact cache bound, bytes (least recently used entries are evicted).
-CACHE_MAX_BYTES = 2 * 1024 * 1024 * 1024
-# S3 client timeouts, seconds: opening a connection, and waiting for bytes on it.
-S3_CONNECT_TIMEOUT_S = 5.0
-S3_READ_TIMEOUT_S = 60.0
-# Fetching an artifact for a driver (server path): an unreachable S3 is retried for up
-# to this long, seconds, with exponential backoff from base to max between attempts.
-S3_FETCH_RETRY_S = 30.0
-S3_FETCH_BACKOFF_BASE_S = 0.5
-S3_FETCH_BACKOFF_MAX_S = 5.0
 
 SPARK_MASTER = "local[2]"
 CHECKPOINT_ROOT = "/var/lib/sparkring/checkpoints"

@@ -43,9 +43,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from scheduler import distribution, health_policy, jobs, run_health
-from scheduler.states import HealthFlag
 from server import metrics, reconcile, spark_status, watchdog
 from server.runner import Run
+from sql.states import HealthFlag
 
 log = logging.getLogger(__name__)
 

@@ -24,29 +24,28 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import ssl
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import sqlalchemy as sa
 
 from registry import connection, servers, session
 from resource_center import cache
 from scheduler import coordinator, jobs, notify
-from scheduler.states import HealthFlag
 from server import (
-    api,
     clients,
     defaults,
     driver,
     driver_user,
     exit_codes,
     health,
-    httpd,
-    livelog,
     master_watch,
     metrics,
     retention,
@@ -57,6 +56,7 @@ from server import (
 )
 from server import settings as settings_module
 from sql import database, migrate
+from sql.states import HealthFlag
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -73,9 +73,38 @@ class StartupError(Exception):
     """The server cannot start (schema not migrated, id taken); the message says why."""
 
 
+class Endpoint(Protocol):
+    """The server's HTTP listener (API, console, health, metrics), built by
+    ``server/web/endpoint.py``: bound when built (``port`` is known), served from
+    ``start()`` until ``stop()``."""
+
+    port: int
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EndpointPlace:
+    """What an endpoint is built from: the server it serves, the API's own pool (never
+    the runner's: requests must not starve lease renewals), the bucket, and TLS."""
+
+    server: Server
+    engine: sa.Engine
+    bucket: Any
+    listener_tls: tls.ServerTls | None
+    peer_tls: ssl.SSLContext
+
+
 class Server:
-    def __init__(self, settings: settings_module.Settings) -> None:
+    def __init__(
+        self,
+        settings: settings_module.Settings,
+        open_endpoint: Callable[[EndpointPlace], Endpoint],
+    ) -> None:
         self.settings = settings
+        self._open_endpoint = open_endpoint
         self.id = settings.server_id
         self._stop = threading.Event()
         self._coordinator: coordinator.CoordinatorLoop | None = None
@@ -84,7 +113,7 @@ class Server:
         self.registry: session.Registry | None = None
         self.runner: runner.Runner | None = None
         self.listener: notify.Listener | None = None
-        self.http: httpd.HttpServer | None = None
+        self.http: Endpoint | None = None
         self.listener_tls: tls.ServerTls | None = None
         # The HTTP API's own small pool: requests must never starve lease renewals.
         self.api_engine: sa.Engine | None = None
@@ -231,40 +260,25 @@ class Server:
         return user
 
     def _start_http(self, bucket: Any) -> None:
+        """Open the HTTP endpoint that ``open_endpoint`` builds for this server (the web
+        package's ``endpoint.open``: the process never imports the web), with the API's
+        own small pool and the TLS settings checked here."""
         s = self.settings
-        self.api_engine = clients.engine(s, pool_size=defaults.HTTP_DB_POOL)
-
-        def shipped_log(job: dict[str, Any], epoch: int, lines: int) -> str | None:
-            return livelog.shipped_run(
-                bucket,
-                runner.log_key(job["name"], job["id"], epoch),
-                runner.legacy_log_key(job["name"], epoch),
-                job["created_at"],
-                lines,
-            )
-
         try:
             self.listener_tls = tls.server_tls(s.tls_cert, s.tls_key)
             peer_tls = tls.client_context(s.tls_ca)
         except tls.TlsError as exc:
             raise StartupError(str(exc)) from None
-        backend = api.Backend(
-            server_id=self.id,
+        self.api_engine = clients.engine(s, pool_size=defaults.HTTP_DB_POOL)
+        place = EndpointPlace(
+            server=self,
             engine=self.api_engine,
-            status=self.status,
-            members=lambda: self.registry.members() if self.registry else {},
-            log_file=self._log_file,
-            shipped_log=shipped_log,
-            placement_epsilon=s.placement_epsilon,
-            vnodes=defaults.RING_VNODES,
             bucket=bucket,
-            max_artifact_bytes=s.max_artifact_bytes,
+            listener_tls=self.listener_tls,
             peer_tls=peer_tls,
         )
         try:
-            self.http = httpd.HttpServer(
-                api.create_app(backend), s.health_port, listener_tls=self.listener_tls
-            )
+            self.http = self._open_endpoint(place)
         except OSError as exc:
             raise StartupError(f"SPARKRING_HEALTH_PORT: {exc}") from None
         self.http.start()
@@ -469,7 +483,8 @@ class Server:
             "stopping": self._stop.is_set(),
         }
 
-    def _log_file(self, job: str) -> Path | None:
+    def log_file(self, job: str) -> Path | None:
+        """The local log file of ``job``'s driver on this server, if one runs here."""
         for run in (self.runner.runs() if self.runner else {}).values():
             if run.name == job and run.driver is not None:
                 return run.driver.log_file

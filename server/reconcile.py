@@ -50,8 +50,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from scheduler import distribution, states
+from scheduler import distribution
 from server import exit_codes
+from sql import states
 
 
 class Phase(StrEnum):

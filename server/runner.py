@@ -43,7 +43,7 @@ from sqlalchemy.exc import DBAPIError
 
 from resource_center import cache as cache_module
 from resource_center import catalog, errors, store
-from scheduler import distribution, notify, states
+from scheduler import distribution, notify
 from scheduler import jobs as job_catalog
 from server import (
     checkpoint,
@@ -56,6 +56,7 @@ from server import (
     spark_master,
     watchdog,
 )
+from sql import states
 
 log = logging.getLogger(__name__)
 

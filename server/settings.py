@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from resource_center import defaults as resource_defaults
 from server import defaults
 
 ENV_PREFIX = "SPARKRING_"
@@ -94,9 +95,9 @@ class Settings(BaseSettings):
     s3_endpoint: str = ""
     s3_access_key: SecretStr = SecretStr("")
     s3_secret_key: SecretStr = SecretStr("")
-    s3_bucket: str = defaults.S3_BUCKET
-    s3_secure: bool = defaults.S3_SECURE
-    s3_region: str = defaults.S3_REGION
+    s3_bucket: str = resource_defaults.S3_BUCKET
+    s3_secure: bool = resource_defaults.S3_SECURE
+    s3_region: str = resource_defaults.S3_REGION
     spark_master: str = defaults.SPARK_MASTER
     checkpoint_root: Path = Path(defaults.CHECKPOINT_ROOT)
     work_dir: Path = Path(defaults.WORK_DIR)
@@ -118,7 +119,7 @@ class Settings(BaseSettings):
     restart_backoff_base: float = Field(defaults.RESTART_BACKOFF_BASE_S, ge=0)
     restart_backoff_max: float = Field(defaults.RESTART_BACKOFF_MAX_S, ge=0)
     max_artifact_bytes: int = Field(defaults.MAX_ARTIFACT_BYTES, gt=0)
-    cache_max_bytes: int = Field(defaults.CACHE_MAX_BYTES, gt=0)
+    cache_max_bytes: int = Field(resource_defaults.CACHE_MAX_BYTES, gt=0)
     placement_epsilon: float = Field(defaults.PLACEMENT_EPSILON, gt=0)
     # Settle window of sticky placement, seconds (server/defaults.py).
     placement_settle: float = Field(defaults.PLACEMENT_SETTLE_S, ge=0)
@@ -139,7 +140,7 @@ class Settings(BaseSettings):
     # against; unset, the system's trust store.
     tls_ca: Path | None = None
     # How long a driver start retries an unreachable S3 before deferring the job, seconds.
-    s3_fetch_retry: float = Field(defaults.S3_FETCH_RETRY_S, ge=0)
+    s3_fetch_retry: float = Field(resource_defaults.S3_FETCH_RETRY_S, ge=0)
     # How long job events and shipped driver logs are kept, seconds; a duration such as
     # "30d" is accepted (parse_duration). 0 keeps them forever.
     history_retention: float = defaults.HISTORY_RETENTION_S

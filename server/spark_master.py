@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler import states
 from server import driver_error
+from sql import states
 
 # The standalone master's default RPC port (a spark:// host given without one).
 DEFAULT_PORT = 7077

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-from scheduler import states
+from sql import states
 
 metadata = sa.MetaData(
     naming_convention={
@@ -23,7 +23,7 @@ metadata = sa.MetaData(
 )
 
 # Names of job kinds, desired states, run states and event kinds, as stored: derived from
-# the enums of scheduler/states.py (their meanings and legal transitions live there).
+# the enums of sql/states.py (their meanings and legal transitions live there).
 JOB_KINDS = tuple(kind.value for kind in states.JobKind)
 DESIRED_STATES = tuple(desired.value for desired in states.Desired)
 RUN_STATES = tuple(state.value for state in states.RunState)

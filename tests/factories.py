@@ -7,8 +7,8 @@ import hashlib
 import sqlalchemy as sa
 
 from scheduler import distribution, jobs
-from scheduler.states import JobKind
 from sql import tables
+from sql.states import JobKind
 
 
 def resource(conn: sa.Connection, name: str = "app", content: bytes = b"print(1)\n") -> int:

@@ -1,5 +1,5 @@
 """Following a live driver log cannot starve the server (issue 23, item 3): the API
-app behind the server's own listener (``server/httpd.py``) on a real database, with a
+app behind the server's own listener (``server/web/httpd.py``) on a real database, with a
 driver log that stays idle. Follows are asynchronous (they hold no worker thread while
 idle) and bounded per token and per server; ``/healthz`` keeps answering."""
 
@@ -14,7 +14,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from server import api, httpd, livelog, tokens
+from server.web import api, httpd, livelog, tokens
 from tests import waiting
 
 JOB = "quiet"

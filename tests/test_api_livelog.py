@@ -1,4 +1,4 @@
-"""server/livelog.py: the tail of a log file, following it (an asynchronous stream that
+"""server/web/livelog.py: the tail of a log file, following it (an asynchronous stream that
 ends with a line saying why), and the gate that bounds open follows."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server import livelog
+from server.web import livelog
 
 
 def test_tail_returns_the_last_lines(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from server import api
+from server.web import api
 from tests.api_helpers import API, ApiStack, api_stack
 from tests.cluster import HEARTBEAT_JOB
 
@@ -30,7 +30,7 @@ def stack(
 @pytest.fixture(scope="module")
 def expired(stack: ApiStack) -> str:
     with stack.cluster.engine.begin() as conn:
-        from server import tokens
+        from server.web import tokens
 
         token = tokens.create(conn, "lapsed", "operator", expires_in=3600)
         conn.execute(

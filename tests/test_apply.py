@@ -11,8 +11,8 @@ import sqlalchemy as sa
 
 from resource_center import catalog, store
 from scheduler import jobs
-from server import apply
 from server import settings as settings_module
+from server.cli import spec as apply
 from sql import tables
 
 

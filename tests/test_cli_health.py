@@ -1,4 +1,4 @@
-"""``sparkring health`` / ``python -m server.cli_health``: the containers' healthcheck probe.
+"""``sparkring health`` / ``python -m server.cli.health``: the containers' healthcheck probe.
 
 Runs against a real HTTP server on 127.0.0.1 (an ephemeral port), as a container's
 healthcheck runs against the process beside it.
@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from typer.testing import CliRunner
 
-from server import cli, cli_health
+from server.cli import health as cli_health
+from server.cli import main as cli
 from tests import services
 
 
@@ -57,7 +58,7 @@ def test_probe_accepts_2xx_and_names_the_failure_otherwise(base_url: str) -> Non
 def test_module_exit_codes_as_a_healthcheck_runs_it(base_url: str) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "server.cli_health", *args],
+            [sys.executable, "-m", "server.cli.health", *args],
             cwd=services.REPO,
             capture_output=True,
             text=True,
@@ -76,7 +77,7 @@ def test_module_exit_codes_as_a_healthcheck_runs_it(base_url: str) -> None:
 def test_module_imports_only_the_standard_library() -> None:
     """A probe every few seconds per container must not import the whole CLI (~1 s CPU)."""
     code = (
-        "import sys, server.cli_health; "
+        "import sys, server.cli.health; "
         "heavy = {'typer', 'sqlalchemy', 'kazoo', 'rich', 'pyspark'} & set(sys.modules); "
         "print(sorted(heavy))"
     )

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from scheduler.states import JobKind
 from server import clients, runner
 from server import settings as settings_module
+from sql.states import JobKind
 from tests import factories, waiting
 
 SPARKRING = [sys.executable, "-m", "server"]
@@ -366,7 +366,8 @@ SERVICE_LIBRARIES += ("pyspark", "alembic", "uhashring", "prometheus_client")
 
 def test_cli_start_up_imports_no_library_of_a_service_it_may_not_use() -> None:
     probe = (
-        "import sys, server.cli; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+        "import sys, server.cli.main; "
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True

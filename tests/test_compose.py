@@ -169,7 +169,7 @@ def test_every_healthcheck_is_exec_form_without_a_shell(
 def test_sparkring_healthchecks_use_the_image_s_own_probe(resolved: dict[str, Any]) -> None:
     for name in (*SPARK_MASTERS, "spark-worker", "server"):
         test = resolved["services"][name]["healthcheck"]["test"]
-        assert test[1:4] == ["python", "-m", "server.cli_health"], name
+        assert test[1:4] == ["python", "-m", "server.cli.health"], name
         assert test[4].startswith("http://127.0.0.1:"), name
 
 

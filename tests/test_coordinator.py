@@ -8,7 +8,8 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from scheduler import coordinator, jobs, notify, states
+from scheduler import coordinator, jobs, notify
+from sql import states
 from tests import factories, waiting
 
 SERVERS = {"a": 10, "b": 10, "c": 10}

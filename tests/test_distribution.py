@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from scheduler import distribution, jobs
-from scheduler.states import JobKind, RunState
+from sql.states import JobKind, RunState
 from tests import factories
 from tests.factories import owner
 

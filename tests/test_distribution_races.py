@@ -16,9 +16,9 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from scheduler import distribution, jobs
-from scheduler.states import JobKind, RunState
 from server import defaults
 from sql import database
+from sql.states import JobKind, RunState
 from tests import factories
 from tests.factories import owner
 

@@ -298,7 +298,7 @@ def test_the_watchdog_refuses_a_run_directory_the_driver_could_write(
 
 
 def test_server_list_shows_whose_user_drivers_run_as() -> None:
-    from server import cli_server
+    from server.cli import servers as cli_server
 
     own = {"driver_user": "root", "driver_user_isolated": False}
     assert cli_server._drivers_as(own) == "root (own)"

@@ -19,10 +19,10 @@ import pytest
 import sqlalchemy as sa
 
 from scheduler import distribution, health_policy, jobs, run_health
-from scheduler.states import HealthFlag, JobKind
 from server import driver, health, reconcile, spark_status
 from server.runner import Run
 from sql import tables
+from sql.states import HealthFlag, JobKind
 from tests import factories, spark_ui
 
 T0 = dt.datetime(2026, 11, 24, 9, 0, 0, tzinfo=dt.UTC)

@@ -8,9 +8,9 @@ import sqlalchemy as sa
 
 from resource_center import catalog, errors
 from scheduler import distribution, jobs
-from scheduler.states import JobKind
 from server import reconcile
 from sql import tables
+from sql.states import JobKind
 from tests import factories
 from tests.factories import owner
 

@@ -92,11 +92,11 @@ def test_constraints_reject_bad_rows(engine: sa.Engine) -> None:
 
 
 def test_event_kinds_are_declared_once_and_guarded(engine: sa.Engine) -> None:
-    """job_events.kind accepts exactly scheduler.states.EventKind: a kind added to the
+    """job_events.kind accepts exactly sql.states.EventKind: a kind added to the
     enum without a migration that widens the CHECK fails here, not in production."""
     import importlib
 
-    from scheduler import states
+    from sql import states
 
     latest = importlib.import_module("sql.migrations.versions.0009_run_health")
     assert set(latest.KINDS) == {kind.value for kind in states.EventKind}
@@ -230,11 +230,11 @@ def test_history_index_comes_and_goes_with_0008_and_events_stay(engine: sa.Engin
 
 
 def test_audit_actions_are_declared_once_and_guarded(engine: sa.Engine) -> None:
-    """audit_events.action accepts exactly server.audit.Action (as tables.AUDIT_ACTIONS
+    """audit_events.action accepts exactly server.web.audit.Action (as tables.AUDIT_ACTIONS
     and migration 0010 declare them)."""
     import importlib
 
-    from server import audit
+    from server.web import audit
 
     latest = importlib.import_module("sql.migrations.versions.0010_token_expiry_and_audit")
     assert set(latest.ACTIONS) == set(tables.AUDIT_ACTIONS) == {a.value for a in audit.Action}
@@ -250,7 +250,7 @@ def test_audit_actions_are_declared_once_and_guarded(engine: sa.Engine) -> None:
 def test_tokens_made_before_expiry_keep_working_and_never_expire(engine: sa.Engine) -> None:
     """0010 on a database with tokens: they authenticate as before (no expiry) and can
     be listed with their last use; back down to 0009 they still authenticate."""
-    from server import tokens
+    from server.web import tokens
 
     migrate.downgrade(engine, "0009")
     with engine.begin() as connection:

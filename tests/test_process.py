@@ -14,6 +14,7 @@ import pytest
 from registry import servers
 from server import driver_user, metrics, process, tls
 from server import settings as settings_module
+from server.web import endpoint
 from tests import certificates, conftest, services
 from tests.waiting import wait_until
 
@@ -21,7 +22,7 @@ from tests.waiting import wait_until
 @pytest.fixture
 def server(settings: settings_module.Settings) -> Iterator[process.Server]:
     """A started server whose supervising loop (``Server.run``) runs on a thread."""
-    the_server = process.Server(settings)
+    the_server = process.Server(settings, endpoint.open)
     the_server.start()
     runs = threading.Thread(target=the_server.run, name="test-server-run", daemon=True)
     runs.start()
@@ -72,7 +73,9 @@ def test_a_planned_restart_hands_over_without_waiting_for_a_stop_in_flight(
     10 s) held the hand-over back with no renewals, so every other driver of the server
     died at its deadline and the restart became a full one. The leases are extended
     first; the tasks are waited for after."""
-    the_server = process.Server(settings.model_copy(update={"handover_window": 60.0}))
+    the_server = process.Server(
+        settings.model_copy(update={"handover_window": 60.0}), endpoint.open
+    )
     the_server.start()
     assert the_server.runner is not None
     handed = threading.Event()
@@ -125,7 +128,9 @@ def test_a_driver_user_that_cannot_reach_the_work_dir_stops_the_start(
     except driver_user.DriverUserError as exc:
         conftest.unavailable(f"{exc}: run scripts/bootstrap.sh")
     tmp_path.chmod(0o700)
-    the_server = process.Server(settings.model_copy(update={"driver_user": "sparkring-driver"}))
+    the_server = process.Server(
+        settings.model_copy(update={"driver_user": "sparkring-driver"}), endpoint.open
+    )
     try:
         with pytest.raises(process.StartupError) as raised:
             the_server.start()
@@ -145,7 +150,7 @@ def test_a_server_with_tls_serves_https_and_registers_an_https_url(
     tls_settings = settings.model_copy(
         update={"tls_cert": cert, "tls_key": key, "advertise_host": certificates.HOST}
     )
-    the_server = process.Server(tls_settings)
+    the_server = process.Server(tls_settings, endpoint.open)
     try:
         the_server.start()
         assert the_server.http is not None
@@ -169,7 +174,7 @@ def test_a_server_with_half_of_its_tls_settings_does_not_start(
     settings: settings_module.Settings, tmp_path: Path
 ) -> None:
     cert, _ = certificates.self_signed(tmp_path, "server")
-    the_server = process.Server(settings.model_copy(update={"tls_cert": cert}))
+    the_server = process.Server(settings.model_copy(update={"tls_cert": cert}), endpoint.open)
     try:
         with pytest.raises(process.StartupError, match="SPARKRING_TLS_KEY go together"):
             the_server.start()
@@ -189,7 +194,7 @@ def test_a_server_reports_whether_its_spark_masters_answer(
         closed.bind(("127.0.0.1", 0))  # bound, never listening: refuses connections
         up, down = (f"127.0.0.1:{s.getsockname()[1]}" for s in (listening, closed))
         the_server = process.Server(
-            settings.model_copy(update={"spark_master": f"spark://{down},{up}"})
+            settings.model_copy(update={"spark_master": f"spark://{down},{up}"}), endpoint.open
         )
         the_server.start()
         try:

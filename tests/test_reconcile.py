@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler import distribution
-from scheduler.states import OWNED, RunState
 from server import reconcile
 from server.reconcile import Phase
+from sql.states import OWNED, RunState
 
 ME = distribution.Owner("s1", "now")
 BEFORE = distribution.Owner("s1", "before")  # the previous incarnation of s1

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from registry import servers
-from server import cli_server
+from server.cli import servers as cli_server
 from tests import test_registry as helpers
 from tests.waiting import wait_until
 

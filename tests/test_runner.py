@@ -26,11 +26,11 @@ import sqlalchemy as sa
 
 from resource_center import cache, catalog, store
 from scheduler import distribution, jobs
-from scheduler.states import JobKind
 from server import driver as driver_module
 from server import runner, watchdog
 from server import settings as settings_module
 from sql import database
+from sql.states import JobKind
 from tests import factories, services, waiting
 
 # The driver: records its start, waits for a "go" file, then exits with the code in it.

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from server import cli, defaults, exit_codes, supervisor
+from server import defaults, exit_codes, supervisor
+from server.cli import main as cli
 from tests import waiting
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,8 +17,9 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from registry import servers
-from server import api, httpd, livelog, tls
 from server import settings as settings_module
+from server import tls
+from server.web import api, httpd, livelog
 from tests import certificates
 
 HOST = certificates.HOST

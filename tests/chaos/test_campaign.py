@@ -23,8 +23,8 @@ import pytest
 import sqlalchemy as sa
 
 from scheduler import jobs
-from scheduler.states import JobKind
 from server import exit_codes
+from sql.states import JobKind
 from tests import conftest, waiting
 from tests.chaos import faults
 from tests.chaos.trial import HEARTBEAT_JOB, Outcome, Trial

@@ -88,9 +88,9 @@ import sqlalchemy as sa
 
 from resource_center import catalog
 from scheduler import jobs
-from scheduler.states import JobKind
 from server import watchdog
 from sql import database
+from sql.states import JobKind
 from tests import conftest
 from tests.chaos import faults, invariants
 from tests.chaos.trial import HEARTBEAT_JOB, Trial
@@ -664,7 +664,7 @@ class RandomChaos:
     # ------------------------------------------------------------------ commands
 
     def _revise(self, conn: sa.Connection, action: str, name: str, rng: random.Random) -> str:
-        """``job update`` or ``job rollback`` (server/cli_job.py: the same calls). An
+        """``job update`` or ``job rollback`` (server/cli/job.py: the same calls). An
         update draws new args (a batch job's run time; a streaming job's unused
         ``--exit-code``: it runs until stopped), a conf key and the artifact's other
         version; a batch job's revision asks for the restart (a roll) half the time."""

@@ -29,8 +29,8 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from resource_center import catalog, store
 from scheduler import distribution, jobs, placement
-from scheduler.states import JobKind
 from server import defaults, driver, retention, watchdog
+from sql.states import JobKind
 from tests import waiting
 from tests.chaos import faults, invariants
 from tests.cluster import HEARTBEAT_JOB, Cluster
@@ -451,7 +451,7 @@ class Trial:
         return [merged[i] for i in sorted(merged)]
 
     def prune_history(self, conn: sa.Connection, older_than: float) -> str:
-        """``sparkring events prune --older-than`` (server/cli_events.py, the same
+        """``sparkring events prune --older-than`` (server/cli/events.py, the same
         statements): delete the job events older than ``older_than`` seconds, after
         copying every one of them into the harness's snapshot, which :meth:`events`
         merges back. An event older than the cutoff that commits between the copy and

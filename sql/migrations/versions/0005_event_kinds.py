@@ -1,4 +1,4 @@
-"""event kinds: job_events.kind is one of scheduler.states.EventKind
+"""event kinds: job_events.kind is one of sql.states.EventKind
 
 Revision ID: 0005
 Revises: 0004

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from server import console
+from server.cli import console
 
 app = typer.Typer(no_args_is_help=True, help="Migrate the PostgreSQL schema (Alembic).")
 

@@ -1,7 +1,7 @@
 """``sparkring health URL``: exit 0 when URL answers 2xx, 1 with one line otherwise.
 
 Container healthchecks run it in exec form, as ``["CMD", "python", "-m",
-"server.cli_health", "http://127.0.0.1:8090/healthz"]``: one argument per word, none
+"server.cli.health", "http://127.0.0.1:8090/healthz"]``: one argument per word, none
 needing a shell, so every engine runs it alike (podman 4.3 splits a healthcheck argument
 that contains spaces). This module imports the standard library only: a probe every
 few seconds per container must cost milliseconds, not the CPU that importing the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 DEFAULT_TIMEOUT_S = 3.0
-USAGE = "usage: python -m server.cli_health URL [TIMEOUT_SECONDS]"
+USAGE = "usage: python -m server.cli.health URL [TIMEOUT_SECONDS]"
 
 
 def probe(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> str | None:
@@ -50,7 +50,7 @@ def check(url: str, timeout: float) -> int:
 def health(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """Probe URL (e.g. http://127.0.0.1:8090/healthz): exit 0 on a 2xx answer, else 1.
 
-    For container healthchecks; images run it as `python -m server.cli_health URL`.
+    For container healthchecks; images run it as `python -m server.cli.health URL`.
     """
     code = check(url, timeout)
     if code:

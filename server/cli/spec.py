@@ -31,8 +31,8 @@ import sqlalchemy as sa
 
 from resource_center import catalog, errors, store, validation
 from scheduler import health_policy, jobs
-from scheduler.states import Desired, JobKind
 from sql import tables
+from sql.states import Desired, JobKind
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TOP_KEYS = frozenset({"label", "jobs"})

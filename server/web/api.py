@@ -8,7 +8,7 @@ functions as the CLI, in one transaction each, so every guarded statement holds.
 
 Open: ``/healthz`` (compose and load-balancer probes), ``/metrics`` (Prometheus
 scrapes), the console's static files and the OpenAPI schema. Everything else needs a
-bearer token (``server/auth.py``): viewers read, operators also write. ``/logs/<job>``
+bearer token (``server/web/auth.py``): viewers read, operators also write. ``/logs/<job>``
 serves only a driver running *here*; ``/api/v1/jobs/{name}/logs`` finds the run
 wherever it is (this server, its owner over HTTP with the cluster credential, or the
 log shipped to S3).
@@ -58,13 +58,14 @@ from registry import servers as registry_servers
 from resource_center import catalog, store, validation
 from resource_center import errors as resource_errors
 from scheduler import coordinator, jobs, placement, ring
-from scheduler.states import JobKind
-from server import admission, audit, auth, defaults, livelog, metrics, tokens
+from server import defaults, metrics
+from server.web import admission, audit, auth, livelog, tokens
+from sql.states import JobKind
 
 log = logging.getLogger(__name__)
 
 API = "/api/v1"
-WEB = Path(__file__).resolve().parent / "web"
+WEB = Path(__file__).resolve().parent / "static"
 # Largest page of jobs one request returns.
 MAX_PAGE = 1000
 # How long the server list waits for a peer's /healthz, seconds.

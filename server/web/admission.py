@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server import auth
+from server.web import auth
 
 # Methods that carry no body and change nothing: left to the routes' own checks.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from server import clients, console, defaults
+from server import clients, defaults
+from server.cli import console
 
 if TYPE_CHECKING:
     from scheduler import placement

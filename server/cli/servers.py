@@ -13,8 +13,9 @@ from typing import Annotated, Any
 import sqlalchemy as sa
 import typer
 
-from server import clients, console, defaults, exit_codes
+from server import clients, defaults, exit_codes
 from server import settings as settings_module
+from server.cli import console
 
 app = typer.Typer(no_args_is_help=True, help="Inspect and run sparkring servers.")
 
@@ -158,6 +159,7 @@ def run(
     """
     from registry import errors as registry_errors
     from server import logs, process, signals
+    from server.web import endpoint
     from sql import database
 
     context = console.context(ctx)
@@ -171,7 +173,7 @@ def run(
     # A server uses every service: all their settings are checked before it starts.
     settings = context.settings().require(*settings_module.SERVICE_KEYS)
     logs.configure(log_level.upper())
-    server = process.Server(settings)
+    server = process.Server(settings, endpoint.open)
     signals.install(
         server.request_stop,
         on_term=server.request_hand_over if settings.handover_window > 0 else None,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from server import clients, console, defaults, exit_codes, retention
+from server import clients, defaults, exit_codes, retention
 from server import settings as settings_module
+from server.cli import console
 
 app = typer.Typer(no_args_is_help=True, help="Prune the history of jobs (events, driver logs).")
 

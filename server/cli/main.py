@@ -16,21 +16,19 @@ from pathlib import Path
 import typer
 from sqlalchemy import exc as sa_exc
 
-from server import (
-    cli_apply,
-    cli_db,
-    cli_events,
-    cli_health,
-    cli_job,
-    cli_resource,
-    cli_ring,
-    cli_server,
-    cli_token,
-    console,
-    exit_codes,
-    tokens,
-)
+from server import exit_codes
 from server import settings as settings_module
+from server.cli import apply as cli_apply
+from server.cli import console
+from server.cli import db as cli_db
+from server.cli import events as cli_events
+from server.cli import health as cli_health
+from server.cli import job as cli_job
+from server.cli import resource as cli_resource
+from server.cli import ring as cli_ring
+from server.cli import servers as cli_server
+from server.cli import token as cli_token
+from server.web import tokens
 from sql import database
 
 app = typer.Typer(

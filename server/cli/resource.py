@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 import typer
 
 from resource_center import validation
-from server import clients, console
+from server import clients
 from server import settings as settings_module
+from server.cli import console
 
 if TYPE_CHECKING:
     from resource_center import catalog
@@ -59,7 +60,7 @@ def upload(
     from rich import progress as rich_progress
 
     from resource_center import catalog
-    from server import audit
+    from server.web import audit
 
     settings = _settings(ctx)
     # Refuse bad input before touching any service.
@@ -161,7 +162,7 @@ def delete(
 ) -> None:
     """Delete a version (or all versions of NAME); refused while any job uses one."""
     from resource_center import catalog
-    from server import audit
+    from server.web import audit
 
     settings = _settings(ctx)
     validation.parse_reference(reference)

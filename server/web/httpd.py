@@ -1,4 +1,4 @@
-"""The server's HTTP listener: uvicorn serving ``server/api.py`` on a side thread.
+"""The server's HTTP listener: uvicorn serving ``server/web/api.py`` on a side thread.
 
 The socket is bound before the thread starts, so the port (0 picks a free one) is known
 at once and a taken port fails start-up with a clear error. uvicorn installs no signal

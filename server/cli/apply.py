@@ -1,5 +1,5 @@
 """``sparkring apply -f jobs.toml``: create, revise, start, stop and prune the jobs a spec
-file defines (``server/apply.py``; the schema is in docs/jobs.md). The spec machinery and
+file defines (``server/cli/spec.py``; the schema is in docs/jobs.md). The spec machinery and
 the S3 client are imported by the command, not by the CLI's start-up."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from server import console
+from server.cli import console
 
 
 def apply(
@@ -33,8 +33,9 @@ def apply(
     file says. Idempotent: a second apply of the same file changes nothing. An invalid
     file is refused with every error and its location; nothing is applied then. Local
     artifact files are uploaded only when their content is new."""
-    from server import apply as spec_apply
-    from server import cli_job, clients
+    from server import clients
+    from server.cli import job as cli_job
+    from server.cli import spec as spec_apply
 
     try:
         spec = spec_apply.parse(file)

@@ -14,9 +14,12 @@ from typing import Any
 
 import typer
 
-from scheduler import health_policy, jobs, states
-from scheduler.states import JobKind, RunState
-from server import audit, clients, console, tokens
+from scheduler import health_policy, jobs
+from server import clients
+from server.cli import console
+from server.web import audit, tokens
+from sql import states
+from sql.states import JobKind, RunState
 
 app = typer.Typer(no_args_is_help=True, help="Define, start, stop and inspect jobs.")
 
@@ -622,7 +625,7 @@ def _follow_runs(
 ) -> None:
     """Print ``stream``; when it ends, follow the same run again (it went idle or hit
     its time limit) or the job's next run, until the job is no longer wanted running."""
-    from server import livelog
+    from server.web import livelog
 
     name = job["name"]
     while True:
@@ -667,7 +670,7 @@ def _follow_runs(
 
 def _follow_live(settings: Any, job: dict[str, Any], lines: int, secret: str) -> Any:
     """The owner's live log, streamed (``livelog.follow_remote``), or None."""
-    from server import livelog
+    from server.web import livelog
 
     info = _owner(settings, job)
     if info is None:
@@ -700,7 +703,7 @@ def _owner(settings: Any, job: dict[str, Any]) -> Any:
 
 
 def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> str | None:
-    from server import livelog
+    from server.web import livelog
 
     info = _owner(settings, job)
     if info is None:
@@ -710,7 +713,8 @@ def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> st
 
 
 def _shipped_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
-    from server import livelog, runner
+    from server import runner
+    from server.web import livelog
 
     bucket = clients.bucket(settings)
     for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):

@@ -4,7 +4,7 @@
 token stops working at once). No header, an unknown or an expired token: 401. A viewer asking to
 write: 403. Tokens are never logged; a refusal names the problem, not the token.
 
-Requests that carry a body are checked before it is read (``server/admission.py``),
+Requests that carry a body are checked before it is read (``server/web/admission.py``),
 with :meth:`Authenticator.writer_of`; the principal found there is kept in the request's
 scope, so the route's dependency does not look the token up a second time.
 """
@@ -17,10 +17,10 @@ import sqlalchemy as sa
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from server import tokens
+from server.web import tokens
 
 _bearer = HTTPBearer(auto_error=False, description="A token from 'sparkring token create'.")
-# Where server/admission.py leaves the principal it checked (the ASGI scope's state).
+# Where server/web/admission.py leaves the principal it checked (the ASGI scope's state).
 SCOPE_KEY = "sparkring.principal"
 
 

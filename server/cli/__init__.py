@@ -1,0 +1,12 @@
+"""The ``sparkring`` command line: one module per noun (``job``, ``resource``,
+``servers``, ``ring``, ``token``, ``events``, ``db``, ``apply`` and its ``spec``,
+``health``), the Typer app that joins them (``main``), and terminal output
+(``console``).
+
+May import: the process floor (``server``'s own modules, e.g. ``process`` for
+``server run``), the web package (its tokens, audit trail and live logs), and every lower
+package (``scheduler``, ``resource_center``, ``registry``, ``sql``). Nothing below
+imports it (``tests/test_floors.py``). Importing this package loads nothing: the CLI's
+start-up cost is what ``main`` imports (``tests/test_cli_user.py`` guards it), and
+``python -m server.cli.health``, the containers' probe, stays light.
+"""

@@ -1,0 +1,11 @@
+"""The HTTP side of a server: the API and the console's routes (``api``), admission
+before a body is read (``admission``), bearer tokens and their checks (``tokens``,
+``auth``), the audit trail of writes (``audit``), driver logs served live
+(``livelog``), the listener (``httpd``), and ``endpoint``, which builds all of that
+for one server process. The console's page and assets are in ``static/``.
+
+May import: the process floor (``server``'s own modules) and every lower package; never
+the CLI. The process never imports this package: ``sparkring server run``
+(``server/cli/servers.py``) hands ``endpoint.open`` to ``process.Server``
+(``tests/test_floors.py``).
+"""

@@ -1,0 +1,42 @@
+"""The HTTP endpoint of one server process: the API and console app over the server's
+state, behind the server's listener. ``sparkring server run`` hands :func:`open` to
+``process.Server``, which calls it once at start-up with what it has built
+(``process.EndpointPlace``): so the process floor never imports the web."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server import defaults, process, runner
+from server.web import api, httpd, livelog
+
+
+def open(place: process.EndpointPlace) -> httpd.HttpServer:
+    """The listener, bound (its port known) but not yet serving. Raises OSError when
+    the port cannot be bound."""
+    server = place.server
+    s = server.settings
+
+    def shipped_log(job: dict[str, Any], epoch: int, lines: int) -> str | None:
+        return livelog.shipped_run(
+            place.bucket,
+            runner.log_key(job["name"], job["id"], epoch),
+            runner.legacy_log_key(job["name"], epoch),
+            job["created_at"],
+            lines,
+        )
+
+    backend = api.Backend(
+        server_id=server.id,
+        engine=place.engine,
+        status=server.status,
+        members=lambda: server.registry.members() if server.registry else {},
+        log_file=server.log_file,
+        shipped_log=shipped_log,
+        placement_epsilon=s.placement_epsilon,
+        vnodes=defaults.RING_VNODES,
+        bucket=place.bucket,
+        max_artifact_bytes=s.max_artifact_bytes,
+        peer_tls=place.peer_tls,
+    )
+    return httpd.HttpServer(api.create_app(backend), s.health_port, listener_tls=place.listener_tls)

@@ -1,0 +1,106 @@
+"""The house's floors: a module may import the floors below it, never one above.
+
+    4  server.cli (the commands)          server.web (the API, console, live logs)
+    3  server (the process: runner, drivers, watchdog, settings, clients)
+    2  scheduler, resource_center
+    1  sql, registry
+
+The CLI may import the web (its tokens, audit trail and live logs); the web never
+imports the CLI; the process imports neither (``sparkring server run`` hands the web's
+``endpoint.open`` to ``process.Server``). Read from the code's own ``import``
+statements (every one, including those inside functions), so a new arrow that runs back
+up fails here, with the file and line."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Package (by its dotted prefix) -> prefixes it must never import. The longest
+# matching prefix decides, so ``server.cli`` is not bound by ``server``'s rules.
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "sql": ("registry", "resource_center", "scheduler", "server"),
+    "registry": ("resource_center", "scheduler", "server"),
+    "resource_center": ("scheduler", "server"),
+    "scheduler": ("server",),
+    "server": ("server.cli", "server.web"),
+    "server.web": ("server.cli",),
+    "server.cli": (),
+    # ``python -m server``: the program's front door runs the CLI; nothing imports it.
+    "server.__main__": (),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``path``; ``from a import b`` counts as both
+    ``a`` and ``a.b`` (``b`` may be a module)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def rules_of(module: str) -> tuple[str, ...]:
+    owners = [p for p in FORBIDDEN if _within(module, p)]
+    return FORBIDDEN[max(owners, key=len)] if owners else ()
+
+
+def upward_imports(root: Path = REPO) -> list[str]:
+    problems = []
+    for package in ("sql", "registry", "resource_center", "scheduler", "server"):
+        for path in sorted((root / package).rglob("*.py")):
+            module = module_name(path) if root == REPO else path.stem
+            rules = rules_of(module)
+            for line, imported in imports(path):
+                bad = [p for p in rules if _within(imported, p)]
+                if bad:
+                    where = path.relative_to(root)
+                    problems.append(f"{where}:{line}: {module} imports {imported}")
+    return problems
+
+
+def test_no_floor_imports_one_above_it() -> None:
+    problems = upward_imports()
+    assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "upward"),
+    [
+        ("sql.tables", "from scheduler import states\n", True),
+        ("resource_center.cache", "from server import defaults\n", True),
+        ("server.process", "from server.web import api\n", True),
+        ("server.process", "def f():\n    import server.cli.main\n", True),
+        ("server.web.api", "from server.cli import console\n", True),
+        ("server.cli.job", "from server.web import livelog\n", False),
+        ("server.runner", "from scheduler import distribution\n", False),
+        ("scheduler.jobs", "from sql import states\n", False),
+    ],
+)
+def test_the_check_sees_an_upward_import(
+    tmp_path: Path, module: str, source: str, upward: bool
+) -> None:
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    rules = rules_of(module)
+    hits = [name for _, name in imports(path) if any(_within(name, p) for p in rules)]
+    assert bool(hits) is upward, (module, hits)
