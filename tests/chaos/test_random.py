@@ -606,13 +606,24 @@ class RandomChaos:
         self._start_server(victim, fresh)
 
     def duplicate_id(self) -> None:
-        # Only a live server's id is a duplicate (a server may have exited by itself,
-        # e.g. restarted into a ZooKeeper partition it could not register through).
+        # Only the id of a server whose process holds it in ZooKeeper is a duplicate's: a
+        # server may have exited by itself (restarted into a ZooKeeper partition it could
+        # not register through), or be a restart still waiting for its previous
+        # incarnation's node to go. Against such a restart the second process is no
+        # duplicate but a rival, and either may rightly win the id (CHAOS_SEED=81000001:
+        # a duplicate started 1.3 s after same_id_fresh_dir's restart registered first,
+        # the restart waited, and the harness called the winner "not refused").
         servers = self.trial.cluster.servers
-        alive = [sid for sid in SERVERS if sid in servers and servers[sid].poll() is None]
+        alive = [
+            sid
+            for sid in SERVERS
+            if sid in servers
+            and servers[sid].poll() is None
+            and self.trial.member_pid(sid) == servers[sid].pid
+        ]
         victim = self.rng.choice(alive or SERVERS)
         if not alive:
-            self.log.note("duplicate_skipped", reason="no live server process")
+            self.log.note("duplicate_skipped", reason="no server process holds its id")
             return
         folder = self._fresh_dir(victim, "dup").parent
         folder.mkdir(parents=True, exist_ok=True)
