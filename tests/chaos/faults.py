@@ -600,10 +600,15 @@ class SparkMasters:
     register (heartbeat.py has no SparkContext); what sparkring sees of a master is
     whether it answers (``server/spark_master.py``'s probe), and that is what a real
     master's death takes away. Masters are numbered from 0; each is stopped by SIGKILL
-    through its own process handle (``spark-class`` execs the JVM)."""
+    through its own process handle (``spark-class`` execs the JVM). ``host``: the address
+    they listen on (the host end of a :class:`Partition`'s veth, when a server lives in
+    its namespace: 127.0.0.1 there is the namespace's own)."""
 
-    def __init__(self, folder: Path, count: int, zk_hosts: str | None = None) -> None:
+    def __init__(
+        self, folder: Path, count: int, zk_hosts: str | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.folder = folder
+        self.host = host
         self.zk_hosts = zk_hosts
         self.zk_dir = f"/spark-ha-chaos-{uuid.uuid4().hex[:8]}"
         self.ports = [(services.free_port(), services.free_port()) for _ in range(count)]
@@ -611,19 +616,19 @@ class SparkMasters:
         folder.mkdir(parents=True, exist_ok=True)
 
     def endpoint(self, i: int) -> str:
-        return f"127.0.0.1:{self.ports[i][0]}"
+        return f"{self.host}:{self.ports[i][0]}"
 
     def url(self, *which: int) -> str:
         """The ``spark://`` URL of masters ``which`` (default: all), as a job names them."""
         return "spark://" + ",".join(self.endpoint(i) for i in which or range(len(self.ports)))
 
-    def _env(self) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
         import pyspark  # the venv's, whose spark-class runs the servers' drivers too
 
         env = {
             **os.environ,
             "SPARK_HOME": str(Path(pyspark.__file__).parent),
-            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_IP": self.host,  # the RPC and the UI bind there
             "SPARK_LOG_DIR": str(self.folder),
             "SPARK_DAEMON_MEMORY": "256m",
         }
@@ -638,14 +643,14 @@ class SparkMasters:
 
     def start(self, *which: int) -> None:
         """Spawn masters ``which`` (default: all); :meth:`wait_answering` waits for them."""
-        env = self._env()
+        env = self.env()
         spark_class = Path(env["SPARK_HOME"]) / "bin" / "spark-class"
         for i in which or range(len(self.ports)):
             if self.alive(i):
                 continue
             rpc, ui = self.ports[i]
             argv = [str(spark_class), "org.apache.spark.deploy.master.Master", "--host",
-                    "127.0.0.1", "--port", str(rpc), "--webui-port", str(ui)]  # fmt: skip
+                    self.host, "--port", str(rpc), "--webui-port", str(ui)]  # fmt: skip
             with (self.folder / f"master{i}.log").open("ab") as log:
                 self.procs[i] = subprocess.Popen(
                     argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -656,7 +661,7 @@ class SparkMasters:
         return proc is not None and proc.poll() is None
 
     def answers(self, i: int) -> bool:
-        return spark_master.answers(spark_master.Endpoint("127.0.0.1", self.ports[i][0]), 1.0)
+        return spark_master.answers(spark_master.Endpoint(self.host, self.ports[i][0]), 1.0)
 
     def wait_answering(self, *which: int, timeout: float = 180) -> None:
         """Until masters ``which`` (default: all) accept connections (a JVM start takes
@@ -673,7 +678,7 @@ class SparkMasters:
         """The master's own word (its UI's ``/json``): ``ALIVE`` (active), ``STANDBY``,
         ``RECOVERING``...; None when it does not answer."""
         try:
-            url = f"http://127.0.0.1:{self.ports[i][1]}/json"
+            url = f"http://{self.host}:{self.ports[i][1]}/json"
             with urllib.request.urlopen(url, timeout=2) as response:
                 return str(json.load(response).get("status"))
         except (OSError, ValueError):

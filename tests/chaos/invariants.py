@@ -867,10 +867,10 @@ def restarts_per_fault(
 
 # ---------------------------------------------------------------- Spark master faults (S9)
 
-# A driver may start this long after its last master went down: its server probed the
-# master (a TCP connect) just before the fault, then spawned it (issue 29: the probe is
-# not a lock). Seconds, on the events' clock.
-MASTER_PROBE_SLACK_S = 5.0
+# How long a SIGKILLed master may still answer after the harness noted its fault (the
+# note comes just before the kill), seconds, on the events' clock (PostgreSQL's now(),
+# the harness's host).
+MASTER_KILL_SLACK_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -978,26 +978,34 @@ def started_without_master(
     events: Iterable[Mapping[str, Any]],
     outages: Sequence[MasterOutage],
     masters: Mapping[str, frozenset[str]],
-    slack: float = MASTER_PROBE_SLACK_S,
+    slack: float = MASTER_KILL_SLACK_S,
     since_id: int = 0,
 ) -> list[str]:
     """A job due while every one of its masters is down waits (``deferred``, cause
-    ``spark-master-unreachable``) and runs once one is back: a ``driver_started`` at a
-    moment when all of the job's masters were down (past ``slack`` after the fault, before
-    the harness started one again) is a driver that could not have registered: with a
-    real Spark driver it fails, and a failure the budget would count."""
+    ``spark-master-unreachable``) and runs once one is back. The server probes the
+    masters after its claim committed and before it writes ``driver_started``: a run
+    whose claim (its transaction's ``now()``) came ``slack`` or more after a master's
+    fault and whose ``driver_started`` came before that master was spawned again probed
+    it while it was down. When that holds for every master of the job, the driver was
+    started with none to register with: a real Spark driver fails then, and its failure
+    would be counted. No load-dependent margin: the probe lies between the two events."""
     problems = []
-    for e in events:
-        if e["id"] <= since_id or e["kind"] != "driver_started":
-            continue
-        own = masters.get(e["job_name"])
+    for job, items in _by_job(events).items():
+        own = masters.get(job)
         if not own:
             continue
-        t = float(e["at_s"])
-        down = {m for o in outages if o.start + slack <= t <= o.end for m in o.masters}
-        if own <= down:
-            problems.append(
-                f"{e['job_name']}: driver started at epoch {e['epoch']} by {e['server']} "
-                f"(event {e['id']}) while none of its masters {sorted(own)} was up"
-            )
+        claimed = {e["epoch"]: float(e["at_s"]) for e in items if e["kind"] == "claimed"}
+        for e in items:
+            if e["id"] <= since_id or e["kind"] != "driver_started" or e["epoch"] not in claimed:
+                continue
+            first, last = claimed[e["epoch"]], float(e["at_s"])
+            if all(
+                any(m in o.masters and o.start + slack <= first and last <= o.end for o in outages)
+                for m in own
+            ):
+                problems.append(
+                    f"{job}: driver started at epoch {e['epoch']} by {e['server']} (event "
+                    f"{e['id']}) although none of its masters {sorted(own)} was up from its "
+                    "claim to its start"
+                )
     return problems

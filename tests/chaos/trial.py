@@ -226,12 +226,15 @@ class Trial:
         for disk in self.disks:
             disk.close()
 
-    def use_masters(self, count: int, *, standby: bool) -> faults.SparkMasters:
+    def use_masters(
+        self, count: int, *, standby: bool, host: str = "127.0.0.1"
+    ) -> faults.SparkMasters:
         """``count`` Spark masters of the trial's own, spawned now (their JVMs start
         while the caller goes on: ``masters.wait_answering()``); with ``standby``, in
-        Spark's ZooKeeper recovery mode on the trial's ZooKeeper."""
+        Spark's ZooKeeper recovery mode on the trial's ZooKeeper; listening on ``host``."""
         zk = self.stack_env["SPARKRING_ZK_HOSTS"] if standby else None
-        self.masters = faults.SparkMasters(self.cluster_root / "spark-masters", count, zk)
+        folder = self.cluster_root / "spark-masters"
+        self.masters = faults.SparkMasters(folder, count, zk, host)
         self.masters.start()
         return self.masters
 
