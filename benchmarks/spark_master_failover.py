@@ -136,7 +136,7 @@ def measure(trials: int, streams: int, progress_s: float) -> dict[str, Any]:
         zk_hosts = t.stack_env["SPARKRING_ZK_HOSTS"]
         out["max_session_timeout_ms"] = max_session_timeout(zk_hosts)
         folder = t.cluster_root / "spark"
-        masters = faults.SparkMasters(folder, 2, zk_hosts)
+        masters = faults.SparkMasters(folder, 2, zk_hosts, jvm_options="")  # Spark's defaults
         t.masters = masters  # stopped with the trial
         masters.start()
         worker = None
