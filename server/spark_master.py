@@ -31,6 +31,9 @@ CAUSE = states.DeferCause.SPARK_MASTER_UNREACHABLE
 # StandaloneSchedulerBackend, once the master accepted the application (INFO, logged
 # while the SparkContext starts, before a job can lower the log level).
 _REGISTERED = "Connected to Spark cluster with app ID"
+# StandaloneAppClient's give-up (ERROR): no master answered any of its registration
+# attempts (3, 20 s apart). A standby master may answer by the time the server looks.
+_GAVE_UP = "All masters are unresponsive! Giving up."
 _HOST_PORT = re.compile(
     r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>\d+))?$"
 )
@@ -97,14 +100,20 @@ def lost_to_outage(
     master: str, log_file: Path, *, probe: Callable[[Endpoint], bool] = answers
 ) -> bool:
     """A driver of ``master`` that ended with an error was the master's victim, not the
-    job's: its log never shows the registration, and no master answers now. Never for
-    a non-standalone master, nor for a malformed URL (the job's own error)."""
+    job's: its log never shows the registration, and either no master answers now, or
+    Spark itself gave up on every master (a standby that took over after the driver's
+    last attempt answers now: Spark tries for about 60 s, a takeover after kill -9 takes
+    ZooKeeper's session timeout, up to 60 s). Never for a non-standalone master, nor for
+    a malformed URL (the job's own error)."""
     try:
         if not endpoints(master):
             return False
     except MasterURLError:
         return False
-    return not registered(driver_error.read_log(log_file)) and unreachable(master, probe=probe)
+    log = driver_error.read_log(log_file)
+    if registered(log):
+        return False
+    return _GAVE_UP in log or unreachable(master, probe=probe)
 
 
 def wait_before_retry(deferrals: int, base: float, cap: float) -> float:

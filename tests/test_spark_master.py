@@ -86,7 +86,15 @@ def test_a_driver_is_the_outages_victim_only_unregistered_and_with_no_master(
     master = "spark://127.0.0.1:7077"
     down, up = (lambda e: False), (lambda e: True)
     assert spark_master.lost_to_outage(master, log, probe=down)
-    assert not spark_master.lost_to_outage(master, log, probe=up)
+    # Spark itself gave up: every master was unresponsive for the driver's whole
+    # registration window (3 tries, ~60 s). A standby that answers by the time the
+    # server looks (a takeover of ~60 s after kill -9) does not make it the job's
+    # failure (issue 29: seen measuring the standby takeover, p50 54.8 s, max 64.2 s).
+    assert spark_master.lost_to_outage(master, log, probe=up)
+    own = tmp_path / "own.log"
+    own.write_text((DATA / "spark_driver.log").read_text())
+    assert not spark_master.lost_to_outage(master, own, probe=up), "its own failure"
+    assert spark_master.lost_to_outage(master, own, probe=down)
     assert not spark_master.lost_to_outage("local[1]", log, probe=down)
     assert not spark_master.lost_to_outage("spark://bad:port", log, probe=down)
     log.write_text("INFO StandaloneSchedulerBackend: Connected to Spark cluster with app ID a\n")
