@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from server import driver_user
-from tests import conftest
+from tests import conftest, waiting
 from tests.cluster import REPO, Cluster
 from tests.e2e import helpers
 
@@ -105,5 +105,13 @@ def test_sparks_own_pi_example_runs_as_the_driver_user(sandboxed: Cluster) -> No
     c.cli("job", "start", "pi")
     job = c.wait_job("pi", lambda j: j["state"] in ("finished", "failed"), 240, "pi ended")
     assert job["state"] == "finished", job["last_error"]
+    # The driver log is shipped to S3 just after the run is recorded ended: until then
+    # `job logs` says "no driver log yet" (a busy CI machine showed that moment).
+    waiting.wait_until(
+        lambda: c.cli("job", "logs", "pi", "-n", "5000", check=False).returncode == 0,
+        60,
+        interval=0.5,
+        message="the driver log of pi was never shipped",
+    )
     logs = c.cli("job", "logs", "pi", "-n", "5000").stdout
     assert "Pi is roughly 3." in logs
