@@ -53,6 +53,7 @@ from server import (
     driver_user,
     metrics,
     reconcile,
+    rundir,
     spark_master,
     watchdog,
 )
@@ -124,34 +125,6 @@ class Run:
     recording: bool = False  # a thread is writing ``unrecorded`` now
     marking: bool = False  # a thread is recording ``running`` now
     marked: bool = False  # ``running`` is recorded in PostgreSQL
-
-
-def job_dir(work_dir: Path, job_id: int) -> Path:
-    """The runs of one job on this host. Keyed by id, not name: a job deleted and
-    created again under its name starts again at epoch 1, and its deleted namesake's
-    run directories must never be taken for its own (hole H6). Created before this
-    server first claims the job, so its existence also says that no run of the job here
-    is in the layout of the older code (:func:`run_trace`)."""
-    return work_dir / "jobs" / str(job_id)
-
-
-def run_dir(work_dir: Path, job_id: int, epoch: int) -> Path:
-    return job_dir(work_dir, job_id) / str(epoch)
-
-
-def legacy_run_dir(work_dir: Path, name: str, epoch: int) -> Path:
-    """Where the code before :func:`job_dir` kept a run (``runs/<name>/<epoch>``)."""
-    return work_dir / "runs" / name / str(epoch)
-
-
-def run_trace(work_dir: Path, job_id: int, name: str, epoch: int) -> Path:
-    """The run directory to look for a run's trace in: its own (:func:`run_dir`), or,
-    for a job this code never claimed here, the older code's (a driver started before
-    an upgrade is adopted, its result recorded). Whatever is found there is still
-    checked against the run's identity (``driver.RunIdentity``)."""
-    if job_dir(work_dir, job_id).exists():
-        return run_dir(work_dir, job_id, epoch)
-    return legacy_run_dir(work_dir, name, epoch)
 
 
 def log_key(job: str, job_id: int, epoch: int) -> str:
@@ -499,7 +472,7 @@ class Runner:
         try:
             # Before the claim: a successor that finds this directory knows that no run
             # of the job here is in the older code's layout (run_trace).
-            job_dir(cfg.work_dir, row.job_id).mkdir(parents=True, exist_ok=True)
+            rundir.job_dir(cfg.work_dir, row.job_id).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             log.warning(
                 "cannot create the job's run directory: not claimed",
@@ -563,7 +536,7 @@ class Runner:
             fetched = [(self._fetch(item["id"]), item["filename"]) for item in artifacts]
             # The run's own links, under the original names: the cache may evict them.
             main, *py_files = driver.pin_artifacts(
-                run_dir(cfg.work_dir, run.job_id, run.epoch), fetched
+                rundir.run_dir(cfg.work_dir, run.job_id, run.epoch), fetched
             )
             spec = driver.DriverSpec(
                 job=run.name,
@@ -581,7 +554,7 @@ class Runner:
                     if job["kind"] == states.JobKind.STREAMING
                     else None
                 ),
-                run_dir=run_dir(cfg.work_dir, run.job_id, run.epoch),
+                run_dir=rundir.run_dir(cfg.work_dir, run.job_id, run.epoch),
                 revision=run.revision,
                 job_id=run.job_id,
                 user=cfg.run_as,
@@ -600,7 +573,7 @@ class Runner:
                 epoch=run.epoch,
                 backoff_base=cfg.backoff_base,
                 backoff_max=cfg.backoff_max,
-                log_file=str(spec.run_dir / driver.LOG_FILE),
+                log_file=str(spec.run_dir / rundir.LOG_FILE),
                 spark_master=master,
             )
             handle = driver.launch(spec, deadline, records=cfg.records, report=report)
@@ -725,11 +698,11 @@ class Runner:
         where = (
             run.driver.run_dir
             if run.driver is not None
-            else run_trace(cfg.work_dir, run.job_id, run.name, run.epoch)
+            else rundir.run_trace(cfg.work_dir, run.job_id, run.name, run.epoch)
         )
-        error = driver_error.crash_error(outcome.reason, outcome.exit_code, where / driver.LOG_FILE)
+        error = driver_error.crash_error(outcome.reason, outcome.exit_code, where / rundir.LOG_FILE)
         if how is reconcile.Ending.CRASH and spark_master.lost_to_outage(
-            run.master, where / driver.LOG_FILE
+            run.master, where / rundir.LOG_FILE
         ):
             # It never registered, and no master answers: the outage's, not the job's.
             return self._master_defer_write(run, error)
@@ -948,7 +921,7 @@ class Runner:
             if row.job_id in self._runs:
                 return  # adopted (or claimed) since the poll that listed it as an orphan
         previous = distribution.Owner(self.config.server, row.owner_incarnation or "")
-        path = run_trace(self.config.work_dir, row.job_id, row.name, row.epoch)
+        path = rundir.run_trace(self.config.work_dir, row.job_id, row.name, row.epoch)
         # Files of another job's run (a deleted namesake's, hole H6) are no trace of this
         # one: a result would be recorded as this job's, a pgid swept that may be reused.
         identity = driver.RunIdentity(row.job_id, row.name, row.epoch, self.config.server)
@@ -971,10 +944,10 @@ class Runner:
             write: Callable[[sa.Connection], object] = lambda conn: distribution.release(  # noqa: E731
                 conn, row.job_id, previous, row.epoch
             )
-        elif identity.wrote(watchdog.read_json(path / driver.RESULT_FILE)):
+        elif identity.wrote(rundir.read_json(path / rundir.RESULT_FILE)):
             outcome = driver.Driver.outcome_of(path)
             write = self._outcome_write(run, outcome)
-        elif identity.wrote(watchdog.read_json(path / driver.STATE_FILE)):
+        elif identity.wrote(rundir.read_json(path / rundir.STATE_FILE)):
             if left := driver.sweep(path):
                 log.error(
                     "processes of a previous incarnation's run survive SIGKILL: "
