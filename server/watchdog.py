@@ -102,7 +102,7 @@ RECORD_AFTER_DEADLINE_S = 3.0
 # watchdog records it as the job's crash: a service manager that signals every process
 # of the unit (systemd's KillMode=control-group) SIGTERMs the driver and its watchdog
 # together, and the driver's exit can be reaped first (seconds; the server waits as
-# long for its own shutdown, runner.SIGTERM_SHUTDOWN_WAIT_S).
+# long for its own shutdown, outcomes.SIGTERM_SHUTDOWN_WAIT_S).
 SIGTERM_STOP_WAIT_S = 2.0
 
 _PR_SET_PDEATHSIG = 1

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from resource_center import cache, catalog, store
 from scheduler import distribution, jobs
 from server import driver as driver_module
-from server import rundir, runner, watchdog
+from server import launch, log_shipping, outcomes, rundir, runner, runs, watchdog
 from server import settings as settings_module
 from sql import database
 from sql.states import JobKind
@@ -563,7 +563,7 @@ def test_a_batch_exit_0_as_its_migration_begins_is_finished_not_rerun(
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     stop_driver = long_lease_runner._stop_driver
 
-    def exit_0_first(run: runner.Run) -> None:
+    def exit_0_first(run: runs.Run) -> None:
         # ``stopping`` is committed; the driver ends on its own before it is signalled.
         (stage / "go").write_text("0")
         waiting.wait_until(
@@ -629,7 +629,7 @@ def test_a_batch_failure_as_its_migration_begins_spends_its_budget(
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     stop_driver = long_lease_runner._stop_driver
 
-    def exit_3_first(run: runner.Run) -> None:
+    def exit_3_first(run: runs.Run) -> None:
         # ``stopping`` is committed; the driver fails on its own before it is signalled.
         (stage / "go").write_text("3")
         waiting.wait_until(
@@ -699,7 +699,9 @@ def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
     )
     assert json.loads((run_dir / "result.json").read_text())["reason"] == "exited"
     waiting.wait_until(
-        lambda: bucket.exists(runner.log_key("b", job_id, 1)), 10, message="the log was not shipped"
+        lambda: bucket.exists(log_shipping.log_key("b", job_id, 1)),
+        10,
+        message="the log was not shipped",
     )
     kinds = _kinds(database_url)
     assert kinds.count("claimed") == 1 and kinds.count("finished") == 1, kinds
@@ -800,7 +802,7 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
     newer.mkdir()
     with engine.begin() as conn:
         jobs.update(conn, "b", jobs.Change(args=[str(newer)]))
-    run = runner.Run(
+    run = runs.Run(
         job_id=job_id,
         name="b",
         kind=JobKind.BATCH,
@@ -813,7 +815,7 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
     )
     with the_runner._lock:
         the_runner._runs[job_id] = run
-    the_runner._start(run)  # what the claim's task does
+    launch.start(the_runner, run)  # what the claim's task does
     waiting.wait_until(
         lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
     )
@@ -828,7 +830,7 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
 
 def _running_batch(
     engine: sa.Engine, bucket: store.Store, the_runner: runner.Runner, stage: Path, tmp_path: Path
-) -> tuple[int, runner.Run]:
+) -> tuple[int, runs.Run]:
     """A batch job claimed by ``the_runner``, its gated driver started and recorded running."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     the_runner.poll_once()  # claims; the driver starts in a task
@@ -1032,7 +1034,7 @@ def test_an_outcome_write_that_raised_a_bug_is_tried_again(
         if len(calls) == 1:
             raise RuntimeError("unexpected")
 
-    run = runner.Run(
+    run = runs.Run(
         job_id=1,
         name="b",
         kind=JobKind.BATCH,
@@ -1047,8 +1049,8 @@ def test_an_outcome_write_that_raised_a_bug_is_tried_again(
     with stepped_runner._lock:
         stepped_runner._runs[1] = run
     with pytest.raises(RuntimeError):
-        stepped_runner._record(run)
-    stepped_runner._record(run)
+        outcomes.record(stepped_runner, run)
+    outcomes.record(stepped_runner, run)
     assert len(calls) == 2 and not stepped_runner.runs()
 
 
@@ -1077,7 +1079,7 @@ def test_a_hung_kill_of_a_lost_run_does_not_hold_up_the_renewals(
     can take tens of seconds on a hung driver, and meanwhile no lease of any other job
     on the server was renewed: every other driver died at its deadline."""
     hung = _HungDriver()
-    run = runner.Run(
+    run = runs.Run(
         job_id=1,
         name="lost",
         kind=JobKind.BATCH,
@@ -1131,7 +1133,7 @@ def test_a_hand_over_whose_commit_answer_is_lost_is_tried_again(
     with engine.begin() as conn:
         claim = distribution.claim(conn, job_id, stepped_runner.owner, TTL)
     handle = _ConfirmedDriver()
-    run = runner.Run(
+    run = runs.Run(
         job_id=job_id,
         name="b",
         kind=JobKind.BATCH,
@@ -1401,7 +1403,7 @@ def test_a_lease_file_that_cannot_be_written_does_not_stop_the_renewals(
         with engine.begin() as conn:
             claim = distribution.claim(conn, jid, stepped_runner.owner, TTL)
         with stepped_runner._lock:
-            stepped_runner._runs[jid] = runner.Run(
+            stepped_runner._runs[jid] = runs.Run(
                 job_id=jid,
                 name=claim.name,
                 kind=JobKind.BATCH,
@@ -1606,7 +1608,7 @@ def test_an_unregistered_exit_the_server_records_is_a_deferral_while_no_master_a
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     with engine.begin() as conn:
         claim = distribution.claim(conn, job_id, stepped_runner.owner, TTL)
-    run = runner.Run(
+    run = runs.Run(
         job_id=job_id,
         name="b",
         kind="batch",
@@ -1622,7 +1624,7 @@ def test_an_unregistered_exit_the_server_records_is_a_deferral_while_no_master_a
     log.write_text((Path(__file__).parent / "data" / "spark_driver_no_master.log").read_text())
     outcome = driver_module.Outcome(1, watchdog.Reason.EXITED, 0.0, 1.0, recorded=False)
     try:
-        write = stepped_runner._outcome_write(run, outcome)
+        write = outcomes.outcome_write(stepped_runner, run, outcome)
     finally:
         if listener is not None:
             listener.close()
