@@ -18,15 +18,15 @@ This module keeps the loops, the lifecycle and the runner's state (its runs, loc
 and events). The work of each step lives in a module of its own, whose functions take
 the runner and share its state:
 
-=======================  =========================================================
-``server/claims.py``     claims, lease renewals, the planned restart's hand-over
-``server/launch.py``     a claimed run's start: definition -> spec -> files -> process
-``server/stops.py``      a running driver's stop
-``server/outcomes.py``   end-of-run recording, kept until PostgreSQL has it
-``server/adoption.py``   leases of this server id with no local run (a restart's)
-``server/log_shipping``  a finished run's driver log, to the bucket
-``server/runs.py``       :class:`runs.Run`, and which thread writes which of its fields
-=======================  =========================================================
+==========================  ==============================================================
+``server/claims.py``        claims, lease renewals, the planned restart's hand-over
+``server/launch.py``        a claimed run's start: definition -> spec -> files -> process
+``server/stops.py``         a running driver's stop
+``server/outcomes.py``      end-of-run recording, kept until PostgreSQL has it
+``server/adoption.py``      leases of this server id with no local run (a restart's)
+``server/log_shipping.py``  a finished run's driver log, to the bucket
+``server/runs.py``          :class:`runs.Run`, and which thread writes which of its fields
+==========================  ==============================================================
 
 Which thread owns which field of a run (details in ``server/runs.py``): the identity
 (job, epoch, owner, claim time, revision) is set once when the run is created (the poll

@@ -3,31 +3,25 @@
 A run is shared by the runner's threads (``server/runner.py``). Which thread writes which
 field, and under which guard:
 
-=================  ============================================  ========================
-field              written by                                    guard
-=================  ============================================  ========================
-job_id, name,      whoever creates the run: the poll thread      set once: assigning one
-kind, epoch,       (a claim, ``server/claims.py``) or a task      again raises
-attempt,           (an adoption or an orphan's end,               (:meth:`Run.__setattr__`)
-claimed_at,        ``server/adoption.py``)
-owner, revision
-deadline           the renew thread (``claims.renew``)            the runner's lock
-driver, master     the start task (``launch.start``), once,      the runner's lock
-                   before ``phase`` becomes running; or the
-                   adoption that creates the run
-phase              the start task (starting -> running); the     the runner's lock; the
-                   poll thread or the shutdown (running ->       legal moves are
-                   stopping, ``stops.begin_stop``); whoever      ``reconcile.PHASE_
-                   ends the run (-> ended, ``outcomes.end``)     TRANSITIONS``
-unrecorded         whoever ends the run (``outcomes.end``);      the runner's lock
-                   cleared by the thread that recorded it
-recording          the thread recording ``unrecorded``           the runner's lock
-                   (``outcomes.record``): one at a time
-marking, marked    the thread recording ``running``              ``marking`` under the
-                   (``launch.mark_running``): one at a time      runner's lock; ``marked``
-                                                                 only by the thread that
-                                                                 holds ``marking``
-=================  ============================================  ========================
+- ``job_id``, ``name``, ``kind``, ``epoch``, ``attempt``, ``claimed_at``, ``owner``,
+  ``revision`` (the run's identity): whoever creates the run, the poll thread (a claim,
+  ``server/claims.py``) or a task (an adoption or an orphan's end,
+  ``server/adoption.py``). Set once: assigning one again raises
+  (:meth:`Run.__setattr__`).
+- ``deadline``: the renew thread (``claims.renew``), under the runner's lock.
+- ``driver``, ``master``: the start task (``launch.start``), once, under the runner's
+  lock, before ``phase`` becomes running; or the adoption that creates the run.
+- ``phase``: the start task (starting -> running); the poll thread or the shutdown's
+  hand-off (running -> stopping, ``stops.begin_stop``); whoever ends the run (-> ended,
+  ``outcomes.end``). Under the runner's lock; the legal moves are
+  ``reconcile.PHASE_TRANSITIONS``.
+- ``unrecorded``: whoever ends the run (``outcomes.end``), under the runner's lock;
+  cleared by the thread that recorded it.
+- ``recording``: the one thread recording ``unrecorded`` (``outcomes.record``), under
+  the runner's lock.
+- ``marking``, ``marked``: the one thread recording ``running``
+  (``launch.mark_running``); ``marking`` under the runner's lock, ``marked`` only by
+  the thread that holds ``marking``.
 
 Every other thread reads the mutable fields under the runner's lock, or from a copy of
 the runs taken under it (``Runner.runs``).
