@@ -54,18 +54,35 @@ def show_jobs(c: Cluster) -> None:
     console.print(table)
 
 
-def started_at(c: Cluster, job: str, epoch: int) -> float | None:
-    for r in c.driver_records():
-        if r["job"] == job and r["epoch"] == epoch and r["event"] == "started":
-            return r["t"]
-    return None
+def record_time(c: Cluster, job: str, epoch: int, event: str, timeout: float = 30.0) -> float:
+    """When the watchdog of ``job``'s run at ``epoch`` wrote its ``event`` record
+    (``started``, ``ended``). Waited for: the server records a run ``running`` as soon
+    as it has spawned the watchdog, which appends ``started`` only after the driver's
+    spawn, so reading at once sometimes found nothing and the summary lost its figure."""
+
+    def found() -> float | None:
+        for r in c.driver_records():
+            if r["job"] == job and r["epoch"] == epoch and r["event"] == event:
+                return float(r["t"])
+        return None
+
+    waiting.wait_until(
+        lambda: found() is not None,
+        timeout,
+        interval=0.1,
+        message=f"the watchdog's {event} record of {job} at epoch {epoch}",
+    )
+    t = found()
+    assert t is not None
+    return t
 
 
-def ended_at(c: Cluster, job: str, epoch: int) -> float | None:
-    for r in c.driver_records():
-        if r["job"] == job and r["epoch"] == epoch and r["event"] == "ended":
-            return r["t"]
-    return None
+def started_at(c: Cluster, job: str, epoch: int) -> float:
+    return record_time(c, job, epoch, "started")
+
+
+def ended_at(c: Cluster, job: str, epoch: int) -> float:
+    return record_time(c, job, epoch, "ended")
 
 
 def running(j: dict[str, Any]) -> bool:
@@ -143,8 +160,7 @@ def main() -> int:
             c.wait_job(name, running, 120, f"{name} running")
         first = c.job("clicks")
         spawn = started_at(c, "clicks", first["epoch"])
-        if spawn:
-            summary["job start -> driver spawned (clicks)"] = f"{spawn - t_start:.2f} s"
+        summary["job start -> driver spawned (clicks)"] = f"{spawn - t_start:.2f} s"
         c.wait_job("daily-sum", lambda j: j["state"] == "finished", 180, "batch finished")
         waiting.wait_until(lambda: sink.committed_batches(output) >= 3, 180, interval=0.5)
         show_jobs(c)
@@ -162,10 +178,8 @@ def main() -> int:
         for name in LIGHT_JOBS:
             c.wait_job(name, lambda j: running(j) and j["owner"] != victim, 120, f"{name} moved")
         show_jobs(c)
-        if new_spawn:
-            summary["kill -9 -> new driver spawned"] = f"{new_spawn - killed_at:.2f} s"
-        if old_end:
-            summary["kill -9 -> old driver killed by its watchdog"] = f"{old_end - killed_at:.2f} s"
+        summary["kill -9 -> new driver spawned"] = f"{new_spawn - killed_at:.2f} s"
+        summary["kill -9 -> old driver killed by its watchdog"] = f"{old_end - killed_at:.2f} s"
         before = sink.committed_batches(output)
         waiting.wait_until(lambda: sink.committed_batches(output) >= before + 2, 180, interval=0.5)
         console.print(
@@ -191,9 +205,7 @@ def main() -> int:
         gaps = []
         for n in moved_jobs:
             new_epoch = c.job(n)["epoch"]
-            end, start = ended_at(c, n, epochs[n]), started_at(c, n, new_epoch)
-            if end and start:
-                gaps.append(start - end)
+            gaps.append(started_at(c, n, new_epoch) - ended_at(c, n, epochs[n]))
         ideal = len(owners) / 3
         summary["jobs moved on the join (ideal K/(N+1))"] = f"{len(moved_jobs)} ({ideal:.1f})"
         if gaps:
@@ -219,10 +231,9 @@ def main() -> int:
         console.print(c.cli("job", "history", "clicks").stdout)
         end = ended_at(c, "clicks", before_roll["epoch"])
         start = started_at(c, "clicks", rolled["epoch"])
-        if end and start:
-            summary["version update: old driver ended -> revision 2 spawned"] = (
-                f"{start - end:.2f} s ({rolled['epoch'] - before_roll['epoch']} move)"
-            )
+        summary["version update: old driver ended -> revision 2 spawned"] = (
+            f"{start - end:.2f} s ({rolled['epoch'] - before_roll['epoch']} move)"
+        )
         console.print(
             f"clicks runs revision 2 on {rolled['owner']} from the same checkpoint: "
             f"{sink.committed_batches(output)} micro-batches committed"

@@ -138,6 +138,16 @@ def check_ports() -> None:
             )
 
 
+def warn_ignored_ports() -> None:
+    """``env`` and ``status`` speak of this stack folder's services: a port variable
+    that contradicts it (a shell set up for another stack) is ignored, and said so on
+    stderr, never silently."""
+    try:
+        check_ports()
+    except StackError as exc:
+        print(f"stack.py: {exc} (ignored here: this stack's own ports are used)", file=sys.stderr)
+
+
 def record_ports() -> None:
     """Write the ports this stack folder uses (:func:`port`) to its ``ports.json``."""
     root = stack_dir()
@@ -762,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             down()
         elif args.command == "status":
+            warn_ignored_ports()
             report = status()
             if args.json:
                 print(json.dumps(report, indent=2))
@@ -769,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name, value in report.items():
                     print(f"{name:<13} {value}")
         elif args.command == "env":
+            warn_ignored_ports()
             print("".join(f"export {k}={v}\n" for k, v in settings_env().items()), end="")
         elif args.command == "zk":
             nodes = zk_nodes_configured()

@@ -358,6 +358,7 @@ def test_bad_input_is_4xx_with_a_message_naming_the_problem_and_writes_nothing(
         _one_line_error(http.post(f"{API}/jobs/nosuchjob/start"), 404, "no job named 'nosuchjob'")
         _one_line_error(http.delete(f"{API}/jobs/nosuchjob"), 404, "no job named 'nosuchjob'")
         _one_line_error(http.get(f"{API}/jobs", params={"limit": 0}), 422, "limit")
+        _one_line_error(http.get(f"{API}/jobs", params={"state": "bogus"}), 422, "state")
         _one_line_error(http.get(f"{API}/nowhere"), 404, "no such path")
         http.post(f"{API}/jobs/{taken}/start")
         _one_line_error(http.delete(f"{API}/jobs/{taken}"), 409, "stop it first")

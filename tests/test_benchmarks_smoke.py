@@ -115,3 +115,14 @@ def test_history_prune_benchmark_reports_every_figure(
     assert PERCENTILES <= figures["renewals_during_prune"].keys()
     assert PERCENTILES <= figures["renewals_without_prune"].keys()
     assert services.bench_databases(postgres_url) == before, "the scratch database was left behind"
+
+
+def test_spark_master_failover_benchmark_reads_its_figures(zk_hosts: str) -> None:
+    """``benchmarks/spark_master_failover.py`` needs real Spark masters, a worker and
+    PySpark drivers (minutes per trial: docs/benchmarks.md has its run), too heavy for
+    this suite; its pure parts are checked here: the summary and the ZooKeeper setting
+    it reports its figures with."""
+    script = _script(SCRIPT.with_name("spark_master_failover.py"))
+    assert script.summary([3.0, 1.0, 2.0]) == {"n": 3, "p50": 2.0, "max": 3.0, "min": 1.0}
+    assert script.summary([]) == {"n": 0}
+    assert int(script.max_session_timeout(zk_hosts)) >= 2000  # the stack's zoo.cfg

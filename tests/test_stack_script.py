@@ -97,6 +97,22 @@ def test_up_refuses_a_port_variable_that_contradicts_the_stack(
     stack.check_ports()  # the same port again is no contradiction
 
 
+def test_env_and_status_say_when_a_port_variable_disagrees_with_the_stack(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new shell with another stack's variables: ``env`` and ``status`` still speak of
+    this stack's ports, and say on stderr which variable they ignore (issue 27: they
+    used to ignore it silently)."""
+    _created_with_custom_ports(stack, monkeypatch)
+    monkeypatch.setenv("SPARKRING_STACK_ZK_PORT", "12181")
+    stack.main(["env"])
+    out, err = capsys.readouterr()
+    assert f"127.0.0.1:{CUSTOM['zk']}" in out and "12181" not in out
+    assert "SPARKRING_STACK_ZK_PORT=12181" in err and "ignored" in err
+    stack.main(["status", "--json"])
+    assert "SPARKRING_STACK_ZK_PORT=12181" in capsys.readouterr().err
+
+
 def test_a_fresh_stack_takes_the_variables_then_the_defaults(
     stack: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:

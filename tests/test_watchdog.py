@@ -596,3 +596,37 @@ def test_a_watchdog_records_its_driver_s_own_exit_but_not_a_failure_during_a_sto
     for reason in ("stopped", "lease_expired", "killed", "spawn_failed"):
         assert dog._record_end(watchdog.Reason(reason), None, True) is False
     assert len(connecting) == int(writes), "an ending that is not the driver's own was written"
+
+
+def test_a_watchdog_that_records_loads_its_database_client_while_its_driver_runs(
+    started: list[driver.Driver], tmp_path: Path, child: Path
+) -> None:
+    """A batch run's exit 0 is a fact on one host until its watchdog commits it: a host
+    lost in that window runs the generation again (docs/drivers.md, "What a batch job
+    may see twice"; CHAOS_SEED=593937537: the exit came 0.85 s before its host froze,
+    while the watchdog was still importing its database client). So a watchdog that
+    records loads that client while its driver runs, not after the exit."""
+    report = driver.FinishReport(
+        database_url="postgresql+psycopg://nobody@127.0.0.1:1/none",
+        job_id=1,
+        server="server-a",
+        epoch=7,
+        backoff_base=1.0,
+        backoff_max=2.0,
+        log_file=str(tmp_path / "driver.log"),
+    )
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path)],
+        watchdog.lease_clock() + 60,
+        report=report,
+    )
+    wait_ready(tmp_path)
+    maps = Path(f"/proc/{handle.pid}/maps")
+
+    def loaded() -> bool:
+        return "sqlalchemy" in maps.read_text()
+
+    waiting.wait_until(loaded, 30, interval=0.1, message="the database client was not loaded")
+    handle.kill()

@@ -60,7 +60,7 @@ from resource_center import errors as resource_errors
 from scheduler import coordinator, jobs, placement, ring
 from server import defaults, metrics
 from server.web import admission, audit, auth, livelog, tokens
-from sql.states import JobKind
+from sql.states import JobKind, RunState
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +370,7 @@ def create_app(backend: Backend) -> FastAPI:
     @app.get(f"{API}/jobs", tags=["jobs"])
     def list_jobs(
         principal: auth.Caller = viewer,
-        state: Annotated[str | None, Query(description="Run state.")] = None,
+        state: Annotated[RunState | None, Query(description="Run state.")] = None,
         desired: Annotated[Literal["running", "stopped"] | None, Query()] = None,
         kind: Annotated[JobKind | None, Query()] = None,
         owner: Annotated[str | None, Query(description="Owning server.")] = None,
@@ -380,7 +380,7 @@ def create_app(backend: Backend) -> FastAPI:
     ) -> Response:
         """Jobs by name, filtered and paged: ``total`` counts every match."""
         f = jobs.Filter(
-            state=state,
+            state=state.value if state else None,
             desired=desired,
             kind=kind.value if kind else None,
             owner=owner,

@@ -1,7 +1,8 @@
 """Fault injectors of the chaos campaign: the stack's ZooKeeper and PostgreSQL stopped and
 started (``scripts/stack.py``), a server cut off from ZooKeeper alone or from PostgreSQL
 alone (a network namespace, a veth pair and iptables), a driver's watchdog SIGKILLed,
-a server's wall clock stepped (libfaketime), and a throwaway S3 server a test may kill.
+a server's wall clock stepped (libfaketime), a throwaway S3 server a test may kill, and
+Spark standalone masters of a trial's own that a test may SIGKILL.
 
 Stopping ZooKeeper or PostgreSQL affects everything that uses the stack at that moment:
 the chaos suite runs alone, after every other test (``scripts/test.sh``). Every
@@ -11,6 +12,7 @@ in their teardown whatever the test's outcome.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,13 +20,15 @@ import random
 import signal
 import subprocess
 import sys
+import urllib.request
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from server import rundir, watchdog
-from tests import services
+from server import rundir, spark_master, watchdog
+from tests import services, waiting
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "scripts" / "stack.py"
@@ -582,3 +586,144 @@ class ThrowawayS3(services.ThrowawayS3):
     def kill(self) -> None:
         self.unblock()
         super().kill()
+
+
+# ---------------------------------------------------------------- Spark masters
+
+
+# JVM options of the chaos masters: one GC thread and the C1 compiler only. Half the
+# CPU of a master's start (2.7 s instead of 5.6 s, measured at load 30-50) on a 2-core
+# machine the campaign shares; nothing the masters do for the campaign needs more.
+LIGHT_JVM = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+
+
+class SparkMasters:
+    """Spark standalone masters of one trial's own (pyspark's ``spark-class ...Master``,
+    free ports, logs in ``folder``): never the stack's, so killing one disturbs nobody.
+    With ``zk_hosts`` they run Spark's ZooKeeper recovery mode (as ``stack.py up
+    --spark-masters 2`` and docker-compose.yml do) under a ZooKeeper folder of their own:
+    one is elected active, the others stand by. No worker: the chaos drivers never
+    register (heartbeat.py has no SparkContext); what sparkring sees of a master is
+    whether it answers (``server/spark_master.py``'s probe), and that is what a real
+    master's death takes away. Masters are numbered from 0; each is stopped by SIGKILL
+    through its own process handle (``spark-class`` execs the JVM). ``host``: the address
+    they listen on (the host end of a :class:`Partition`'s veth, when a server lives in
+    its namespace: 127.0.0.1 there is the namespace's own)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        count: int,
+        zk_hosts: str | None = None,
+        host: str = "127.0.0.1",
+        jvm_options: str = LIGHT_JVM,
+    ) -> None:
+        self.folder = folder
+        self.host = host
+        self.jvm_options = jvm_options
+        self.zk_hosts = zk_hosts
+        self.zk_dir = f"/spark-ha-chaos-{uuid.uuid4().hex[:8]}"
+        self.ports = [(services.free_port(), services.free_port()) for _ in range(count)]
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def endpoint(self, i: int) -> str:
+        return f"{self.host}:{self.ports[i][0]}"
+
+    def url(self, *which: int) -> str:
+        """The ``spark://`` URL of masters ``which`` (default: all), as a job names them."""
+        return "spark://" + ",".join(self.endpoint(i) for i in which or range(len(self.ports)))
+
+    def env(self) -> dict[str, str]:
+        import pyspark  # the venv's, whose spark-class runs the servers' drivers too
+
+        env = {
+            **os.environ,
+            "SPARK_HOME": str(Path(pyspark.__file__).parent),
+            "SPARK_LOCAL_IP": self.host,  # the RPC and the UI bind there
+            "SPARK_LOG_DIR": str(self.folder),
+            "SPARK_DAEMON_MEMORY": "256m",
+        }
+        options = {}
+        if self.zk_hosts:
+            options = {
+                "spark.deploy.recoveryMode": "ZOOKEEPER",
+                "spark.deploy.zookeeper.url": self.zk_hosts,
+                "spark.deploy.zookeeper.dir": self.zk_dir,
+            }
+        java = [self.jvm_options, *(f"-D{k}={v}" for k, v in options.items())]
+        env["SPARK_DAEMON_JAVA_OPTS"] = " ".join(o for o in java if o)
+        return env
+
+    def start(self, *which: int) -> None:
+        """Spawn masters ``which`` (default: all); :meth:`wait_answering` waits for them."""
+        env = self.env()
+        spark_class = Path(env["SPARK_HOME"]) / "bin" / "spark-class"
+        for i in which or range(len(self.ports)):
+            if self.alive(i):
+                continue
+            rpc, ui = self.ports[i]
+            argv = [str(spark_class), "org.apache.spark.deploy.master.Master", "--host",
+                    self.host, "--port", str(rpc), "--webui-port", str(ui)]  # fmt: skip
+            with (self.folder / f"master{i}.log").open("ab") as log:
+                self.procs[i] = subprocess.Popen(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+
+    def alive(self, i: int) -> bool:
+        proc = self.procs.get(i)
+        return proc is not None and proc.poll() is None
+
+    def answers(self, i: int) -> bool:
+        return spark_master.answers(spark_master.Endpoint(self.host, self.ports[i][0]), 1.0)
+
+    def wait_answering(self, *which: int, timeout: float = 180) -> None:
+        """Until masters ``which`` (default: all) accept connections (a JVM start takes
+        ~10 s, much more on a loaded 2-core machine)."""
+        which = which or tuple(range(len(self.ports)))
+        waiting.wait_until(
+            lambda: all(self.answers(i) for i in which),
+            timeout,
+            interval=0.5,
+            message=f"Spark masters {[self.endpoint(i) for i in which]} answering",
+        )
+
+    def status(self, i: int) -> str | None:
+        """The master's own word (its UI's ``/json``): ``ALIVE`` (active), ``STANDBY``,
+        ``RECOVERING``...; None when it does not answer."""
+        try:
+            url = f"http://{self.host}:{self.ports[i][1]}/json"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return str(json.load(response).get("status"))
+        except (OSError, ValueError):
+            return None
+
+    def active(self) -> int | None:
+        return next((i for i in range(len(self.ports)) if self.status(i) == "ALIVE"), None)
+
+    def wait_active(self, timeout: float = 180) -> int:
+        """The master that is ALIVE, once one is (with standbys: once elected)."""
+        found: list[int] = []
+
+        def elected() -> bool:
+            i = self.active()
+            found[:] = [] if i is None else [i]
+            return bool(found)
+
+        waiting.wait_until(elected, timeout, interval=1.0, message="an active Spark master")
+        return found[0]
+
+    def kill(self, i: int) -> None:
+        """SIGKILL of master ``i`` (kill -9: no goodbye to ZooKeeper or anybody)."""
+        proc = self.procs.get(i)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill()
+        proc.wait(timeout=30)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)

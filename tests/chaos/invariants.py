@@ -44,7 +44,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from server import watchdog
+from server import spark_master, watchdog
 
 # A driver is observed alive (S3) with a heartbeat at most this long before the check:
 # the light drivers beat every 0.2 s; the rest is room for a loaded 2-core machine.
@@ -896,4 +896,150 @@ def restarts_per_fault(
                 f"{e['id']}): {len(restarts)} restarts after the faults, more than one per "
                 f"fault ({count} fault window{'s' if count != 1 else ''} cover this one)"
             )
+    return problems
+
+
+# ---------------------------------------------------------------- Spark master faults (S9)
+
+# How long a SIGKILLed master may still answer after the harness noted its fault (the
+# note comes just before the kill), seconds, on the events' clock (PostgreSQL's now(),
+# the harness's host).
+MASTER_KILL_SLACK_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MasterOutage:
+    """A Spark master fault: ``masters`` (each ``host:port``) killed at ``start`` and
+    started again at ``end`` (the moment the harness spawned it: it cannot answer
+    before), on the wall clock of the events' ``at_s``. A standby taking over is no end:
+    the killed master itself is still down."""
+
+    masters: frozenset[str]
+    start: float
+    end: float
+
+
+def job_masters(urls: Mapping[str, str | None]) -> dict[str, frozenset[str]]:
+    """job -> the ``host:port`` of each master of its ``spark://`` URL (jobs on another
+    cluster manager, or on none, are left out: no master fault can touch them)."""
+    out = {}
+    for job, url in urls.items():
+        found = frozenset(str(e) for e in spark_master.endpoints(url or ""))
+        if found:
+            out[job] = found
+    return out
+
+
+def _hit(
+    job: str,
+    t: float,
+    outages: Sequence[MasterOutage],
+    masters: Mapping[str, frozenset[str]],
+    bound: float,
+) -> MasterOutage | None:
+    """The first outage of one of ``job``'s masters whose window (start to end + bound)
+    holds ``t``."""
+    for o in outages:
+        if o.masters & masters.get(job, frozenset()) and o.start <= t <= o.end + bound:
+            return o
+    return None
+
+
+def _other_fault(t: float, others: Sequence[FaultWindow]) -> bool:
+    return any(w.start <= t <= w.end for w in others)
+
+
+def master_fault_costs(
+    events: Iterable[Mapping[str, Any]],
+    outages: Sequence[MasterOutage],
+    masters: Mapping[str, frozenset[str]],
+    others: Sequence[FaultWindow] = (),
+    bound: float = 0.0,
+    since_id: int = 0,
+) -> list[str]:
+    """S9 for the Spark master: a master fault never costs a job its budget, nor makes
+    it FAILED. Every ``crashed`` or ``failed`` event (each one spends a restart, or ends
+    the job) of a job on a master that was down, from the fault to ``bound`` seconds
+    after the master was back, is reported, unless another fault's window (``others``)
+    holds it too: then that fault may be its cause. ``masters``: :func:`job_masters`,
+    for jobs whose driver never fails on its own (the chaos jobs on a master)."""
+    problems = []
+    for e in events:
+        if e["id"] <= since_id or e["kind"] not in ("crashed", "failed"):
+            continue
+        t = float(e["at_s"])
+        outage = _hit(e["job_name"], t, outages, masters, bound)
+        if outage is None or _other_fault(t, others):
+            continue
+        problems.append(
+            f"{e['job_name']}: {e['kind']} at epoch {e['epoch']} (event {e['id']}: "
+            f"{_detail(e).get('error', '')!s:.120}) while its master {sorted(outage.masters)} "
+            "was down: a master fault spent its budget"
+        )
+    return problems
+
+
+def master_fault_restarts(
+    events: Iterable[Mapping[str, Any]],
+    outages: Sequence[MasterOutage],
+    masters: Mapping[str, frozenset[str]],
+    others: Sequence[FaultWindow] = (),
+    bound: float = 0.0,
+    since_id: int = 0,
+) -> list[str]:
+    """A job whose driver was running when its master went down (a standby takes over,
+    or the only master is away for minutes) keeps that driver: Spark's running
+    applications do not need the master, and sparkring must not touch them. Every claim
+    that replaced a running driver (:func:`fault_restarts`: nothing of the job's or an
+    operator's in between) from the fault to ``bound`` after the master was back is
+    reported, unless another fault's window holds it."""
+    problems = []
+    for job, restarts in fault_restarts(events, since_id).items():
+        for e in restarts:
+            t = float(e["at_s"])
+            outage = _hit(job, t, outages, masters, bound)
+            if outage is None or _other_fault(t, others):
+                continue
+            problems.append(
+                f"{job}: its running driver was replaced at epoch {e['epoch']} by "
+                f"{e['server']} (event {e['id']}) while its master {sorted(outage.masters)} "
+                "was down: a master fault restarted it"
+            )
+    return problems
+
+
+def started_without_master(
+    events: Iterable[Mapping[str, Any]],
+    outages: Sequence[MasterOutage],
+    masters: Mapping[str, frozenset[str]],
+    slack: float = MASTER_KILL_SLACK_S,
+    since_id: int = 0,
+) -> list[str]:
+    """A job due while every one of its masters is down waits (``deferred``, cause
+    ``spark-master-unreachable``) and runs once one is back. The server probes the
+    masters after its claim committed and before it writes ``driver_started``: a run
+    whose claim (its transaction's ``now()``) came ``slack`` or more after a master's
+    fault and whose ``driver_started`` came before that master was spawned again probed
+    it while it was down. When that holds for every master of the job, the driver was
+    started with none to register with: a real Spark driver fails then, and its failure
+    would be counted. No load-dependent margin: the probe lies between the two events."""
+    problems = []
+    for job, items in _by_job(events).items():
+        own = masters.get(job)
+        if not own:
+            continue
+        claimed = {e["epoch"]: float(e["at_s"]) for e in items if e["kind"] == "claimed"}
+        for e in items:
+            if e["id"] <= since_id or e["kind"] != "driver_started" or e["epoch"] not in claimed:
+                continue
+            first, last = claimed[e["epoch"]], float(e["at_s"])
+            if all(
+                any(m in o.masters and o.start + slack <= first and last <= o.end for o in outages)
+                for m in own
+            ):
+                problems.append(
+                    f"{job}: driver started at epoch {e['epoch']} by {e['server']} (event "
+                    f"{e['id']}) although none of its masters {sorted(own)} was up from its "
+                    "claim to its start"
+                )
     return problems

@@ -734,3 +734,97 @@ def test_matching_restarts_to_faults_finds_an_assignment_when_one_exists() -> No
     ]
     assert invariants.restarts_per_fault(RUNNING_BEFORE + after, [b, a], 3) == []
     assert len(invariants.restarts_per_fault(RUNNING_BEFORE + after, [a], 3)) == 1
+
+
+# ---------------------------------------------------------------- Spark master faults (S9)
+
+PAIR = frozenset({"127.0.0.1:7001", "127.0.0.1:7002"})
+ALONE = frozenset({"127.0.0.1:7003"})
+# Job ``a`` runs on a pair of masters, ``solo`` on one. The active master of the pair
+# killed at 100 s (never started again: its standby took over), the only master of
+# ``solo`` down from 100 s to 220 s.
+ACTIVE_KILLED = invariants.MasterOutage(frozenset({"127.0.0.1:7001"}), 100.0, 1000.0)
+ONLY_DOWN = invariants.MasterOutage(ALONE, 100.0, 220.0)
+MASTERS = {"a": PAIR, "solo": ALONE}
+
+
+def test_job_masters_reads_each_host_port_of_a_spark_url() -> None:
+    urls = {"a": "spark://127.0.0.1:7001,127.0.0.1:7002", "solo": "spark://127.0.0.1:7003",
+            "local": "local[2]", "default": None}  # fmt: skip
+    assert invariants.job_masters(urls) == MASTERS
+
+
+def test_a_crash_or_failure_while_its_master_is_down_spent_the_budget() -> None:
+    crash = _timed(4, 150.0, "crashed", "s1", 1, error="driver exited with exit code 1: no master")
+    problems = invariants.master_fault_costs([*RUNNING_BEFORE, crash], [ACTIVE_KILLED], MASTERS)
+    assert len(problems) == 1 and "a: crashed at epoch 1 (event 4" in problems[0]
+    failed = {**_timed(4, 230.0, "failed", "s1", 1, error="x"), "job_name": "solo"}
+    assert len(invariants.master_fault_costs([failed], [ONLY_DOWN], MASTERS, bound=30)) == 1
+    # Legal: a deferral; a crash before the fault, after the bound, of a job on another
+    # master, or inside another fault's window (that fault may be its cause).
+    deferred = _timed(4, 150.0, "deferred", "s1", 1, error="cause=spark-master-unreachable")
+    assert (
+        invariants.master_fault_costs([*RUNNING_BEFORE, deferred], [ACTIVE_KILLED], MASTERS) == []
+    )
+    early = _timed(4, 99.0, "crashed", "s1", 1, error="boom")
+    assert invariants.master_fault_costs([early], [ACTIVE_KILLED], MASTERS) == []
+    assert invariants.master_fault_costs([failed], [ONLY_DOWN], MASTERS, bound=5) == []
+    assert invariants.master_fault_costs([crash], [ONLY_DOWN], MASTERS) == []
+    kill = invariants.FaultWindow(140.0, 160.0)
+    assert invariants.master_fault_costs([crash], [ACTIVE_KILLED], MASTERS, [kill]) == []
+
+
+def test_a_stream_running_when_its_master_fails_over_keeps_its_driver() -> None:
+    replaced = [
+        _timed(4, 130.0, "stopping", "s1", 1),
+        _timed(5, 131.0, "released", "s1", 1, state="pending"),
+        _timed(6, 132.0, "claimed", "s2", 2),
+        _timed(7, 133.0, "driver_started", "s2", 2),
+    ]
+    problems = invariants.master_fault_restarts(
+        RUNNING_BEFORE + replaced, [ACTIVE_KILLED], MASTERS, since_id=3
+    )
+    assert len(problems) == 1 and "replaced at epoch 2 by s2 (event 6)" in problems[0]
+    # The only master down: the same.
+    solo = [{**e, "job_name": "solo"} for e in RUNNING_BEFORE + replaced]
+    assert len(invariants.master_fault_restarts(solo, [ONLY_DOWN], MASTERS, since_id=3)) == 1
+    # Legal: the stream untouched; a restart the operator asked for; one another fault
+    # (a server killed) caused; one of a job on another master.
+    assert invariants.master_fault_restarts(RUNNING_BEFORE, [ACTIVE_KILLED], MASTERS) == []
+    asked = [_timed(4, 129.0, "restart_requested", None, None, generation=2), *replaced]
+    assert invariants.master_fault_restarts(RUNNING_BEFORE + asked, [ACTIVE_KILLED], MASTERS) == []
+    kill = invariants.FaultWindow(120.0, 210.0)
+    assert (
+        invariants.master_fault_restarts(
+            RUNNING_BEFORE + replaced, [ACTIVE_KILLED], MASTERS, [kill]
+        )
+        == []
+    )
+    assert invariants.master_fault_restarts(RUNNING_BEFORE + replaced, [ONLY_DOWN], MASTERS) == []
+
+
+def test_a_job_due_while_its_only_master_is_down_starts_only_once_it_is_back() -> None:
+    def due(claimed: float, started: float) -> list[dict]:
+        return [
+            {**e, "job_name": "solo"}
+            for e in [
+                _timed(1, 99.0, "start_requested", None, None, generation=1),
+                _timed(2, 99.5, "claimed", "s1", 1),
+                _timed(3, 111.5, "deferred", "s1", 1, error="cause=spark-master-unreachable"),
+                _timed(4, claimed, "claimed", "s1", 2),
+                _timed(5, started, "driver_started", "s1", 2),
+            ]
+        ]
+
+    # Claimed and started while the master was down: its probe found none.
+    problems = invariants.started_without_master(due(140.0, 150.0), [ONLY_DOWN], MASTERS)
+    assert len(problems) == 1 and "solo: driver started at epoch 2 by s1 (event 5)" in problems[0]
+    # Started after the master was spawned again, or claimed before it was killed (the
+    # probe may have found it up): legal, however slow the start.
+    assert invariants.started_without_master(due(200.0, 225.0), [ONLY_DOWN], MASTERS) == []
+    assert invariants.started_without_master(due(100.5, 130.0), [ONLY_DOWN], MASTERS) == []
+    # With a standby up, a job of the pair may start at any time.
+    pair = [{**e, "job_name": "a"} for e in due(140.0, 150.0)]
+    assert invariants.started_without_master(pair, [ACTIVE_KILLED], MASTERS) == []
+    both = invariants.MasterOutage(PAIR, 100.0, 200.0)
+    assert len(invariants.started_without_master(pair, [both], MASTERS)) == 1

@@ -62,6 +62,7 @@ class Outcome:
     budget: int = 0  # generations that started a driver after their budget was spent
     restarts: int = 0  # claims after the fault: drivers (re)started by the recovery
     double_restarts: int = 0  # restarts beyond one per fault and job (one fault, one restart)
+    master: int = 0  # crashes, restarts or master-less starts a Spark master fault caused (S9)
     adoptions: int = 0  # ``adopted`` events after the fault: drivers a restart took over
     pruned: int = 0  # job events the harness pruned (kept in its own snapshot first)
     recovery_s: float | None = None
@@ -75,7 +76,7 @@ class Outcome:
         return (
             self.double_runs + self.early + self.stale_writes + self.lost
             + self.resurrected + self.corrupt_starts + self.batch + self.budget
-            + self.double_restarts
+            + self.double_restarts + self.master
         )  # fmt: skip
 
     @property
@@ -131,6 +132,13 @@ class Trial:
         # one-fault-one-restart check (invariants.restarts_per_fault).
         self._fault_spans: list[list[float | None]] = []
         self.resource: catalog.Resource | None = None
+        # Spark masters of the trial's own (``use_masters``), the ``spark://`` URL of
+        # every job created on them, and each master fault: [masters, killed, back]
+        # on the wall clock (back None: still down). Kept apart from the fault spans:
+        # a master fault may cost no restart at all (invariants.master_fault_restarts).
+        self.masters: faults.SparkMasters | None = None
+        self.master_urls: dict[str, str] = {}
+        self._master_spans: list[list[Any]] = []
 
     # ------------------------------------------------------------------ cluster
 
@@ -213,8 +221,22 @@ class Trial:
                 pass
         if self._cluster is not None:
             self._cluster.close()
+        if self.masters is not None:
+            self.masters.close()
         for disk in self.disks:
             disk.close()
+
+    def use_masters(
+        self, count: int, *, standby: bool, host: str = "127.0.0.1"
+    ) -> faults.SparkMasters:
+        """``count`` Spark masters of the trial's own, spawned now (their JVMs start
+        while the caller goes on: ``masters.wait_answering()``); with ``standby``, in
+        Spark's ZooKeeper recovery mode on the trial's ZooKeeper; listening on ``host``."""
+        zk = self.stack_env["SPARKRING_ZK_HOSTS"] if standby else None
+        folder = self.cluster_root / "spark-masters"
+        self.masters = faults.SparkMasters(folder, count, zk, host)
+        self.masters.start()
+        return self.masters
 
     # ------------------------------------------------------------------ jobs
 
@@ -248,10 +270,12 @@ class Trial:
         start: bool = True,
         max_restarts: int = 3,
         conf: dict[str, str] | None = None,
+        master: str | None = None,
     ) -> None:
         """Define a heartbeat job (and start it) through the job catalog: the same
         statements the CLI runs, without a process start per command. ``max_restarts``
-        is a batch job's ``--max-retries``."""
+        is a batch job's ``--max-retries``; ``master`` its ``--master`` (default: the
+        servers' ``local[2]``)."""
         if resource is None:
             if self.resource is None:
                 self.resource = self.upload("heartbeat", HEARTBEAT_JOB)
@@ -266,8 +290,11 @@ class Trial:
                     args=[str(self.cluster.heartbeats), *extra],
                     conf=conf or {},
                     max_restarts=max_restarts,
+                    spark_master=master,
                 ),
             )
+            if master is not None:
+                self.master_urls[name] = master
             if start:
                 jobs.start(conn, name)
 
@@ -276,15 +303,21 @@ class Trial:
             return action(conn, name)
 
     def populate(
-        self, live: int | None = None, *, sentinels: bool = True, prefix: str = "job"
+        self,
+        live: int | None = None,
+        *,
+        sentinels: bool = True,
+        prefix: str = "job",
+        master: str | None = None,
     ) -> list[str]:
-        """Start ``live`` streaming heartbeat jobs (default: one per server), each server
-        the target of at least one, and the sentinels; wait until the live jobs run, the
-        batch sentinel finished and the streaming one was stopped."""
+        """Start ``live`` streaming heartbeat jobs (default: one per server; on
+        ``master``, if given), each server the target of at least one, and the
+        sentinels; wait until the live jobs run, the batch sentinel finished and the
+        streaming one was stopped."""
         servers = sorted(self.live_servers())
         names = covering_names(prefix, servers, live or len(servers), sentinels)
         for name in names:
-            self.create(name)
+            self.create(name, master=master)
         if sentinels:
             self.create("done", kind=JobKind.BATCH, extra=["--run-for", "0.5"])
             self.create("halted")
@@ -504,6 +537,34 @@ class Trial:
         self._fault_spans.append([time.time(), None])
         return action()
 
+    def inject_master_fault(self, masters: Iterable[int], action: Callable[[], object]) -> None:
+        """Run ``action``, which takes masters ``masters`` (of :attr:`masters`) down: a
+        fault like :meth:`inject`'s, recorded as a master outage until :meth:`master_back`."""
+        assert self.masters is not None, "use_masters() first"
+        if self._t_fault is None:
+            self._event_mark = self._max_event_id()
+            self._t_fault = time.monotonic()
+        self.outcome.injected += 1
+        down = frozenset(self.masters.endpoint(i) for i in masters)
+        self._master_spans.append([down, time.time(), None])
+        action()
+
+    def master_back(self, masters: Iterable[int]) -> None:
+        """Masters ``masters`` are about to be spawned again: their outage ends here
+        (they cannot answer before)."""
+        assert self.masters is not None
+        back = {self.masters.endpoint(i) for i in masters}
+        for span in self._master_spans:
+            if span[2] is None and span[0] <= back:
+                span[2] = time.time()
+
+    def master_outages(self) -> list[invariants.MasterOutage]:
+        now = time.time()
+        return [
+            invariants.MasterOutage(down, start, now if back is None else back)
+            for down, start, back in self._master_spans
+        ]
+
     def fault_over(self) -> None:
         """The faults injected so far are over (a server restarted, a pause ended): a
         restart they cause comes within the recovery bound after this."""
@@ -566,6 +627,7 @@ class Trial:
             "restarts": invariants.restarts_per_fault(
                 events, self.fault_windows(bound), self._event_mark
             ),
+            "master": self._master_checks(events, bound),
         }
         o.double_runs = len(checks["S1"])
         o.early = len(checks["early"])
@@ -577,10 +639,27 @@ class Trial:
         o.batch = len(checks["batch"])
         o.budget = len(checks["budget"])
         o.double_restarts = len(checks["restarts"])
+        o.master = len(checks["master"])
         o.restarts = sum(1 for e in since if e["kind"] == "claimed")
         o.adoptions = sum(1 for e in since if e["kind"] == "adopted")
         o.problems = [f"{k} {p}" for k, items in checks.items() for p in items]
         return o
+
+    def _master_checks(self, events: Sequence[dict[str, Any]], bound: float) -> list[str]:
+        """S9 for the Spark master: what the master faults cost the jobs on the masters
+        (each a job whose driver never fails on its own); another fault's window excuses
+        a crash or a restart within it."""
+        outages = self.master_outages()
+        if not outages:
+            return []
+        on = invariants.job_masters(self.master_urls)
+        others = self.fault_windows(bound)
+        mark = self._event_mark
+        return (
+            invariants.master_fault_costs(events, outages, on, others, bound, mark)
+            + invariants.master_fault_restarts(events, outages, on, others, bound, mark)
+            + invariants.started_without_master(events, outages, on, since_id=mark)
+        )
 
 
 def covering_names(
