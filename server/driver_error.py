@@ -9,7 +9,7 @@ awaitResult`` or ``ValueError: bad input``. The full trace stays in the driver l
 Never the watchdog's own lines (``sparkring-watchdog[pid] ... driver ended``).
 
 Pure text handling; read from the start and the end of the log the watchdog writes
-(``driver.LOG_FILE``).
+(``rundir.LOG_FILE``).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ import sqlalchemy as sa
 
 from scheduler import distribution, health_policy, jobs, run_health
 from server import metrics, reconcile, spark_status, watchdog
-from server.runner import Run
+from server.runs import Run
 from sql.states import HealthFlag
 
 log = logging.getLogger(__name__)

@@ -494,7 +494,7 @@ class Server:
 
     def request_stop(self) -> None:
         # At once, in the signal handler: a driver SIGTERMed with us must not be taken
-        # for a crash (runner._outcome_write).
+        # for a crash (outcomes.outcome_write).
         if self.runner is not None:
             self.runner.stop_claiming()
         self._stop.set()

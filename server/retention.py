@@ -8,8 +8,8 @@ with: a server clock ahead would delete recent history):
   that still exists (``jobs.id = job_events.job_id``), so ``sparkring job events`` never
   shows nothing for a live job. Events of deleted jobs go by age alone.
 - shipped driver logs, the objects under ``logs/`` in the bucket
-  (``runner.log_key``: ``logs/<name>/<job id>/<epoch>.log``; the older code's
-  ``runner.legacy_log_key``: ``logs/<name>/<epoch>.log``) whose LastModified is before
+  (``log_shipping.log_key``: ``logs/<name>/<job id>/<epoch>.log``; the older code's
+  ``log_shipping.legacy_log_key``: ``logs/<name>/<epoch>.log``) whose LastModified is before
   the cutoff, except the newest log (highest epoch) of each job that still exists, so
   ``sparkring job logs`` still shows its last run. A job exists when its name and id
   do: the logs of a deleted namesake (same name, another id) go by age alone. Older
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Shipped driver logs live under this prefix of the bucket (server/runner.log_key).
+# Shipped driver logs live under this prefix of the bucket (server/log_shipping.log_key).
 LOG_PREFIX = "logs/"
 # Advisory lock of the retention pass: "retentio" as 8 bytes (sql/migrate.py has its own).
 LOCK_KEY = 0x726574656E74696F
@@ -152,7 +152,7 @@ def prunable_logs(
     newest: dict[str, str] = {}
     for key, _ in listed:
         job = key.removeprefix(LOG_PREFIX).rpartition("/")[0]
-        # Epochs are zero-padded (runner.log_key): the largest key is the newest run.
+        # Epochs are zero-padded (log_shipping.log_key): the largest key is the newest run.
         if job in existing_jobs and key > newest.get(job, ""):
             newest[job] = key
     kept = set(newest.values())
@@ -161,7 +161,7 @@ def prunable_logs(
 
 def log_owners(jobs: Iterable[tuple[str, int]]) -> set[str]:
     """How the shipped logs of existing jobs (name, id) are grouped in their keys: by
-    ``<name>/<id>`` (``runner.log_key``) and, for the older code's, by ``<name>``."""
+    ``<name>/<id>`` (``log_shipping.log_key``) and, for the older code's, by ``<name>``."""
     return {owner for name, job_id in jobs for owner in (name, f"{name}/{job_id}")}
 
 

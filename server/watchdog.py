@@ -77,7 +77,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from server import exit_codes
+from server import exit_codes, rundir
 
 log = logging.getLogger("sparkring.watchdog")
 
@@ -103,7 +103,7 @@ RECORD_AFTER_DEADLINE_S = 3.0
 # watchdog records it as the job's crash: a service manager that signals every process
 # of the unit (systemd's KillMode=control-group) SIGTERMs the driver and its watchdog
 # together, and the driver's exit can be reaped first (seconds; the server waits as
-# long for its own shutdown, runner.SIGTERM_SHUTDOWN_WAIT_S).
+# long for its own shutdown, outcomes.SIGTERM_SHUTDOWN_WAIT_S).
 SIGTERM_STOP_WAIT_S = 2.0
 
 _PR_SET_PDEATHSIG = 1
@@ -127,52 +127,6 @@ EXIT_CODE_OF_REASON = {
 # Every process of a run inherits this variable (the run directory): the mark by which a
 # run's processes are found once nothing else links them (their watchdog is gone).
 RUN_MARK_VARIABLE = "SPARKRING_RUN_DIR"
-
-
-# --- files shared with server/driver.py -------------------------------------------------
-
-
-def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` so that readers see the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(payload, handle)
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None when it is missing or not a JSON object."""
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return payload if isinstance(payload, dict) else None
-
-
-def write_lease(path: Path, deadline: float) -> None:
-    if not math.isfinite(deadline):
-        raise ValueError(f"lease deadline must be a finite monotonic time, not {deadline!r}")
-    write_json_atomically(path, {"deadline": deadline})
-
-
-def read_lease(path: Path) -> float | None:
-    payload = read_json(path)
-    if payload is None:
-        return None
-    deadline = payload.get("deadline")
-    if isinstance(deadline, bool) or not isinstance(deadline, int | float):
-        return None
-    return float(deadline) if math.isfinite(deadline) else None
-
-
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    """Append one lifetime record as a JSON line."""
-    # One O_APPEND write per line: lines of concurrent writers never interleave.
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -274,16 +228,15 @@ class Watchdog:
         self.kill_requested = True
 
     def _read_deadline(self) -> None:
-        deadline = read_lease(self.lease_file)
+        deadline = rundir.read_lease(self.lease_file)
         if deadline is not None:
             self.deadline = deadline
 
     def _grace(self) -> float:
         if self.args.stop_file is not None:
-            payload = read_json(self.args.stop_file) or {}
-            grace = payload.get("grace")
-            if isinstance(grace, int | float) and not isinstance(grace, bool) and grace >= 0:
-                return float(grace)
+            grace = rundir.read_grace(self.args.stop_file)
+            if grace is not None:
+                return grace
         return float(self.args.grace)
 
     def _identity(self) -> dict[str, Any]:
@@ -298,7 +251,7 @@ class Watchdog:
         if self.args.state is None:
             return
         driver_pid = self.driver.pid if self.driver is not None else None
-        write_json_atomically(
+        rundir.write_json_atomically(
             self.args.state,
             {
                 **self._identity(),
@@ -315,7 +268,7 @@ class Watchdog:
     def _record(self, event: str, t: float, mono: float, **extra: Any) -> None:
         if self.args.records is None:
             return
-        append_record(
+        rundir.append_record(
             self.args.records,
             {
                 **self._identity(),
@@ -451,7 +404,7 @@ class Watchdog:
             exit_code, exit_codes.SIGTERM_EXITS
         )
         recorded = self._record_end(reason, exit_code, stopping)
-        write_json_atomically(
+        rundir.write_json_atomically(
             self.args.result,
             {
                 **self._identity(),

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from resource_center import store
-from server import runner
+from server import log_shipping
 from server.web import tokens
 from tests.api_helpers import API, ApiStack, api_stack
 from tests.waiting import wait_until
@@ -428,8 +428,8 @@ def test_the_shipped_log_of_a_job_is_its_own_never_a_deleted_namesakes(
     name = _name()
     log = tmp_path / "driver.log"
     log.write_text("the deleted job's run\n")
-    bucket.put(runner.legacy_log_key(name, 1), log, log.stat().st_size)
-    bucket.put(runner.log_key(name, 10**9, 1), log, log.stat().st_size)
+    bucket.put(log_shipping.legacy_log_key(name, 1), log, log.stat().st_size)
+    bucket.put(log_shipping.log_key(name, 10**9, 1), log, log.stat().st_size)
     job_id = stack.create_job(name)["id"]
     with stack.cluster.engine.begin() as conn:
         conn.execute(
@@ -443,7 +443,7 @@ def test_the_shipped_log_of_a_job_is_its_own_never_a_deleted_namesakes(
     with stack.client(stack.viewer) as http:
         _one_line_error(http.get(f"{API}/jobs/{name}/logs"), 404, "has no driver log yet")
         log.write_text("its own run\n")
-        bucket.put(runner.log_key(name, job_id, 1), log, log.stat().st_size)
+        bucket.put(log_shipping.log_key(name, job_id, 1), log, log.stat().st_size)
         reply = http.get(f"{API}/jobs/{name}/logs")
     assert reply.status_code == 200 and reply.text == "its own run\n", reply.text
 

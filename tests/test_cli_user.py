@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from server import clients, runner
+from server import clients, log_shipping
 from server import settings as settings_module
 from sql.states import JobKind
 from tests import factories, waiting
@@ -167,7 +167,7 @@ def test_job_logs_pass_driver_lines_through_byte_for_byte(
     log.write_text(text)
     bucket = clients.bucket(settings)
     bucket.ensure_bucket()
-    bucket.put(runner.log_key("talker", job_id, 1), log, log.stat().st_size)
+    bucket.put(log_shipping.log_key("talker", job_id, 1), log, log.stat().st_size)
     run_env = {
         **env,
         "SPARKRING_S3_BUCKET": settings.s3_bucket,
@@ -188,8 +188,8 @@ def test_job_logs_of_a_re_created_job_never_show_its_deleted_namesakes_log(
     bucket.ensure_bucket()
     log = tmp_path / "driver.log"
     log.write_text("the deleted job's run\n")
-    bucket.put(runner.legacy_log_key("talker", 1), log, log.stat().st_size)
-    bucket.put(runner.log_key("talker", 10**9, 1), log, log.stat().st_size)
+    bucket.put(log_shipping.legacy_log_key("talker", 1), log, log.stat().st_size)
+    bucket.put(log_shipping.log_key("talker", 10**9, 1), log, log.stat().st_size)
     job_id = factories.job(engine, "talker", start=False)
     with engine.begin() as conn:
         conn.execute(
@@ -214,7 +214,7 @@ def test_job_logs_still_show_a_log_the_older_code_shipped(
     env: dict[str, str], engine: sa.Engine, settings: settings_module.Settings, tmp_path: Path
 ) -> None:
     """Upgrade compatibility: a run of the job that ended before the upgrade shipped its
-    log under the name alone (runner.legacy_log_key), after the job was created."""
+    log under the name alone (log_shipping.legacy_log_key), after the job was created."""
     job_id = factories.job(engine, "talker", start=False)
     with engine.begin() as conn:
         conn.execute(
@@ -224,7 +224,7 @@ def test_job_logs_still_show_a_log_the_older_code_shipped(
     bucket.ensure_bucket()
     log = tmp_path / "driver.log"
     log.write_text("run 1, shipped by the older code\n")
-    bucket.put(runner.legacy_log_key("talker", 1), log, log.stat().st_size)
+    bucket.put(log_shipping.legacy_log_key("talker", 1), log, log.stat().st_size)
     run_env = {
         **env,
         "SPARKRING_S3_BUCKET": settings.s3_bucket,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server import driver, watchdog
+from server import driver, rundir, watchdog
 from tests import sink, waiting
 
 JOBS = Path(__file__).resolve().parent.parent / "examples" / "jobs"
@@ -217,24 +217,24 @@ def test_env_keeps_an_explicit_spark_local_ip_and_extra_env_cannot_forge_identit
 
 def test_confirm_lease_replaces_the_file_atomically(tmp_path: Path) -> None:
     lease_file = tmp_path / "lease.json"
-    driver.confirm_lease(lease_file, 123.5)
-    driver.confirm_lease(lease_file, 124.25)
-    assert watchdog.read_lease(lease_file) == 124.25
+    rundir.write_lease(lease_file, 123.5)
+    rundir.write_lease(lease_file, 124.25)
+    assert rundir.read_lease(lease_file) == 124.25
     assert [p.name for p in tmp_path.iterdir()] == ["lease.json"]  # no temporary left
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_confirm_lease_refuses_a_non_finite_deadline(tmp_path: Path, bad: float) -> None:
     with pytest.raises(ValueError, match="finite"):
-        driver.confirm_lease(tmp_path / "lease.json", bad)
+        rundir.write_lease(tmp_path / "lease.json", bad)
 
 
 def test_an_unreadable_lease_file_reads_as_none(tmp_path: Path) -> None:
     lease_file = tmp_path / "lease.json"
     for text in ("", "{", '{"deadline": "soon"}', '{"deadline": true}', "[1]"):
         lease_file.write_text(text)
-        assert watchdog.read_lease(lease_file) is None
-    assert watchdog.read_lease(tmp_path / "missing.json") is None
+        assert rundir.read_lease(lease_file) is None
+    assert rundir.read_lease(tmp_path / "missing.json") is None
 
 
 def test_default_spark_submit_is_the_wheel_s() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from server import driver, driver_user, exit_codes, watchdog
+from server import driver, driver_user, exit_codes, rundir, watchdog
 from tests import conftest, waiting
 
 USER = "sparkring-driver"
@@ -155,7 +155,7 @@ def _run_server(here: Path, user: str, secret: str, *, lease_s: float = 60, ling
 
 def _probe_report(here: Path, secret: str, timeout: float = 60) -> dict[str, Any]:
     """The probe's report, with ``found``: the /proc files in which it read ``secret``."""
-    output = here / "run" / driver.WORKING_DIR / "probe.json"
+    output = here / "run" / rundir.WORKING_DIR / "probe.json"
     waiting.wait_until(output.exists, timeout, message="the probe reported nothing")
     report = json.loads(output.read_text())
     report["found"] = [key for key, text in report["proc"].items() if secret in text]
@@ -192,7 +192,7 @@ def test_a_driver_user_cannot_read_the_servers_secrets(
     assert f"{report['pid']}/environ" in report["proc"]  # it did look: its own is readable
     assert report["found"] == []
     run_dir = here / "run"
-    assert report["home"] == report["cwd"] == str(run_dir / driver.WORKING_DIR)
+    assert report["home"] == report["cwd"] == str(run_dir / rundir.WORKING_DIR)
 
 
 def test_a_driver_user_cannot_touch_its_control_files_nor_outlive_its_lease(
@@ -206,12 +206,12 @@ def test_a_driver_user_cannot_touch_its_control_files_nor_outlive_its_lease(
     report = _probe_report(here, secret)
     assert report["writable"] == []
     run_dir = here / "run"
-    for name in (driver.LEASE_FILE, driver.STATE_FILE, driver.LOG_FILE):
+    for name in (rundir.LEASE_FILE, rundir.STATE_FILE, rundir.LOG_FILE):
         st = (run_dir / name).stat()
         assert st.st_uid == os.geteuid() and not st.st_mode & 0o022, name
     st = run_dir.stat()
     assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o755
-    cwd = (run_dir / driver.WORKING_DIR).stat()
+    cwd = (run_dir / rundir.WORKING_DIR).stat()
     assert (cwd.st_uid, stat.S_IMODE(cwd.st_mode)) == (user.uid, 0o700)
     assert _finish(server)["reason"] == "lease_expired"
 
@@ -233,7 +233,7 @@ def _sleeper(here: Path, user: driver_user.DriverUser, started: list[driver.Driv
         user=user,
     )
     started.append(handle)
-    pid_file = here / "run" / driver.WORKING_DIR / "pid"
+    pid_file = here / "run" / rundir.WORKING_DIR / "pid"
     waiting.wait_until(
         lambda: pid_file.exists() and pid_file.read_text(), 20, message="driver not up"
     )
@@ -270,7 +270,7 @@ def test_the_watchdog_refuses_a_run_directory_the_driver_could_write(
     run_dir = here / "open"
     run_dir.mkdir()
     run_dir.chmod(0o777)
-    watchdog.write_lease(run_dir / "lease.json", watchdog.lease_clock() + 60)
+    rundir.write_lease(run_dir / "lease.json", watchdog.lease_clock() + 60)
     result = subprocess.run(
         [
             sys.executable,
@@ -294,7 +294,7 @@ def test_the_watchdog_refuses_a_run_directory_the_driver_could_write(
     )
     assert result.returncode == exit_codes.ExitCode.SPAWN_FAILED
     assert "writable by others" in result.stderr
-    assert watchdog.read_json(run_dir / "result.json")["reason"] == "spawn_failed"
+    assert rundir.read_json(run_dir / "result.json")["reason"] == "spawn_failed"
 
 
 def test_server_list_shows_whose_user_drivers_run_as() -> None:
@@ -334,4 +334,4 @@ def test_a_run_the_driver_user_cannot_reach_is_not_started(
     with pytest.raises(driver.DriverError) as raised:
         driver.launch(spec, watchdog.lease_clock() + 60)
     assert str(raised.value).startswith(f"job j: the driver user {USER} cannot reach {main}:")
-    assert not (closed / "run" / driver.STATE_FILE).exists()  # no watchdog was started
+    assert not (closed / "run" / rundir.STATE_FILE).exists()  # no watchdog was started

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from scheduler import distribution, health_policy, jobs, run_health
 from server import driver, health, reconcile, spark_status
-from server.runner import Run
+from server.runs import Run
 from sql import tables
 from sql.states import HealthFlag, JobKind
 from tests import factories, spark_ui

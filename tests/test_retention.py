@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from resource_center import store
-from server import clients, retention, runner
+from server import clients, log_shipping, retention
 from server import settings as settings_module
 from sql import database
 from tests import factories, services, waiting
@@ -199,13 +199,13 @@ def test_shipped_logs_older_than_the_cutoff_go_and_each_live_jobs_newest_stays(
     live = factories.job(engine, "live")
     gone = live + 1000  # a deleted job's id
     keys = [
-        _ship(bucket, tmp_path, runner.log_key(name, job_id, epoch))
+        _ship(bucket, tmp_path, log_shipping.log_key(name, job_id, epoch))
         for name, job_id in (("live", live), ("gone", gone))
         for epoch in (1, 2)
     ]
     # A deleted namesake of "live" (same name, another id) ran to a higher epoch: its
     # log is not live's newest, and goes by age (hole H6).
-    keys.append(_ship(bucket, tmp_path, runner.log_key("live", gone, 7)))
+    keys.append(_ship(bucket, tmp_path, log_shipping.log_key("live", gone, 7)))
     artifact = tmp_path / "artifact"
     artifact.write_bytes(b"x")
     bucket.put(store.object_key("0" * 64), artifact, 1)  # not a log: never touched
@@ -224,7 +224,7 @@ def test_shipped_logs_older_than_the_cutoff_go_and_each_live_jobs_newest_stays(
         pruned = retention.prune(conn, bucket, after_all, batch_size=10)
     assert pruned.logs == 4
     assert [key for key, _ in bucket.listed(retention.LOG_PREFIX)] == [
-        runner.log_key("live", live, 2)
+        log_shipping.log_key("live", live, 2)
     ]
     assert bucket.exists(store.object_key("0" * 64))
 
@@ -268,12 +268,12 @@ def test_which_logs_may_go_when_a_name_was_reused() -> None:
     old = now - timedelta(days=40)
     listed = [
         ("logs/a/0000000004.log", old),  # the older code's: kept as a's newest by name
-        (runner.log_key("a", 5, 3), old),  # the deleted a's
-        (runner.log_key("a", 9, 1), old),  # the existing a's newest: kept
+        (log_shipping.log_key("a", 5, 3), old),  # the deleted a's
+        (log_shipping.log_key("a", 9, 1), old),  # the existing a's newest: kept
     ]
     existing = retention.log_owners([("a", 9)])
     assert retention.prunable_logs(listed, now - timedelta(days=30), existing) == [
-        runner.log_key("a", 5, 3)
+        log_shipping.log_key("a", 5, 3)
     ]
 
 
@@ -318,7 +318,7 @@ def test_cli_prunes_logs_too_and_takes_the_setting_as_default(
     env: dict[str, str], engine: sa.Engine, settings: settings_module.Settings, tmp_path: Path
 ) -> None:
     bucket = _bucket(settings)
-    _ship(bucket, tmp_path, runner.log_key("gone", 10**9, 1))
+    _ship(bucket, tmp_path, log_shipping.log_key("gone", 10**9, 1))
     _events_of_a_gone_job(engine, 2, days=3)
     s3 = {**env, "SPARKRING_S3_BUCKET": settings.s3_bucket}
     # The setting (2 days) is the default age; the log is seconds old, so it stays.

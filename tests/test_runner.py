@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from resource_center import cache, catalog, store
 from scheduler import distribution, jobs
 from server import driver as driver_module
-from server import runner, watchdog
+from server import launch, log_shipping, outcomes, rundir, runner, runs, watchdog
 from server import settings as settings_module
 from sql import database
 from sql.states import JobKind
@@ -187,7 +187,7 @@ def test_a_batch_driver_exiting_0_while_postgresql_is_away_ends_finished_and_run
     services.set_connections(database_url, allowed=False)
     try:
         (stage / "go").write_text("0")  # the driver exits 0 while PostgreSQL is away
-        run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+        run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
         waiting.wait_until(
             lambda: (
                 (run_dir / "result.json").exists()
@@ -205,7 +205,7 @@ def test_a_batch_driver_exiting_0_while_postgresql_is_away_ends_finished_and_run
         message="the finished batch job was not recorded",
     )
     kinds = _kinds(database_url)
-    result = (runner.run_dir(tmp_path / "work", job_id, 1) / "result.json").read_text()
+    result = (rundir.run_dir(tmp_path / "work", job_id, 1) / "result.json").read_text()
     assert kinds.count("claimed") == 1, (kinds, result)
     assert (stage / "starts").read_text().split() == ["1"]
     assert len(_starts(tmp_path)) == 1
@@ -282,7 +282,7 @@ def test_a_batch_exit_0_noticed_after_the_lease_ran_out_is_finished_not_rerun(
         message="the driver did not start",
     )
     (stage / "go").write_text("0")
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(
         lambda: stepped_runner.renew_once() and (run_dir / "result.json").exists(),
         SPARK_START_S,
@@ -332,7 +332,7 @@ def test_a_batch_exit_0_while_its_server_is_stalled_is_recorded_by_the_watchdog(
     )
     # From here the server takes no step: no renewal, no poll, no record of its own.
     (stage / "go").write_text("0")
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "finished",
@@ -376,7 +376,7 @@ def test_a_watchdog_cannot_record_a_run_that_is_no_longer_its_own(
     with engine.begin() as conn:
         taken = distribution.claim(conn, job_id, factories.owner("s2"), TTL)
     (stage / "go").write_text("0")
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     result = json.loads((run_dir / "result.json").read_text())
     assert result["recorded"] is False, result
@@ -414,7 +414,7 @@ def test_an_adopted_batch_run_s_exit_0_is_recorded_by_its_watchdog(
         assert (adopted.owner_incarnation, adopted.epoch) == (config.incarnation, 1)
         # From here the successor takes no step: stalled, or killed without a restart.
         (stage / "go").write_text("0")
-        run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+        run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
         waiting.wait_until(
             lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
         )
@@ -448,7 +448,7 @@ def _crash_while_stalled(
         message="the driver did not start",
     )
     (stage / "go").write_text("1")
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     return json.loads((run_dir / "result.json").read_text())
 
@@ -560,10 +560,10 @@ def test_a_batch_exit_0_as_its_migration_begins_is_finished_not_rerun(
         30,
         message="the run was not recorded running",
     )
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     stop_driver = long_lease_runner._stop_driver
 
-    def exit_0_first(run: runner.Run) -> None:
+    def exit_0_first(run: runs.Run) -> None:
         # ``stopping`` is committed; the driver ends on its own before it is signalled.
         (stage / "go").write_text("0")
         waiting.wait_until(
@@ -626,10 +626,10 @@ def test_a_batch_failure_as_its_migration_begins_spends_its_budget(
         30,
         message="the run was not recorded running",
     )
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     stop_driver = long_lease_runner._stop_driver
 
-    def exit_3_first(run: runner.Run) -> None:
+    def exit_3_first(run: runs.Run) -> None:
         # ``stopping`` is committed; the driver fails on its own before it is signalled.
         (stage / "go").write_text("3")
         waiting.wait_until(
@@ -690,7 +690,7 @@ def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
     assert run.driver is not None and not run.driver.ended(), "the ending run was killed"
     # The watchdog exits: the next polls reap the run and ship its log.
     (stage / "go").write_text("0")
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     waiting.wait_until(
         lambda: not runner_.runs() or runner_.poll_once() < 0,
@@ -699,7 +699,9 @@ def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
     )
     assert json.loads((run_dir / "result.json").read_text())["reason"] == "exited"
     waiting.wait_until(
-        lambda: bucket.exists(runner.log_key("b", job_id, 1)), 10, message="the log was not shipped"
+        lambda: bucket.exists(log_shipping.log_key("b", job_id, 1)),
+        10,
+        message="the log was not shipped",
     )
     kinds = _kinds(database_url)
     assert kinds.count("claimed") == 1 and kinds.count("finished") == 1, kinds
@@ -800,7 +802,7 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
     newer.mkdir()
     with engine.begin() as conn:
         jobs.update(conn, "b", jobs.Change(args=[str(newer)]))
-    run = runner.Run(
+    run = runs.Run(
         job_id=job_id,
         name="b",
         kind=JobKind.BATCH,
@@ -813,7 +815,7 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
     )
     with the_runner._lock:
         the_runner._runs[job_id] = run
-    the_runner._start(run)  # what the claim's task does
+    launch.start(the_runner, run)  # what the claim's task does
     waiting.wait_until(
         lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
     )
@@ -828,7 +830,7 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
 
 def _running_batch(
     engine: sa.Engine, bucket: store.Store, the_runner: runner.Runner, stage: Path, tmp_path: Path
-) -> tuple[int, runner.Run]:
+) -> tuple[int, runs.Run]:
     """A batch job claimed by ``the_runner``, its gated driver started and recorded running."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     the_runner.poll_once()  # claims; the driver starts in a task
@@ -858,9 +860,9 @@ def test_a_watchdog_killed_with_sigkill_leaves_no_process_of_its_run_when_releas
     any process of the run lives: before, the poll reaped the run as ``killed`` and
     released it at once, and the new driver ran beside the old Python main."""
     job_id, run = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     assert watchdog.marked_processes(run_dir), "the run has no marked process to survive"
-    state = watchdog.read_json(run_dir / "watchdog.json")
+    state = rundir.read_json(run_dir / "watchdog.json")
     assert state is not None
     os.kill(state["watchdog_pid"], signal.SIGKILL)
     assert run.driver is not None
@@ -956,14 +958,14 @@ def test_a_stop_that_cannot_write_its_stop_file_still_stops_the_driver(
     operator's stop never took effect. The stop falls back to killing the run, then
     releases the job."""
     job_id, run = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
-    write = watchdog.write_json_atomically
+    write = rundir.write_json_atomically
 
     def disk_full_for_the_stop_file(path: Path, payload: dict[str, object]) -> None:
         if path.name == "stop.json":
             raise OSError(28, "No space left on device", str(path))
         write(path, payload)
 
-    monkeypatch.setattr(watchdog, "write_json_atomically", disk_full_for_the_stop_file)
+    monkeypatch.setattr(rundir, "write_json_atomically", disk_full_for_the_stop_file)
     with engine.begin() as conn:
         jobs.stop(conn, "b")
     waiting.wait_until(
@@ -975,7 +977,7 @@ def test_a_stop_that_cannot_write_its_stop_file_still_stops_the_driver(
         message="the stop never completed",
     )
     assert run.driver is not None and run.driver.poll() is not None
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     assert watchdog.marked_processes(run_dir) == []
     waiting.wait_until(lambda: not long_lease_runner.runs(), 10, message="the run was kept")
 
@@ -996,8 +998,8 @@ def test_a_sigterm_exit_just_before_the_server_sees_its_own_sigterm_is_no_crash(
     the driver's exit: it waits for that SIGTERM likewise and leaves the exit to the
     server."""
     job_id, _ = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
-    state = watchdog.read_json(run_dir / "watchdog.json")
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
+    state = rundir.read_json(run_dir / "watchdog.json")
     assert state is not None
     (stage / "go").write_text("143")
     waiting.wait_until(
@@ -1032,7 +1034,7 @@ def test_an_outcome_write_that_raised_a_bug_is_tried_again(
         if len(calls) == 1:
             raise RuntimeError("unexpected")
 
-    run = runner.Run(
+    run = runs.Run(
         job_id=1,
         name="b",
         kind=JobKind.BATCH,
@@ -1047,8 +1049,8 @@ def test_an_outcome_write_that_raised_a_bug_is_tried_again(
     with stepped_runner._lock:
         stepped_runner._runs[1] = run
     with pytest.raises(RuntimeError):
-        stepped_runner._record(run)
-    stepped_runner._record(run)
+        outcomes.record(stepped_runner, run)
+    outcomes.record(stepped_runner, run)
     assert len(calls) == 2 and not stepped_runner.runs()
 
 
@@ -1077,7 +1079,7 @@ def test_a_hung_kill_of_a_lost_run_does_not_hold_up_the_renewals(
     can take tens of seconds on a hung driver, and meanwhile no lease of any other job
     on the server was renewed: every other driver died at its deadline."""
     hung = _HungDriver()
-    run = runner.Run(
+    run = runs.Run(
         job_id=1,
         name="lost",
         kind=JobKind.BATCH,
@@ -1131,7 +1133,7 @@ def test_a_hand_over_whose_commit_answer_is_lost_is_tried_again(
     with engine.begin() as conn:
         claim = distribution.claim(conn, job_id, stepped_runner.owner, TTL)
     handle = _ConfirmedDriver()
-    run = runner.Run(
+    run = runs.Run(
         job_id=job_id,
         name="b",
         kind=JobKind.BATCH,
@@ -1212,7 +1214,7 @@ def test_a_re_created_job_never_ends_with_its_deleted_namesakes_result(
         json.dumps({**identity, "reason": "exited", "exit_code": 0, "ended_at": 1.0})
     )
     if claimed_here:
-        runner.job_dir(tmp_path / "work", job_id).mkdir(parents=True)
+        rundir.job_dir(tmp_path / "work", job_id).mkdir(parents=True)
     with engine.begin() as conn:
         distribution.claim(conn, job_id, factories.owner("s1", "old"), TTL)
     cleaned = _orphan_cleaned(stepped_runner, monkeypatch)
@@ -1346,7 +1348,7 @@ def test_an_exit_0_its_watchdog_recorded_is_written_again_if_postgresql_lost_it(
     job_id, _ = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
     owner = long_lease_runner.owner
     (stage / "go").write_text("0")
-    run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     assert json.loads((run_dir / "result.json").read_text())["recorded"] is True
     # The promoted replica never had the watchdog's commit: the row is as before it.
@@ -1401,7 +1403,7 @@ def test_a_lease_file_that_cannot_be_written_does_not_stop_the_renewals(
         with engine.begin() as conn:
             claim = distribution.claim(conn, jid, stepped_runner.owner, TTL)
         with stepped_runner._lock:
-            stepped_runner._runs[jid] = runner.Run(
+            stepped_runner._runs[jid] = runs.Run(
                 job_id=jid,
                 name=claim.name,
                 kind=JobKind.BATCH,
@@ -1565,7 +1567,7 @@ def test_a_driver_that_never_registered_while_no_master_answers_is_deferred_by_i
         if not master_back:
             listener.close()
         (stage / "go").write_text("1")
-        run_dir = runner.run_dir(tmp_path / "work", job_id, 1)
+        run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
         waiting.wait_until(
             lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
         )
@@ -1606,7 +1608,7 @@ def test_an_unregistered_exit_the_server_records_is_a_deferral_while_no_master_a
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     with engine.begin() as conn:
         claim = distribution.claim(conn, job_id, stepped_runner.owner, TTL)
-    run = runner.Run(
+    run = runs.Run(
         job_id=job_id,
         name="b",
         kind="batch",
@@ -1617,12 +1619,12 @@ def test_an_unregistered_exit_the_server_records_is_a_deferral_while_no_master_a
         owner=stepped_runner.owner,
         master=f"spark://127.0.0.1:{port}",
     )
-    log = runner.run_dir(tmp_path / "work", job_id, claim.epoch) / driver_module.LOG_FILE
+    log = rundir.run_dir(tmp_path / "work", job_id, claim.epoch) / rundir.LOG_FILE
     log.parent.mkdir(parents=True)
     log.write_text((Path(__file__).parent / "data" / "spark_driver_no_master.log").read_text())
     outcome = driver_module.Outcome(1, watchdog.Reason.EXITED, 0.0, 1.0, recorded=False)
     try:
-        write = stepped_runner._outcome_write(run, outcome)
+        write = outcomes.outcome_write(stepped_runner, run, outcome)
     finally:
         if listener is not None:
             listener.close()

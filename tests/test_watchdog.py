@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from server import driver, exit_codes, watchdog
+from server import driver, exit_codes, rundir, watchdog
 from tests import waiting
 
 # How late after its deadline a driver may still be alive: wake-up, killpg and reaping
@@ -214,7 +214,7 @@ def parent(tmp_path: Path, child: Path) -> Iterator[StartParent]:
 def test_a_paused_parent_does_not_pause_the_watchdog(tmp_path: Path, parent: StartParent) -> None:
     process, watchdog_pid = parent("never-confirm")
     pid = wait_ready(tmp_path)
-    deadline = watchdog.read_lease(tmp_path / "run" / driver.LEASE_FILE)
+    deadline = rundir.read_lease(tmp_path / "run" / rundir.LEASE_FILE)
     assert deadline is not None and watchdog.lease_clock() < deadline
 
     process.send_signal(signal.SIGSTOP)
@@ -231,18 +231,18 @@ def test_a_killed_parent_s_driver_dies_at_the_deadline_not_before(
 ) -> None:
     process, _ = parent("confirm")
     pid = wait_ready(tmp_path)
-    lease_file = tmp_path / "run" / driver.LEASE_FILE
+    lease_file = tmp_path / "run" / rundir.LEASE_FILE
     seen: set[float | None] = set()
 
     def renewed_a_few_times() -> bool:
-        seen.add(watchdog.read_lease(lease_file))
+        seen.add(rundir.read_lease(lease_file))
         return len(seen) >= 4
 
     waiting.wait_until(renewed_a_few_times, 10, interval=0.02, message="parent never confirmed")
 
     process.kill()
     process.wait()
-    deadline = watchdog.read_lease(lease_file)
+    deadline = rundir.read_lease(lease_file)
     assert deadline is not None
 
     while watchdog.lease_clock() < deadline - 0.05:
@@ -459,15 +459,15 @@ def test_adopt_takes_only_the_watchdog_of_the_run_it_is_asked_for(
         job_id=5,
     )
     run_dir = tmp_path / "run"
-    waiting.wait_until(lambda: (run_dir / driver.STATE_FILE).exists(), 10, message="no state file")
+    waiting.wait_until(lambda: (run_dir / rundir.STATE_FILE).exists(), 10, message="no state file")
     mine = driver.RunIdentity(5, "j", 7, "server-a")
     namesake = driver.RunIdentity(9, "j", 7, "server-a")
-    state = watchdog.read_json(run_dir / driver.STATE_FILE)
+    state = rundir.read_json(run_dir / rundir.STATE_FILE)
     assert state is not None and state["job_id"] == 5
     assert mine.wrote(state) and not namesake.wrote(state)
     assert driver.adopt(run_dir, namesake) is None
     assert handle.wait(10) is not None
-    result = watchdog.read_json(run_dir / driver.RESULT_FILE)
+    result = rundir.read_json(run_dir / rundir.RESULT_FILE)
     assert result is not None and result["job_id"] == 5 and result["exit_code"] == 3
     assert mine.wrote(result) and not namesake.wrote(result)
     # Another epoch or another server's run is not this run either.
@@ -480,12 +480,12 @@ def test_adopt_still_takes_a_watchdog_of_the_older_code_by_its_name(
 ) -> None:
     """Upgrade compatibility: a watchdog started by the older code records no job id (as
     one started here without ``job_id``); a restarted server adopts it by name, epoch
-    and server (runner.run_trace looks for it only where that code kept its runs)."""
+    and server (rundir.run_trace looks for it only where that code kept its runs)."""
     handle = supervise(
         started, tmp_path, [sys.executable, str(child), str(tmp_path)], watchdog.lease_clock() + 60
     )
     wait_ready(tmp_path)
-    state = watchdog.read_json(tmp_path / "run" / driver.STATE_FILE)
+    state = rundir.read_json(tmp_path / "run" / rundir.STATE_FILE)
     assert state is not None and "job_id" not in state
     adopted = driver.adopt(tmp_path / "run", driver.RunIdentity(9, "j", 7, "server-a"))
     assert adopted is not None and adopted.pid == handle.pid
@@ -498,8 +498,8 @@ def test_adopt_refuses_a_reused_pid(tmp_path: Path) -> None:
     # Our own pid with a wrong start time: a recycled pid, not the watchdog that wrote it.
     ticks = watchdog.process_start_ticks(os.getpid())
     assert ticks is not None
-    watchdog.write_json_atomically(
-        run_dir / driver.STATE_FILE,
+    rundir.write_json_atomically(
+        run_dir / rundir.STATE_FILE,
         {"watchdog_pid": os.getpid(), "watchdog_start_ticks": ticks + 1},
     )
     assert driver.adopt(run_dir) is None
@@ -585,7 +585,7 @@ def test_a_watchdog_records_its_driver_s_own_exit_but_not_a_failure_during_a_sto
     }
     dog = watchdog.Watchdog(args, report)
     if stop == "file":
-        watchdog.write_json_atomically(tmp_path / "stop.json", {"grace": 1})
+        rundir.write_json_atomically(tmp_path / "stop.json", {"grace": 1})
     dog.stop_requested = stop == "signal"
     if stop == "late signal":
         threading.Timer(0.3, lambda: setattr(dog, "stop_requested", True)).start()

@@ -713,15 +713,15 @@ def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> st
 
 
 def _shipped_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
-    from server import runner
+    from server import log_shipping
     from server.web import livelog
 
     bucket = clients.bucket(settings)
     for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
         text = livelog.shipped_run(
             bucket,
-            runner.log_key(job["name"], job["id"], epoch),
-            runner.legacy_log_key(job["name"], epoch),
+            log_shipping.log_key(job["name"], job["id"], epoch),
+            log_shipping.legacy_log_key(job["name"], epoch),
             job["created_at"],
             lines,
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server import defaults, process, runner
+from server import defaults, log_shipping, process
 from server.web import api, httpd, livelog
 
 
@@ -20,8 +20,8 @@ def open(place: process.EndpointPlace) -> httpd.HttpServer:
     def shipped_log(job: dict[str, Any], epoch: int, lines: int) -> str | None:
         return livelog.shipped_run(
             place.bucket,
-            runner.log_key(job["name"], job["id"], epoch),
-            runner.legacy_log_key(job["name"], epoch),
+            log_shipping.log_key(job["name"], job["id"], epoch),
+            log_shipping.legacy_log_key(job["name"], epoch),
             job["created_at"],
             lines,
         )

@@ -91,8 +91,8 @@ def shipped(bucket: store.Store, key: str, lines: int) -> str | None:
 def shipped_run(
     bucket: store.Store, key: str, legacy_key: str, created_at: datetime, lines: int
 ) -> str | None:
-    """The tail of a finished run's shipped log: under ``key`` (``runner.log_key``), else
-    under the older code's ``legacy_key`` (``runner.legacy_log_key``, name and epoch
+    """The tail of a finished run's shipped log: under ``key`` (``log_shipping.log_key``), else
+    under the older code's ``legacy_key`` (``log_shipping.legacy_log_key``, name and epoch
     only) if that object was written after the job was created: an older one is a
     deleted namesake's (hole H6). None if neither is there."""
     text = shipped(bucket, key, lines)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from server import spark_master, watchdog
+from server import rundir, spark_master, watchdog
 from tests import services, waiting
 
 REPO = Path(__file__).resolve().parents[2]
@@ -279,7 +279,7 @@ def live_watchdogs(root: Path) -> list[Watchdog]:
         *root.glob("servers/*/work/runs/*/*/watchdog.json"),
     ]
     for state_file in sorted(state_files):
-        state = watchdog.read_json(state_file) or {}
+        state = rundir.read_json(state_file) or {}
         pid, ticks = state.get("watchdog_pid"), state.get("watchdog_start_ticks")
         if not isinstance(pid, int) or not isinstance(ticks, int):
             continue

@@ -1,0 +1,262 @@
+"""End-of-run recording: how a run's end is written to PostgreSQL, and kept until it is.
+
+A run whose driver is gone enters ``ended`` with its outcome as a fenced write
+(:func:`end`); :func:`record` writes it and forgets the run, or keeps it when
+PostgreSQL cannot be reached (the poll retries it: ``reconcile.Record``; the lease,
+still renewed meanwhile, keeps the job from being claimed again). So a batch driver that
+exited 0 ends ``finished`` and is never run again (S4).
+
+- :func:`outcome_write`: the write for a driver's end (``reconcile.ending``): release,
+  finish, a crash that spends the job's budget, or a deferral when the driver was lost
+  to a Spark master outage (S9); nothing when its watchdog recorded it already;
+- :func:`after_failure`, :func:`defer`, :func:`defer_for_master`, :func:`release`: the
+  ends of a run that never started, or was stopped;
+- :func:`reap_ended` (the poll thread): notices the drivers that ended;
+- :func:`drop_lost`: the job is no longer ours: kill the driver, record nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from scheduler import distribution, notify
+from server import (
+    driver,
+    driver_error,
+    log_shipping,
+    reconcile,
+    rundir,
+    runs,
+    spark_master,
+)
+
+if TYPE_CHECKING:
+    from server import runner
+
+# The runner's log: its parts log as the runner did before they had modules of their own.
+log = logging.getLogger("server.runner")
+
+# How long a driver's SIGTERM exit waits for this server's own shutdown to begin before
+# it counts as the job's crash: the service manager signals both at once (seconds).
+SIGTERM_SHUTDOWN_WAIT_S = 2.0
+
+
+def reap_ended(the_runner: runner.Runner) -> None:
+    for run in the_runner.runs().values():
+        if run.phase is not reconcile.Phase.RUNNING or run.driver is None:
+            continue
+        outcome = run.driver.poll()
+        if outcome is not None:
+            _ended(the_runner, run, outcome)
+
+
+def _ended(the_runner: runner.Runner, run: runs.Run, outcome: driver.Outcome) -> None:
+    extra = {"job": run.name, "epoch": run.epoch, "exit_code": outcome.exit_code}
+    if outcome.reason == "lease_expired":
+        log.error("watchdog killed the driver: lease lost", extra={"action": "lease_lost", **extra})
+    elif outcome.reason == "killed":
+        # Killed on request, or its watchdog itself died (kill -9, the OOM killer):
+        # either way no process of the run is left (Driver.poll swept it).
+        log.error(
+            "the run was killed (its watchdog was killed, or asked to kill it); "
+            "nothing of it is left",
+            extra={"action": "killed", **extra},
+        )
+    elif outcome.reason == "exited" and outcome.exit_code == 0:
+        log.info("driver finished", extra={"action": "finished", **extra})
+    end(the_runner, run, outcome_write(the_runner, run, outcome))
+    the_runner._tasks.submit(log_shipping.ship, the_runner, run)
+
+
+def outcome_write(
+    the_runner: runner.Runner, run: runs.Run, outcome: driver.Outcome
+) -> Callable[[sa.Connection], object]:
+    """The fenced write that records how ``run`` ended."""
+    cfg = the_runner.config
+    # A SIGTERM exit while we shut down: the service manager signalled every process
+    # of the server's unit (docs/operations.md: use KillMode=mixed).
+    if outcome.reason == "exited" and outcome.exit_code in reconcile.SIGTERM_EXITS:
+        # A service manager that signals the whole unit (KillMode=control-group)
+        # SIGTERMs the driver and this server together: the driver's exit can be
+        # reaped before our own handler has begun the shutdown. Not a crash then.
+        the_runner._shutting_down.wait(SIGTERM_SHUTDOWN_WAIT_S)
+    how = reconcile.ending(
+        outcome.reason,
+        outcome.exit_code,
+        recorded=outcome.recorded,
+        shutting_down=the_runner._shutting_down.is_set(),
+    )
+    if how is reconcile.Ending.RELEASE:
+        return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)
+    finish = lambda conn: distribution.finish(conn, run.job_id, run.owner, run.epoch)  # noqa: E731
+    if how is reconcile.Ending.FINISH:
+        return finish
+    where = (
+        run.driver.run_dir
+        if run.driver is not None
+        else rundir.run_trace(cfg.work_dir, run.job_id, run.name, run.epoch)
+    )
+    error = driver_error.crash_error(outcome.reason, outcome.exit_code, where / rundir.LOG_FILE)
+    if how is reconcile.Ending.CRASH and spark_master.lost_to_outage(
+        run.master, where / rundir.LOG_FILE
+    ):
+        # It never registered, and no master answers: the outage's, not the job's.
+        return _master_defer_write(the_runner, run, error)
+    # Batch and streaming alike: backoff while the job's budget lasts, then failed.
+    crash = _failure_write(the_runner, run, error, fail=False)
+    if how is reconcile.Ending.RECORDED:
+        if outcome.exit_code != 0:
+            log.warning(
+                "driver failed; its watchdog recorded it",
+                extra={"action": "crashed", "job": run.name, "epoch": run.epoch},
+            )
+        own = finish if outcome.exit_code == 0 else crash
+
+        def recorded(conn: sa.Connection) -> None:
+            # PostgreSQL, not the result file, says whether it is recorded: a commit
+            # the watchdog saw acknowledged is gone after a failover to an
+            # asynchronous replica (outside the model: docs/drivers.md). Then the
+            # server writes it itself (fenced: nothing if the row moved on).
+            if run.job_id not in distribution.ended_at(conn, {run.job_id: run.epoch}):
+                own(conn)
+
+        return recorded
+    return crash
+
+
+def _failure_write(
+    the_runner: runner.Runner, run: runs.Run, error: str, *, fail: bool, cause: str = "driver"
+) -> Callable[[sa.Connection], object]:
+    cfg = the_runner.config
+
+    def write(conn: sa.Connection) -> None:
+        state = distribution.record_crash(
+            conn,
+            run.job_id,
+            run.owner,
+            run.epoch,
+            error,
+            retry=not fail,
+            backoff_base=cfg.backoff_base,
+            backoff_max=cfg.backoff_max,
+            cause=cause,
+        )
+        log.warning(
+            "driver failed",
+            extra={"action": "crashed", "job": run.name, "epoch": run.epoch, "state": state},
+        )
+
+    return write
+
+
+def after_failure(
+    the_runner: runner.Runner, run: runs.Run, error: str, *, fail: bool, cause: str = "driver"
+) -> None:
+    end(the_runner, run, _failure_write(the_runner, run, error, fail=fail, cause=cause))
+
+
+def defer(the_runner: runner.Runner, run: runs.Run, error: str) -> None:
+    cfg = the_runner.config
+    log.warning(error, extra={"action": "deferred", "job": run.name, "epoch": run.epoch})
+    end(
+        the_runner,
+        run,
+        lambda conn: distribution.defer(
+            conn, run.job_id, run.owner, run.epoch, error, cfg.backoff_base
+        ),
+    )
+
+
+def _master_defer_write(
+    the_runner: runner.Runner, run: runs.Run, after: str = "", master: str | None = None
+) -> Callable[[sa.Connection], object]:
+    """The deferral of a run that no Spark master could take (S9): no restart
+    counted, the wait doubling with each consecutive one, up to ``master_wait_max``;
+    ``after``: the error of the driver that ended for it."""
+    cfg = the_runner.config
+    master = run.master if master is None else master
+    with the_runner._lock:
+        streak = the_runner._master_deferrals.get(run.job_id, 0)
+        the_runner._master_deferrals[run.job_id] = streak + 1
+    delay = spark_master.wait_before_retry(streak, cfg.backoff_base, cfg.master_wait_max)
+    error = spark_master.detail(master) + (f" after {after}" if after else "")
+    error = driver_error.one_line(error)
+    log.warning(
+        "no Spark master answers: deferred",
+        extra={"action": "deferred", "job": run.name, "epoch": run.epoch, "master": master},
+    )
+    return lambda conn: distribution.defer(
+        conn, run.job_id, run.owner, run.epoch, error, delay, cause=spark_master.CAUSE
+    )
+
+
+def defer_for_master(the_runner: runner.Runner, run: runs.Run, master: str) -> None:
+    end(the_runner, run, _master_defer_write(the_runner, run, master=master))
+
+
+def release(the_runner: runner.Runner, run: runs.Run) -> None:
+    end(the_runner, run, lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch))
+
+
+def end(the_runner: runner.Runner, run: runs.Run, write: Callable[[sa.Connection], object]) -> None:
+    """The run's driver is gone: keep its outcome until PostgreSQL records it."""
+    with the_runner._lock:
+        run.phase = reconcile.Phase.ENDED
+        run.unrecorded = write
+    record(the_runner, run)
+
+
+def record(the_runner: runner.Runner, run: runs.Run) -> None:
+    """Write the run's outcome (fenced); forget the run once it is recorded or fenced.
+
+    A failure to reach PostgreSQL keeps the outcome: the poll loop retries it, and
+    the lease, still renewed meanwhile, keeps the job from being claimed again."""
+    with the_runner._lock:
+        write = run.unrecorded
+        if write is None or run.recording:
+            return
+        run.recording = True
+    try:
+        with the_runner.engine.begin() as conn:
+            write(conn)
+            notify.notify(conn, notify.TARGETS_CHANNEL, run.name)
+    except distribution.FencedError:
+        log.warning(
+            "write fenced: the job is no longer ours",
+            extra={"action": "fenced", "job": run.name, "epoch": run.epoch},
+        )
+    except BaseException as exc:
+        # Kept to retry: a database error, or anything else (a bug must not leave
+        # ``recording`` set, or the outcome would never be written again).
+        log.warning(
+            "could not record the end of a run; keeping it to retry",
+            extra={"action": "write_failed", "job": run.name, "error": type(exc).__name__},
+        )
+        with the_runner._lock:
+            run.recording = False
+        if isinstance(exc, DBAPIError):
+            return
+        raise
+    with the_runner._lock:
+        run.recording = False
+        run.unrecorded = None
+        if the_runner._runs.get(run.job_id) is run:
+            del the_runner._runs[run.job_id]
+    the_runner.wake()
+
+
+def drop_lost(the_runner: runner.Runner, run: runs.Run, why: str) -> None:
+    log.error(
+        why + "; killing the driver",
+        extra={"action": "lost", "job": run.name, "epoch": run.epoch},
+    )
+    if run.driver is not None:
+        run.driver.kill()
+    with the_runner._lock:
+        if the_runner._runs.get(run.job_id) is run:
+            del the_runner._runs[run.job_id]

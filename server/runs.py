@@ -1,0 +1,79 @@
+"""A local run of a job (:class:`Run`): one driver at one epoch, as this server sees it.
+
+A run is shared by the runner's threads (``server/runner.py``). Which thread writes which
+field, and under which guard:
+
+- ``job_id``, ``name``, ``kind``, ``epoch``, ``attempt``, ``claimed_at``, ``owner``,
+  ``revision`` (the run's identity): whoever creates the run, the poll thread (a claim,
+  ``server/claims.py``) or a task (an adoption or an orphan's end,
+  ``server/adoption.py``). Set once: assigning one again raises
+  (:meth:`Run.__setattr__`).
+- ``deadline``: the renew thread (``claims.renew``), under the runner's lock.
+- ``driver``, ``master``: the start task (``launch.start``), once, under the runner's
+  lock, before ``phase`` becomes running; or the adoption that creates the run.
+- ``phase``: the start task (starting -> running); the poll thread or the shutdown's
+  hand-off (running -> stopping, ``stops.begin_stop``); whoever ends the run (-> ended,
+  ``outcomes.end``). Under the runner's lock; the legal moves are
+  ``reconcile.PHASE_TRANSITIONS``.
+- ``unrecorded``: whoever ends the run (``outcomes.end``), under the runner's lock;
+  cleared by the thread that recorded it.
+- ``recording``: the one thread recording ``unrecorded`` (``outcomes.record``), under
+  the runner's lock.
+- ``marking``, ``marked``: the one thread recording ``running``
+  (``launch.mark_running``); ``marking`` under the runner's lock, ``marked`` only by
+  the thread that holds ``marking``.
+
+Every other thread reads the mutable fields under the runner's lock, or from a copy of
+the runs taken under it (``Runner.runs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from scheduler import distribution
+from server import driver, reconcile
+
+# The fields that name the run: set when it is created, never again.
+IDENTITY_FIELDS = frozenset(
+    {"job_id", "name", "kind", "epoch", "attempt", "claimed_at", "owner", "revision"}
+)
+
+
+@dataclass
+class Run:
+    """One local driver run of a job at one epoch."""
+
+    job_id: int
+    name: str
+    kind: str
+    epoch: int
+    attempt: int
+    # Lease-clock time (watchdog.lease_clock) just after the claim committed: a renewal
+    # sent later must include this job, else the lease was lost.
+    claimed_at: float
+    deadline: float  # lease-clock time the watchdog kills the driver unless confirmed
+    owner: distribution.Owner  # this incarnation, or a previous one whose run ended here
+    phase: reconcile.Phase = reconcile.Phase.STARTING
+    # The job revision the claim pinned (None: claimed by a release without revisions,
+    # or adopted): the driver is started from it, not from whatever is current later.
+    revision: int | None = None
+    driver: driver.Driver | None = None
+    # The Spark master its driver was launched with ("": unknown, e.g. adopted).
+    master: str = ""
+    # How the run ended, not yet recorded in PostgreSQL (retried until it is).
+    unrecorded: Callable[[sa.Connection], object] | None = None
+    recording: bool = False  # a thread is writing ``unrecorded`` now
+    marking: bool = False  # a thread is recording ``running`` now
+    marked: bool = False  # ``running`` is recorded in PostgreSQL
+
+    def __setattr__(self, field: str, value: Any) -> None:
+        # Another thread may hold this run by its identity (a task, the renewals): it
+        # must not change under it.
+        if field in IDENTITY_FIELDS and field in self.__dict__:
+            raise AttributeError(f"Run.{field} is set when the run is created, never again")
+        super().__setattr__(field, value)
