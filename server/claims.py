@@ -34,21 +34,6 @@ log = logging.getLogger("server.runner")
 HAND_OVER_RETRY_S = 0.25
 
 
-def confirm(run: runs.Run, deadline: float) -> None:
-    """Give the run's watchdog its new deadline. A lease file that cannot be written
-    (a full work dir, EIO) leaves that driver to die at its current deadline, safely;
-    it must not end the renewals of every other job (the renew thread would die and
-    take the server with it)."""
-    assert run.driver is not None
-    try:
-        run.driver.confirm(deadline)
-    except OSError as exc:
-        log.error(
-            "cannot confirm the driver's lease: it dies at its current deadline",
-            extra={"action": "confirm_failed", "job": run.name, "error": str(exc)},
-        )
-
-
 def _not_ended(the_runner: runner.Runner, lost: list[runs.Run]) -> list[runs.Run]:
     """``lost`` (not renewed) but those whose watchdog recorded the driver's exit
     just now (it is exiting: the poll reaps it). If that cannot be read, all of them:
@@ -95,7 +80,7 @@ def renew(the_runner: runner.Runner) -> bool:
             if renewed.get(run.job_id) == run.epoch:
                 run.deadline = deadline
                 if run.driver is not None:
-                    confirm(run, deadline)
+                    runs.confirm(run, deadline)
             elif run.driver is not None and run.driver.ended():
                 # The driver ended before the poll noticed (a paused server: its
                 # lease ran out meanwhile). Its outcome is what must be recorded
@@ -167,7 +152,7 @@ def hand_over(the_runner: runner.Runner, window: float) -> list[str]:
     with the_runner._lock:
         for run in the_runner._runs.values():
             if run.driver is not None and extended.get(run.job_id) == run.epoch:
-                confirm(run, deadline)
+                runs.confirm(run, deadline)
                 handed.append(run.name)
     log.info(
         "leases handed over to the next incarnation",

@@ -77,7 +77,7 @@ def start(the_runner: runner.Runner, run: runs.Run) -> None:
     with the_runner._lock:
         run.driver = handle
         run.master = master
-        run.driver.confirm(run.deadline)
+        runs.confirm(run, run.deadline)
         run.phase = reconcile.Phase.RUNNING
     log.info(
         "driver started",

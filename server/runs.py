@@ -29,6 +29,7 @@ the runs taken under it (``Runner.runs``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ import sqlalchemy as sa
 
 from scheduler import distribution
 from server import driver, reconcile
+
+log = logging.getLogger("server.runner")
 
 # The fields that name the run: set when it is created, never again.
 IDENTITY_FIELDS = frozenset(
@@ -77,3 +80,19 @@ class Run:
         if field in IDENTITY_FIELDS and field in self.__dict__:
             raise AttributeError(f"Run.{field} is set when the run is created, never again")
         super().__setattr__(field, value)
+
+
+def confirm(run: Run, deadline: float) -> None:
+    """Give the run's watchdog its new deadline. A lease file that cannot be written
+    (a full work dir, EIO) leaves that driver to die at its current deadline, safely:
+    it must neither end the renewals of every other job (the renew thread would die and
+    take the server with it) nor a start task before its run is running (the run would
+    stay 'starting' for ever, never reaped: CHAOS_SEED=417020630)."""
+    assert run.driver is not None
+    try:
+        run.driver.confirm(deadline)
+    except OSError as exc:
+        log.error(
+            "cannot confirm the driver's lease: it dies at its current deadline",
+            extra={"action": "confirm_failed", "job": run.name, "error": str(exc)},
+        )

@@ -11,6 +11,7 @@ server stays up for every other test.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import signal
@@ -1371,6 +1372,37 @@ def test_an_exit_0_its_watchdog_recorded_is_written_again_if_postgresql_lost_it(
 class _FullDiskDriver(_ConfirmedDriver):
     def confirm(self, deadline: float) -> None:
         raise OSError(28, "No space left on device", "lease.json")
+
+
+def test_a_lease_file_that_cannot_be_written_at_launch_never_leaves_the_run_starting(
+    engine: sa.Engine,
+    bucket: store.Store,
+    the_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A clean-clone CI run (CHAOS_SEED=417020630): s2's work dir filled up as it
+    launched st0-6. The lease confirmation right after the launch raised ENOSPC out of
+    the start task: the run stayed 'starting' with its lease renewed, its driver died at
+    its deadline and nobody reaped it, and the job never ran again (lost). A
+    confirmation that fails there fails as a renewal's does: the driver dies at its
+    launch deadline, and the run is reaped, recorded and claimed again."""
+
+    def disk_full(self: driver_module.Driver, deadline: float) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(driver_module.Driver, "confirm", disk_full)
+    job_id = _batch_job(engine, bucket, stage, tmp_path, kind=JobKind.STREAMING)
+    the_runner.wake()
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).epoch >= 2,
+        SPARK_START_S,
+        interval=0.5,
+        message="the run whose lease could not be confirmed was never reaped",
+    )
+    kinds = _kinds(database_url=str(engine.url.render_as_string(hide_password=False)))
+    assert "released" in kinds, kinds
 
 
 def test_a_lease_file_that_cannot_be_written_does_not_stop_the_renewals(
