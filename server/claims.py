@@ -101,12 +101,27 @@ def renew(the_runner: runner.Runner) -> bool:
         if run.driver is not None:
             # In a task: a kill can take tens of seconds (a hung driver), and the
             # other jobs' leases must keep being renewed meanwhile. The watchdog kills
-            # the driver at its deadline anyway, before the lease can be claimed.
+            # the driver at its deadline anyway, before the lease can be claimed; a
+            # starved watchdog may wake late, so this server does not claim the job
+            # again before the kill is over (the poll skips ``_dying``).
+            with the_runner._lock:
+                the_runner._dying.add(run.job_id)
             try:
-                the_runner._tasks.submit(run.driver.kill)
+                the_runner._tasks.submit(_kill_lost, the_runner, run)
             except RuntimeError:  # the pool is shut down: the process is stopping
-                run.driver.kill()
+                _kill_lost(the_runner, run)
     return True
+
+
+def _kill_lost(the_runner: runner.Runner, run: runs.Run) -> None:
+    """Kill the driver of a lost run; only then may this server claim its job again."""
+    assert run.driver is not None
+    try:
+        run.driver.kill()
+    finally:
+        with the_runner._lock:
+            the_runner._dying.discard(run.job_id)
+        the_runner.wake()
 
 
 def hand_over(the_runner: runner.Runner, window: float) -> list[str]:

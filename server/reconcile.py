@@ -93,6 +93,9 @@ class Conditions:
     capacity: int
     may_claim: bool  # registered, claiming (not shutting down), not in safe mode
     may_migrate: bool  # past the settle time after registering (adopted runs stay)
+    # Jobs whose lost local run is still being killed: not claimed here until the kill
+    # is over, or a new driver could start beside the old one (CHAOS_SEED=81000001).
+    dying: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -266,7 +269,12 @@ def decide(
         if orphaned(row, me):
             if orphan_key(row) not in handled:
                 actions.append(HandleOrphan(job_id))
-        elif conditions.may_claim and room > 0 and claimable(row, me):
+        elif (
+            conditions.may_claim
+            and room > 0
+            and job_id not in conditions.dying
+            and claimable(row, me)
+        ):
             actions.append(Claim(job_id))
             room -= 1
     return actions

@@ -131,6 +131,9 @@ class Runner:
         self._may_claim = may_claim
         self.owner = distribution.Owner(config.server, config.incarnation)
         self._runs: dict[int, runs.Run] = {}
+        # Jobs whose lost run's kill is still under way (claims.renew): not claimed here
+        # until it is over. Under the lock.
+        self._dying: set[int] = set()
         # Orphans handled (reconcile.orphan_key): a previous incarnation's lease, or one given up.
         self._orphans: set[reconcile.OrphanKey] = set()
         # Job id -> consecutive deferrals because no Spark master answered (the backoff).
@@ -288,6 +291,7 @@ class Runner:
             capacity=cfg.capacity,
             may_claim=self._registered.is_set() and self._claiming.is_set() and self._may_claim(),
             may_migrate=watchdog.lease_clock() >= self._migrate_after,
+            dying=frozenset(self._dying),
         )
         local = {
             job_id: reconcile.LocalRun(

@@ -223,6 +223,12 @@ def test_no_claim_unless_allowed() -> None:
     assert decide([row()], may_claim=False) == []
 
 
+def test_no_claim_of_a_job_whose_lost_run_is_still_being_killed_here() -> None:
+    free = [row(1), row(2)]
+    conditions = reconcile.Conditions(ME, 4, may_claim=True, may_migrate=True, dying=frozenset({1}))
+    assert reconcile.decide({r.job_id: r for r in free}, {}, conditions) == [reconcile.Claim(2)]
+
+
 def test_claims_stop_at_capacity_counting_local_runs() -> None:
     free = [row(job_id) for job_id in range(10, 15)]
     assert decide(free, capacity=3) == [

@@ -1106,6 +1106,50 @@ def test_a_hung_kill_of_a_lost_run_does_not_hold_up_the_renewals(
     assert not stepped_runner.runs()
 
 
+def test_a_job_whose_lost_run_is_still_being_killed_here_is_not_claimed_here_again(
+    engine: sa.Engine,
+    bucket: store.Store,
+    stepped_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """A randomized run on a starved machine (CHAOS_SEED=81000001): a server lost a lease,
+    its kill of the driver went to a task and the run was forgotten at once; the next
+    poll claimed the job again on the same server 0.745 s before the old driver was
+    dead (an early hand-off; its watchdog had woken 5.2 s past its deadline). A job
+    whose previous local run is still being killed is not claimed until the kill is
+    over."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)  # targeted here, claimable
+    hung = _HungDriver()
+    lost = runs.Run(
+        job_id=job_id,
+        name="b",
+        kind=JobKind.BATCH,
+        epoch=99,  # no lease of ours holds it: the renewal finds it lost
+        attempt=1,
+        claimed_at=watchdog.lease_clock() - 60,
+        deadline=0.0,
+        owner=stepped_runner.owner,
+        phase=runner.reconcile.Phase.RUNNING,
+        driver=hung,  # type: ignore[arg-type]
+    )
+    with stepped_runner._lock:
+        stepped_runner._runs[job_id] = lost
+    try:
+        stepped_runner.renew_once()
+        waiting.wait_until(hung.killed.is_set, 10, message="the lost run was never killed")
+        stepped_runner.poll_once()
+        assert factories.row(engine, job_id).epoch == 0, "claimed while its old driver lived"
+    finally:
+        hung.release.set()
+    waiting.wait_until(
+        lambda: stepped_runner.poll_once() is not None and factories.row(engine, job_id).epoch > 0,
+        30,
+        interval=0.2,
+        message="the job was not claimed once the kill was over",
+    )
+
+
 class _ConfirmedDriver(_HungDriver):
     """A driver handle that records its confirmations (its kill returns at once)."""
 
