@@ -534,6 +534,49 @@ def test_a_failure_while_its_server_is_stalled_is_counted_once_with_restarts_lef
     assert kinds.count("crashed") == 1 and "failed" not in kinds, kinds
 
 
+def _exit_as_the_migration_begins(
+    engine: sa.Engine,
+    the_runner: runner.Runner,
+    job_id: int,
+    stage: Path,
+    tmp_path: Path,
+    exit_code: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Path:
+    """Claim and start the gated batch job; then the coordinator moves it to s2, the
+    owner commits ``stopping``, and the driver exits ``exit_code`` on its own before the
+    stop reaches it; wait until the run is recorded. Returns its run directory."""
+    the_runner.poll_once()  # claims; the driver starts in a task
+    waiting.wait_until(
+        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+    )
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "running" or the_runner.poll_once() < 0,
+        30,
+        message="the run was not recorded running",
+    )
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
+    stop_driver = the_runner._stop_driver
+
+    def exit_first(run: runs.Run) -> None:
+        # ``stopping`` is committed; the driver ends on its own before it is signalled.
+        (stage / "go").write_text(str(exit_code))
+        waiting.wait_until(
+            lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
+        )
+        stop_driver(run)
+
+    monkeypatch.setattr(the_runner, "_stop_driver", exit_first)
+    factories.target(engine, job_id, "s2")  # the coordinator moves the job
+    the_runner.poll_once()  # decides the stop: stopping, then the task above
+    waiting.wait_until(
+        lambda: not the_runner.runs() or the_runner.poll_once() < 0,
+        60,
+        message="the stopped run was not recorded",
+    )
+    return run_dir
+
+
 def test_a_batch_exit_0_as_its_migration_begins_is_finished_not_rerun(
     engine: sa.Engine,
     bucket: store.Store,
@@ -550,35 +593,8 @@ def test_a_batch_exit_0_as_its_migration_begins_is_finished_not_rerun(
     ``b1`` exited 0 on s3 at 88.98 s, s3 recorded ``stopping ... migrating to s2`` at
     89.45 s, released it ``pending`` and s2 ran it again)."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
-    long_lease_runner.poll_once()  # claims; the driver starts in a task
-    waiting.wait_until(
-        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
-    )
-    waiting.wait_until(
-        lambda: (
-            factories.row(engine, job_id).state == "running" or long_lease_runner.poll_once() < 0
-        ),
-        30,
-        message="the run was not recorded running",
-    )
-    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
-    stop_driver = long_lease_runner._stop_driver
-
-    def exit_0_first(run: runs.Run) -> None:
-        # ``stopping`` is committed; the driver ends on its own before it is signalled.
-        (stage / "go").write_text("0")
-        waiting.wait_until(
-            lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
-        )
-        stop_driver(run)
-
-    monkeypatch.setattr(long_lease_runner, "_stop_driver", exit_0_first)
-    factories.target(engine, job_id, "s2")  # the coordinator moves the job
-    long_lease_runner.poll_once()  # decides the stop: stopping, then the task above
-    waiting.wait_until(
-        lambda: not long_lease_runner.runs() or long_lease_runner.poll_once() < 0,
-        60,
-        message="the stopped run was not recorded",
+    _exit_as_the_migration_begins(
+        engine, long_lease_runner, job_id, stage, tmp_path, 0, monkeypatch
     )
     assert factories.row(engine, job_id).state == "finished"
     with pytest.raises(distribution.NotClaimable), engine.begin() as conn:
@@ -616,35 +632,8 @@ def test_a_batch_failure_as_its_migration_begins_spends_its_budget(
             "FinishReport",
             lambda **kw: real_report(**{**kw, "database_url": "not a database url"}),
         )
-    long_lease_runner.poll_once()  # claims; the driver starts in a task
-    waiting.wait_until(
-        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
-    )
-    waiting.wait_until(
-        lambda: (
-            factories.row(engine, job_id).state == "running" or long_lease_runner.poll_once() < 0
-        ),
-        30,
-        message="the run was not recorded running",
-    )
-    run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
-    stop_driver = long_lease_runner._stop_driver
-
-    def exit_3_first(run: runs.Run) -> None:
-        # ``stopping`` is committed; the driver fails on its own before it is signalled.
-        (stage / "go").write_text("3")
-        waiting.wait_until(
-            lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
-        )
-        stop_driver(run)
-
-    monkeypatch.setattr(long_lease_runner, "_stop_driver", exit_3_first)
-    factories.target(engine, job_id, "s2")  # the coordinator moves the job
-    long_lease_runner.poll_once()  # decides the stop: stopping, then the task above
-    waiting.wait_until(
-        lambda: not long_lease_runner.runs() or long_lease_runner.poll_once() < 0,
-        60,
-        message="the stopped run was not recorded",
+    run_dir = _exit_as_the_migration_begins(
+        engine, long_lease_runner, job_id, stage, tmp_path, 3, monkeypatch
     )
     assert factories.row(engine, job_id).state == "failed"
     with pytest.raises(distribution.NotClaimable), engine.begin() as conn:
