@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 from typing import IO
 
 LOCK_FILE = "server.lock"
+# How long a refused process waits for the holder's pid: the holder writes it just after
+# it took the lock, and a loser of a race reads the file in between, seconds.
+HOLDER_PID_WAIT_S = 1.0
 
 
 class WorkDirInUse(Exception):
@@ -29,8 +33,7 @@ def lock(work_dir: Path) -> IO[str]:
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
+        holder = _holder(handle)
         handle.close()
         raise WorkDirInUse(
             f"work directory {work_dir} is in use by another sparkring server (pid {holder}); "
@@ -41,3 +44,16 @@ def lock(work_dir: Path) -> IO[str]:
     handle.write(str(os.getpid()))
     handle.flush()
     return handle
+
+
+def _holder(handle: IO[str]) -> str:
+    """The pid the lock's holder wrote, waited for up to HOLDER_PID_WAIT_S (a racing
+    loser may read the file between the holder's flock and its write); "unknown" if it
+    never comes (a holder of an older version, or one stopped in between)."""
+    until = time.monotonic() + HOLDER_PID_WAIT_S
+    while True:
+        handle.seek(0)
+        holder = handle.read().strip()
+        if holder or time.monotonic() >= until:
+            return holder or "unknown"
+        time.sleep(0.02)
