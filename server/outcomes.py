@@ -28,6 +28,7 @@ from scheduler import distribution, notify
 from server import (
     driver,
     driver_error,
+    exit_codes,
     log_shipping,
     reconcile,
     rundir,
@@ -80,7 +81,7 @@ def outcome_write(
     cfg = the_runner.config
     # A SIGTERM exit while we shut down: the service manager signalled every process
     # of the server's unit (docs/operations.md: use KillMode=mixed).
-    if outcome.reason == "exited" and outcome.exit_code in reconcile.SIGTERM_EXITS:
+    if outcome.reason == "exited" and outcome.exit_code in exit_codes.SIGTERM_EXITS:
         # A service manager that signals the whole unit (KillMode=control-group)
         # SIGTERMs the driver and this server together: the driver's exit can be
         # reaped before our own handler has begun the shutdown. Not a crash then.

@@ -142,10 +142,6 @@ class Ending(StrEnum):
     CRASH = "crash"  # its own code failed: backoff while its budget lasts, then failed
 
 
-# Exit codes of a driver ended by SIGTERM (``exit_codes.SIGTERM_EXITS``).
-SIGTERM_EXITS = exit_codes.SIGTERM_EXITS
-
-
 def ending(reason: str, exit_code: int | None, *, recorded: bool, shutting_down: bool) -> Ending:
     """How to record a run that ended with the watchdog's ``reason`` and ``exit_code``.
 
@@ -162,7 +158,7 @@ def ending(reason: str, exit_code: int | None, *, recorded: bool, shutting_down:
         return Ending.RELEASE
     if reason == "exited" and exit_code == 0:
         return Ending.FINISH
-    if exit_code in SIGTERM_EXITS and shutting_down:
+    if exit_code in exit_codes.SIGTERM_EXITS and shutting_down:
         return Ending.RELEASE
     return Ending.CRASH
 
