@@ -18,7 +18,7 @@ settled; every replacement is explained with its job's events (printed on stderr
   restart: the successor adopts) and without (the graceful hand-off: each job moves).
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/adoption.py [--only crash,rolling] [--trials 3] [--json]
+    .venv/bin/python -m benchmarks.adoption [--only crash,rolling] [--trials 3] [--json]
 """
 
 from __future__ import annotations
@@ -27,18 +27,14 @@ import argparse
 import itertools
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import failover
+from tests.chaos import trial as trial_module
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import failover  # noqa: E402
-
-from tests.chaos import trial as trial_module  # noqa: E402
 
 SERVERS = failover.SERVERS
 

@@ -4,7 +4,7 @@ Runs in a throwaway database copied from the migrated test template
 (``tests/services.py``) and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/api_jobs.py [--jobs 10000] [--requests 200] [--browser]
+    .venv/bin/python -m benchmarks.api_jobs [--jobs 10000] [--requests 200] [--browser]
 
 It inserts ``--jobs`` jobs in bulk (a third running with an owner and a lease, a third
 pending, a third stopped), makes an operator token, and serves ``server/web/api.py`` with
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
 import subprocess
@@ -40,13 +39,12 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from registry import servers
+from server.web import tokens
+from sql import database
+from tests import services, waiting
 
-from registry import servers  # noqa: E402
-from server.web import tokens  # noqa: E402
-from sql import database  # noqa: E402
-from tests import services, waiting  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 # Made-up servers the jobs are spread over (owners and targets server-0 .. server-9).
 SERVERS = 10
@@ -289,8 +287,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         engine.dispose()
         port = services.free_port()
         child = subprocess.Popen(
-            [sys.executable, __file__, "--serve", scratch, str(port)],
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            [sys.executable, "-m", "benchmarks.api_jobs", "--serve", scratch, str(port)],
+            cwd=REPO,
         )
         base = f"http://127.0.0.1:{port}"
         waiting.wait_until(lambda: services.reachable(f"127.0.0.1:{port}"), 30, interval=0.1)

@@ -5,7 +5,7 @@ Runs in a throwaway database copied from the migrated test template
 (``tests/services.py``) and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/api_refusal.py [--mib 64] [--requests 5]
+    .venv/bin/python -m benchmarks.api_refusal [--mib 64] [--requests 5]
 
 It serves ``server/web/api.py`` in a child process through ``server/web/httpd.py`` (the
 listener a server runs), then POSTs ``--requests`` bodies of ``--mib`` MiB of zeros to
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,11 +26,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from sql import database
+from tests import rawhttp, services, waiting
 
-from sql import database  # noqa: E402
-from tests import rawhttp, services, waiting  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 MIB = 1024 * 1024
 
@@ -106,8 +104,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         port = services.free_port()
         child = subprocess.Popen(
-            [sys.executable, __file__, "--serve", scratch, str(port)],
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            [sys.executable, "-m", "benchmarks.api_refusal", "--serve", scratch, str(port)],
+            cwd=REPO,
         )
         waiting.wait_until(lambda: services.reachable(f"127.0.0.1:{port}"), 30, interval=0.1)
         report = measure(f"http://127.0.0.1:{port}", child.pid, args.mib, args.requests)

@@ -10,7 +10,7 @@ Runs in a throwaway database copied from the migrated test template
 (``tests/services.py``) with one job in it, and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/cli_startup.py [--runs 9] [--checkout DIR ...] [--json]
+    .venv/bin/python -m benchmarks.cli_startup [--runs 9] [--checkout DIR ...] [--json]
 
 Each command runs ``--runs`` times after one warm-up run; the figure is the child's user
 + system CPU seconds (``os.wait4``), median and minimum. ``--checkout DIR`` (repeatable;
@@ -43,11 +43,10 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from scheduler import jobs
+from tests import factories, services
 
-from scheduler import jobs  # noqa: E402
-from tests import factories, services  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 JOB = "bench-job"
 # The console script of this virtualenv, run with its interpreter like ``-m server``.

@@ -4,7 +4,7 @@ Runs in a throwaway database copied from the migrated test template
 (``tests/services.py``) and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/distribution_db.py [--jobs 100000] [--servers 100] [--json]
+    .venv/bin/python -m benchmarks.distribution_db [--jobs 100000] [--servers 100] [--json]
 
 It inserts ``--jobs`` jobs in bulk (one resource, jobs wanted running, distribution rows
 pending) and measures, with the statements of ``scheduler/``:
@@ -52,14 +52,13 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from scheduler import coordinator, distribution, placement
+from server import defaults
+from server.cli import console
+from sql import database, migrate
+from tests import services
 
-from scheduler import coordinator, distribution, placement  # noqa: E402
-from server import defaults  # noqa: E402
-from server.cli import console  # noqa: E402
-from sql import database, migrate  # noqa: E402
-from tests import services  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 T = TypeVar("T")
 

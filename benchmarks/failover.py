@@ -23,7 +23,7 @@ are gone.
   first micro-batch committed.
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/failover.py [--trials 20] [--timeouts fast|production]
+    .venv/bin/python -m benchmarks.failover [--trials 20] [--timeouts fast|production]
         [--only kill,join,start,rss,streaming] [--streaming-trials 3] [--json]
 """
 
@@ -44,16 +44,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from scheduler import jobs
+from server import defaults
+from sql import migrate
+from sql.states import JobKind
+from tests import cluster as cluster_module
+from tests import services, sink, waiting
+from tests.chaos import trial as trial_module
 
-from scheduler import jobs  # noqa: E402
-from server import defaults  # noqa: E402
-from sql import migrate  # noqa: E402
-from sql.states import JobKind  # noqa: E402
-from tests import cluster as cluster_module  # noqa: E402
-from tests import services, sink, waiting  # noqa: E402
-from tests.chaos import trial as trial_module  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 STREAMING_JOB = REPO / "examples" / "jobs" / "streaming_counter.py"
 TIMEOUTS = {

@@ -14,7 +14,7 @@ Printed per trial, and as median and max:
 - clear latency: removing the file to the ``health_cleared`` event (the batch finishes,
   Spark logs its progress, the next pass reads it).
 
-    python benchmarks/health_flags.py [--trials 5] [--stall-timeout 10] [--interval 5]
+    python -m benchmarks.health_flags [--trials 5] [--stall-timeout 10] [--interval 5]
 """
 
 from __future__ import annotations
@@ -22,16 +22,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import failover
-
+from benchmarks import failover
 from scheduler import jobs
 from tests import services
 

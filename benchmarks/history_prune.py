@@ -4,7 +4,7 @@ Runs in a throwaway database copied from the migrated test template
 (``tests/services.py``) and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/history_prune.py [--events 200000] [--batch-size 1000] [--json]
+    .venv/bin/python -m benchmarks.history_prune [--events 200000] [--batch-size 1000] [--json]
 
 It inserts ``--events`` events 31-60 days old (``generate_series``) spread over
 ``--jobs`` existing jobs and as many deleted ones, plus ``--recent`` events of today for
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -33,12 +32,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from server import defaults, retention
+from sql import database
+from tests import factories, services
 
-from server import defaults, retention  # noqa: E402
-from sql import database  # noqa: E402
-from tests import factories, services  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 RETENTION_S = 30 * 86400.0
 RENEW_EVERY_S = 0.01

@@ -2,7 +2,7 @@
 
 Pure computation, no services needed::
 
-    .venv/bin/python benchmarks/placement_balance.py [--seeds 3] [--vnodes 160 640] [--json]
+    .venv/bin/python -m benchmarks.placement_balance [--seeds 3] [--vnodes 160 640] [--json]
 
 For each N in {3, 10, 50, 100} servers and K in {1k, 10k, 100k} jobs, and for each
 seed (a different set of job and server names), it computes:
@@ -23,15 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from scheduler import placement, ring
 
-from scheduler import placement, ring  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 SERVER_COUNTS = (3, 10, 50, 100)
 JOB_COUNTS = (1_000, 10_000, 100_000)

@@ -2,7 +2,7 @@
 
 Pure computation, no services needed::
 
-    .venv/bin/python benchmarks/placement_stability.py [--seeds 3] [--vnodes 640] [--json]
+    .venv/bin/python -m benchmarks.placement_stability [--seeds 3] [--vnodes 640] [--json]
 
 Side by side for the three algorithms:
 
@@ -39,15 +39,13 @@ import argparse
 import json
 import random
 import statistics
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from scheduler import placement, ring
+from server import defaults
 
-from scheduler import placement, ring  # noqa: E402
-from server import defaults  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 ALGORITHMS = ("plain ring", "bounded loads", "sticky")
 SIZES = [(n, k) for n in (3, 10, 50) for k in (100, 1000, 10_000)]

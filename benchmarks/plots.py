@@ -8,10 +8,10 @@ setting) and writes, under ``docs/img/``:
 - ``failover-handoff.png``: hand-off gaps (join and graceful leave) and job start ->
   driver spawned.
 
-    .venv/bin/python benchmarks/failover.py --json > /tmp/failover-fast.json
-    .venv/bin/python benchmarks/failover.py --json --timeouts production \\
+    .venv/bin/python -m benchmarks.failover --json > /tmp/failover-fast.json
+    .venv/bin/python -m benchmarks.failover --json --timeouts production \\
         --only kill > /tmp/failover-production.json
-    .venv/bin/python benchmarks/plots.py /tmp/failover-fast.json /tmp/failover-production.json
+    .venv/bin/python -m benchmarks.plots /tmp/failover-fast.json /tmp/failover-production.json
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Two ways to lose the coordinator:
   delivery + debounce for membership, candidate watch + election for the coordinator).
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/registry_failover.py [--trials 10] [--json]
+    .venv/bin/python -m benchmarks.registry_failover [--trials 10] [--json]
 """
 
 from __future__ import annotations

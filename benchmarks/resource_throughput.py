@@ -4,7 +4,7 @@ Runs against the configured PostgreSQL and S3 (``SPARKRING_*`` variables or
 ``--config``) in a scratch database and a scratch bucket, both removed afterwards::
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/resource_throughput.py [--size-mb 50] [--repeat 3] [--json]
+    .venv/bin/python -m benchmarks.resource_throughput [--size-mb 50] [--repeat 3] [--json]
 
 Each repeat uploads fresh random content (so nothing is deduplicated), fetches it into
 an empty cache (cold), then fetches it again (hit: the cached copy is re-hashed).
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -27,13 +26,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from resource_center import cache, catalog, store
+from server import settings as settings_module
+from server.cli import console
+from sql import database, migrate
 
-from resource_center import cache, catalog, store  # noqa: E402
-from server import settings as settings_module  # noqa: E402
-from server.cli import console  # noqa: E402
-from sql import database, migrate  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 MIB = 1024 * 1024
 

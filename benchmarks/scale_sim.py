@@ -23,7 +23,7 @@ Measured:
   simulation's database) and rows updated/s, over a quiet window.
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/scale_sim.py [--servers 100] [--jobs 10000] [--json]
+    .venv/bin/python -m benchmarks.scale_sim [--servers 100] [--jobs 10000] [--json]
 """
 
 from __future__ import annotations
@@ -49,14 +49,13 @@ from kazoo.client import KazooClient
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from registry import servers, session
+from scheduler import coordinator, distribution
+from server import defaults
+from sql import migrate, states
+from tests import services
 
-from registry import servers, session  # noqa: E402
-from scheduler import coordinator, distribution  # noqa: E402
-from server import defaults  # noqa: E402
-from sql import migrate, states  # noqa: E402
-from tests import services  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 VICTIM = """
 import os, sys, time

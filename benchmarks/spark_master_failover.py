@@ -22,7 +22,7 @@ waits for the dead master's ZooKeeper session to expire: Spark asks for 60 s, th
 ensemble grants at most its ``maxSessionTimeout``, printed with the figures.
 
     eval "$(python3 scripts/stack.py env)"
-    .venv/bin/python benchmarks/spark_master_failover.py [--trials 5] [--streams 2] [--json]
+    .venv/bin/python -m benchmarks.spark_master_failover [--trials 5] [--streams 2] [--json]
 """
 
 from __future__ import annotations
@@ -38,17 +38,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks import failover  # benchmarks/failover.py: its cluster set-up
+from scheduler import jobs
+from sql.states import JobKind
+from tests import services, sink, waiting
+from tests.chaos import faults
+from tests.chaos import trial as trial_module
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import failover  # noqa: E402  (benchmarks/failover.py: its cluster set-up)
-
-from scheduler import jobs  # noqa: E402
-from sql.states import JobKind  # noqa: E402
-from tests import services, sink, waiting  # noqa: E402
-from tests.chaos import faults  # noqa: E402
-from tests.chaos import trial as trial_module  # noqa: E402
 
 STREAMING_JOB = REPO / "examples" / "jobs" / "streaming_counter.py"
 BATCH_JOB = REPO / "examples" / "jobs" / "batch_sum.py"

@@ -21,15 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+from rich.console import Console
+from rich.table import Table
+
+from tests import services, sink, waiting
+from tests.cluster import Cluster
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import sqlalchemy as sa  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from tests import services, sink, waiting  # noqa: E402
-from tests.cluster import Cluster  # noqa: E402
 
 console = Console()
 JOBS_DIR = REPO / "examples" / "jobs"

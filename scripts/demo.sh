@@ -7,8 +7,8 @@ scripts/bootstrap.sh
 .venv/bin/python scripts/stack.py up >/dev/null
 eval "$(.venv/bin/python scripts/stack.py env)"
 .venv/bin/sparkring db upgrade
-if [ -f scripts/demo.py ]; then
-  exec .venv/bin/python scripts/demo.py "$@"
+if [ -f scripts/demo.py ]; then  # run as a module: it imports the harness (tests/)
+  exec .venv/bin/python -m scripts.demo "$@"
 fi
 .venv/bin/python scripts/stack.py status
 echo "stack is up; stop everything with: make down"

@@ -3,24 +3,30 @@ not rot): every figure is in their JSON and their scratch databases are gone aft
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import api_jobs
 from tests import services
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "api_jobs.py"
-REFUSAL = Path(__file__).resolve().parent.parent / "benchmarks" / "api_refusal.py"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_api_benchmark_reports_every_query(postgres_url: str, stack_env: dict[str, str]) -> None:
     before = services.bench_databases(postgres_url)
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--jobs", "1000", "--requests", "2", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.api_jobs",
+            *("--jobs", "1000", "--requests", "2"),
+            "--json",
+        ],
         env={**os.environ, **stack_env, "SPARKRING_DATABASE_URL": postgres_url},
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
@@ -28,19 +34,11 @@ def test_api_benchmark_reports_every_query(postgres_url: str, stack_env: dict[st
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["jobs"] == 1000
-    assert set(report["api"]) == set(_script_queries())
+    assert set(report["api"]) == set(api_jobs.QUERIES)
     for figures in report["api"].values():
         assert set(figures) == {"p50_ms", "p95_ms", "max_ms"}
         assert 0 < figures["p50_ms"] <= figures["max_ms"]
     assert services.bench_databases(postgres_url) == before
-
-
-def _script_queries() -> list[str]:
-    spec = importlib.util.spec_from_file_location("api_jobs_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return list(module.QUERIES)
 
 
 def test_refusal_benchmark_runs_and_the_refusal_is_quick_and_flat(
@@ -48,8 +46,18 @@ def test_refusal_benchmark_runs_and_the_refusal_is_quick_and_flat(
 ) -> None:
     before = services.bench_databases(postgres_url)
     result = subprocess.run(
-        [sys.executable, str(REFUSAL), "--mib", "16", "--requests", "2", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.api_refusal",
+            "--mib",
+            "16",
+            "--requests",
+            "2",
+            "--json",
+        ],
         env={**os.environ, **stack_env, "SPARKRING_DATABASE_URL": postgres_url},
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,

@@ -8,35 +8,24 @@ the rows they should) must still pass, and its scratch database must be gone aft
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from benchmarks import distribution_db, history_prune, spark_master_failover
 from server import defaults
 from tests import services
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "distribution_db.py"
 PERCENTILES = {"p50_ms", "p99_ms", "max_ms"}
 PLAN = {"seq_scan", "uses_target_index", "uses_owner_index", "seq_scan_jobs", "join", "lines"}
 STEP = {"step", "servers", "changed", "read_s", "place_s", "write_s", "commit_s", "total_s"}
-
-
-def _script(path: Path = SCRIPT) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{path.stem}_benchmark", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_distribution_benchmark_reports_every_figure(
     postgres_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = services.bench_databases(postgres_url)
-    _script().main(
+    distribution_db.main(
         [
             *("--jobs", "200", "--servers", "5", "--repeat", "1"),
             *("--renew-calls", "20", "--renew-rounds", "1", "--polls", "20"),
@@ -100,7 +89,7 @@ def test_history_prune_benchmark_reports_every_figure(
 ) -> None:
     """``benchmarks/history_prune.py`` at a tiny size: every figure, its own checks."""
     before = services.bench_databases(postgres_url)
-    _script(SCRIPT.with_name("history_prune.py")).main(
+    history_prune.main(
         [
             *("--events", "300", "--jobs", "4", "--recent", "20", "--batch-size", "50"),
             *("--database-url", postgres_url, "--json"),
@@ -122,7 +111,7 @@ def test_spark_master_failover_benchmark_reads_its_figures(zk_hosts: str) -> Non
     PySpark drivers (minutes per trial: docs/benchmarks.md has its run), too heavy for
     this suite; its pure parts are checked here: the summary and the ZooKeeper setting
     it reports its figures with."""
-    script = _script(SCRIPT.with_name("spark_master_failover.py"))
+    script = spark_master_failover
     assert script.summary([3.0, 1.0, 2.0]) == {"n": 3, "p50": 2.0, "max": 3.0, "min": 1.0}
     assert script.summary([]) == {"n": 0}
     assert int(script.max_session_timeout(zk_hosts)) >= 2000  # the stack's zoo.cfg

@@ -104,3 +104,48 @@ def test_the_check_sees_an_upward_import(
     rules = rules_of(module)
     hits = [name for _, name in imports(path) if any(_within(name, p) for p in rules)]
     assert bool(hits) is upward, (module, hits)
+
+
+def path_edits(source: str) -> list[int]:
+    """Lines of ``source`` that change ``sys.path`` (insert, append, assignment...)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        target = (
+            node.func.value
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            else node
+        )
+        if isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(ast.unparse(t) == "sys.path" for t in targets):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and ast.unparse(target) == "sys.path":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_benchmark_or_script_touches_sys_path() -> None:
+    """The harness (tests/) is imported as a package: benchmarks run as
+    ``python -m benchmarks.NAME`` and the demo as ``python -m scripts.demo`` from the
+    repository root (benchmarks/README.md)."""
+    problems = [
+        f"{path.relative_to(REPO)}:{line}"
+        for folder in ("benchmarks", "scripts")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for line in path_edits(path.read_text())
+    ]
+    assert problems == [], problems
+
+
+@pytest.mark.parametrize(
+    ("source", "edits"),
+    [
+        ("import sys\nsys.path.insert(0, 'x')\n", [2]),
+        ("import sys\nsys.path.append('x')\n", [2]),
+        ("import sys\nsys.path = ['x']\n", [2]),
+        ("import sys\nsys.path += ['x']\n", [2]),
+        ("import sys\nprint(sys.path)\n", []),
+    ],
+)
+def test_the_check_sees_a_sys_path_edit(source: str, edits: list[int]) -> None:
+    assert path_edits(source) == edits
