@@ -101,6 +101,15 @@ def database_url(postgres_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def bench_databases(postgres_url: str) -> Iterator[set[str]]:
+    """The benchmarks' scratch databases (``bench_*``) before the test, which has them to
+    itself until it ends: a benchmark's smoke test checks it left none behind, which two
+    at once (on two of the suite's workers) would see as each other's leftovers."""
+    with services.held_alone("bench-databases"):
+        yield services.bench_databases(postgres_url)
+
+
+@pytest.fixture
 def engine(database_url: str) -> Iterator[sa.Engine]:
     engine = database.create_engine(database_url)
     yield engine

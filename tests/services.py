@@ -8,6 +8,7 @@ an S3 bucket of their own.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import socket
@@ -120,6 +121,20 @@ def scratch_database(url: str | None, prefix: str) -> Iterator[str]:
         drop_database(database_url)
         if not has_template:
             drop_template(url)
+
+
+@contextlib.contextmanager
+def held_alone(name: str) -> Iterator[None]:
+    """Hold ``name`` against every other test process on this stack (the suite's
+    pytest-xdist workers) until exit: an exclusive lock on a file in the stack folder."""
+    folder = Path(stack_env().get("SPARKRING_STACK_DIR", REPO / ".stack"))
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def bench_databases(url: str) -> set[str]:

@@ -15,8 +15,9 @@ from tests import services
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_api_benchmark_reports_every_query(postgres_url: str, stack_env: dict[str, str]) -> None:
-    before = services.bench_databases(postgres_url)
+def test_api_benchmark_reports_every_query(
+    postgres_url: str, bench_databases: set[str], stack_env: dict[str, str]
+) -> None:
     result = subprocess.run(
         [
             sys.executable,
@@ -38,13 +39,12 @@ def test_api_benchmark_reports_every_query(postgres_url: str, stack_env: dict[st
     for figures in report["api"].values():
         assert set(figures) == {"p50_ms", "p95_ms", "max_ms"}
         assert 0 < figures["p50_ms"] <= figures["max_ms"]
-    assert services.bench_databases(postgres_url) == before
+    assert services.bench_databases(postgres_url) == bench_databases
 
 
 def test_refusal_benchmark_runs_and_the_refusal_is_quick_and_flat(
-    postgres_url: str, stack_env: dict[str, str]
+    postgres_url: str, bench_databases: set[str], stack_env: dict[str, str]
 ) -> None:
-    before = services.bench_databases(postgres_url)
     result = subprocess.run(
         [
             sys.executable,
@@ -66,4 +66,4 @@ def test_refusal_benchmark_runs_and_the_refusal_is_quick_and_flat(
     report = json.loads(result.stdout)
     assert report["statuses"] == [401]
     assert report["refusal_ms_max"] < 1000 and report["rss_growth_mib"] < 10
-    assert services.bench_databases(postgres_url) == before
+    assert services.bench_databases(postgres_url) == bench_databases

@@ -22,9 +22,8 @@ STEP = {"step", "servers", "changed", "read_s", "place_s", "write_s", "commit_s"
 
 
 def test_distribution_benchmark_reports_every_figure(
-    postgres_url: str, capsys: pytest.CaptureFixture[str]
+    postgres_url: str, bench_databases: set[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    before = services.bench_databases(postgres_url)
     distribution_db.main(
         [
             *("--jobs", "200", "--servers", "5", "--repeat", "1"),
@@ -81,14 +80,15 @@ def test_distribution_benchmark_reports_every_figure(
     for figure in (poll["index_join"], poll["proposed"], poll["reap"]):
         assert PERCENTILES <= figure.keys()
 
-    assert services.bench_databases(postgres_url) == before, "the scratch database was left behind"
+    assert services.bench_databases(postgres_url) == bench_databases, (
+        "the scratch database was left behind"
+    )
 
 
 def test_history_prune_benchmark_reports_every_figure(
-    postgres_url: str, capsys: pytest.CaptureFixture[str]
+    postgres_url: str, bench_databases: set[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``benchmarks/history_prune.py`` at a tiny size: every figure, its own checks."""
-    before = services.bench_databases(postgres_url)
     history_prune.main(
         [
             *("--events", "300", "--jobs", "4", "--recent", "20", "--batch-size", "50"),
@@ -103,7 +103,9 @@ def test_history_prune_benchmark_reports_every_figure(
     assert figures["longest_batch_ms"] > 0
     assert PERCENTILES <= figures["renewals_during_prune"].keys()
     assert PERCENTILES <= figures["renewals_without_prune"].keys()
-    assert services.bench_databases(postgres_url) == before, "the scratch database was left behind"
+    assert services.bench_databases(postgres_url) == bench_databases, (
+        "the scratch database was left behind"
+    )
 
 
 def test_spark_master_failover_benchmark_reads_its_figures(zk_hosts: str) -> None:

@@ -37,6 +37,8 @@ from tests.chaos.trial import Outcome, Trial
 
 RESULTS = pytest.StashKey[list[Outcome]]()
 SEED = pytest.StashKey[int]()
+# One stack folder per pytest-xdist worker, comma-separated (scripts/test.sh).
+CHAOS_STACKS = "SPARKRING_CHAOS_STACKS"
 
 
 def _rounds() -> int:
@@ -57,7 +59,70 @@ def _seed() -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS] = []
-    config.stash[SEED] = _seed()
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        config.stash[SEED] = _seed()
+        workers = getattr(config.option, "numprocesses", None) or 0
+        if workers and _asked_for(config):
+            _check_a_stack_per_worker(workers)
+        return
+    # A pytest-xdist worker: the controller's seed, and a stack of the worker's own.
+    config.stash[SEED] = int(workerinput["chaos_seed"])
+    _use_the_stack_of(workerinput["workerid"])
+
+
+def _stacks() -> list[str]:
+    return [s for s in os.environ.get(CHAOS_STACKS, "").split(",") if s]
+
+
+def _check_a_stack_per_worker(workers: int) -> None:
+    """Refuse, before any worker starts, a campaign with fewer stacks than workers."""
+    stacks = _stacks()
+    if len(stacks) < workers:
+        raise pytest.UsageError(
+            f"the chaos campaign on {workers} workers needs a stack per worker: "
+            f"{CHAOS_STACKS} names {len(stacks)} stack folder(s) (scripts/test.sh starts "
+            "them; docs/chaos.md)"
+        )
+
+
+def _use_the_stack_of(worker: str) -> None:
+    """Point this worker's tests at its own stack (``SPARKRING_CHAOS_STACKS``: one stack
+    folder per worker, in worker order). The campaign stops ZooKeeper and PostgreSQL, so
+    two workers on one stack would inject their faults into each other's cases."""
+    stacks = _stacks()
+    index = int(worker.removeprefix("gw"))
+    if index >= len(stacks):
+        raise pytest.UsageError(
+            f"chaos worker {worker} has no stack of its own: {CHAOS_STACKS} names "
+            f"{len(stacks)} stack folder(s), one is needed per worker (scripts/test.sh "
+            "starts them; docs/chaos.md)"
+        )
+    record = Path(stacks[index]) / "env.json"
+    if not record.exists():
+        raise pytest.UsageError(f"chaos worker {worker}: {record} is missing (no stack there)")
+    # Every value of that stack, over any SPARKRING_* exported for another one.
+    os.environ.update(json.loads(record.read_text()))
+    os.environ["SPARKRING_STACK_DIR"] = stacks[index]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # pytest-xdist, on the controller
+    node.workerinput["chaos_seed"] = node.config.stash[SEED]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # pytest-xdist, on the controller
+    """A worker's rows join the controller's summary."""
+    rows = json.loads(getattr(node, "workeroutput", {}).get("chaos_results", "[]"))
+    node.config.stash[RESULTS].extend(Outcome(**row) for row in rows)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        rows = [dataclasses.asdict(o) for o in session.config.stash[RESULTS]]
+        workeroutput["chaos_results"] = json.dumps(rows)
 
 
 @pytest.fixture
@@ -84,17 +149,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "'pytest tests/chaos' (scripts/test.sh does, after the other tests)"
     )
     asked = _asked_for(config)
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if asked and reporter is not None:
-        # Printed before anything runs, even with -q: a run killed midway stays replayable.
-        reporter.write_line(
-            f"chaos: CHAOS_SEED={config.stash[SEED]} (replay the randomized mode with it)"
-        )
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.chaos)
             if not asked:
                 item.add_marker(alone)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The seed, printed before anything runs, even with -q (a run killed midway stays
+    replayable); by the controller only when workers run the cases."""
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if _asked_for(config) and reporter is not None and not hasattr(config, "workerinput"):
+        reporter.write_line(
+            f"chaos: CHAOS_SEED={config.stash[SEED]} (replay the randomized mode with it)"
+        )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

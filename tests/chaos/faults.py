@@ -146,15 +146,35 @@ class Partition:
     """
 
     def __init__(self, ports: Sequence[int]) -> None:
-        self.index = random.randint(1, 250)
+        self.ports = list(ports)
+        self._created = False
+        self._pick(random.randint(1, 250))
+
+    def _pick(self, index: int) -> None:
+        """Name, interfaces, addresses and rule tag of partition number ``index``."""
+        self.index = index
         self.name = f"srchaos{self.index}"
         self.host_if = f"{self.name}h"
         self.ns_if = f"{self.name}n"
         self.host = f"10.231.{self.index}.1"
         self.peer = f"10.231.{self.index}.2"
-        self.ports = list(ports)
         self.tag = f"sparkring-chaos-{self.name}"
-        self._created = False
+
+    def _add_namespace(self) -> None:
+        """``ip netns add``, under a number no other partition holds: the campaign's
+        workers (one per stack) may partition at the same moment, and the namespace's
+        name is the claim on its number (its addresses and rule tag)."""
+        taken = set(_run(["ip", "netns", "list"]).split())
+        free = [i for i in range(1, 251) if f"srchaos{i}" not in taken]
+        for index in [self.index, *random.sample(free, min(len(free), 20))]:
+            self._pick(index)
+            try:
+                _run(["ip", "netns", "add", self.name])
+                return
+            except FaultError:
+                if self.name not in _run(["ip", "netns", "list"]).split():
+                    raise
+        raise FaultError("no free partition number (srchaos1-250 all exist)")
 
     @property
     def wrapper(self) -> list[str]:
@@ -165,7 +185,7 @@ class Partition:
         return f"{self.host}:{port}"
 
     def create(self) -> None:
-        _run(["ip", "netns", "add", self.name])
+        self._add_namespace()
         self._created = True
         ns = self.wrapper
         for argv in (
@@ -182,19 +202,19 @@ class Partition:
         comment = ["-m", "comment", "--comment", self.tag]
         for port in self.ports:
             _run(
-                ["iptables", "-t", "nat", "-A", "PREROUTING", "-i", self.host_if, "-p", "tcp",
+                ["iptables", "-w", "-t", "nat", "-A", "PREROUTING", "-i", self.host_if, "-p", "tcp",
                  "-d", self.host, "--dport", str(port), *comment,
                  "-j", "DNAT", "--to-destination", f"127.0.0.1:{port}"]
             )  # fmt: skip
         _run(
-            ["iptables", "-t", "nat", "-A", "INPUT", "-s", self.peer, "-d", "127.0.0.1",
+            ["iptables", "-w", "-t", "nat", "-A", "INPUT", "-s", self.peer, "-d", "127.0.0.1",
              *comment, "-j", "SNAT", "--to-source", "127.0.0.1"]
         )  # fmt: skip
 
     def cut(self, ports: Sequence[int]) -> None:
         dports = ",".join(str(p) for p in ports)
         _run(
-            ["iptables", "-I", "INPUT", "-i", self.host_if, "-p", "tcp", "-m", "multiport",
+            ["iptables", "-w", "-I", "INPUT", "-i", self.host_if, "-p", "tcp", "-m", "multiport",
              "--dports", dports, "-m", "comment", "--comment", self.tag, "-j", "DROP"]
         )  # fmt: skip
 
@@ -204,7 +224,7 @@ class Partition:
         than a clean cut. ``heal()`` removes it like a cut."""
         dports = ",".join(str(p) for p in ports)
         _run(
-            ["iptables", "-I", "INPUT", "-i", self.host_if, "-p", "tcp", "-m", "multiport",
+            ["iptables", "-w", "-I", "INPUT", "-i", self.host_if, "-p", "tcp", "-m", "multiport",
              "--dports", dports, "-m", "statistic", "--mode", "random", "--probability",
              f"{probability:.3f}", "-m", "comment", "--comment", self.tag, "-j", "DROP"]
         )  # fmt: skip
@@ -213,10 +233,10 @@ class Partition:
         self._delete_rules("filter")
 
     def _delete_rules(self, table: str) -> None:
-        listing = _run(["iptables", "-t", table, "-S"])
+        listing = _run(["iptables", "-w", "-t", table, "-S"])
         for line in listing.splitlines():
             if self.tag in line and line.startswith("-A "):
-                _run(["iptables", "-t", table, "-D", *_split_rule(line[3:])])
+                _run(["iptables", "-w", "-t", table, "-D", *_split_rule(line[3:])])
 
     def close(self) -> None:
         if not self._created:
@@ -242,7 +262,7 @@ def namespaces_unavailable() -> str | None:
     if os.geteuid() != 0:
         return "network namespaces and iptables need root (CAP_NET_ADMIN)"
     probe = f"srchaosprobe{os.getpid()}"
-    for argv in (["ip", "netns", "add", probe], ["iptables", "-S"]):
+    for argv in (["ip", "netns", "add", probe], ["iptables", "-w", "-S"]):
         try:
             _run(argv, timeout=10)
         except (FaultError, FileNotFoundError) as exc:
@@ -568,16 +588,16 @@ class ThrowawayS3(services.ThrowawayS3):
     def block(self) -> None:
         """Refuse every connection to the server (it keeps running, with its objects)."""
         _run(
-            ["iptables", "-I", "INPUT", "-i", "lo", "-p", "tcp", "--dport", str(self.port),
+            ["iptables", "-w", "-I", "INPUT", "-i", "lo", "-p", "tcp", "--dport", str(self.port),
              "-m", "comment", "--comment", self._tag, "-j", "REJECT",
              "--reject-with", "tcp-reset"]
         )  # fmt: skip
 
     def unblock(self) -> None:
-        listing = _run(["iptables", "-S"])
+        listing = _run(["iptables", "-w", "-S"])
         for line in listing.splitlines():
             if self._tag in line and line.startswith("-A "):
-                _run(["iptables", "-D", *_split_rule(line[3:])])
+                _run(["iptables", "-w", "-D", *_split_rule(line[3:])])
 
     @property
     def _tag(self) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from server import watchdog
 from tests.chaos import faults
+from tests.conftest import unavailable
 from tests.waiting import wait_until
 
 # Prints, every 0.1 s (through time.sleep, which Debian's libfaketime 0.9.10 breaks),
@@ -53,3 +54,22 @@ def test_a_stepped_clock_moves_the_wall_clock_of_a_running_process_only(tmp_path
         probe.kill()
         probe.wait(timeout=10)
         probe.stdout.close()
+
+
+def test_two_partitions_drawn_the_same_number_get_namespaces_of_their_own() -> None:
+    """The campaign's workers partition at the same moment; a number drawn twice must
+    not make the second namespace fail (or share the first one's addresses and rules)."""
+    reason = faults.namespaces_unavailable()
+    if reason:
+        unavailable(reason)
+    first, second = faults.Partition([1]), faults.Partition([1])
+    second._pick(first.index)
+    try:
+        first.create()
+        second.create()
+        assert first.name != second.name and first.host != second.host
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert first.name in listed and second.name in listed
+    finally:
+        first.close()
+        second.close()
