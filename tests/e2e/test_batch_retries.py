@@ -72,7 +72,8 @@ def test_a_batch_job_that_fails_once_then_succeeds_ends_finished(
     job = cluster.wait_job("flaky", lambda j: j["state"] == "finished", 180, "job finished")
     assert (job["restarts"], job["attempt"]) == (1, 2)
     assert job["last_error"] is None
-    kinds = _kinds(cluster, "flaky")
+    # The coordinator's retarget of the finished job (wanted nowhere) may come after it.
+    kinds = [k for k in _kinds(cluster, "flaky") if k != "retargeted"]
     assert kinds.count("crashed") == 1 and kinds[-1] == "finished" and "failed" not in kinds
     # The driver ran under its artifact's original file name, not its content hash.
     assert marker.read_text().strip() == "fail_once.py"
