@@ -20,8 +20,8 @@ echo "test: set-up took $(( $(date +%s) - started )) s" >&2
 chaos="${CHAOS:-$([ $# -eq 0 ] && echo 1 || echo 0)}"
 
 # The campaign stops ZooKeeper and PostgreSQL, so each of its CHAOS_WORKERS workers
-# (default 1; 2 or more opt in) gets a stack of its own: the first the main one, each other one started
-# here, while the suite runs, in a folder beside the main one and on its ports + 1000 x i
+# (default 1; 2 or more opt in) gets a stack of its own: the first the main one, each
+# other one started here, while the suite runs, beside the main one on its ports + 1000 x i
 # (ZooKeeper, PostgreSQL and S3 only: the campaign's Spark masters are its own).
 chaos_workers="${CHAOS_WORKERS:-1}"
 main_stack=$(.venv/bin/python scripts/stack.py env | sed -n 's/^export SPARKRING_STACK_DIR=//p')
