@@ -26,6 +26,13 @@ SPARK_MASTER = "local[2]"
 CHECKPOINT_ROOT = "/var/lib/sparkring/checkpoints"
 WORK_DIR = "/var/lib/sparkring/work"
 
+# How many nice steps below the server and its watchdogs drivers run (0-19, 0 = none).
+# A watchdog kills its driver when the lease runs out; on a host saturated by drivers
+# (or thawed after a pause, every JVM runnable at once) a watchdog of equal priority
+# waited seconds for a CPU (docs/drivers.md, "Priority"). YARN's
+# container-executor.os.sched.priority.adjustment does the same for its containers.
+DRIVER_NICE = 10
+
 # Maximum concurrent drivers on one server, drivers.
 CAPACITY = 4
 ROLE = "both"

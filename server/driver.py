@@ -104,6 +104,8 @@ class DriverSpec:
     job_id: int | None = None  # recorded in the watchdog's state and result (RunIdentity)
     # The OS user the driver runs as (SPARKRING_DRIVER_USER); None: the server's own.
     user: driver_user.DriverUser | None = None
+    # Nice steps below its watchdog the driver runs at (SPARKRING_DRIVER_NICE).
+    nice: int = 0
 
 
 @dataclass(frozen=True)
@@ -574,13 +576,16 @@ def supervise(
     report: FinishReport | None = None,
     job_id: int | None = None,
     user: driver_user.DriverUser | None = None,
+    nice: int = 0,
 ) -> Driver:
     """Run ``command`` under a new watchdog in its own session; see :func:`launch`.
 
     ``term_only``: on stop, SIGTERM only the processes with this argv element (see
     ``server/watchdog.py``); None sends it to the whole group. ``report``: the watchdog
     records the driver's own exit in PostgreSQL itself. ``user``: the watchdog (this
-    process's user) starts ``command`` as that user.
+    process's user) starts ``command`` as that user. ``nice``: ``command`` runs that many
+    nice steps below the watchdog, so that a busy host still schedules the watchdog in
+    time to kill it (``Settings.driver_nice``).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in (rundir.RESULT_FILE, rundir.STOP_FILE, rundir.STATE_FILE):
@@ -614,6 +619,8 @@ def supervise(
         argv += ["--uid", str(user.uid), "--gid", str(user.gid)]
     if job_id is not None:
         argv += ["--job-id", str(job_id)]
+    if nice:
+        argv += ["--nice", str(nice)]
     if records is not None:
         argv += ["--records", str(records)]
     if term_only is not None:
@@ -718,6 +725,7 @@ def launch(
         report=report,
         job_id=spec.job_id,
         user=spec.user,
+        nice=spec.nice,
     )
 
 

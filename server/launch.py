@@ -149,6 +149,7 @@ def _spec(
         revision=run.revision,
         job_id=run.job_id,
         user=cfg.run_as,
+        nice=cfg.driver_nice,
     )
 
 

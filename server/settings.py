@@ -150,6 +150,10 @@ class Settings(BaseSettings):
     # The OS user (name or uid) drivers run as, with its own group; empty: the server's
     # own user, which lets a job read the server's credentials (docs/drivers.md).
     driver_user: str = ""
+    # How many nice steps below the server and its watchdogs drivers run (0-19; 0: the
+    # same priority). A host thawed after a pause, or saturated by its drivers, must
+    # still run the watchdog that is to kill a driver whose lease ran out (docs/drivers.md).
+    driver_nice: int = Field(defaults.DRIVER_NICE, ge=0, le=19)
 
     @field_validator("zk_hosts")
     @classmethod

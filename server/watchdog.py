@@ -72,7 +72,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,18 @@ def _die_with_parent() -> None:
     # Runs in the driver between fork and exec: if the watchdog itself is SIGKILLed,
     # the driver's leader dies with it instead of running unfenced.
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _driver_preexec(nice: int) -> Callable[[], None]:
+    """What runs in the driver between fork and exec: the parent-death signal, then
+    ``nice`` steps below the watchdog's priority (inherited by everything it starts)."""
+
+    def preexec() -> None:
+        _die_with_parent()
+        if nice:
+            os.nice(nice)
+
+    return preexec
 
 
 def group_members(pgid: int) -> dict[int, list[str]]:
@@ -513,7 +525,7 @@ class Watchdog:
             stdin=subprocess.DEVNULL,
             cwd=self.args.cwd,
             process_group=0,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_driver_preexec(self.args.nice),
             **identity,
         )
 
@@ -640,6 +652,15 @@ def _parser() -> argparse.ArgumentParser:
         "--uid", type=int, default=None, help="run CMD as this user id (needs --gid)"
     )
     parser.add_argument("--gid", type=int, default=None, help="run CMD with this group id")
+    parser.add_argument(
+        "--nice",
+        type=int,
+        choices=range(0, 20),
+        default=0,
+        metavar="0-19",
+        help="run CMD this many nice steps below the watchdog (it must outrun CMD to kill "
+        "it on time)",
+    )
     parser.add_argument("--job", default=None)
     parser.add_argument("--job-id", type=int, default=None)
     parser.add_argument("--epoch", type=int, default=None)

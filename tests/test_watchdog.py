@@ -338,6 +338,26 @@ def test_descendants_die_with_a_driver_that_exits(
     assert not alive(inner) and not alive(escaped)
 
 
+def test_the_driver_and_its_children_run_below_the_watchdog_s_priority(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    """A host thawed from a freeze, or simply busy, must schedule the watchdog before the
+    drivers it is to kill: the driver's whole group runs ``nice`` steps below it."""
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path), "family"],
+        watchdog.lease_clock() + 60,
+        nice=7,
+    )
+    pid = wait_ready(tmp_path)
+    inner, escaped = map(int, (tmp_path / "family").read_text().split())
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, handle.pid) == own  # the watchdog keeps ours
+    for member in (pid, inner, escaped):  # inherited by what the driver starts
+        assert os.getpriority(os.PRIO_PROCESS, member) == min(own + 7, 19)
+
+
 def test_a_failing_driver_reports_its_exit_code(
     tmp_path: Path, child: Path, started: list[driver.Driver]
 ) -> None:
