@@ -172,6 +172,7 @@ class Server:
                 fetch_retry=s.s3_fetch_retry,
                 records=s.driver_records,
                 run_as=run_as,
+                driver_nice=s.driver_nice,
             ),
             may_claim=self._may_claim,
         )

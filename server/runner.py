@@ -110,6 +110,8 @@ class RunnerConfig:
     records: Path | None = None
     # The user drivers run as (driver_user.resolve); None: this server's own user.
     run_as: driver_user.DriverUser | None = None
+    # Nice steps below this server and the watchdogs its drivers run (Settings.driver_nice).
+    driver_nice: int = 0
     # The longest wait between two looks at a Spark master that did not answer, seconds.
     master_wait_max: float = defaults.SPARK_MASTER_WAIT_MAX_S
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from server import driver_user
+from server import defaults, driver_user
 from tests import conftest, waiting
 from tests.cluster import REPO, Cluster
 from tests.e2e import helpers
@@ -78,6 +78,9 @@ def test_a_job_reads_no_server_secret_and_cannot_touch_its_control_files(
     report = json.loads(output.read_text())
 
     assert report["uid"] == user.pw_uid
+    # Below its server and watchdog (which run at this test's priority): SPARKRING_DRIVER_NICE.
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert report["nice"] == min(own + defaults.DRIVER_NICE, 19)
     run_dir = Path(report["run_dir"])
     assert report["home"] == report["cwd"] == str(run_dir / "cwd")
     # It did read: its own environ (its job variables are there) and everyone's cmdline.

@@ -59,6 +59,7 @@ def main() -> int:
     report = {
         "pid": os.getpid(),
         "uid": os.getuid(),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "gid": os.getgid(),
         "groups": os.getgroups(),
         "home": os.environ.get("HOME"),
