@@ -442,6 +442,8 @@ def stop(conn: sa.Connection, name: str, actor: str | None = None) -> str:
             tables.distribution.c.job_id == job_id
         )
     ).one()
+    if owner is None and state == RunState.STOPPED:
+        return "stopped"  # a schedule switched off while no run was in progress
     if owner is None and state in (RunState.FINISHED, RunState.FAILED):
         # Nothing runs and nothing will: the job keeps its final state.
         return f"stopped ({state}: no driver runs)"

@@ -268,6 +268,14 @@ def of_claim(conn: sa.Connection, job_id: int, epoch: int) -> dict[str, Any] | N
     return None if row is None else view(row)
 
 
+def epoch_of(conn: sa.Connection, job_id: int, run_id: int) -> int | None:
+    """The epoch of the run's last claim (its driver's log), None if it never ran."""
+    return conn.execute(
+        sa.text("SELECT epoch FROM runs WHERE run_id = :run_id AND job_id = :job_id"),
+        {"run_id": run_id, "job_id": job_id},
+    ).scalar_one_or_none()
+
+
 def last(conn: sa.Connection, job_id: int) -> dict[str, Any] | None:
     """The job's newest run that was not skipped (its outcome for ``job show``)."""
     row = conn.execute(

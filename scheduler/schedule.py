@@ -30,9 +30,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+if TYPE_CHECKING:
+    from croniter import croniter
 
 # A run-once misfire runs the latest missed fire if it is at most this late, seconds.
 DEFAULT_MISFIRE_GRACE_S = 3600.0
@@ -52,6 +54,14 @@ SHORTCUTS = {
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^(?:\d+[smhd])+$")
 _PART = re.compile(r"(\d+)([smhd])")
+
+
+def _croniter() -> type[croniter]:
+    """croniter, imported when a cron field is parsed or iterated: a job command that
+    only lists jobs never needs it (tests/test_cli_startup.py)."""
+    from croniter import croniter
+
+    return croniter
 
 
 class ScheduleError(ValueError):
@@ -172,7 +182,7 @@ def parse(
                 f"schedule {spec!r} has {len(fields)} fields: a cron expression has 5 "
                 "(minute hour day month weekday) or 6 (seconds first)"
             )
-        if not croniter.is_valid(spec, second_at_beginning=len(fields) == 6):
+        if not _croniter().is_valid(spec, second_at_beginning=len(fields) == 6):
             raise ScheduleError(f"schedule {spec!r} is not a valid cron expression")
     try:
         ZoneInfo(timezone)
@@ -228,7 +238,9 @@ def slots(schedule: Schedule, start: datetime) -> Iterator[Slot]:
     zone = schedule.zone
     local_start = start.astimezone(zone).replace(tzinfo=None)
     # One second back: croniter yields times strictly after its start.
-    it = croniter(expression, local_start - timedelta(seconds=1), second_at_beginning=with_seconds)
+    it = _croniter()(
+        expression, local_start - timedelta(seconds=1), second_at_beginning=with_seconds
+    )
     while True:
         local = it.get_next(datetime)
         at = _local_to_utc(local, zone)
@@ -281,7 +293,7 @@ def _jump_back(schedule: Schedule, now: datetime, limit: int) -> datetime:
         return now - timedelta(seconds=period * limit)
     expression, with_seconds = schedule.cron
     zone = schedule.zone
-    it = croniter(
+    it = _croniter()(
         expression, now.astimezone(zone).replace(tzinfo=None), second_at_beginning=with_seconds
     )
     local = now.astimezone(zone).replace(tzinfo=None)
