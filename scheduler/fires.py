@@ -151,10 +151,20 @@ _DUE = sa.text(
 )
 
 
-def _event(conn: sa.Connection, job_id: int, name: str, server: str, detail: dict) -> None:
+def _event(
+    conn: sa.Connection,
+    job_id: int,
+    name: str,
+    server: str,
+    detail: dict,
+    kind: str = "start_requested",
+) -> None:
+    """A fire's run is a start asked by the schedule (``start_requested`` with the new
+    generation, as ``job start`` of a job at rest); a replacing fire is a restart of the
+    live run (``restart_requested``, ``rerun`` false: its restart count is kept)."""
     conn.execute(
         sa.insert(tables.job_events).values(
-            job_id=job_id, job_name=name, kind="start_requested", server=server, detail=detail
+            job_id=job_id, job_name=name, kind=kind, server=server, detail=detail
         )
     )
 
@@ -192,8 +202,10 @@ def fire_one(conn: sa.Connection, server: str) -> Fired | None:
         run_id, fired_at = runs.open_run(conn, job.id, generation, "schedule", at), at
         detail = {"trigger": "schedule", "run_id": run_id, "generation": generation}
         detail["scheduled_time"] = schedule.iso(at) if at else None
-        detail["replace"] = decision.action is schedule.Action.REPLACE
-        _event(conn, job.id, job.name, server, detail)
+        if decision.action is schedule.Action.REPLACE:
+            _event(conn, job.id, job.name, server, {**detail, "rerun": False}, "restart_requested")
+        else:
+            _event(conn, job.id, job.name, server, detail)
     changed = conn.execute(
         sa.update(tables.jobs)
         .where(tables.jobs.c.id == job.id, tables.jobs.c.schedule_active.is_(True))
