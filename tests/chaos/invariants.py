@@ -1068,6 +1068,30 @@ class ScheduleWindow:
     excused: tuple[tuple[float, float], ...] = ()
 
 
+def fire_times(spec: str, timezone: str, after: Any, until: Any) -> tuple[float, ...]:
+    """The fire times (seconds since the epoch) of a schedule strictly after ``after``
+    and at or before ``until`` (datetimes, ISO texts or seconds): what the cluster had to
+    fire while the schedule was on (computed by scheduler/schedule.py, which the fire
+    tests check on its own)."""
+    from datetime import UTC, datetime
+
+    from scheduler import schedule
+
+    start, end = _seconds(after), _seconds(until)
+    assert start is not None and end is not None
+    the_schedule = schedule.parse(spec, timezone=timezone)
+    out = []
+    for slot in schedule.slots(the_schedule, datetime.fromtimestamp(start, UTC)):
+        if slot.at is None:
+            continue
+        at = slot.at.timestamp()
+        if at > end:
+            return tuple(out)
+        if at > start:
+            out.append(at)
+    raise AssertionError("unreachable: slots never ends")
+
+
 def _seconds(value: Any) -> float | None:
     """An ISO-8601 time (``...Z``), a datetime or seconds since the epoch -> seconds."""
     from datetime import datetime
