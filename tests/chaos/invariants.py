@@ -1110,7 +1110,11 @@ def _excused(t: float, window: ScheduleWindow) -> bool:
 
 
 def fire_problems(
-    window: ScheduleWindow, runs: Iterable[Mapping[str, Any]], *, lateness_bound: float
+    window: ScheduleWindow,
+    runs: Iterable[Mapping[str, Any]],
+    *,
+    lateness_bound: float,
+    now: float | None = None,
 ) -> list[str]:
     """S6 for one scheduled job, from its run rows (``job runs --json``):
 
@@ -1120,7 +1124,8 @@ def fire_problems(
     - no run row names a fire time the schedule does not have (an early or extra fire);
     - under ``forbid`` no two runs overlap (started_at .. ended_at, unended: open);
     - a fire's run started at most ``lateness_bound`` seconds after its time, unless
-      its time lies in an excused span."""
+      its time lies in an excused span (a run not started by ``now``, the check's
+      time, counts as started then)."""
     name = window.job
     rows = [dict(r) for r in runs]
     fired: dict[float, list[dict[str, Any]]] = defaultdict(list)
@@ -1160,6 +1165,8 @@ def fire_problems(
             problems += _skip_problem(window, row, at, when, in_progress)
             continue
         started = _seconds(row.get("started_at"))
+        if started is None and now is not None:
+            started = now  # not started yet: at least this late
         if started is not None and started - at > lateness_bound and not _excused(at, window):
             problems.append(
                 f"{name}: the fire at {when} started {started - at:.1f} s late "

@@ -892,6 +892,11 @@ def test_a_late_fire_is_caught_unless_excused() -> None:
     (problem,) = _check(runs)
     assert "started 15.0 s late" in problem
     assert _check(runs, excused=((108.0, 130.0),)) == []
+    runs[2]["started_at"] = runs[2]["ended_at"] = None  # never started, checked at 140
+    (problem,) = invariants.fire_problems(
+        invariants.ScheduleWindow("tick", FIRES), runs, lateness_bound=2.0, now=140.0
+    )
+    assert "started 30.0 s late" in problem
 
 
 def test_skips_need_an_allowed_reason_that_held() -> None:
