@@ -890,7 +890,7 @@ def rollback(
 
 _HISTORY = """
     SELECT r.revision, r.created_at, r.created_by, r.changed, r.rollback_of, r.conf, r.args,
-           r.spark_master, r.max_restarts,
+           r.spark_master, r.max_restarts, r.schedule,
            jsonb_build_object('id', res.id, 'name', res.name, 'version', res.version,
                               'sha256', res.sha256, 'filename', res.filename) AS resource,
            COALESCE((SELECT jsonb_agg(jsonb_build_object(
@@ -917,6 +917,7 @@ def _revision_view(row: sa.Row) -> dict[str, Any]:
         "args": row.args,
         "spark_master": row.spark_master,
         "max_restarts": row.max_restarts,
+        "schedule": row.schedule,
     }
 
 
@@ -973,7 +974,23 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
         )
     if before["max_restarts"] != after["max_restarts"]:
         lines.append(f"max_restarts {before['max_restarts']} -> {after['max_restarts']}")
+    old_schedule, new_schedule = (
+        schedule_text(before.get("schedule")),
+        schedule_text(after.get("schedule")),
+    )
+    if old_schedule != new_schedule:
+        lines.append(f"schedule {old_schedule} -> {new_schedule}")
     return lines
+
+
+def schedule_text(value: Mapping[str, Any] | None) -> str:
+    """A schedule as revisions compare it: its spec and policies (not whether it is on)."""
+    if not value:
+        return "(none)"
+    return (
+        f"{value['spec']!r} {value['timezone']}, misfire {value['misfire']} "
+        f"(grace {float(value['misfire_grace_s']):g} s), concurrency {value['concurrency']}"
+    )
 
 
 def history(conn: sa.Connection, name: str) -> list[dict[str, Any]]:
