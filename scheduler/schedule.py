@@ -26,7 +26,7 @@ skipped and why. Nothing here reads a clock: callers pass PostgreSQL's time.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -199,6 +199,44 @@ def parse(
     if misfire_grace < 0:
         raise ScheduleError("--misfire-grace must be 0 or more")
     return Schedule(spec, timezone, misfire_policy, float(misfire_grace), concurrency_policy)
+
+
+def from_options(
+    spec: str | None,
+    *,
+    timezone: str | None = None,
+    misfire: str | None = None,
+    misfire_grace: str | None = None,
+    concurrency: str | None = None,
+    current: Mapping[str, object] | None = None,
+) -> dict[str, object] | None:
+    """The schedule (``Schedule.as_dict``) that command options give: ``spec`` and the
+    policies, each over ``current``'s (a ``job update``: what is not given is kept);
+    None when neither gives a SPEC. ``misfire_grace`` is a duration (``30m``)."""
+    policies = {
+        "--timezone": timezone,
+        "--misfire": misfire,
+        "--misfire-grace": misfire_grace,
+        "--concurrency": concurrency,
+    }
+    base = dict(current or {})
+    if spec is None and not base:
+        given = [name for name, value in policies.items() if value is not None]
+        if given:
+            raise ScheduleError(f"{', '.join(given)} needs --schedule SPEC")
+        return None
+    grace = (
+        parse_duration(misfire_grace)
+        if misfire_grace is not None
+        else float(base.get("misfire_grace_s", DEFAULT_MISFIRE_GRACE_S))  # type: ignore[arg-type]
+    )
+    return parse(
+        spec if spec is not None else str(base["spec"]),
+        timezone=timezone or str(base.get("timezone", "UTC")),
+        misfire=misfire or str(base.get("misfire", Misfire.RUN_ONCE)),
+        misfire_grace=grace,
+        concurrency=concurrency or str(base.get("concurrency", Concurrency.FORBID)),
+    ).as_dict()
 
 
 @dataclass(frozen=True)

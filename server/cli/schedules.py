@@ -35,36 +35,19 @@ def parse(
     concurrency: str | None,
     current: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """The schedule the options give (``Schedule.as_dict``), over ``current`` (job
-    update: options not given are kept); None when neither gives a SPEC."""
-    policies = {
-        "--timezone": timezone,
-        "--misfire": misfire,
-        "--misfire-grace": misfire_grace,
-        "--concurrency": concurrency,
-    }
-    base = dict(current or {})
-    if spec is None and not base:
-        given = [name for name, value in policies.items() if value is not None]
-        if given:
-            raise console.fail(f"{', '.join(given)} needs --schedule SPEC")
-        return None
+    """The schedule the options give (``schedule.from_options``); a problem ends the
+    command with its one line."""
     try:
-        grace = (
-            schedule.parse_duration(misfire_grace)
-            if misfire_grace is not None
-            else float(base.get("misfire_grace_s", schedule.DEFAULT_MISFIRE_GRACE_S))
-        )
-        checked = schedule.parse(
-            spec if spec is not None else str(base["spec"]),
-            timezone=timezone or str(base.get("timezone", "UTC")),
-            misfire=misfire or str(base.get("misfire", schedule.Misfire.RUN_ONCE)),
-            misfire_grace=grace,
-            concurrency=concurrency or str(base.get("concurrency", schedule.Concurrency.FORBID)),
+        return schedule.from_options(
+            spec,
+            timezone=timezone,
+            misfire=misfire,
+            misfire_grace=misfire_grace,
+            concurrency=concurrency,
+            current=current,
         )
     except schedule.ScheduleError as exc:
         raise console.fail(str(exc)) from None
-    return checked.as_dict()
 
 
 def parse_time(text: str, timezone: str, option: str) -> datetime:

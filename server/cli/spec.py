@@ -240,16 +240,13 @@ def _schedule(
         problems.extend(f"{at}.{key}: must be a string" for key in bad)
         return None
     try:
-        grace = values["misfire_grace"]
-        return schedule.parse(
+        return schedule.from_options(
             spec,
-            timezone=values["timezone"] or "UTC",
-            misfire=values["misfire"] or schedule.Misfire.RUN_ONCE,
-            misfire_grace=(
-                schedule.parse_duration(grace) if grace else schedule.DEFAULT_MISFIRE_GRACE_S
-            ),
-            concurrency=values["concurrency"] or schedule.Concurrency.FORBID,
-        ).as_dict()
+            timezone=values["timezone"],
+            misfire=values["misfire"],
+            misfire_grace=values["misfire_grace"],
+            concurrency=values["concurrency"],
+        )
     except schedule.ScheduleError as exc:
         problems.append(f"{at}.schedule: {exc}")
         return None
