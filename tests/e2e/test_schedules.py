@@ -4,8 +4,11 @@ once, run or skipped with an allowed reason (the S6 checker of the chaos campaig
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from tests import waiting
@@ -69,3 +72,51 @@ def test_every_5s_for_a_minute_through_a_coordinator_kill_fires_each_time_once(
             )
         ).all()
     assert doubled == []
+
+
+def _pi_example() -> Path:
+    found = importlib.util.find_spec("pyspark")
+    assert found is not None and found.submodule_search_locations
+    root = Path(next(iter(found.submodule_search_locations)))
+    return root / "examples" / "src" / "main" / "python" / "pi.py"
+
+
+@pytest.mark.spark
+def test_sparks_pi_on_a_schedule_on_the_standalone_cluster_lists_its_runs(
+    cluster: Cluster, stack_env: dict[str, str]
+) -> None:
+    """Spark's own pi.py every 20 s, its executors on the stack's standalone master:
+    two fires run to their end (exit 0), each listed once by ``job runs`` with the
+    server and epoch that ran it, and ``job logs --run`` prints that run's answer."""
+    master = stack_env["SPARKRING_STACK_SPARK_MASTER_URL"]
+    helpers.start_cluster(cluster, servers=("s1", "s2"))
+    cluster.cli("resource", "upload", "pi", str(_pi_example()))
+    cluster.cli(
+        "job", "create", "pi", "--resource", "pi", "--kind", "batch", "--arg=2",
+        "--master", master, "--conf", "spark.cores.max=1", "--conf", "spark.executor.memory=512m",
+        "--schedule", "@every 20s",
+    )  # fmt: skip
+    cluster.cli("job", "start", "pi")
+
+    def finished() -> list[dict]:
+        return [r for r in _runs(cluster, "pi") if r["state"] == "finished"]
+
+    waiting.wait_until(lambda: len(finished()) >= 2, 300, interval=2, message="two pi runs")
+    cluster.cli("job", "stop", "pi")
+    runs = finished()
+    assert all(r["exit_code"] == 0 and r["trigger"] == "schedule" for r in runs), runs
+    assert all(r["server"] in ("s1", "s2") and r["epoch"] for r in runs), runs
+    times = [r["scheduled_time"] for r in _runs(cluster, "pi") if r["scheduled_time"]]
+    assert len(times) == len(set(times))
+    listed = cluster.cli("job", "runs", "pi").stdout
+    assert str(runs[0]["run_id"]) in listed and "finished" in listed
+    log = ""
+
+    def logged() -> bool:
+        nonlocal log
+        result = cluster.cli("job", "logs", "pi", "--run", str(runs[-1]["run_id"]), check=False)
+        log = result.stdout
+        return "Pi is roughly" in log
+
+    # The log is shipped to S3 just after the run is recorded ended.
+    waiting.wait_until(logged, 60, interval=1, message="the run's shipped log")
