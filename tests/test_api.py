@@ -247,7 +247,10 @@ def test_schedules_runs_and_backfill_through_the_api(stack: ApiStack) -> None:
         assert http.post(f"{url}/start").json()["outcome"].startswith("schedule on (next fire ")
         revised = http.post(f"{url}/revisions", json={"concurrency": "replace"}).json()
         assert revised["changed"] == ["schedule"]
-        shown = http.get(url).json()["schedule"]
+        job = http.get(url).json()
+        shown = job["schedule"]
+        assert job["next_fires"][0] == shown["next_fire"] and len(job["next_fires"]) == 5
+        assert all(t.endswith(":00:00Z") for t in job["next_fires"])
         assert (shown["concurrency"], shown["misfire"], shown["active"]) == (
             "replace",
             "skip",

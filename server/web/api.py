@@ -432,8 +432,11 @@ def create_app(backend: Backend) -> FastAPI:
 
     @app.get(f"{API}/jobs/{{name}}", tags=["jobs"])
     def show_job(name: str, principal: auth.Caller = viewer) -> dict[str, Any]:
+        """The job in full (``job show --json``); a job with an active schedule also
+        has ``next_fires``, its next five fire times."""
         with backend.engine.connect() as conn:
-            return _json(jobs.show(conn, name))
+            job = jobs.show(conn, name)
+        return _json({**job, "next_fires": _next_fires(job["schedule"])})
 
     @app.get(f"{API}/jobs/{{name}}/events", tags=["jobs"])
     def job_events(
@@ -745,6 +748,25 @@ def create_app(backend: Backend) -> FastAPI:
 
 
 # -------------------------------------------------------------------- helpers
+
+
+# How many fire times a job's page lists.
+NEXT_FIRES = 5
+
+
+def _next_fires(value: dict[str, Any] | None) -> list[str]:
+    """The next fire times of an active schedule (ISO-8601 UTC), from its next fire."""
+    if not value or not value.get("active") or not value.get("next_fire"):
+        return []
+    the_schedule = schedule.Schedule.from_dict(value)
+    start = datetime.datetime.fromisoformat(str(value["next_fire"]).replace("Z", "+00:00"))
+    found = []
+    for slot in schedule.slots(the_schedule, start):
+        if slot.at is not None:
+            found.append(schedule.iso(slot.at))
+        if len(found) == NEXT_FIRES:
+            break
+    return found
 
 
 def _health_of(
