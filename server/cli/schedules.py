@@ -107,14 +107,13 @@ def wait_run(engine: sa.Engine, name: str, run_id: int, timeout: float) -> None:
             run = runs.get(conn, run_id)
         if run is None:
             raise console.fail(f"job {name}: run {run_id} is gone (the job was deleted)")
+        if run["state"] == "finished":
+            console.out.print(f"job {name}: run {run_id} finished (exit code 0)")
+            return
         if run["state"] in runs.ENDED:
-            line = f"job {name}: run {run_id} {run['state']}"
-            if run["exit_code"] is not None:
-                line += f" (exit code {run['exit_code']})"
-            if run["state"] == "finished":
-                console.out.print(line)
-                return
-            raise console.fail(line + (f": {run['reason']}" if run["reason"] else ""), RUN_FAILED)
+            # As `job start --wait` of a failing job always said: the job, then the error.
+            reason = run["reason"] or "no error recorded"
+            raise console.fail(f"job {name} {run['state']}: {reason} (run {run_id})", RUN_FAILED)
         if time.monotonic() >= deadline:
             raise console.fail(
                 f"job {name}: run {run_id} not ended after {timeout:g} s: {run['state']}",

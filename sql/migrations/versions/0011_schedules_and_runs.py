@@ -162,8 +162,11 @@ def upgrade() -> None:
     op.create_index("ix_runs_job_id_run_id", "runs", ["job_id", "run_id"])
     op.execute(RUNS_FOLLOW)
     op.execute(
-        "CREATE TRIGGER distribution_runs_follow AFTER UPDATE ON distribution "
-        "FOR EACH ROW EXECUTE FUNCTION distribution_runs_follow()"
+        # Only a change of state or epoch calls it: a lease renewal (thousands of rows
+        # every renew interval) does not.
+        "CREATE TRIGGER distribution_runs_follow AFTER UPDATE ON distribution FOR EACH ROW "
+        "WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.epoch IS DISTINCT FROM NEW.epoch) "
+        "EXECUTE FUNCTION distribution_runs_follow()"
     )
 
 
