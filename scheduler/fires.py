@@ -38,7 +38,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from scheduler import notify, runs, schedule
-from sql import tables
+from sql import states, tables
 
 log = logging.getLogger(__name__)
 
@@ -247,8 +247,6 @@ _QUEUED = sa.text(
 def start_queued(conn: sa.Connection, server: str) -> int | None:
     """Start the oldest queued (backfilled) run of one job that has no run in
     progress; its run id, or None if there is none to start."""
-    from sql import states
-
     job = conn.execute(_QUEUED, {"terminal": sorted(states.TERMINAL)}).one_or_none()
     if job is None:
         return None
