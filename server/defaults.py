@@ -26,6 +26,11 @@ SPARK_MASTER = "local[2]"
 CHECKPOINT_ROOT = "/var/lib/sparkring/checkpoints"
 WORK_DIR = "/var/lib/sparkring/work"
 
+# The schedule firing loop (scheduler/fires.py) sleeps until the next fire time, at most
+# this long, seconds: a fire switched on elsewhere is seen within it even if its NOTIFY
+# was lost.
+SCHEDULE_FIRE_INTERVAL_S = 1.0
+
 # Maximum concurrent drivers on one server, drivers.
 CAPACITY = 4
 ROLE = "both"

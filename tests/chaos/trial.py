@@ -38,6 +38,9 @@ from tests.cluster import HEARTBEAT_JOB, Cluster
 # Every wanted job must be running again this long after the fault healed (fast timeouts:
 # session 4 s, lease 8 s; a light driver starts in ~2-5 s on a busy 2-core machine).
 RECOVERY_BOUND_S = 90.0
+# A scheduled job's fire must be claimed within the lease TTL (8 s) plus a server's
+# loss (session 4 s) and a loaded machine's slack, outside fault windows, seconds (S6).
+FIRE_LATENESS_BOUND_S = 20.0
 SENTINELS = ("done", "halted")
 # The cluster counts as recovered once it stayed settled this long: more than a poll
 # interval (1 s) plus the coordinator's debounce (0.5 s), so no pending move is missed.
@@ -63,6 +66,7 @@ class Outcome:
     restarts: int = 0  # claims after the fault: drivers (re)started by the recovery
     double_restarts: int = 0  # restarts beyond one per fault and job (one fault, one restart)
     master: int = 0  # crashes, restarts or master-less starts a Spark master fault caused (S9)
+    fires: int = 0  # fire times missed, doubled, skipped without cause, overlapping, late (S6)
     adoptions: int = 0  # ``adopted`` events after the fault: drivers a restart took over
     pruned: int = 0  # job events the harness pruned (kept in its own snapshot first)
     recovery_s: float | None = None
@@ -76,7 +80,7 @@ class Outcome:
         return (
             self.double_runs + self.early + self.stale_writes + self.lost
             + self.resurrected + self.corrupt_starts + self.batch + self.budget
-            + self.double_restarts + self.master
+            + self.double_restarts + self.master + self.fires
         )  # fmt: skip
 
     @property
@@ -118,6 +122,8 @@ class Trial:
         # (its processes keep files open there until then).
         self.disks: list[faults.SmallDisk] = []
         self._event_mark = 0
+        # Scheduled jobs (schedule_job): name -> (spec, when it was switched on).
+        self.scheduled: dict[str, tuple[str, Any]] = {}
         # Events the harness pruned (``prune_history``), read before they were deleted:
         # the checker reads the whole history, so a prune must not blind it.
         self._pruned: dict[int, dict[str, Any]] = {}
@@ -298,6 +304,85 @@ class Trial:
             if start:
                 jobs.start(conn, name)
 
+    def schedule_job(self, name: str, spec: str = "@every 5s", run_for: float = 0.5) -> None:
+        """A batch heartbeat job on ``spec`` (concurrency forbid), switched on now. Its
+        fires are checked by S6 (``invariants.fire_problems``), not by S3 or settling:
+        a job that fires every few seconds is never at rest for long."""
+        from scheduler import schedule
+
+        if self.resource is None:
+            self.resource = self.upload("heartbeat", HEARTBEAT_JOB)
+        with self.cluster.engine.begin() as conn:
+            jobs.create(
+                conn,
+                jobs.JobSpec(
+                    name=name,
+                    kind=JobKind.BATCH,
+                    resource_id=self.resource.id,
+                    args=[str(self.cluster.heartbeats), "--run-for", f"{run_for:g}"],
+                    max_restarts=0,
+                    schedule=schedule.parse(spec).as_dict(),
+                ),
+            )
+            jobs.start(conn, name)
+        ((on,),) = self.cluster.sql(
+            "SELECT fires_checked_until FROM jobs WHERE name = :name", name=name
+        )
+        self.scheduled[name] = (spec, on)
+
+    def _fires_finished(self, name: str) -> int:
+        ((count,),) = self.cluster.sql(
+            "SELECT count(*) FROM runs r JOIN jobs j ON j.id = r.job_id "
+            "WHERE j.name = :name AND r.trigger = 'schedule' AND r.state = 'finished'",
+            name=name,
+        )
+        return int(count)
+
+    def wait_fires_ran(self, name: str, count: int, timeout: float = 120) -> None:
+        """Wait until ``count`` more fires of the scheduled job ran to their end (the
+        schedule kept firing after the faults)."""
+        before = self._fires_finished(name)
+        waiting.wait_until(
+            lambda: self._fires_finished(name) >= before + count,
+            timeout,
+            interval=0.5,
+            message=f"{count} more fires of {name} finished",
+        )
+
+    def next_fire(self, name: str) -> float:
+        """Seconds until the scheduled job's next fire, by PostgreSQL's clock."""
+        ((left,),) = self.cluster.sql(
+            "SELECT CAST(EXTRACT(EPOCH FROM next_fire_at - now()) AS double precision) "
+            "FROM jobs WHERE name = :name",
+            name=name,
+        )
+        return float(left)
+
+    def fire_problems(self, bound: float) -> list[str]:
+        """S6 over every scheduled job, from its switch-on to the last slot handled;
+        fault windows excuse lateness and misfires."""
+        from scheduler import runs
+
+        excused = tuple((w.start, w.end) for w in self.fault_windows(bound))
+        problems = []
+        for name, (spec, on) in sorted(self.scheduled.items()):
+            with self.cluster.engine.connect() as conn:
+                job_id, until = conn.execute(
+                    sa.text("SELECT id, fires_checked_until FROM jobs WHERE name = :n"),
+                    {"n": name},
+                ).one()
+                rows = runs.list_runs(conn, job_id, limit=1_000_000)
+            if until is None:
+                problems.append(f"{name}: its schedule was switched off")
+                continue
+            window = invariants.ScheduleWindow(
+                name, invariants.fire_times(spec, "UTC", on, until), "forbid", excused
+            )
+            problems += invariants.fire_problems(
+                window, rows, lateness_bound=FIRE_LATENESS_BOUND_S, now=time.time()
+            )
+        return problems
+
     def command(self, action: Callable[[sa.Connection, str], str], name: str) -> str:
         with self.cluster.engine.begin() as conn:
             return action(conn, name)
@@ -336,7 +421,8 @@ class Trial:
         rows = self.cluster.sql(
             """
             SELECT j.name, j.kind, j.desired, j.max_restarts, d.state, d.owner, d.target,
-                   d.epoch, d.last_error, j.generation = d.generation AS current
+                   d.epoch, d.last_error, j.generation = d.generation AS current,
+                   j.schedule_active AS scheduled
               FROM jobs j JOIN distribution d ON d.job_id = j.id ORDER BY j.name
             """
         )
@@ -367,6 +453,8 @@ class Trial:
         drivers = self.live_drivers()
         reasons = []
         for r in self.job_rows():
+            if r["scheduled"]:
+                continue  # fires every few seconds: checked by S6, never at rest for long
             row = (
                 f"{r['name']}: desired {r['desired']}, state {r['state']}, owner {r['owner']}, "
                 f"target {r['target']}, epoch {r['epoch']}"
@@ -598,6 +686,7 @@ class Trial:
         # before the row was read, so its records are in what is read after (S3).
         rows = self.job_rows()
         o.jobs = len(rows)
+        scheduled = {r["name"] for r in rows if r["scheduled"]}
         events = self.events()
         since = [e for e in events if e["id"] > self._event_mark]
         lifetimes = c.driver_records()
@@ -609,7 +698,7 @@ class Trial:
             "early": invariants.early_handoffs(events, lifetimes, self.freezes),
             "S2": invariants.stale_writes(events) + probe_stale_writes(c.engine, events),
             "S3": invariants.lost_jobs(
-                rows,
+                [r for r in rows if r["name"] not in scheduled],
                 self.live_servers(),
                 events,
                 lifetimes=lifetimes,
@@ -628,6 +717,7 @@ class Trial:
                 events, self.fault_windows(bound), self._event_mark
             ),
             "master": self._master_checks(events, bound),
+            "S6": self.fire_problems(bound),
         }
         o.double_runs = len(checks["S1"])
         o.early = len(checks["early"])
@@ -640,7 +730,11 @@ class Trial:
         o.budget = len(checks["budget"])
         o.double_restarts = len(checks["restarts"])
         o.master = len(checks["master"])
-        o.restarts = sum(1 for e in since if e["kind"] == "claimed")
+        o.fires = len(checks["S6"])
+        # A scheduled job's claims are its fires' runs, not restarts.
+        o.restarts = sum(
+            1 for e in since if e["kind"] == "claimed" and e["job_name"] not in scheduled
+        )
         o.adoptions = sum(1 for e in since if e["kind"] == "adopted")
         o.problems = [f"{k} {p}" for k, items in checks.items() for p in items]
         return o
