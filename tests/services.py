@@ -129,12 +129,9 @@ def held_alone(name: str) -> Iterator[None]:
     pytest-xdist workers) until exit: an exclusive lock on a file in the stack folder."""
     folder = Path(stack_env().get("SPARKRING_STACK_DIR", REPO / ".stack"))
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{name}.lock", "w") as handle:
+    with open(folder / f"{name}.lock", "w") as handle:  # closing it releases the lock
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
 
 
 def bench_databases(url: str) -> set[str]:

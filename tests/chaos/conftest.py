@@ -76,7 +76,8 @@ def _stacks() -> list[str]:
 
 
 def _check_a_stack_per_worker(workers: int) -> None:
-    """Refuse, before any worker starts, a campaign with fewer stacks than workers."""
+    """Refuse a campaign with fewer stacks than workers (the controller, before any
+    worker starts; each worker again, for its own)."""
     stacks = _stacks()
     if len(stacks) < workers:
         raise pytest.UsageError(
@@ -90,14 +91,9 @@ def _use_the_stack_of(worker: str) -> None:
     """Point this worker's tests at its own stack (``SPARKRING_CHAOS_STACKS``: one stack
     folder per worker, in worker order). The campaign stops ZooKeeper and PostgreSQL, so
     two workers on one stack would inject their faults into each other's cases."""
-    stacks = _stacks()
     index = int(worker.removeprefix("gw"))
-    if index >= len(stacks):
-        raise pytest.UsageError(
-            f"chaos worker {worker} has no stack of its own: {CHAOS_STACKS} names "
-            f"{len(stacks)} stack folder(s), one is needed per worker (scripts/test.sh "
-            "starts them; docs/chaos.md)"
-        )
+    _check_a_stack_per_worker(index + 1)
+    stacks = _stacks()
     record = Path(stacks[index]) / "env.json"
     if not record.exists():
         raise pytest.UsageError(f"chaos worker {worker}: {record} is missing (no stack there)")
