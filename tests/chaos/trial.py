@@ -15,6 +15,7 @@ target (the cluster is quiet again).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import threading
@@ -28,7 +29,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from resource_center import catalog, store
-from scheduler import distribution, jobs, placement
+from scheduler import distribution, jobs, placement, runs
 from server import defaults, driver, retention, watchdog
 from sql.states import JobKind
 from tests import waiting
@@ -127,6 +128,9 @@ class Trial:
         # Events the harness pruned (``prune_history``), read before they were deleted:
         # the checker reads the whole history, so a prune must not blind it.
         self._pruned: dict[int, dict[str, Any]] = {}
+        # The same for ``runs`` rows (retention prunes ended runs too), by run id, each
+        # with its job id: S6 reads every fire's row (``fire_problems``).
+        self._pruned_runs: dict[int, tuple[int, dict[str, Any]]] = {}
         self._prune_lock = threading.Lock()
         # One harness prune at a time (the command threads draw them concurrently): the
         # count of events deleted unseen is exact only when no other prune deletes the
@@ -359,22 +363,29 @@ class Trial:
         return float(left)
 
     def fire_problems(self, bound: float) -> list[str]:
-        """S6 over every scheduled job, from its switch-on to the last slot handled;
-        fault windows excuse lateness and misfires."""
-        from scheduler import runs
-
+        """S6 over every scheduled job, from its switch-on to the last slot handled (or,
+        if that is older, to ``FIRE_LATENESS_BOUND_S`` before now), over its runs rows
+        and those the harness pruned (``prune_history``); fault windows excuse lateness
+        and misfires."""
         excused = tuple((w.start, w.end) for w in self.fault_windows(bound))
         problems = []
         for name, (spec, on) in sorted(self.scheduled.items()):
             with self.cluster.engine.connect() as conn:
-                job_id, until = conn.execute(
-                    sa.text("SELECT id, fires_checked_until FROM jobs WHERE name = :n"),
+                job_id, checked, now = conn.execute(
+                    sa.text("SELECT id, fires_checked_until, now() FROM jobs WHERE name = :n"),
                     {"n": name},
                 ).one()
                 rows = runs.list_runs(conn, job_id, limit=1_000_000)
-            if until is None:
+            if checked is None:
                 problems.append(f"{name}: its schedule was switched off")
                 continue
+            with self._prune_lock:
+                kept = {i: r for i, (j, r) in self._pruned_runs.items() if j == job_id}
+            rows = list({**kept, **{r["run_id"]: r for r in rows}}.values())
+            # Every fire time the cluster handled, and every one older than the bound
+            # (PostgreSQL's clock): a firing loop that stopped handling fires for good
+            # leaves fires_checked_until behind, and its fires are missed.
+            until = max(checked, now - datetime.timedelta(seconds=FIRE_LATENESS_BOUND_S))
             window = invariants.ScheduleWindow(
                 name, invariants.fire_times(spec, "UTC", on, until), "forbid", excused
             )
@@ -593,8 +604,13 @@ class Trial:
                     sa.text(self._EVENTS.format(where="WHERE at < :cutoff")), {"cutoff": cutoff}
                 )
             }
+            doomed_runs = {
+                r.run_id: (r.job_id, runs.view(r))
+                for r in conn.execute(self._RUNS_BEFORE, {"cutoff": cutoff})
+            }
         with self._prune_lock:
             self._pruned.update(doomed)
+            self._pruned_runs.update(doomed_runs)
         pruned = retention.prune(conn, None, cutoff, batch_size=defaults.HISTORY_PRUNE_BATCH)
         with conn.begin():
             kept = set(
@@ -602,16 +618,34 @@ class Trial:
                     sa.text("SELECT id FROM job_events WHERE id = ANY(:ids)"), {"ids": list(doomed)}
                 ).scalars()
             )
-        unseen = pruned.events - (len(doomed) - len(kept))
-        self.outcome.pruned += pruned.events
-        if unseen > 0:
-            raise AssertionError(f"{unseen} job events were pruned before the harness saw them")
-        if unseen < 0:
-            raise AssertionError(
-                f"{-unseen} of the copied job events were deleted by another prune meanwhile: "
-                "the count cannot tell whether it deleted events the harness never saw"
+            kept_runs = set(
+                conn.execute(
+                    sa.text("SELECT run_id FROM runs WHERE run_id = ANY(:ids)"),
+                    {"ids": list(doomed_runs)},
+                ).scalars()
             )
+        self.outcome.pruned += pruned.events
+        for what, deleted, copied, left in (
+            ("job events", pruned.events, len(doomed), len(kept)),
+            ("runs rows", pruned.runs, len(doomed_runs), len(kept_runs)),
+        ):
+            unseen = deleted - (copied - left)
+            if unseen > 0:
+                raise AssertionError(f"{unseen} {what} were pruned before the harness saw them")
+            if unseen < 0:
+                raise AssertionError(
+                    f"{-unseen} of the copied {what} were deleted by another prune meanwhile: "
+                    "the count cannot tell whether it deleted rows the harness never saw"
+                )
         return f"pruned {pruned.events}"
+
+    # The runs rows a prune at ``cutoff`` may delete (server/retention.py: ended before
+    # it), and some it keeps (unended, a job's newest): read back as they are after it.
+    _RUNS_BEFORE = sa.text(
+        "SELECT r.job_id, r.run_id, r.scheduled_time, r.trigger, r.state, r.reason, "
+        "r.created_at, r.started_at, r.ended_at, r.exit_code, r.server, r.epoch, r.attempts, "
+        "r.generation FROM runs r WHERE coalesce(r.ended_at, r.created_at) < :cutoff"
+    )
 
     def _max_event_id(self) -> int:
         return self.cluster.sql("SELECT coalesce(max(id), 0) FROM job_events")[0][0]
