@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -144,6 +144,7 @@ _DUE = sa.text(
     SELECT j.id, j.name, j.schedule, j.fires_checked_until, now() AS now
       FROM jobs j
      WHERE j.schedule_active AND j.next_fire_at <= now()
+       AND j.id <> ALL(:passed_over)
      ORDER BY j.next_fire_at
      LIMIT 1
        FOR UPDATE OF j SKIP LOCKED
@@ -169,12 +170,21 @@ def _event(
     )
 
 
+def lock_due(conn: sa.Connection, passed_over: Collection[int] = ()) -> sa.Row | None:
+    """Lock the due job with the oldest next fire that no other pass holds and that is
+    not in ``passed_over`` (jobs whose fire failed in this pass); None if none is."""
+    return conn.execute(_DUE, {"passed_over": sorted(passed_over)}).one_or_none()
+
+
 def fire_one(conn: sa.Connection, server: str) -> Fired | None:
     """Handle the due slots of one due job (module docstring); None if none is due.
     ``server`` (the firer) is recorded in the start's event."""
-    job = conn.execute(_DUE).one_or_none()
-    if job is None:
-        return None
+    job = lock_due(conn)
+    return None if job is None else fire(conn, job, server)
+
+
+def fire(conn: sa.Connection, job: sa.Row, server: str) -> Fired:
+    """Handle the due slots of ``job``, locked by :func:`lock_due`."""
     the_schedule = schedule.Schedule.from_dict(job.schedule)
     due = schedule.due(the_schedule, job.fires_checked_until, job.now)
     if due.truncated:
@@ -238,18 +248,29 @@ _QUEUED = sa.text(
       FROM jobs j JOIN distribution d ON d.job_id = j.id
      WHERE d.owner IS NULL AND d.state = ANY(:terminal)
        AND EXISTS (SELECT 1 FROM runs r WHERE r.job_id = j.id AND r.state = 'queued')
+       AND j.id <> ALL(:passed_over)
      LIMIT 1
        FOR UPDATE OF j SKIP LOCKED
     """
 )
 
 
+def lock_queued(conn: sa.Connection, passed_over: Collection[int] = ()) -> sa.Row | None:
+    """Lock one job with a queued run and no run in progress, not in ``passed_over``."""
+    return conn.execute(
+        _QUEUED, {"terminal": sorted(states.TERMINAL), "passed_over": sorted(passed_over)}
+    ).one_or_none()
+
+
 def start_queued(conn: sa.Connection, server: str) -> int | None:
     """Start the oldest queued (backfilled) run of one job that has no run in
     progress; its run id, or None if there is none to start."""
-    job = conn.execute(_QUEUED, {"terminal": sorted(states.TERMINAL)}).one_or_none()
-    if job is None:
-        return None
+    job = lock_queued(conn)
+    return None if job is None else start_queued_of(conn, job, server)
+
+
+def start_queued_of(conn: sa.Connection, job: sa.Row, server: str) -> int:
+    """Start the oldest queued run of ``job``, locked by :func:`lock_queued`."""
     generation = runs.rerun(conn, job.id)
     if generation is None:
         raise runs.RunConflict(f"job {job.name}: a run is in progress; the queued one waits")
@@ -265,12 +286,24 @@ def backfill(
 ) -> tuple[list[datetime], list[datetime]]:
     """Queue every fire time of the job's schedule in [start, end], oldest first.
     Returns (queued, already recorded); with ``dry_run`` nothing is written and the
-    first list holds the times that would be queued."""
+    first list holds the times that would be queued.
+
+    Only fire times the schedule is done with are queued: up to ``fires_checked_until``
+    while it is on, up to now while it is off. A later one is the schedule's to fire:
+    queued too, its fire would match the queued row and roll back at every pass."""
     row = conn.execute(
-        sa.select(tables.jobs.c.schedule).where(tables.jobs.c.id == job_id).with_for_update()
+        sa.select(
+            tables.jobs.c.schedule,
+            tables.jobs.c.schedule_active,
+            tables.jobs.c.fires_checked_until,
+            sa.func.now().label("now"),
+        )
+        .where(tables.jobs.c.id == job_id)
+        .with_for_update()
     ).one()
     if row.schedule is None:
         raise ScheduleMissing(f"job {job_id} has no schedule")
+    end = min(end, row.fires_checked_until if row.schedule_active else row.now)
     the_schedule = schedule.Schedule.from_dict(row.schedule)
     times: list[datetime] = []
     for slot in schedule.slots(the_schedule, start):
@@ -303,12 +336,15 @@ def backfill(
     return fresh, sorted(taken)
 
 
-def seconds_to_next_fire(conn: sa.Connection) -> float | None:
-    """Seconds until the earliest next fire of any active schedule (PostgreSQL's clock)."""
+def seconds_to_next_fire(conn: sa.Connection, passed_over: Collection[int] = ()) -> float | None:
+    """Seconds until the earliest next fire of any active schedule (PostgreSQL's clock),
+    leaving out ``passed_over`` (jobs whose fire failed: still due, retried later)."""
     value = conn.execute(
         sa.text(
-            "SELECT EXTRACT(EPOCH FROM min(next_fire_at) - now()) FROM jobs WHERE schedule_active"
-        )
+            "SELECT EXTRACT(EPOCH FROM min(next_fire_at) - now()) FROM jobs "
+            "WHERE schedule_active AND id <> ALL(:passed_over)"
+        ),
+        {"passed_over": sorted(passed_over)},
     ).scalar_one_or_none()
     return None if value is None else float(value)
 
@@ -334,6 +370,8 @@ class FiringLoop:
         self._on_fired = on_fired
         self._stop = threading.Event()
         self._wake = threading.Event()
+        # Due jobs whose fire failed in the last pass (``run_pass``).
+        self._passed_over: set[int] = set()
         self._thread = threading.Thread(target=self._loop, name="schedule-firer", daemon=True)
 
     def start(self) -> None:
@@ -353,20 +391,56 @@ class FiringLoop:
         return self._thread.is_alive()
 
     def run_pass(self, limit: int = 100) -> int:
-        """Fire due jobs and start queued runs, up to ``limit`` of each; how many."""
+        """Fire due jobs and start queued runs, up to ``limit`` of each; how many.
+
+        A job whose fire (or queued start) fails is passed over for the rest of the
+        pass, its transaction rolled back: one job that fails every time (a zone this
+        server's tzdata lacks, a row in the way) must not stop every other schedule.
+        It is tried again at the next pass, at most ``interval`` later (the loop's wait
+        leaves it out). A failure to lock a job at all (PostgreSQL away) ends the pass."""
         done = 0
-        for step in (self._fire, self._start_queued):
+        self._passed_over = set()
+        for lock, step in ((lock_due, fire), (lock_queued, start_queued_of)):
+            passed_over: set[int] = self._passed_over if lock is lock_due else set()
             for _ in range(limit):
-                if self._stop.is_set() or not step():
+                if self._stop.is_set():
                     break
-                done += 1
+                outcome = self._one(lock, step, passed_over)
+                if outcome is None:
+                    break
+                done += outcome
         return done
 
-    def _fire(self) -> bool:
-        with self._engine.begin() as conn:
-            fired = fire_one(conn, self._server)
-        if fired is None:
-            return False
+    def _one(
+        self,
+        lock: Callable[[sa.Connection, Collection[int]], sa.Row | None],
+        step: Callable[[sa.Connection, sa.Row, str], object],
+        passed_over: set[int],
+    ) -> int | None:
+        """One job in one transaction: 1 if done, 0 if it failed (passed over), None if
+        there is none to do."""
+        job = None
+        try:
+            with self._engine.begin() as conn:
+                job = lock(conn, passed_over)
+                if job is None:
+                    return None
+                done = step(conn, job, self._server)
+        except Exception as exc:
+            if job is None:
+                raise
+            passed_over.add(job.id)
+            log.warning(
+                f"schedule firing failed for one job, the others go on: {exc}",
+                exc_info=not isinstance(exc, DBAPIError | runs.RunConflict),
+                extra={"action": "fire_failed", "job": job.name, "server": self._server},
+            )
+            return 0
+        if isinstance(done, Fired):
+            self._fired(done)  # committed
+        return 1
+
+    def _fired(self, fired: Fired) -> None:
         log.info(
             "schedule fired",
             extra={
@@ -379,11 +453,6 @@ class FiringLoop:
         )
         if self._on_fired is not None:
             self._on_fired(fired)
-        return True
-
-    def _start_queued(self) -> bool:
-        with self._engine.begin() as conn:
-            return start_queued(conn, self._server) is not None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -391,7 +460,7 @@ class FiringLoop:
             try:
                 self.run_pass()
                 with self._engine.connect() as conn:
-                    left = seconds_to_next_fire(conn)
+                    left = seconds_to_next_fire(conn, self._passed_over)
                 if left is not None:
                     wait = max(MIN_WAIT_S, min(wait, left))
             except (DBAPIError, runs.RunConflict) as exc:

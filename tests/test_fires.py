@@ -48,6 +48,21 @@ def _due(engine: sa.Engine, job_id: int, seconds_ago: float) -> None:
         )
 
 
+def _due_once(engine: sa.Engine, job_id: int) -> None:
+    """Make exactly one fire time of an ``@hourly`` job due (the last full hour): a
+    window of 61 s of ``@every 1m`` holds two fire times when the test's statements take
+    a second or more on a loaded machine, and the older one is a recorded misfire."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET fires_checked_until = date_trunc('hour', now()) "
+                "- interval '1 second', next_fire_at = now() - interval '1 microsecond' "
+                "WHERE id = :j"
+            ),
+            {"j": job_id},
+        )
+
+
 def _fire(engine: sa.Engine) -> fires.Fired | None:
     with engine.begin() as conn:
         return fires.fire_one(conn, "s1")
@@ -202,10 +217,10 @@ def test_a_run_that_fails_for_good_keeps_its_exit_code(engine: sa.Engine) -> Non
 
 
 def test_forbid_records_a_fire_skipped_while_the_previous_run_runs(engine: sa.Engine) -> None:
-    job_id = _scheduled_job(engine)
+    job_id = _scheduled_job(engine, spec="@hourly")
     with engine.begin() as conn:
         jobs.run_now(conn, "nightly")  # the previous run, still pending
-    _due(engine, job_id, 61)
+    _due_once(engine, job_id)
     fired = _fire(engine)
     assert fired is not None and fired.run_id is None and fired.skipped == 1
     first, second = _runs(engine, job_id)
@@ -214,13 +229,13 @@ def test_forbid_records_a_fire_skipped_while_the_previous_run_runs(engine: sa.En
 
 
 def test_replace_stops_the_previous_run_and_starts_the_fire(engine: sa.Engine) -> None:
-    job_id = _scheduled_job(engine, concurrency="replace")
+    job_id = _scheduled_job(engine, spec="@hourly", concurrency="replace")
     with engine.begin() as conn:
         jobs.run_now(conn, "nightly")
     factories.target(engine, job_id, "s1")
     with engine.begin() as conn:
         distribution.claim(conn, job_id, OWNER, ttl=30)
-    _due(engine, job_id, 61)
+    _due_once(engine, job_id)
     fired = _fire(engine)
     assert fired is not None and fired.run_id is not None
     first, second = _runs(engine, job_id)
@@ -371,3 +386,61 @@ def test_many_firers_fire_each_slot_once(engine: sa.Engine, behind_s: float) -> 
         assert [r["trigger"] for r in ran] == ["schedule"], rows
         assert len({r["scheduled_time"] for r in rows}) == len(rows), rows
         assert all(r["reason"] for r in rows if r["state"] == "skipped"), rows
+
+
+def test_a_job_whose_fire_fails_every_time_holds_up_no_other_schedule(
+    engine: sa.Engine,
+) -> None:
+    """The loop took the due job with the oldest next fire and, when handling it
+    raised, ended its pass: a job whose fire fails every time (here: a zone this
+    server's tzdata lacks, as in a rolling upgrade; before: a backfilled fire time)
+    stopped every other schedule of the cluster, on every server. Its transaction rolls
+    back and the pass goes on with the other due jobs."""
+    bad = _scheduled_job(engine, name="bad")
+    good = _scheduled_job(engine, name="good")
+    _due(engine, good, 61)
+    _due(engine, bad, 61)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET schedule = jsonb_set(schedule, '{timezone}', "
+                "'\"Mars/Olympus_Mons\"'), next_fire_at = now() - interval '1 minute' "
+                "WHERE id = :j"
+            ),
+            {"j": bad},
+        )
+    loop = fires.FiringLoop(engine, "s1", interval=1.0)
+    loop.run_pass()
+    assert [r["trigger"] for r in _runs(engine, good) if r["state"] != "skipped"] == ["schedule"]
+    assert _runs(engine, bad) == []  # rolled back, due again at the next pass
+    with engine.connect() as conn:
+        (left,) = conn.execute(
+            sa.text("SELECT next_fire_at <= now() FROM jobs WHERE id = :j"), {"j": bad}
+        ).one()
+    assert left
+    assert loop.run_pass() == 0  # and it fails again without counting as done
+
+
+def test_a_backfill_queues_no_fire_time_the_schedule_has_not_handled(engine: sa.Engine) -> None:
+    """A backfill's range reaching past now queued future fire times of the active
+    schedule; the fire of such a time then matched the queued row, rolled back, and
+    was due again at every pass: the job never fired again. A backfill now covers only
+    fire times the schedule already handled (active) or that passed (off)."""
+    job_id = _scheduled_job(engine, spec="@every 1m")
+    now = _pg_now(engine)
+    with engine.begin() as conn:
+        queued, _ = fires.backfill(
+            conn, job_id, now - timedelta(minutes=3), now + timedelta(minutes=3), dry_run=False
+        )
+        checked = conn.execute(
+            sa.text("SELECT fires_checked_until FROM jobs WHERE id = :j"), {"j": job_id}
+        ).scalar_one()
+    assert len(queued) == 3 and all(at <= checked for at in queued), queued
+    with engine.begin() as conn:
+        jobs.stop(conn, "nightly")
+    with engine.begin() as conn:
+        later, taken = fires.backfill(
+            conn, job_id, now - timedelta(minutes=3), now + timedelta(minutes=3), dry_run=True
+        )
+    # Off: up to now (the three are recorded already: queued, then dropped by the stop).
+    assert len(taken) == 3 and all(at <= _pg_now(engine) for at in later), later
