@@ -29,7 +29,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -496,6 +496,35 @@ def run_now(conn: sa.Connection, name: str, actor: str | None = None) -> int:
     _event(conn, job_id, name, EventKind.START_REQUESTED, detail, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return run_id
+
+
+def backfill(
+    conn: sa.Connection,
+    name: str,
+    start: datetime,
+    end: datetime,
+    *,
+    dry_run: bool,
+    actor: str | None = None,
+) -> tuple[list[datetime], list[datetime]]:
+    """``job backfill``: queue each fire time of the job's schedule in [start, end]
+    (``fires.backfill``: queued, already recorded). Recorded like the other operator
+    commands, as a ``start_requested`` event with trigger ``backfill`` naming what was
+    queued and who asked; a dry run, or one that queued nothing, writes nothing."""
+    job_id = _job_id(conn, name, lock=True)
+    queued, taken = fires.backfill(conn, job_id, start, end, dry_run=dry_run)
+    if queued and not dry_run:
+        detail = {
+            "trigger": "backfill",
+            "from": _iso(start),
+            "to": _iso(end),
+            "queued": len(queued),
+            "first": _iso(queued[0]),
+            "last": _iso(queued[-1]),
+            "already_recorded": len(taken),
+        }
+        _event(conn, job_id, name, EventKind.START_REQUESTED, detail, actor)
+    return queued, taken
 
 
 def job_id_of(conn: sa.Connection, name: str) -> int:

@@ -262,6 +262,12 @@ def test_schedules_runs_and_backfill_through_the_api(stack: ApiStack) -> None:
         planned = http.post(f"{url}/backfill", json=body).json()
         assert planned["queued"] == ["2026-01-01T02:00:00Z", "2026-01-02T02:00:00Z"]
         assert http.post(f"{url}/backfill", json={**body, "dry_run": False}).json()["queued"]
+        (backfilled,) = [
+            e["detail"]
+            for e in stack.cluster.events(name)
+            if e["detail"].get("trigger") == "backfill"
+        ]
+        assert backfilled["by"].startswith("token:") and backfilled["queued"] == 2
         listed = http.get(f"{url}/runs").json()
         assert [r["trigger"] for r in listed] == ["backfill", "backfill", "manual"]
         assert listed[-1]["run_id"] == run_id

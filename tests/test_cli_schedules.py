@@ -130,6 +130,31 @@ def test_run_runs_and_backfill(run) -> None:
         "2026-01-01T01:00:00Z",
         "2026-01-01T00:00:00Z",
     ]
+    # Recorded like every operator command: a job event naming who asked (a dry run
+    # writes nothing, and neither does a backfill that queued nothing).
+    backfills = [
+        e["detail"]
+        for e in json.loads(_ok(run("job", "events", "nightly", "--json")))
+        if e["detail"].get("trigger") == "backfill"
+    ]
+    assert len(backfills) == 1, backfills
+    assert backfills[0]["by"].startswith("cli") and backfills[0]["queued"] == 3
+    assert (backfills[0]["first"], backfills[0]["last"]) == (
+        "2026-01-01T00:00:00Z",
+        "2026-01-01T02:00:00Z",
+    )
+    _ok(
+        run(
+            "job", "backfill", "nightly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T01:00Z"
+        )
+    )
+    assert (
+        sum(
+            e["detail"].get("trigger") == "backfill"
+            for e in json.loads(_ok(run("job", "events", "nightly", "--json")))
+        )
+        == 1
+    )
     assert len(json.loads(_ok(run("job", "runs", "nightly", "--json", "--limit", "2")))) == 2
     assert "--state 'bogus'" in _error(run("job", "runs", "nightly", "--state", "bogus"))
     assert "--to is before --from" in _error(

@@ -557,8 +557,6 @@ def backfill(
 ) -> None:
     """Run each fire time of the job's schedule in [--from, --to] once, oldest first,
     one at a time (a fire time that already has a run is left out)."""
-    from scheduler import fires
-
     engine = console.engine(ctx)
     with engine.begin() as conn:
         job = jobs.show(conn, name)
@@ -570,7 +568,7 @@ def backfill(
         if end < start:
             raise console.fail("--to is before --from")
         try:
-            queued, taken = fires.backfill(conn, job["id"], start, end, dry_run=dry_run)
+            queued, taken = jobs.backfill(conn, name, start, end, dry_run=dry_run, actor=_actor())
         except ValueError as exc:
             raise console.fail(str(exc)) from None
     verb = "would queue" if dry_run else "queued"

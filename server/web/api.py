@@ -582,10 +582,9 @@ def create_app(backend: Backend) -> FastAPI:
         if body.end < body.start:
             raise ApiError(400, "to is before from")
         with backend.engine.begin() as conn:
-            job_id = jobs.job_id_of(conn, name)
             try:
-                queued, taken = fires.backfill(
-                    conn, job_id, body.start, body.end, dry_run=body.dry_run
+                queued, taken = jobs.backfill(
+                    conn, name, body.start, body.end, dry_run=body.dry_run, actor=principal.actor
                 )
             except fires.ScheduleMissing:
                 raise ApiError(409, f"job {name!r} has no schedule") from None
