@@ -56,10 +56,20 @@ def _now(conn: sa.Connection) -> datetime:
 
 
 def switch_on(conn: sa.Connection, job_id: int) -> datetime | None:
-    """Switch the job's schedule on, the next fire computed from PostgreSQL's now.
-    Returns the next fire time; None if it was on already (left alone)."""
+    """Switch the job's schedule on. Returns the next fire time after PostgreSQL's now;
+    None if it was on already (left alone).
+
+    Switched on for the first time, nothing runs before the next fire. Switched on again
+    after a ``job stop``, the fire times from where it stopped (``fires_checked_until``,
+    kept by :func:`switch_off`) to now are due at once and handled like any missed
+    fires, by the misfire policy (``schedule.decide``): recorded ``misfire``, and under
+    ``run-once`` the latest runs if it is within the grace; never dropped unrecorded."""
     row = conn.execute(
-        sa.select(tables.jobs.c.schedule, tables.jobs.c.schedule_active)
+        sa.select(
+            tables.jobs.c.schedule,
+            tables.jobs.c.schedule_active,
+            tables.jobs.c.fires_checked_until,
+        )
         .where(tables.jobs.c.id == job_id)
         .with_for_update()
     ).one()
@@ -68,14 +78,16 @@ def switch_on(conn: sa.Connection, job_id: int) -> datetime | None:
     if row.schedule_active:
         return None
     now = _now(conn)
-    next_fire = schedule.next_fire(schedule.Schedule.from_dict(row.schedule), now)
+    the_schedule = schedule.Schedule.from_dict(row.schedule)
+    next_fire = schedule.next_fire(the_schedule, now)
+    checked = row.fires_checked_until or now
     changed = conn.execute(
         sa.update(tables.jobs)
         .where(tables.jobs.c.id == job_id, tables.jobs.c.schedule_active.is_(False))
         .values(
             schedule_active=True,
-            fires_checked_until=now,
-            next_fire_at=next_fire,
+            fires_checked_until=checked,
+            next_fire_at=min(next_fire, schedule.next_fire(the_schedule, checked)),
             updated_at=sa.func.now(),
         )
     ).rowcount
@@ -86,18 +98,14 @@ def switch_on(conn: sa.Connection, job_id: int) -> datetime | None:
 
 def switch_off(conn: sa.Connection, job_id: int) -> bool:
     """Switch the job's schedule off; queued backfill runs are dropped (recorded).
-    Returns whether it was on."""
+    ``fires_checked_until`` is kept: :func:`switch_on` handles the fire times from
+    there. Returns whether it was on."""
     runs.cancel_queued(conn, job_id)
     return bool(
         conn.execute(
             sa.update(tables.jobs)
             .where(tables.jobs.c.id == job_id, tables.jobs.c.schedule_active.is_(True))
-            .values(
-                schedule_active=False,
-                next_fire_at=None,
-                fires_checked_until=None,
-                updated_at=sa.func.now(),
-            )
+            .values(schedule_active=False, next_fire_at=None, updated_at=sa.func.now())
         ).rowcount
     )
 
@@ -187,6 +195,15 @@ def fire(conn: sa.Connection, job: sa.Row, server: str) -> Fired:
     """Handle the due slots of ``job``, locked by :func:`lock_due`."""
     the_schedule = schedule.Schedule.from_dict(job.schedule)
     due = schedule.due(the_schedule, job.fires_checked_until, job.now)
+    backfilled = _backfilled(conn, job.id, [slot.at for slot in due.slots if slot.at])
+    if backfilled:
+        # Fire times of the off period that a backfill queued before the schedule was
+        # switched on again: each runs once, as its backfilled run.
+        due = schedule.Due(
+            tuple(slot for slot in due.slots if slot.at not in backfilled),
+            due.next_fire,
+            due.truncated,
+        )
     if due.truncated:
         log.warning(
             "a long outage: only the latest fires are recorded",
@@ -227,6 +244,21 @@ def fire(conn: sa.Connection, job: sa.Row, server: str) -> Fired:
         notify.notify(conn, notify.JOBS_CHANNEL, job.name)
     late = (job.now - fired_at).total_seconds() if fired_at else None
     return Fired(job.id, job.name, run_id, fired_at, skipped, due.next_fire, late)
+
+
+def _backfilled(conn: sa.Connection, job_id: int, times: list[datetime]) -> set[datetime]:
+    """Those of ``times`` that a backfill recorded (queued, or run already)."""
+    if not times:
+        return set()
+    return set(
+        conn.execute(
+            sa.text(
+                "SELECT scheduled_time FROM runs WHERE job_id = :job_id "
+                "AND trigger = 'backfill' AND scheduled_time = ANY(:times)"
+            ),
+            {"job_id": job_id, "times": times},
+        ).scalars()
+    )
 
 
 def _bump_generation(conn: sa.Connection, job_id: int) -> int:

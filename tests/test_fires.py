@@ -444,3 +444,35 @@ def test_a_backfill_queues_no_fire_time_the_schedule_has_not_handled(engine: sa.
         )
     # Off: up to now (the three are recorded already: queued, then dropped by the stop).
     assert len(taken) == 3 and all(at <= _pg_now(engine) for at in later), later
+
+
+@pytest.mark.parametrize("misfire", ["run-once", "skip"])
+def test_fires_while_switched_off_are_handled_by_the_misfire_policy(
+    engine: sa.Engine, misfire: str
+) -> None:
+    """``job stop`` then ``job start`` of a scheduled job: the fire times in between
+    were neither run nor recorded (switch_on started from now). They are misfires now,
+    handled at once by the schedule's misfire policy: under run-once the latest runs
+    (it is on time here), under skip none; every other one recorded ``misfire``."""
+    job_id = _scheduled_job(engine, misfire=misfire)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET fires_checked_until = now() - interval '210 seconds' WHERE id = :j"
+            ),
+            {"j": job_id},
+        )  # it had handled its fires until 3.5 minutes ago, then:
+        jobs.stop(conn, "nightly")
+    with engine.begin() as conn:
+        jobs.start(conn, "nightly")
+    fired = _fire(engine)
+    assert fired is not None, "the fire times while off were dropped unrecorded"
+    rows = _runs(engine, job_id)
+    assert len(rows) in (3, 4) and len({r["scheduled_time"] for r in rows}) == len(rows)
+    ran = [r for r in rows if r["state"] != "skipped"]
+    assert {r["reason"] for r in rows if r["state"] == "skipped"} == {"misfire"}
+    if misfire == "run-once":
+        assert [r["scheduled_time"] for r in ran] == [rows[-1]["scheduled_time"]]
+    else:
+        assert ran == []
+    assert _fire(engine) is None

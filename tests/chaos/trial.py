@@ -371,12 +371,15 @@ class Trial:
         problems = []
         for name, (spec, on) in sorted(self.scheduled.items()):
             with self.cluster.engine.connect() as conn:
-                job_id, checked, now = conn.execute(
-                    sa.text("SELECT id, fires_checked_until, now() FROM jobs WHERE name = :n"),
+                job_id, active, checked, now = conn.execute(
+                    sa.text(
+                        "SELECT id, schedule_active, fires_checked_until, now() FROM jobs "
+                        "WHERE name = :n"
+                    ),
                     {"n": name},
                 ).one()
                 rows = runs.list_runs(conn, job_id, limit=1_000_000)
-            if checked is None:
+            if not active:
                 problems.append(f"{name}: its schedule was switched off")
                 continue
             with self._prune_lock:
