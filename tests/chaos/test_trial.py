@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from scheduler import jobs, schedule
 from server import retention
-from sql.states import JobKind
 from tests import factories
 from tests.chaos import invariants
 from tests.chaos.trial import FIRE_LATENESS_BOUND_S, Trial
@@ -85,17 +83,8 @@ def _ticker_with_history(engine: sa.Engine, trial: Trial, *, handled_ago: float)
     """A scheduled job ``ticker`` (@every 5s) switched on 60 s ago, each of its fire
     times up to ``handled_ago`` seconds ago handled by a short run that finished (the
     way the firing loop and a server write them), and the checker told about it."""
+    job_id = factories.scheduled_job(engine, "ticker", "@every 5s")
     with engine.begin() as conn:
-        job_id = jobs.create(
-            conn,
-            jobs.JobSpec(
-                name="ticker",
-                kind=JobKind.BATCH,
-                resource_id=factories.resource(conn),
-                schedule=schedule.parse("@every 5s").as_dict(),
-            ),
-        )
-        jobs.start(conn, "ticker")
         now = conn.execute(sa.text("SELECT now()")).scalar_one()
         on, until = now - timedelta(seconds=60), now - timedelta(seconds=handled_ago)
         for generation, at in enumerate(invariants.fire_times("@every 5s", "UTC", on, until), 1):
