@@ -33,7 +33,8 @@ def _due(engine: sa.Engine, job_id: int, seconds_ago: float) -> None:
 def _due_once(engine: sa.Engine, job_id: int) -> None:
     """Make exactly one fire time of an ``@hourly`` job due (the last full hour): a
     window of 61 s of ``@every 1m`` holds two fire times when the test's statements take
-    a second or more on a loaded machine, and the older one is a recorded misfire."""
+    a second or more on a loaded machine (or now is within a second of a minute), and
+    the older one is a recorded misfire."""
     with engine.begin() as conn:
         conn.execute(
             sa.text(
@@ -71,8 +72,8 @@ def test_start_switches_the_schedule_on_and_runs_nothing_yet(engine: sa.Engine) 
 
 
 def test_a_due_fire_makes_the_job_pending_with_its_run_row_once(engine: sa.Engine) -> None:
-    job_id = factories.scheduled_job(engine)
-    _due(engine, job_id, 61)
+    job_id = factories.scheduled_job(engine, spec="@hourly")
+    _due_once(engine, job_id)
     fired = _fire(engine)
     assert fired is not None and fired.run_id is not None
     assert _state(engine, job_id) == "pending"
@@ -83,8 +84,8 @@ def test_a_due_fire_makes_the_job_pending_with_its_run_row_once(engine: sa.Engin
 
 
 def test_two_firers_racing_fire_once(engine: sa.Engine) -> None:
-    job_id = factories.scheduled_job(engine)
-    _due(engine, job_id, 61)
+    job_id = factories.scheduled_job(engine, spec="@hourly")
+    _due_once(engine, job_id)
     first = engine.connect()
     transaction = first.begin()
     try:
@@ -117,8 +118,8 @@ def test_a_fire_already_recorded_rolls_the_whole_fire_back(engine: sa.Engine) ->
 def test_a_fire_whose_commit_connection_drops_is_fired_once_by_the_next_pass(
     engine: sa.Engine,
 ) -> None:
-    job_id = factories.scheduled_job(engine)
-    _due(engine, job_id, 61)
+    job_id = factories.scheduled_job(engine, spec="@hourly")
+    _due_once(engine, job_id)
     conn = engine.connect()
     transaction = conn.begin()
     pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
@@ -136,10 +137,10 @@ def test_a_fire_whose_commit_connection_drops_is_fired_once_by_the_next_pass(
 
 
 def test_a_run_row_follows_claim_start_crash_retry_and_finish(engine: sa.Engine) -> None:
-    job_id = factories.scheduled_job(engine)
+    job_id = factories.scheduled_job(engine, spec="@hourly")
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE jobs SET max_restarts = 1 WHERE id = :j"), {"j": job_id})
-    _due(engine, job_id, 61)
+    _due_once(engine, job_id)
     _fire(engine)
     factories.target(engine, job_id, "s1")
     with engine.begin() as conn:
@@ -176,8 +177,8 @@ def test_a_run_row_follows_claim_start_crash_retry_and_finish(engine: sa.Engine)
 
 
 def test_a_run_that_fails_for_good_keeps_its_exit_code(engine: sa.Engine) -> None:
-    job_id = factories.scheduled_job(engine)
-    _due(engine, job_id, 61)
+    job_id = factories.scheduled_job(engine, spec="@hourly")
+    _due_once(engine, job_id)
     _fire(engine)
     factories.target(engine, job_id, "s1")
     with engine.begin() as conn:
@@ -259,8 +260,8 @@ def test_misfire_skip_records_every_missed_fire(engine: sa.Engine) -> None:
 
 
 def test_stop_switches_the_schedule_off_and_stops_the_run(engine: sa.Engine) -> None:
-    job_id = factories.scheduled_job(engine)
-    _due(engine, job_id, 61)
+    job_id = factories.scheduled_job(engine, spec="@hourly")
+    _due_once(engine, job_id)
     _fire(engine)
     with engine.begin() as conn:
         assert jobs.stop(conn, "nightly") == "stopped"
