@@ -29,12 +29,13 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 
-from scheduler import distribution, health_policy, notify, run_health
+from scheduler import distribution, fires, health_policy, notify, run_health, runs
 from sql import states, tables
 from sql.states import EventKind, JobKind, RunState
 
@@ -76,6 +77,8 @@ class JobSpec:
     # None: the kind's default (DEFAULT_MAX_RESTARTS). For a batch job: its retries.
     max_restarts: int | None = None
     label: str | None = None  # the spec file's label (sparkring apply)
+    # A batch job's schedule (scheduler/schedule.py ``Schedule.as_dict``); None: none.
+    schedule: Mapping[str, Any] | None = None
 
 
 def restart_budget(
@@ -112,7 +115,7 @@ def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
 
 
 # A revision's fields, in the order history and diffs name them.
-FIELDS = ("resource", "py_files", "conf", "args", "master", "max_restarts")
+FIELDS = ("resource", "py_files", "conf", "args", "master", "max_restarts", "schedule")
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ class Definition:
     args: tuple[str, ...] = ()
     spark_master: str | None = None
     max_restarts: int = 3
+    schedule: Mapping[str, Any] | None = None  # Schedule.as_dict(); None: unscheduled
 
     @classmethod
     def of(cls, spec: JobSpec) -> Definition:
@@ -135,6 +139,7 @@ class Definition:
             args=tuple(spec.args),
             spark_master=spec.spark_master,
             max_restarts=restart_budget(spec.kind, spec.max_restarts),
+            schedule=dict(spec.schedule) if spec.schedule else None,
         )
 
     def changed_from(self, before: Definition) -> list[str]:
@@ -146,6 +151,7 @@ class Definition:
             "args": (tuple(self.args), tuple(before.args)),
             "master": (self.spark_master, before.spark_master),
             "max_restarts": (self.max_restarts, before.max_restarts),
+            "schedule": (self.schedule, before.schedule),
         }
         return [name for name in FIELDS if pairs[name][0] != pairs[name][1]]
 
@@ -161,6 +167,8 @@ class Change:
     args: Sequence[str] | None = None  # replaces the list; () clears it
     spark_master: str | None = None  # "" = back to the server's SPARKRING_SPARK_MASTER
     max_restarts: int | None = None
+    schedule: Mapping[str, Any] | None = None  # a new schedule (Schedule.as_dict())
+    clear_schedule: bool = False  # --no-schedule
 
     def applied_to(self, current: Definition) -> Definition:
         """``current`` with this change; a key to unset that is not set is refused."""
@@ -173,6 +181,13 @@ class Change:
             if conf.pop(key, None) is None:
                 raise JobError(f"conf key {key!r} is not set, so it cannot be unset")
         conf.update(self.conf)
+        if self.clear_schedule and self.schedule is not None:
+            raise JobError("give --schedule or --no-schedule, not both")
+        schedule = current.schedule
+        if self.clear_schedule:
+            schedule = None
+        elif self.schedule is not None:
+            schedule = dict(self.schedule)
         master = current.spark_master
         if self.spark_master is not None:
             master = self.spark_master or None
@@ -185,6 +200,7 @@ class Change:
             args=current.args if self.args is None else tuple(self.args),
             spark_master=master,
             max_restarts=current.max_restarts if self.max_restarts is None else self.max_restarts,
+            schedule=schedule,
         )
 
 
@@ -262,6 +278,7 @@ def _insert_revision(
             spark_master=definition.spark_master,
             max_restarts=definition.max_restarts,
             created_by=actor,
+            schedule=dict(definition.schedule) if definition.schedule else None,
             changed=list(changed),
             rollback_of=rollback_of,
         )
@@ -292,13 +309,14 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
         )
     max_restarts = restart_budget(spec.kind, spec.max_restarts)
     _check_health_conf(spec.conf)
+    _check_schedule_kind(spec.kind, spec.schedule)
     inserted = conn.execute(
         sa.text(
             """
             INSERT INTO jobs (name, kind, resource_id, conf, args, spark_master, max_restarts,
-                              label)
+                              label, schedule)
             VALUES (:name, :kind, :resource_id, CAST(:conf AS jsonb), CAST(:args AS jsonb),
-                    :spark_master, :max_restarts, :label)
+                    :spark_master, :max_restarts, :label, CAST(:schedule AS jsonb))
             ON CONFLICT (name) DO NOTHING
             RETURNING id
             """
@@ -312,6 +330,7 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             "spark_master": spec.spark_master,
             "max_restarts": max_restarts,
             "label": spec.label,
+            "schedule": json.dumps(dict(spec.schedule)) if spec.schedule else None,
         },
     ).scalar_one_or_none()
     if inserted is None:
@@ -331,28 +350,20 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
     return inserted
 
 
-_RERUN = sa.text(
-    """
-    WITH d AS (
-        UPDATE distribution
-           SET state = 'pending', restarts = 0, last_error = NULL, not_before = NULL,
-               updated_at = now()
-         WHERE job_id = :job_id AND owner IS NULL AND state = ANY(:terminal)
-        RETURNING job_id
-    )
-    UPDATE jobs SET desired = 'running', generation = generation + 1, updated_at = now()
-      FROM d
-     WHERE jobs.id = d.job_id
-    RETURNING jobs.generation
-    """
-)
+def _check_schedule_kind(kind: JobKind | str, schedule: Mapping[str, Any] | None) -> None:
+    if schedule is not None and JobKind(kind) is not JobKind.BATCH:
+        raise JobError("a schedule is for batch jobs; a streaming job runs until stopped")
 
 
 def _rerun(conn: sa.Connection, job_id: int) -> int | None:
     """Terminal (stopped, finished, failed) and unowned -> pending with a new generation."""
+    return runs.rerun(conn, job_id)
+
+
+def _kind_and_schedule(conn: sa.Connection, job_id: int) -> sa.Row:
     return conn.execute(
-        _RERUN, {"job_id": job_id, "terminal": sorted(states.TERMINAL)}
-    ).scalar_one_or_none()
+        sa.select(tables.jobs.c.kind, tables.jobs.c.schedule).where(tables.jobs.c.id == job_id)
+    ).one()
 
 
 def start(conn: sa.Connection, name: str, actor: str | None = None) -> str:
@@ -364,8 +375,26 @@ def start(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     what makes a double click harmless.
     """
     job_id = _job_id(conn, name, lock=True)
+    job = _kind_and_schedule(conn, job_id)
+    if job.schedule is not None:
+        next_fire = fires.switch_on(conn, job_id)
+        if next_fire is None:
+            return "schedule already on"
+        at = _iso(next_fire)
+        _event(
+            conn,
+            job_id,
+            name,
+            EventKind.START_REQUESTED,
+            {"schedule": "on", "next_fire": at},
+            actor,
+        )
+        notify.notify(conn, notify.JOBS_CHANNEL, name)
+        return f"schedule on (next fire {at})"
     if (generation := _rerun(conn, job_id)) is not None:
         outcome, detail = "started", {"generation": generation}
+        if job.kind == JobKind.BATCH:
+            detail["run_id"] = runs.open_run(conn, job_id, generation, "manual")
     elif conn.execute(
         sa.update(tables.jobs)
         .where(tables.jobs.c.id == job_id, tables.jobs.c.desired == "stopped")
@@ -387,11 +416,12 @@ def stop(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     its driver gracefully and releases the job as stopped.
     """
     job_id = _job_id(conn, name, lock=True)
+    schedule_was_on = fires.switch_off(conn, job_id)
     changed = conn.execute(
         sa.update(tables.jobs)
         .where(tables.jobs.c.id == job_id, tables.jobs.c.desired == "running")
         .values(desired="stopped", updated_at=sa.func.now())
-    ).rowcount
+    ).rowcount or int(schedule_was_on)
     unowned = conn.execute(
         sa.update(tables.distribution)
         .where(
@@ -412,6 +442,8 @@ def stop(conn: sa.Connection, name: str, actor: str | None = None) -> str:
             tables.distribution.c.job_id == job_id
         )
     ).one()
+    if owner is None and state == RunState.STOPPED:
+        return "stopped"  # a schedule switched off while no run was in progress
     if owner is None and state in (RunState.FINISHED, RunState.FAILED):
         # Nothing runs and nothing will: the job keeps its final state.
         return f"stopped ({state}: no driver runs)"
@@ -422,9 +454,12 @@ def restart(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     """Run the job again with a new generation: its owner stops the current driver and
     the job is claimed afresh (possibly elsewhere). Returns 'started' or 'restarting'."""
     job_id = _job_id(conn, name, lock=True)
+    batch = _kind_and_schedule(conn, job_id).kind == JobKind.BATCH
     if (generation := _rerun(conn, job_id)) is not None:
         outcome = "started"
     else:
+        if batch:
+            runs.replace_unended(conn, job_id)
         generation = conn.execute(
             sa.update(tables.jobs)
             .where(tables.jobs.c.id == job_id)
@@ -439,10 +474,66 @@ def restart(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     # ``rerun``: the job was at rest and its restart count went back to 0 (``_RERUN``); a
     # restart of a live run keeps the count. The chaos checker counts a FAILED job's
     # driver failures since the last reset (tests/chaos/invariants.py).
-    detail = {"generation": generation, "rerun": outcome == "started"}
+    detail: dict[str, Any] = {"generation": generation, "rerun": outcome == "started"}
+    if batch:
+        detail["run_id"] = runs.open_run(conn, job_id, generation, "manual")
     _event(conn, job_id, name, EventKind.RESTART_REQUESTED, detail, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return outcome
+
+
+def run_now(conn: sa.Connection, name: str, actor: str | None = None) -> int:
+    """``job run``: one run of a batch job now, outside its schedule (if any). Refused
+    while a run is in progress. Returns the run id."""
+    job_id = _job_id(conn, name, lock=True)
+    if _kind_and_schedule(conn, job_id).kind != JobKind.BATCH:
+        raise JobError(f"job {name!r} is a streaming job: job run is for batch jobs")
+    generation = _rerun(conn, job_id)
+    if generation is None:
+        raise JobConflict(f"job {name!r} has a run in progress; wait for it or stop it")
+    run_id = runs.open_run(conn, job_id, generation, "manual")
+    detail = {"generation": generation, "run_id": run_id, "trigger": "manual"}
+    _event(conn, job_id, name, EventKind.START_REQUESTED, detail, actor)
+    notify.notify(conn, notify.JOBS_CHANNEL, name)
+    return run_id
+
+
+def backfill(
+    conn: sa.Connection,
+    name: str,
+    start: datetime,
+    end: datetime,
+    *,
+    dry_run: bool,
+    actor: str | None = None,
+) -> tuple[list[datetime], list[datetime]]:
+    """``job backfill``: queue each fire time of the job's schedule in [start, end]
+    (``fires.backfill``: queued, already recorded). Recorded like the other operator
+    commands, as a ``start_requested`` event with trigger ``backfill`` naming what was
+    queued and who asked; a dry run, or one that queued nothing, writes nothing."""
+    job_id = _job_id(conn, name, lock=True)
+    queued, taken = fires.backfill(conn, job_id, start, end, dry_run=dry_run)
+    if queued and not dry_run:
+        detail = {
+            "trigger": "backfill",
+            "from": _iso(start),
+            "to": _iso(end),
+            "queued": len(queued),
+            "first": _iso(queued[0]),
+            "last": _iso(queued[-1]),
+            "already_recorded": len(taken),
+        }
+        _event(conn, job_id, name, EventKind.START_REQUESTED, detail, actor)
+    return queued, taken
+
+
+def job_id_of(conn: sa.Connection, name: str) -> int:
+    """The id of the job named ``name`` (JobNotFound if none)."""
+    return _job_id(conn, name)
+
+
+def _iso(at: Any) -> str | None:
+    return None if at is None else at.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
 
 
 # A restart asked by the run's own owner (the health monitor's restart on stall): fenced
@@ -582,7 +673,13 @@ def _current(conn: sa.Connection, job_id: int) -> tuple[int, Definition]:
     j, p = tables.jobs, tables.job_py_files
     row = conn.execute(
         sa.select(
-            j.c.revision, j.c.resource_id, j.c.conf, j.c.args, j.c.spark_master, j.c.max_restarts
+            j.c.revision,
+            j.c.resource_id,
+            j.c.conf,
+            j.c.args,
+            j.c.spark_master,
+            j.c.max_restarts,
+            j.c.schedule,
         ).where(j.c.id == job_id)
     ).one()
     py_files = conn.execute(
@@ -595,6 +692,7 @@ def _current(conn: sa.Connection, job_id: int) -> tuple[int, Definition]:
         args=tuple(row.args),
         spark_master=row.spark_master,
         max_restarts=row.max_restarts,
+        schedule=row.schedule,
     )
 
 
@@ -617,6 +715,7 @@ def _stored(conn: sa.Connection, job_id: int, revision: int) -> Definition | Non
         args=tuple(row.args),
         spark_master=row.spark_master,
         max_restarts=row.max_restarts,
+        schedule=row.schedule,
     )
 
 
@@ -641,6 +740,12 @@ _REVISE = sa.text(
            args = CAST(:args AS jsonb),
            spark_master = :spark_master,
            max_restarts = :max_restarts,
+           schedule = CAST(:schedule AS jsonb),
+           -- a schedule removed switches it off (fires.reschedule times a changed one)
+           schedule_active = j.schedule_active AND :schedule IS NOT NULL,
+           next_fire_at = CASE WHEN :schedule IS NULL THEN NULL ELSE j.next_fire_at END,
+           fires_checked_until = CASE WHEN :schedule IS NULL THEN NULL
+                                      ELSE j.fires_checked_until END,
            revision = :revision,
            generation = j.generation + CASE WHEN old.roll THEN 1 ELSE 0 END,
            updated_at = now()
@@ -679,6 +784,7 @@ def _revise(
     """Make ``target`` the job's next revision (the job row is locked by the caller)."""
     previous, current = _current(conn, job_id)
     _check_health_conf(target.conf)
+    _check_schedule_kind(_kind_and_schedule(conn, job_id).kind, target.schedule)
     changed = target.changed_from(current)
     if not changed:
         run_revision = conn.execute(
@@ -703,6 +809,7 @@ def _revise(
             "args": json.dumps(list(target.args)),
             "spark_master": target.spark_master,
             "max_restarts": target.max_restarts,
+            "schedule": json.dumps(dict(target.schedule)) if target.schedule else None,
             "revision": revision,
             "previous": previous,
         },
@@ -732,6 +839,11 @@ def _revise(
         # The generation the roll gave the job, as restart_requested records it: the
         # events alone then tell which generation each claim runs (the chaos checker).
         detail["generation"] = row.generation
+        if row.kind == JobKind.BATCH:
+            runs.replace_unended(conn, job_id)
+            detail["run_id"] = runs.open_run(conn, job_id, row.generation, "manual")
+    if "schedule" in changed and (next_fire := fires.reschedule(conn, job_id)) is not None:
+        detail["next_fire"] = _iso(next_fire)
     _event(conn, job_id, name, EventKind.REVISED, detail, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
     return Revised(revision, previous, tuple(changed), effect, row.run_revision)
@@ -807,7 +919,7 @@ def rollback(
 
 _HISTORY = """
     SELECT r.revision, r.created_at, r.created_by, r.changed, r.rollback_of, r.conf, r.args,
-           r.spark_master, r.max_restarts,
+           r.spark_master, r.max_restarts, r.schedule,
            jsonb_build_object('id', res.id, 'name', res.name, 'version', res.version,
                               'sha256', res.sha256, 'filename', res.filename) AS resource,
            COALESCE((SELECT jsonb_agg(jsonb_build_object(
@@ -834,6 +946,7 @@ def _revision_view(row: sa.Row) -> dict[str, Any]:
         "args": row.args,
         "spark_master": row.spark_master,
         "max_restarts": row.max_restarts,
+        "schedule": row.schedule,
     }
 
 
@@ -890,7 +1003,23 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
         )
     if before["max_restarts"] != after["max_restarts"]:
         lines.append(f"max_restarts {before['max_restarts']} -> {after['max_restarts']}")
+    old_schedule, new_schedule = (
+        schedule_text(before.get("schedule")),
+        schedule_text(after.get("schedule")),
+    )
+    if old_schedule != new_schedule:
+        lines.append(f"schedule {old_schedule} -> {new_schedule}")
     return lines
+
+
+def schedule_text(value: Mapping[str, Any] | None) -> str:
+    """A schedule as revisions compare it: its spec and policies (not whether it is on)."""
+    if not value:
+        return "(none)"
+    return (
+        f"{value['spec']!r} {value['timezone']}, misfire {value['misfire']} "
+        f"(grace {float(value['misfire_grace_s']):g} s), concurrency {value['concurrency']}"
+    )
 
 
 def history(conn: sa.Connection, name: str) -> list[dict[str, Any]]:
@@ -929,6 +1058,12 @@ _SHOW = (
            d.revision AS run_revision, d.state, d.owner, d.target, d.epoch, d.attempt,
            d.restarts, d.lease_until,
            d.pending_reason, d.last_error, d.started_at, d.updated_at, d.not_before,
+           j.schedule, j.schedule_active, j.next_fire_at,
+           (SELECT jsonb_build_object('run_id', lr.run_id, 'state', lr.state,
+                                      'exit_code', lr.exit_code, 'trigger', lr.trigger,
+                                      'ended_at', lr.ended_at)
+              FROM runs lr WHERE lr.job_id = j.id AND lr.state <> 'skipped'
+             ORDER BY lr.run_id DESC LIMIT 1) AS last_run,
            r.id AS resource_id, r.name AS resource_name, r.version AS resource_version,
            r.sha256 AS resource_sha256, r.filename AS resource_filename,
            COALESCE((SELECT jsonb_agg(jsonb_build_object(
@@ -985,6 +1120,14 @@ def _view(row: sa.Row) -> dict[str, Any]:
         "updated_at": row.updated_at,
         # What the owner's health monitor last saw of the present run (None: nothing).
         "health": run_health.view(row),
+        # The schedule (None: unscheduled), whether it is on, and its next fire time.
+        "schedule": (
+            {**row.schedule, "active": row.schedule_active, "next_fire": _iso(row.next_fire_at)}
+            if row.schedule is not None
+            else None
+        ),
+        # The newest run that was not skipped (batch jobs): its outcome.
+        "last_run": row.last_run,
     }
 
 

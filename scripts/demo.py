@@ -2,9 +2,11 @@
 """The HA demo (``make demo``): a real sparkring cluster on the local stack.
 
 Three servers, a real PySpark streaming job (Structured Streaming with a checkpoint), a
-PySpark batch job and a few light streaming drivers; then one server is killed with -9
-and the recovery is shown, a fourth server joins and the migration is shown, and a
-summary gives the measured times. Everything it started is stopped at the end.
+PySpark batch job, a few light streaming drivers and a light batch job on a schedule
+(``@every 5s``); then one server is killed with -9 and the recovery is shown (the
+scheduled job's fires continue: each fire time once, printed from ``job runs``), a
+fourth server joins and the migration is shown, and a summary gives the measured times.
+Everything it started is stopped at the end.
 
 Runs against the stack started by scripts/stack.py, in a database, ZooKeeper root and
 bucket of its own (``sparkring_demo``), so it can be run again and again.
@@ -26,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tests import services, sink, waiting
+from tests.chaos import invariants
 from tests.cluster import Cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +37,9 @@ console = Console()
 JOBS_DIR = REPO / "examples" / "jobs"
 LIGHT_JOB = REPO / "tests" / "jobs" / "heartbeat.py"
 LIGHT_JOBS = [f"ingest-{i}" for i in range(1, 6)]
+# The scheduled job: a light batch driver every 5 s (docs/schedules.md).
+TICK = "tick"
+TICK_SPEC = "@every 5s"
 
 
 def step(text: str) -> None:
@@ -82,6 +88,33 @@ def started_at(c: Cluster, job: str, epoch: int) -> float:
 
 def ended_at(c: Cluster, job: str, epoch: int) -> float:
     return record_time(c, job, epoch, "ended")
+
+
+def fires_through_kill(c: Cluster, switched_on: Any, summary: dict[str, str]) -> None:
+    """Two more fires of the scheduled job ran after the kill; its runs are printed, and
+    every fire time since it was switched on is checked: once, or skipped with its
+    cause (the chaos campaign's S6 checker)."""
+
+    def finished() -> int:
+        runs = json.loads(c.cli("job", "runs", TICK, "--json", "--limit", "1000").stdout)
+        return sum(r["state"] == "finished" for r in runs)
+
+    before = finished()
+    waiting.wait_until(lambda: finished() >= before + 2, 120, interval=1)
+    ((until,),) = c.sql("SELECT fires_checked_until FROM jobs WHERE name = :n", n=TICK)
+    runs = json.loads(c.cli("job", "runs", TICK, "--json", "--limit", "1000").stdout)
+    console.print(c.cli("job", "runs", TICK, "--limit", "12").stdout)
+    expected = invariants.fire_times(TICK_SPEC, "UTC", switched_on, until)
+    window = invariants.ScheduleWindow(TICK, expected, "forbid")
+    problems = invariants.fire_problems(window, runs, lateness_bound=15.0)
+    for problem in problems:
+        console.print(f"[red]{problem}[/]")
+    mine = [r for r in runs if r["scheduled_time"] is not None]
+    ran = sum(r["state"] != "skipped" for r in mine)
+    summary[f"{TICK} ({TICK_SPEC}) fire times through the kill -9"] = (
+        f"{len(expected)}: {ran} ran, {len(mine) - ran} skipped (previous run still running), "
+        f"{len(problems)} problems (missed or doubled)"
+    )
 
 
 def running(j: dict[str, Any]) -> bool:
@@ -152,6 +185,13 @@ def main() -> int:
         )  # fmt: skip
         for name in LIGHT_JOBS:
             c.cli("job", "create", name, "--resource", "ingest", f"--arg={root / 'ingest.jsonl'}")
+        c.cli(
+            "job", "create", TICK, "--resource", "ingest", "--kind", "batch",
+            f"--arg={root / 'tick.jsonl'}", "--arg=--run-for", "--arg=0.5",
+            "--schedule", TICK_SPEC,
+        )  # fmt: skip
+        console.print(c.cli("job", "start", TICK).stdout.strip())
+        ((tick_on,),) = c.sql("SELECT fires_checked_until FROM jobs WHERE name = :n", n=TICK)
         t_start = time.time()
         for name in ["clicks", "daily-sum", *LIGHT_JOBS]:
             c.cli("job", "start", name)
@@ -185,6 +225,8 @@ def main() -> int:
             f"clicks resumed on {moved['owner']} from its checkpoint: "
             f"{sink.committed_batches(output)} micro-batches committed"
         )
+
+        fires_through_kill(c, tick_on, summary)
 
         step("4. a fourth server joins")
         owners = {n: c.job(n)["owner"] for n in ["clicks", *LIGHT_JOBS]}
@@ -239,6 +281,7 @@ def main() -> int:
         )
 
         step("6. stop: exactly-once check of the streaming output, then every server")
+        c.cli("job", "stop", TICK)
         c.cli("job", "stop", "clicks")
         c.wait_job("clicks", lambda j: j["state"] == "stopped", 120, "clicks stopped")
         values = sink.committed_values(output)

@@ -33,6 +33,11 @@ WORK_DIR = "/var/lib/sparkring/work"
 # container-executor.os.sched.priority.adjustment does the same for its containers.
 DRIVER_NICE = 10
 
+# The schedule firing loop (scheduler/fires.py) sleeps until the next fire time, at most
+# this long, seconds: a fire switched on elsewhere is seen within it even if its NOTIFY
+# was lost.
+SCHEDULE_FIRE_INTERVAL_S = 1.0
+
 # Maximum concurrent drivers on one server, drivers.
 CAPACITY = 4
 ROLE = "both"

@@ -106,6 +106,11 @@ class DriverSpec:
     user: driver_user.DriverUser | None = None
     # Nice steps below its watchdog the driver runs at (SPARKRING_DRIVER_NICE).
     nice: int = 0
+    # The run (SPARKRING_RUN_ID): a batch run's id in ``runs``; "" for a run without a
+    # row (a streaming job), which gets ``<job>-e<epoch>``, unique per driver.
+    run_id: str = ""
+    # A scheduled run's fire time, ISO-8601 UTC with Z (SPARKRING_SCHEDULED_TIME).
+    scheduled_time: str | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +278,11 @@ def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
     )
     if spec.revision is not None:
         env["SPARKRING_REVISION"] = str(spec.revision)
+    env["SPARKRING_RUN_ID"] = spec.run_id or f"{spec.job}-e{spec.epoch}"
+    if spec.scheduled_time is not None:
+        env["SPARKRING_SCHEDULED_TIME"] = spec.scheduled_time
+    else:
+        env.pop("SPARKRING_SCHEDULED_TIME", None)
     if spec.kind == "streaming":
         assert spec.checkpoint_dir is not None  # _check
         env["SPARKRING_CHECKPOINT_DIR"] = str(spec.checkpoint_dir)

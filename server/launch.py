@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from resource_center import catalog, errors
 from scheduler import distribution
 from scheduler import jobs as job_catalog
+from scheduler import runs as run_rows
 from server import (
     checkpoint,
     driver,
@@ -99,6 +100,8 @@ def _launch(the_runner: runner.Runner, run: runs.Run) -> tuple[driver.Driver, st
     with the_runner.engine.connect() as conn:
         # The revision the claim pinned: a newer one rolls the job anew.
         job = job_catalog.run_definition(conn, run.job_id, run.revision)
+        # The run row the claim moved (batch jobs): SPARKRING_RUN_ID and a fire's time.
+        job["run"] = run_rows.of_claim(conn, run.job_id, run.epoch)
     master = job["spark_master"] or cfg.spark_master
     try:
         outage = spark_master.unreachable(master)
@@ -150,6 +153,8 @@ def _spec(
         job_id=run.job_id,
         user=cfg.run_as,
         nice=cfg.driver_nice,
+        run_id=str(job["run"]["run_id"]) if job.get("run") else "",
+        scheduled_time=job["run"]["scheduled_time"] if job.get("run") else None,
     )
 
 

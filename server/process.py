@@ -38,7 +38,7 @@ import sqlalchemy as sa
 
 from registry import connection, servers, session
 from resource_center import cache
-from scheduler import coordinator, jobs, notify
+from scheduler import coordinator, fires, jobs, notify
 from server import (
     clients,
     defaults,
@@ -124,6 +124,10 @@ class Server:
         # runner's pool), which prunes while it holds the retention advisory lock.
         self.pruner: retention.Pruner | None = None
         self._prune_engine: sa.Engine | None = None
+        # Fires due schedules (any server may; a row lock makes each fire one server's),
+        # with a one-connection pool of its own.
+        self.firer: fires.FiringLoop | None = None
+        self._firer_engine: sa.Engine | None = None
         # Whether the Spark masters we use answer (informational: never part of health).
         self.master_watch: master_watch.MasterWatch | None = None
         self.exit_code = exit_codes.ExitCode.OK
@@ -218,6 +222,7 @@ class Server:
         self.registry.start(timeout=max(10.0, s.zk_session_timeout * 2))
         self.runner.registered(settle=defaults.ADOPTION_SETTLE_S)
         self._start_pruner(bucket)
+        self._start_firer()
         self._start_master_watch()
         log.info(
             "server started",
@@ -327,6 +332,18 @@ class Server:
         )
         self.pruner.start()
 
+    def _start_firer(self) -> None:
+        """Fire due schedules on a side thread (scheduler/fires.py). Any server fires:
+        the fire's row, committed with its run, makes each fire time happen once."""
+        s = self.settings
+        self._firer_engine = database.create_engine(
+            s.database_url.get_secret_value(), pool_size=1, limits=clients.server_limits(s)
+        )
+        self.firer = fires.FiringLoop(
+            self._firer_engine, self.id, interval=defaults.SCHEDULE_FIRE_INTERVAL_S
+        )
+        self.firer.start()
+
     def _start_master_watch(self) -> None:
         """Probe our Spark masters on a side thread and publish what answers in our
         ZooKeeper node; the gauge reads the last report."""
@@ -380,6 +397,8 @@ class Server:
             self.runner.wake()
         if channel in ("", notify.JOBS_CHANNEL):
             self._wake_coordinator(debounce=defaults.JOB_CHANGE_DEBOUNCE_S)
+            if self.firer is not None:
+                self.firer.wake()  # a schedule switched on, a backfill queued
 
     def _members_changed(self, members: dict[str, servers.ServerInfo]) -> None:
         log.info(
@@ -560,6 +579,8 @@ class Server:
         loop = self._coordinator
         if loop is not None and not loop.is_alive():
             return "coordinator"
+        if self.firer is not None and not self._stop.is_set() and not self.firer.is_alive():
+            return "schedule firer"
         return None
 
     def shutdown(self, hand_off: bool = True) -> None:
@@ -576,6 +597,8 @@ class Server:
                 self._coordinator = None
         if self.pruner is not None:
             self.pruner.stop()  # between two batches: nothing is left half-done
+        if self.firer is not None:
+            self.firer.stop()  # between two fires: each is one transaction
         if self.master_watch is not None:
             self.master_watch.stop()
         if self._handing_over and self.runner is not None:
@@ -602,6 +625,8 @@ class Server:
             self._health_engine.dispose()
         if self._prune_engine is not None:
             self._prune_engine.dispose()
+        if self._firer_engine is not None:
+            self._firer_engine.dispose()
         if self.engine is not None:
             self.engine.dispose()
         if self._work_dir_lock is not None:

@@ -7,6 +7,10 @@ with: a server clock ahead would delete recent history):
 - ``job_events`` rows with ``at`` before the cutoff, except the newest event of each job
   that still exists (``jobs.id = job_events.job_id``), so ``sparkring job events`` never
   shows nothing for a live job. Events of deleted jobs go by age alone.
+- ``runs`` rows (scheduler/runs.py) that ended (finished, failed, stopped, replaced,
+  skipped) before the cutoff, except the newest run of each job (its last outcome).
+  A fire time whose row is gone is history: ``fires_checked_until`` has long passed
+  it, so no fire handles it again (a backfill of it would run it again).
 - shipped driver logs, the objects under ``logs/`` in the bucket
   (``log_shipping.log_key``: ``logs/<name>/<job id>/<epoch>.log``; the older code's
   ``log_shipping.legacy_log_key``: ``logs/<name>/<epoch>.log``) whose LastModified is before
@@ -73,6 +77,22 @@ _DELETE_BATCH = sa.text(
 )
 _COUNT = sa.text(f"SELECT count(*) FROM job_events e WHERE {_PRUNABLE}")
 
+# A run may go once it ended before the cutoff, unless it is its job's newest.
+_RUNS_PRUNABLE = """
+    coalesce(r.ended_at, r.created_at) < :cutoff
+    AND r.state IN ('finished', 'failed', 'stopped', 'replaced', 'skipped')
+    AND EXISTS (SELECT 1 FROM runs newer WHERE newer.job_id = r.job_id
+                                             AND newer.run_id > r.run_id)
+"""
+_DELETE_RUNS = sa.text(
+    f"""
+    DELETE FROM runs WHERE run_id = ANY(ARRAY(
+        SELECT r.run_id FROM runs r WHERE {_RUNS_PRUNABLE} ORDER BY r.run_id LIMIT :n
+    ))
+    """
+)
+_COUNT_RUNS = sa.text(f"SELECT count(*) FROM runs r WHERE {_RUNS_PRUNABLE}")
+
 
 @dataclass(frozen=True)
 class Pruned:
@@ -84,6 +104,7 @@ class Pruned:
     event_batches: int  # transactions that deleted events (dry run: that would)
     longest_batch_s: float  # the longest of those transactions, commit included
     logs: int | None  # driver logs deleted; None when the bucket was not touched
+    runs: int = 0  # runs rows deleted
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,6 +163,30 @@ def prune_events(
     return deleted, batches, longest
 
 
+def prune_runs(
+    conn: sa.Connection,
+    before: datetime,
+    *,
+    batch_size: int,
+    dry_run: bool = False,
+    keep_going: Callable[[], bool] = _always,
+) -> int:
+    """Delete ended runs older than ``before`` (not a job's newest), in batches, each
+    committed; how many. ``conn`` must not be inside a transaction."""
+    if dry_run:
+        count = conn.execute(_COUNT_RUNS, {"cutoff": before}).scalar_one()
+        conn.rollback()
+        return int(count)
+    deleted = 0
+    while keep_going():
+        with conn.begin():
+            rows = conn.execute(_DELETE_RUNS, {"cutoff": before, "n": batch_size}).rowcount
+        deleted += rows
+        if rows < batch_size:
+            break
+    return deleted
+
+
 def prunable_logs(
     listed: Collection[tuple[str, datetime]], before: datetime, existing_jobs: Collection[str]
 ) -> list[str]:
@@ -179,6 +224,7 @@ def prune(
     events, batches, longest = prune_events(
         conn, before, batch_size=batch_size, dry_run=dry_run, keep_going=keep_going
     )
+    runs = prune_runs(conn, before, batch_size=batch_size, dry_run=dry_run, keep_going=keep_going)
     logs = None
     if bucket is not None and keep_going():
         existing = log_owners(
@@ -189,7 +235,7 @@ def prune(
         if not dry_run:
             bucket.remove_many(doomed)
         logs = len(doomed)
-    return Pruned(before, dry_run, events, batches, round(longest, 6), logs)
+    return Pruned(before, dry_run, events, batches, round(longest, 6), logs, runs)
 
 
 def run_pass(

@@ -90,6 +90,15 @@ jobs = sa.Table(
     # The label of the spec file that defines the job (``sparkring apply``): apply
     # --prune deletes the jobs of its label that the file no longer has. NULL: none.
     sa.Column("label", sa.Text, nullable=True),
+    # The schedule of a batch job (scheduler/schedule.py: spec, timezone, misfire,
+    # misfire_grace_s, concurrency), a copy of the current revision's; NULL: none.
+    sa.Column("schedule", JSONB, nullable=True),
+    # Switched on by job start, off by job stop. While on, every slot after
+    # fires_checked_until is handled (run or recorded skipped) once next_fire_at (the
+    # first fire time after it) has come, by PostgreSQL's clock (scheduler/fires.py).
+    sa.Column("schedule_active", sa.Boolean, nullable=False, server_default=sa.text("false")),
+    sa.Column("next_fire_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("fires_checked_until", sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint(_in("kind", JOB_KINDS), name="kind_known"),
     sa.CheckConstraint(_in("desired", DESIRED_STATES), name="desired_known"),
     sa.CheckConstraint("max_restarts >= 0", name="max_restarts_not_negative"),
@@ -101,8 +110,18 @@ jobs = sa.Table(
     sa.CheckConstraint(
         r"label IS NULL OR label ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'", name="label_charset"
     ),
+    sa.CheckConstraint(
+        "schedule IS NULL OR jsonb_typeof(schedule) = 'object'", name="schedule_is_object"
+    ),
+    sa.CheckConstraint(
+        "NOT schedule_active OR (schedule IS NOT NULL AND next_fire_at IS NOT NULL "
+        "AND fires_checked_until IS NOT NULL)",
+        name="active_schedule_has_times",
+    ),
 )
 sa.Index("ix_jobs_label", jobs.c.label)
+# The firing loop's scan: active schedules by their next fire time.
+sa.Index("ix_jobs_next_fire_at", jobs.c.next_fire_at, postgresql_where=jobs.c.schedule_active)
 
 # Extra artifacts passed to spark-submit --py-files, in order. Rows (not a JSON list)
 # so that a foreign key protects each referenced version from deletion.
@@ -148,6 +167,7 @@ job_revisions = sa.Table(
     sa.Column("created_by", sa.Text, nullable=True),
     sa.Column("changed", JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
     sa.Column("rollback_of", sa.Integer, nullable=True),
+    sa.Column("schedule", JSONB, nullable=True),
     sa.CheckConstraint("revision > 0", name="revision_positive"),
     sa.CheckConstraint("max_restarts >= 0", name="max_restarts_not_negative"),
     sa.CheckConstraint("jsonb_typeof(conf) = 'object'", name="conf_is_object"),
@@ -219,6 +239,56 @@ distribution = sa.Table(
 )
 sa.Index("ix_distribution_target", distribution.c.target)
 sa.Index("ix_distribution_owner", distribution.c.owner)
+
+# One row per run of a batch job (docs/schedules.md): a fire of its schedule, a manual
+# start or run, or a backfilled fire time. A row that starts a driver names the job
+# generation it runs (at most one run per generation); a skipped fire has none. Unique
+# on (job_id, scheduled_time): a fire time is written once, in the transaction that
+# makes its run pending (scheduler/fires.py), so no fire runs twice. The trigger
+# ``distribution_runs_follow`` (migration 0011) keeps the run of the job's current
+# generation in step with the distribution row in the same transaction: attempts,
+# server, epoch, started_at, state, ended_at, exit_code.
+RUN_TRIGGERS = ("schedule", "manual", "backfill", "retry")
+RUN_STATES_OF_RUNS = (
+    "queued",  # a backfilled fire time waiting for its turn (no generation yet)
+    "pending",
+    "starting",
+    "running",
+    "retrying",  # its driver failed, a retry is left: backoff
+    "stopping",
+    "finished",
+    "failed",
+    "stopped",
+    "replaced",  # stopped for a newer run (concurrency replace, job restart)
+    "skipped",  # a fire not run; ``reason`` says why
+)
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("run_id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column(
+        "job_id", sa.BigInteger, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("generation", sa.BigInteger, nullable=True),
+    sa.Column("scheduled_time", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("trigger", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=True),
+    _timestamp("created_at"),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("exit_code", sa.Integer, nullable=True),
+    sa.Column("server", sa.Text, nullable=True),
+    sa.Column("epoch", sa.BigInteger, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.UniqueConstraint("job_id", "scheduled_time", name="uq_runs_job_id_scheduled_time"),
+    sa.UniqueConstraint("job_id", "generation", name="uq_runs_job_id_generation"),
+    sa.CheckConstraint(_in("trigger", RUN_TRIGGERS), name="trigger_known"),
+    sa.CheckConstraint(_in("state", RUN_STATES_OF_RUNS), name="state_known"),
+    sa.CheckConstraint("state <> 'skipped' OR reason IS NOT NULL", name="skipped_has_reason"),
+    sa.CheckConstraint("attempts >= 0", name="attempts_not_negative"),
+)
+sa.Index("ix_runs_job_id_run_id", runs.c.job_id, runs.c.run_id)
 
 # The coordinator's fencing token: one row. A coordinator writes targets only while the
 # term it was elected with (from ZooKeeper, only ever growing) is the current one.

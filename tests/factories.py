@@ -6,7 +6,7 @@ import hashlib
 
 import sqlalchemy as sa
 
-from scheduler import distribution, jobs
+from scheduler import distribution, jobs, schedule
 from sql import tables
 from sql.states import JobKind
 
@@ -49,6 +49,25 @@ def job(
         )
         if start:
             jobs.start(conn, name)
+    return job_id
+
+
+def scheduled_job(
+    engine: sa.Engine, name: str = "nightly", spec: str = "@every 1m", **policies: object
+) -> int:
+    """A batch job on ``spec`` (scheduler/schedule.parse ``policies``), switched on."""
+    the_schedule = schedule.parse(spec, **policies)  # type: ignore[arg-type]
+    with engine.begin() as conn:
+        job_id = jobs.create(
+            conn,
+            jobs.JobSpec(
+                name=name,
+                kind=JobKind.BATCH,
+                resource_id=resource(conn),
+                schedule=the_schedule.as_dict(),
+            ),
+        )
+        jobs.start(conn, name)
     return job_id
 
 

@@ -235,6 +235,63 @@ def test_revisions_through_the_api(stack: ApiStack) -> None:
         _one_line_error(http.post(f"{url}/rollback", json={}), 403)
 
 
+def test_schedules_runs_and_backfill_through_the_api(stack: ApiStack) -> None:
+    name = _name()
+    created = stack.create_job(
+        name, kind="batch", schedule="0 3 * * *", timezone="Europe/Berlin", misfire="skip"
+    )
+    assert created["schedule"]["spec"] == "0 3 * * *"
+    assert (created["schedule"]["misfire"], created["schedule"]["active"]) == ("skip", False)
+    url = f"{API}/jobs/{name}"
+    with stack.client(stack.operator) as http:
+        assert http.post(f"{url}/start").json()["outcome"].startswith("schedule on (next fire ")
+        revised = http.post(f"{url}/revisions", json={"concurrency": "replace"}).json()
+        assert revised["changed"] == ["schedule"]
+        job = http.get(url).json()
+        shown = job["schedule"]
+        assert job["next_fires"][0] == shown["next_fire"] and len(job["next_fires"]) == 5
+        assert all(t.endswith(":00:00Z") for t in job["next_fires"])
+        assert (shown["concurrency"], shown["misfire"], shown["active"]) == (
+            "replace",
+            "skip",
+            True,
+        )
+        run_id = http.post(f"{url}/run").json()["run_id"]
+        _one_line_error(http.post(f"{url}/run"), 409, "run in progress")
+        body = {"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T12:00:00Z", "dry_run": True}
+        planned = http.post(f"{url}/backfill", json=body).json()
+        assert planned["queued"] == ["2026-01-01T02:00:00Z", "2026-01-02T02:00:00Z"]
+        assert http.post(f"{url}/backfill", json={**body, "dry_run": False}).json()["queued"]
+        (backfilled,) = [
+            e["detail"]
+            for e in stack.cluster.events(name)
+            if e["detail"].get("trigger") == "backfill"
+        ]
+        assert backfilled["by"].startswith("token:") and backfilled["queued"] == 2
+        listed = http.get(f"{url}/runs").json()
+        assert [r["trigger"] for r in listed] == ["backfill", "backfill", "manual"]
+        assert listed[-1]["run_id"] == run_id
+        assert len(http.get(f"{url}/runs", params={"state": "queued"}).json()) == 2
+        _one_line_error(http.get(f"{url}/runs", params={"state": "bogus"}), 400, "bogus")
+        post = f"{API}/jobs"
+        _one_line_error(
+            http.post(post, json={"name": _name(), "resource": "heartbeat", "schedule": "@daily"}),
+            400,
+            "for batch jobs",
+        )
+        _one_line_error(
+            http.post(
+                post,
+                json={"name": _name(), "resource": "heartbeat", "kind": "batch", "schedule": "x"},
+            ),
+            400,
+            "has 1 fields",
+        )
+        assert http.post(f"{url}/stop").json()["outcome"] in ("stopped", "stopping")
+    with stack.client(stack.viewer) as http:
+        _one_line_error(http.post(f"{url}/run"), 403)
+
+
 def test_cli_commands_are_recorded_as_cli_in_events(stack: ApiStack) -> None:
     name = _name()
     stack.create_job(name)

@@ -65,6 +65,17 @@ def _revised(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, A
     return f"{API}/jobs/{job}/rollback", {"json": {"to": 1}}
 
 
+def _run_now(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, Any]]:
+    stack.create_job(f"{job}-b", kind="batch")
+    return f"{API}/jobs/{job}-b/run", {}
+
+
+def _backfill(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, Any]]:
+    stack.create_job(f"{job}-s", kind="batch", schedule="@hourly")
+    window = {"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T02:00:00Z"}
+    return f"{API}/jobs/{job}-s/backfill", {"json": window}
+
+
 def _upload(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, Any]]:
     return f"{API}/resources/{resource}", {"files": {"file": ("r.py", b"print(1)\n")}}
 
@@ -91,6 +102,8 @@ WRITES = [
         200,
     ),
     Write("POST", f"{API}/jobs/{{name}}/rollback", _revised, 200),
+    Write("POST", f"{API}/jobs/{{name}}/run", _run_now, 200),
+    Write("POST", f"{API}/jobs/{{name}}/backfill", _backfill, 200),
     Write("DELETE", f"{API}/jobs/{{name}}", lambda s, j, r: (f"{API}/jobs/{j}", {}), 200),
     Write("POST", f"{API}/resources/{{name}}", _upload, 201),
     Write(
@@ -133,7 +146,7 @@ def _writes_so_far(stack: ApiStack) -> tuple[int, ...]:
     counts = stack.cluster.sql(
         "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM job_events), "
         "(SELECT count(*) FROM job_revisions), (SELECT count(*) FROM resources), "
-        "(SELECT count(*) FROM audit_events)"
+        "(SELECT count(*) FROM audit_events), (SELECT count(*) FROM runs)"
     )
     return tuple(counts[0])
 

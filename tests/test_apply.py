@@ -223,3 +223,63 @@ def test_a_kind_cannot_change_through_apply(
     changed = _write(folder, SPEC.format(max_restarts=2).replace('kind = "batch"', ""))
     with pytest.raises(apply.SpecError, match=r"jobs\.nightly\.kind: the job is batch"):
         _plan(engine, changed)
+
+
+SCHEDULED = """
+    [jobs.hourly]
+    kind = "batch"
+    resource = "lib:1"
+    schedule = "{spec}"
+    timezone = "Europe/Berlin"
+    concurrency = "replace"
+"""
+
+
+def test_a_schedule_in_a_spec_is_created_switched_on_and_revised(
+    engine: sa.Engine, bucket: store.Store, folder: Path
+) -> None:
+    spec_file = _write(folder, SCHEDULED.format(spec="0 * * * *"))
+    _apply(engine, bucket, spec_file)
+    with engine.connect() as conn:
+        shown = jobs.show(conn, "hourly")["schedule"]
+    assert (shown["spec"], shown["timezone"], shown["concurrency"]) == (
+        "0 * * * *",
+        "Europe/Berlin",
+        "replace",
+    )
+    assert shown["active"] is True  # desired running (the default): switched on
+    assert _plan(engine, spec_file) == ["unchanged hourly"]
+    changed = _write(folder, SCHEDULED.format(spec="@every 5m"))
+    (line,) = _plan(engine, changed)
+    assert line.startswith("update    hourly: schedule '0 * * * *' Europe/Berlin")
+    assert "-> '@every 5m' Europe/Berlin" in line
+    _apply(engine, bucket, changed)
+    with engine.connect() as conn:
+        assert jobs.show(conn, "hourly")["schedule"]["spec"] == "@every 5m"
+
+
+def test_a_bad_schedule_in_a_spec_is_refused_with_its_location(folder: Path) -> None:
+    spec_file = _write(
+        folder,
+        """
+        [jobs.a]
+        kind = "batch"
+        resource = "lib:1"
+        schedule = "61 * * * *"
+
+        [jobs.b]
+        resource = "lib:1"
+        schedule = "@daily"
+
+        [jobs.c]
+        kind = "batch"
+        resource = "lib:1"
+        timezone = "UTC"
+        """,
+    )
+    with pytest.raises(apply.SpecError) as caught:
+        apply.parse(spec_file)
+    errors = "\n".join(caught.value.errors)
+    assert "jobs.a.schedule: schedule '61 * * * *' is not a valid cron expression" in errors
+    assert "jobs.b.schedule: a schedule is for batch jobs" in errors
+    assert "jobs.c.timezone: needs schedule" in errors

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from benchmarks import distribution_db, history_prune, spark_master_failover
+from benchmarks import distribution_db, history_prune, schedule_fires, spark_master_failover
 from server import defaults
 from tests import services
 
@@ -117,3 +117,18 @@ def test_spark_master_failover_benchmark_reads_its_figures(zk_hosts: str) -> Non
     assert script.summary([3.0, 1.0, 2.0]) == {"n": 3, "p50": 2.0, "max": 3.0, "min": 1.0}
     assert script.summary([]) == {"n": 0}
     assert int(script.max_session_timeout(zk_hosts)) >= 2000  # the stack's zoo.cfg
+
+
+def test_schedule_fires_benchmark_fires_each_job_once(
+    postgres_url: str, bench_databases: set[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    schedule_fires.main(
+        [
+            "--jobs", "20", "--servers", "3", "--every", "@every 5s", "--lead", "1",
+            "--database-url", postgres_url, "--json",
+        ]
+    )  # fmt: skip
+    figures = json.loads(capsys.readouterr().out)
+    assert (figures["fired"], figures["max_runs_per_job"]) == (20, 1)
+    assert figures["lateness_p50_s"] is not None and figures["fires_per_s"] is not None
+    assert services.bench_databases(postgres_url) == bench_databases

@@ -291,3 +291,27 @@ def test_console_is_served_without_a_token_but_its_data_is_not(stack: ApiStack) 
     assert page.headers["x-content-type-options"] == "nosniff"
     assert httpx.get(stack.url + f"{API}/docs", timeout=5).status_code == 404
     assert httpx.get(stack.url + f"{API}/openapi.json", timeout=5).status_code == 200
+
+
+def test_a_scheduled_jobs_page_shows_its_next_fires_and_runs(
+    browser: webdriver.Chrome, stack: ApiStack
+) -> None:
+    name = f"web-{uuid.uuid4().hex[:8]}"
+    stack.create_job(name, kind="batch", schedule="0 * * * *")
+    with stack.client(stack.operator) as http:
+        http.post(f"/api/v1/jobs/{name}/start")
+        run_id = http.post(f"/api/v1/jobs/{name}/run").json()["run_id"]
+    _log_in(browser, stack, stack.viewer)
+    browser.get(f"{stack.url}/console/#/jobs/{name}")
+    _until(browser, lambda: _text(browser, "#job-name") == name, "the job page")
+    _until(
+        browser,
+        lambda: "0 * * * * (UTC), on" in _text(browser, '[data-field="schedule"]'),
+        "the schedule field",
+    )
+    assert _text(browser, '[data-field="next fires"]').count(":00:00Z") == 5
+    _until(
+        browser,
+        lambda: "manual" in _text(browser, f'#job-runs [data-run="{run_id}"]'),
+        "the manual run in the runs table",
+    )

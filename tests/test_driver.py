@@ -199,6 +199,18 @@ def test_env_drops_every_secret() -> None:
         assert not any(secret in value.split(":") or value == secret for value in env.values())
 
 
+def test_env_names_the_run_and_a_scheduled_runs_fire_time() -> None:
+    env = driver.build_env(make_spec(), {**BASE, "SPARKRING_SCHEDULED_TIME": "inherited"})
+    assert env["SPARKRING_RUN_ID"] == "etl-e3"
+    assert "SPARKRING_SCHEDULED_TIME" not in env
+    spec = make_spec(
+        kind="batch", checkpoint_dir=None, run_id="42", scheduled_time="2026-11-25T20:00:05Z"
+    )
+    env = driver.build_env(spec, BASE)
+    assert env["SPARKRING_RUN_ID"] == "42"
+    assert env["SPARKRING_SCHEDULED_TIME"] == "2026-11-25T20:00:05Z"
+
+
 def test_batch_env_has_no_checkpoint_even_if_inherited() -> None:
     env = driver.build_env(make_spec(kind="batch", checkpoint_dir=None), BASE)
     assert "SPARKRING_CHECKPOINT_DIR" not in env
@@ -300,6 +312,7 @@ def test_batch_sum_runs_to_exit_0_with_the_job_variables(tmp_path: Path) -> None
         "SPARKRING_EPOCH",
         "SPARKRING_JOB",
         "SPARKRING_RUN_DIR",  # the run's mark: every process of the run carries it
+        "SPARKRING_RUN_ID",
         "SPARKRING_SERVER",
     ]
     assert not set(SECRETS) & set(result["secret_names"])

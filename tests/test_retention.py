@@ -16,9 +16,11 @@ import pytest
 import sqlalchemy as sa
 
 from resource_center import store
+from scheduler import jobs
 from server import clients, log_shipping, retention
 from server import settings as settings_module
 from sql import database
+from sql.states import JobKind
 from tests import factories, services, waiting
 
 SPARKRING = [sys.executable, "-m", "server"]
@@ -410,3 +412,35 @@ def test_the_pruner_thread_outlives_a_failing_s3_and_prunes_events_meanwhile(
         pass_engine.dispose()
     assert not pruner.is_alive()
     pruner.stop()  # idempotent
+
+
+def test_ended_runs_older_than_the_cutoff_go_but_each_jobs_newest_stays(
+    engine: sa.Engine,
+) -> None:
+    job_id = factories.job(engine, "nightly", kind=JobKind.BATCH, start=False)
+    with engine.begin() as conn:
+        for age_days, state in ((40, "finished"), (40, "skipped"), (35, "failed"), (1, "finished")):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO runs (job_id, trigger, state, reason, created_at, ended_at) "
+                    "VALUES (:j, 'manual', :s, 'r', now() - make_interval(days => :d), "
+                    "now() - make_interval(days => :d))"
+                ),
+                {"j": job_id, "s": state, "d": age_days},
+            )
+        # The newest run of another job is kept however old.
+        other = jobs.create(
+            conn,
+            jobs.JobSpec(name="other", kind=JobKind.BATCH, resource_id=factories.resource(conn)),
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO runs (job_id, trigger, state, ended_at) "
+                "VALUES (:j, 'manual', 'finished', now() - interval '90 days')"
+            ),
+            {"j": other},
+        )
+    assert _prune(engine, 30 * DAY).runs == 3
+    with engine.connect() as conn:
+        left = conn.execute(sa.text("SELECT job_id, state FROM runs ORDER BY run_id")).all()
+    assert [tuple(r) for r in left] == [(job_id, "finished"), (other, "finished")]

@@ -16,12 +16,40 @@ import typer
 
 from scheduler import health_policy, jobs
 from server import clients
-from server.cli import console
+from server.cli import console, schedules
 from server.web import audit, tokens
 from sql import states
 from sql.states import JobKind, RunState
 
 app = typer.Typer(no_args_is_help=True, help="Define, start, stop and inspect jobs.")
+
+
+# The schedule options of `job create` and `job update` (docs/schedules.md).
+SCHEDULE_OPTION = typer.Option(
+    None,
+    "--schedule",
+    help="Batch jobs: run on this schedule: a 5-field cron expression, a 6-field one "
+    "(seconds first), '@every DURATION' (1s or more) or @hourly, @daily, @weekly, "
+    "@monthly. 'job start' switches it on; 'job update' keeps the policies not given.",
+)
+TIMEZONE_OPTION = typer.Option(
+    None, "--timezone", help="IANA zone of the cron fields (default UTC)."
+)
+MISFIRE_OPTION = typer.Option(
+    None,
+    "--misfire",
+    help="run-once (default): the latest missed fire within --misfire-grace runs, late; "
+    "skip: every missed fire is recorded skipped.",
+)
+MISFIRE_GRACE_OPTION = typer.Option(
+    None, "--misfire-grace", help="How late a missed fire may still run (default 1h)."
+)
+CONCURRENCY_OPTION = typer.Option(
+    None,
+    "--concurrency",
+    help="forbid (default): a fire while the previous run runs is recorded skipped; "
+    "replace: that run is stopped and the fire's run starts.",
+)
 
 
 @app.command()
@@ -65,10 +93,24 @@ def create(
         help="Restart the job when its streaming query is flagged stalled (no new batch "
         "for the stall timeout). Default: flag only (docs/drivers.md, 'Health').",
     ),
+    schedule: str | None = SCHEDULE_OPTION,
+    timezone: str | None = TIMEZONE_OPTION,
+    misfire: str | None = MISFIRE_OPTION,
+    misfire_grace: str | None = MISFIRE_GRACE_OPTION,
+    concurrency: str | None = CONCURRENCY_OPTION,
 ) -> None:
     """Define a job (stopped). Artifact versions are pinned at creation."""
     from resource_center import catalog
 
+    if schedule is not None and kind != JobKind.BATCH:
+        raise console.fail("--schedule is for batch jobs; a streaming job runs until stopped")
+    the_schedule = schedules.parse(
+        schedule,
+        timezone=timezone,
+        misfire=misfire,
+        misfire_grace=misfire_grace,
+        concurrency=concurrency,
+    )
     conf_map = jobs.parse_conf(conf)
     if restart_on_stall:
         conf_map[health_policy.RESTART_ON_STALL] = "true"
@@ -88,13 +130,16 @@ def create(
                 args=arg,
                 spark_master=master,
                 max_restarts=budget,
+                schedule=the_schedule,
             ),
             actor=_actor(),
         )
     noun = "retries" if kind == JobKind.BATCH else "restarts"
+    on = f", schedule {the_schedule['spec']}" if the_schedule else ""
+    start_it = "switch its schedule on" if the_schedule else "start it"
     console.out.print(
-        f"job {name} created ({kind.value}, {main.reference}, {noun} {budget}); "
-        f"start it with 'sparkring job start {name}'"
+        f"job {name} created ({kind.value}, {main.reference}, {noun} {budget}{on}); "
+        f"{start_it} with 'sparkring job start {name}'"
     )
 
 
@@ -144,6 +189,14 @@ def update(
         "the conf like any other (a new revision). Default: kept as it is.",
         show_default=False,
     ),
+    schedule: str | None = SCHEDULE_OPTION,
+    timezone: str | None = TIMEZONE_OPTION,
+    misfire: str | None = MISFIRE_OPTION,
+    misfire_grace: str | None = MISFIRE_GRACE_OPTION,
+    concurrency: str | None = CONCURRENCY_OPTION,
+    no_schedule: bool = typer.Option(
+        False, "--no-schedule", help="Remove the schedule (switches it off)."
+    ),
 ) -> None:
     """Make a new revision of the job: the options given change it, the rest is kept.
 
@@ -163,6 +216,21 @@ def update(
     if restart_on_stall is not None:
         conf_map[health_policy.RESTART_ON_STALL] = "true" if restart_on_stall else "false"
     engine = console.engine(ctx)
+    policies = (timezone, misfire, misfire_grace, concurrency)
+    new_schedule = None
+    if no_schedule and (schedule is not None or any(p is not None for p in policies)):
+        raise console.fail("--no-schedule excludes --schedule and its policies")
+    if schedule is not None or any(p is not None for p in policies):
+        with engine.connect() as conn:
+            current = jobs.show(conn, name)["schedule"]
+        new_schedule = schedules.parse(
+            schedule,
+            timezone=timezone,
+            misfire=misfire,
+            misfire_grace=misfire_grace,
+            concurrency=concurrency,
+            current={k: v for k, v in (current or {}).items() if k not in ("active", "next_fire")},
+        )
     main = catalog.resolve(engine, resource) if resource is not None else None
     extra = [catalog.resolve(engine, ref) for ref in py_files]
     change = jobs.Change(
@@ -173,6 +241,8 @@ def update(
         args=arg if arg else (() if no_args else None),
         spark_master=master,
         max_restarts=max_restarts,
+        schedule=new_schedule,
+        clear_schedule=no_schedule,
     )
     with engine.begin() as conn:
         revised = jobs.update(conn, name, change, restart=restart, actor=_actor())
@@ -290,23 +360,46 @@ def start(
     ctx: typer.Context,
     name: str = typer.Argument(...),
     wait: bool = typer.Option(
-        False, "--wait", help=WAIT_HELP.format(what="running (a batch job: running or finished)")
+        False,
+        "--wait",
+        help="Streaming: wait until the driver runs, exit 1 if the job fails. Batch: wait "
+        "for the run to end (a scheduled job: its next run), exit 0 finished, 1 failed. "
+        "Exit 124 after --timeout seconds.",
     ),
     timeout: float = typer.Option(300.0, "--timeout", min=0, help=TIMEOUT_HELP),
 ) -> None:
-    """Run the job (idempotent: a job already running is left alone).
+    """Run the job (idempotent: a job already running is left alone). A scheduled job:
+    switch its schedule on (the next fire is computed from now); nothing runs before.
 
     A new job never evicts a running one: when every slot is taken it waits pending,
     first come first served, and this command says so ("pending: cluster full ...").
     """
+    from scheduler import runs
+
     engine = console.engine(ctx)
     with engine.begin() as conn:
+        job_id = jobs.job_id_of(conn, name)
+        before = runs.last(conn, job_id)
         outcome = jobs.start(conn, name, actor=_actor())
+    if outcome.startswith("schedule"):
+        console.out.print(f"job {name}: {outcome}")
+        if wait:
+            started = time.monotonic()
+            run_id = schedules.next_run(
+                engine, job_id, before["run_id"] if before else None, timeout
+            )
+            if run_id is None:
+                raise console.fail(
+                    f"job {name}: no run started within {timeout:g} s", WAIT_TIMED_OUT
+                )
+            schedules.wait_run(engine, name, run_id, timeout - (time.monotonic() - started))
+        return
     if outcome == "already running" and not wait:
         console.out.print(f"job {name}: {outcome}")
         return
     deadline = time.monotonic() + START_DECISION_WAIT_S
-    job = {}
+    with engine.connect() as conn:
+        job = jobs.show(conn, name)
     while time.monotonic() < deadline:
         with engine.connect() as conn:
             job = jobs.show(conn, name)
@@ -317,9 +410,15 @@ def start(
         console.out.print(f"job {name}: {outcome}; pending: {job['pending_reason']}")
     else:
         console.out.print(f"job {name}: {outcome}")
-    if wait:
-        done = (RunState.RUNNING, RunState.FINISHED)
-        _wait(engine, name, lambda j: j["state"] in done, timeout, "running")
+    if wait and job.get("kind") == JobKind.BATCH:
+        with engine.connect() as conn:
+            last = runs.last(conn, job_id)
+        if last is None:  # a run started by a release without runs rows
+            _wait(engine, name, lambda j: j["state"] == RunState.FINISHED, timeout, "finished")
+            return
+        schedules.wait_run(engine, name, int(last["run_id"]), timeout)
+    elif wait:
+        _wait(engine, name, lambda j: j["state"] == RunState.RUNNING, timeout, "running")
 
 
 def _wait(
@@ -369,7 +468,8 @@ def stop(
     ),
     timeout: float = typer.Option(300.0, "--timeout", min=0, help=TIMEOUT_HELP),
 ) -> None:
-    """Stop the job gracefully (idempotent)."""
+    """Stop the job gracefully (idempotent). A scheduled job: its schedule is switched
+    off too, and queued backfill runs are dropped (recorded skipped)."""
     _command(ctx, name, jobs.stop)
     if wait:
         _wait(
@@ -386,6 +486,98 @@ def stop(
 def restart(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
     """Stop the current driver and run the job again (a new generation)."""
     _command(ctx, name, jobs.restart)
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    wait: bool = typer.Option(
+        False, "--wait", help="Wait for the run to end: exit 0 finished, 1 failed."
+    ),
+    timeout: float = typer.Option(300.0, "--timeout", min=0, help=TIMEOUT_HELP),
+) -> None:
+    """Run a batch job once now, outside its schedule (refused while a run is in
+    progress). Prints the run's id."""
+    engine = console.engine(ctx)
+    with engine.begin() as conn:
+        run_id = jobs.run_now(conn, name, actor=_actor())
+    console.out.print(f"job {name}: run {run_id} pending")
+    if wait:
+        schedules.wait_run(engine, name, run_id, timeout)
+
+
+@app.command()
+def runs(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    limit: int = typer.Option(20, "--limit", min=1, help="Newest N runs."),
+    state: str | None = typer.Option(
+        None, "--state", help="Only runs in this state (finished, failed, skipped, ...)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The job's runs, newest first: fires of its schedule (skipped ones with their
+    reason), manual runs and backfilled fire times. Times are UTC."""
+    from scheduler import runs as run_rows
+
+    if state is not None and state not in run_rows.STATES:
+        raise console.fail(f"--state {state!r} is not one of {', '.join(run_rows.STATES)}")
+    engine = console.engine(ctx)
+    with engine.connect() as conn:
+        rows = run_rows.list_runs(conn, jobs.job_id_of(conn, name), limit=limit, state=state)
+    if as_json:
+        console.emit_json(rows)
+        return
+    console.table(
+        [
+            "run_id", "scheduled_time", "trigger", "state", "started_at", "ended_at",
+            "exit_code", "server", "epoch", "attempts", "reason",
+        ],
+        [
+            [
+                r["run_id"], r["scheduled_time"], r["trigger"], r["state"], r["started_at"],
+                r["ended_at"], r["exit_code"], r["server"], r["epoch"], r["attempts"],
+                r["reason"],
+            ]
+            for r in rows
+        ],
+    )  # fmt: skip
+
+
+@app.command()
+def backfill(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    from_: str = typer.Option(
+        ..., "--from", help="First time (ISO-8601; no offset: the schedule's zone)."
+    ),
+    to: str = typer.Option(..., "--to", help="Last time, included (as --from)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the fire times only."),
+) -> None:
+    """Run each fire time of the job's schedule in [--from, --to] once, oldest first,
+    one at a time (a fire time that already has a run is left out)."""
+    engine = console.engine(ctx)
+    with engine.begin() as conn:
+        job = jobs.show(conn, name)
+        if job["schedule"] is None:
+            raise console.fail(f"job {name} has no schedule to backfill")
+        zone = job["schedule"]["timezone"]
+        start = schedules.parse_time(from_, zone, "--from")
+        end = schedules.parse_time(to, zone, "--to")
+        if end < start:
+            raise console.fail("--to is before --from")
+        try:
+            queued, taken = jobs.backfill(conn, name, start, end, dry_run=dry_run, actor=_actor())
+        except ValueError as exc:
+            raise console.fail(str(exc)) from None
+    verb = "would queue" if dry_run else "queued"
+    console.out.print(
+        f"job {name}: {verb} {len(queued)} fire times"
+        + (f" ({len(taken)} already have a run)" if taken else "")
+    )
+    for at in queued:
+        console.out.print(f"  {schedules.iso(at)}")
 
 
 @app.command()
@@ -424,7 +616,7 @@ def list_(
     console.table(
         [
             "name", "kind", "desired", "state", "owner", "target", "epoch", "restarts",
-            "resource", "health",
+            "resource", "health", "schedule", "last run",
         ],
         [
             [
@@ -438,6 +630,8 @@ def list_(
                 _restarts(r),
                 f"{r['resource']['name']}:{r['resource']['version']}",
                 _health(r),
+                schedules.short_schedule(r["schedule"]),
+                schedules.describe_run(r["last_run"]),
             ]
             for r in rows
         ],
@@ -542,6 +736,10 @@ def _shown(key: str, value: Any) -> str:
         return ", ".join(_reference(item) for item in value) or "-"
     if key == "args":
         return shlex.join(value) if value else "-"
+    if key == "schedule":
+        return schedules.describe_schedule(value)
+    if key == "last_run":
+        return schedules.describe_run(value)
     return console.text(value)
 
 
@@ -593,6 +791,9 @@ def logs(
         f"exit {FOLLOW_NO_NEXT_RUN} if no next run starts within {FOLLOW_NEXT_RUN_S:g} s "
         "(Ctrl-C stops following). Without a live run: the last run's log.",
     ),
+    run_id: int | None = typer.Option(
+        None, "--run", help="The log of this run (see 'job runs'), kept under history retention."
+    ),
 ) -> None:
     """The driver log of the current run (from its server) or of the last run (from S3),
     as the driver wrote it (piped through unchanged; a follow's streams end with one
@@ -602,6 +803,9 @@ def logs(
     with engine.begin() as conn:
         job = jobs.show(conn, name)
         secret = tokens.cluster_secret(conn)
+    if run_id is not None:
+        _run_log(engine, settings, job, run_id, lines, secret, follow)
+        return
     if follow and job["owner"]:
         stream = _follow_live(settings, job, lines, secret)
         if stream is not None:
@@ -617,6 +821,35 @@ def logs(
         raise console.fail(f"job {name} has no driver log yet")
     if follow:
         console.err.print(f"job {name} has no live run: the log of its last run", soft_wrap=True)
+    console.write_raw(text)
+
+
+def _run_log(
+    engine: Any,
+    settings: Any,
+    job: dict[str, Any],
+    run_id: int,
+    lines: int,
+    secret: str,
+    follow: bool,
+) -> None:
+    """``job logs --run``: the log of the run's last attempt (its epoch): live from its
+    owner while it runs, else as shipped to S3."""
+    from scheduler import runs as run_rows
+
+    if follow:
+        raise console.fail("--run and --follow exclude each other")
+    with engine.connect() as conn:
+        epoch = run_rows.epoch_of(conn, job["id"], run_id)
+    if epoch is None:
+        raise console.fail(f"job {job['name']} has no run {run_id} that started a driver")
+    text = None
+    if job["owner"] and job["epoch"] == epoch:
+        text = _live_log(settings, job, lines, secret)
+    if text is None:
+        text = _shipped_log(settings, {**job, "epoch": epoch}, lines, attempts=1)
+    if text is None:
+        raise console.fail(f"job {job['name']}: no log of run {run_id} (epoch {epoch}) is kept")
     console.write_raw(text)
 
 
@@ -712,12 +945,12 @@ def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> st
     return livelog.fetch(info.health_url, job["name"], lines, secret, verify=_peer_tls(settings))
 
 
-def _shipped_log(settings: Any, job: dict[str, Any], lines: int) -> str | None:
+def _shipped_log(settings: Any, job: dict[str, Any], lines: int, attempts: int = 3) -> str | None:
     from server import log_shipping
     from server.web import livelog
 
     bucket = clients.bucket(settings)
-    for epoch in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
+    for epoch in range(job["epoch"], max(job["epoch"] - attempts, 0), -1):
         text = livelog.shipped_run(
             bucket,
             log_shipping.log_key(job["name"], job["id"], epoch),

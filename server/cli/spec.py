@@ -47,8 +47,15 @@ JOB_KEYS = frozenset(
         "max_restarts",
         "max_retries",
         "desired",
+        # A batch job's schedule (docs/schedules.md) and its policies.
+        "schedule",
+        "timezone",
+        "misfire",
+        "misfire_grace",
+        "concurrency",
     }
 )
+SCHEDULE_POLICIES = ("timezone", "misfire", "misfire_grace", "concurrency")
 
 
 class SpecError(Exception):
@@ -87,6 +94,7 @@ class JobEntry:
     master: str | None = None
     max_restarts: int = 3
     desired: Desired = Desired.RUNNING
+    schedule: Mapping[str, Any] | None = None  # schedule.Schedule.as_dict()
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,7 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
             max_restarts = jobs.restart_budget(kind, budget["max_restarts"], budget["max_retries"])
         except jobs.JobError as exc:
             problems.append(f"{at}: {exc}")
+    the_schedule = _schedule(body, at, kind, problems)
     if len(problems) > before or resource is None:
         return None
     return JobEntry(
@@ -208,7 +217,39 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
         master=master,
         max_restarts=max_restarts,
         desired=Desired(desired),
+        schedule=the_schedule,
     )
+
+
+def _schedule(
+    body: Mapping[str, Any], at: str, kind: str, problems: list[str]
+) -> dict[str, Any] | None:
+    """``schedule = "..."`` and its policies, checked (``scheduler/schedule.py``)."""
+    from scheduler import schedule
+
+    spec = body.get("schedule")
+    if spec is None:
+        problems.extend(f"{at}.{key}: needs schedule" for key in SCHEDULE_POLICIES if key in body)
+        return None
+    if kind != JobKind.BATCH:
+        problems.append(f"{at}.schedule: a schedule is for batch jobs")
+        return None
+    values = {key: body.get(key) for key in ("schedule", *SCHEDULE_POLICIES)}
+    bad = [key for key, value in values.items() if value is not None and not isinstance(value, str)]
+    if bad:
+        problems.extend(f"{at}.{key}: must be a string" for key in bad)
+        return None
+    try:
+        return schedule.from_options(
+            spec,
+            timezone=values["timezone"],
+            misfire=values["misfire"],
+            misfire_grace=values["misfire_grace"],
+            concurrency=values["concurrency"],
+        )
+    except schedule.ScheduleError as exc:
+        problems.append(f"{at}.schedule: {exc}")
+        return None
 
 
 def parse(source: Path) -> Spec:
@@ -311,6 +352,7 @@ def _target_view(entry: JobEntry, main: Resolved, py_files: list[Resolved]) -> d
         "args": list(entry.args),
         "spark_master": entry.master,
         "max_restarts": entry.max_restarts,
+        "schedule": entry.schedule,
     }
 
 
@@ -339,12 +381,16 @@ def plan(conn: sa.Connection, spec: Spec, *, prune: bool) -> list[Step]:
             )
             continue
         changes = jobs.describe_changes(current, target)
-        if current["desired"] != entry.desired:
-            changes.append(f"desired {current['desired']} -> {entry.desired}")
+        # A scheduled job is wanted running when its schedule is on.
+        desired = current["desired"]
+        if current["schedule"] is not None:
+            desired = Desired.RUNNING if current["schedule"]["active"] else Desired.STOPPED
+        if desired != entry.desired:
+            changes.append(f"desired {desired} -> {entry.desired}")
         if current["label"] != spec.label:
             changes.append(f"label {current['label'] or '(none)'} -> {spec.label or '(none)'}")
         action = "update" if changes else "unchanged"
-        set_desired = current["desired"] != entry.desired
+        set_desired = desired != entry.desired
         steps.append(Step(action, entry.name, changes, entry, main, resolved, set_desired))
     if problems:
         raise SpecError([f"{spec.source}: {p}" for p in problems])
@@ -425,6 +471,7 @@ def execute(
                 args=entry.args,
                 spark_master=entry.master,
                 max_restarts=entry.max_restarts,
+                schedule=entry.schedule,
             )
             if step.action == "create":
                 jobs.create(
@@ -439,6 +486,7 @@ def execute(
                         spark_master=definition.spark_master,
                         max_restarts=definition.max_restarts,
                         label=spec.label,
+                        schedule=definition.schedule,
                     ),
                     actor=actor,
                 )

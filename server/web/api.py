@@ -57,7 +57,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from registry import servers as registry_servers
 from resource_center import catalog, store, validation
 from resource_center import errors as resource_errors
-from scheduler import coordinator, jobs, placement, ring
+from scheduler import coordinator, fires, jobs, placement, ring, runs, schedule
 from server import defaults, metrics
 from server.web import admission, audit, auth, livelog, tokens
 from sql.states import JobKind, RunState
@@ -125,6 +125,13 @@ class JobCreate(BaseModel):
         ge=0,
         description="Batch jobs: the same budget under its batch name (give one of the two).",
     )
+    schedule: str | None = Field(
+        None, description="Batch jobs: a cron SPEC, '@every 5m', '@daily'... (schedules.md)."
+    )
+    timezone: str | None = Field(None, description="IANA zone of the cron fields (UTC).")
+    misfire: str | None = Field(None, description="run-once (default) or skip.")
+    misfire_grace: str | None = Field(None, description="A duration, e.g. 30m (1h).")
+    concurrency: str | None = Field(None, description="forbid (default) or replace.")
 
 
 class JobUpdate(BaseModel):
@@ -140,6 +147,37 @@ class JobUpdate(BaseModel):
     spark_master: str | None = Field(None, description="'' = the server's default.")
     max_restarts: int | None = Field(None, ge=0)
     restart: bool = Field(False, description="Also restart a running batch job now.")
+    schedule: str | None = Field(None, description="A new SPEC (policies not given kept).")
+    no_schedule: bool = Field(False, description="Remove the schedule (switches it off).")
+    timezone: str | None = None
+    misfire: str | None = None
+    misfire_grace: str | None = None
+    concurrency: str | None = None
+
+
+class Backfill(BaseModel):
+    """``job backfill``: the fire times in [from, to] (ISO-8601 with an offset)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    start: datetime.datetime = Field(alias="from")
+    end: datetime.datetime = Field(alias="to")
+    dry_run: bool = False
+
+
+def _schedule_of(body: JobCreate | JobUpdate, current: Any = None) -> dict[str, Any] | None:
+    """The schedule a request gives (400 naming the problem)."""
+    try:
+        return schedule.from_options(
+            body.schedule,
+            timezone=body.timezone,
+            misfire=body.misfire,
+            misfire_grace=body.misfire_grace,
+            concurrency=body.concurrency,
+            current=current,
+        )
+    except schedule.ScheduleError as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 class JobRollback(BaseModel):
@@ -394,8 +432,11 @@ def create_app(backend: Backend) -> FastAPI:
 
     @app.get(f"{API}/jobs/{{name}}", tags=["jobs"])
     def show_job(name: str, principal: auth.Caller = viewer) -> dict[str, Any]:
+        """The job in full (``job show --json``); a job with an active schedule also
+        has ``next_fires``, its next five fire times."""
         with backend.engine.connect() as conn:
-            return _json(jobs.show(conn, name))
+            job = jobs.show(conn, name)
+        return _json({**job, "next_fires": _next_fires(job["schedule"])})
 
     @app.get(f"{API}/jobs/{{name}}/events", tags=["jobs"])
     def job_events(
@@ -467,6 +508,7 @@ def create_app(backend: Backend) -> FastAPI:
     def create_job(body: JobCreate, principal: auth.Caller = operator) -> dict[str, Any]:
         """Define a job (stopped); artifact versions are pinned now."""
         conf = {k: str(v) for k, v in body.conf.items()}
+        the_schedule = _schedule_of(body)
         main = catalog.resolve(backend.engine, body.resource)
         extra = [catalog.resolve(backend.engine, ref) for ref in body.py_files]
         with backend.engine.begin() as conn:
@@ -483,6 +525,7 @@ def create_app(backend: Backend) -> FastAPI:
                     max_restarts=jobs.restart_budget(
                         body.kind, body.max_restarts, body.max_retries
                     ),
+                    schedule=the_schedule,
                 ),
                 actor=principal.actor,
             )
@@ -509,6 +552,51 @@ def create_app(backend: Backend) -> FastAPI:
         """Stop the current driver and run the job again (a new generation)."""
         return _command(name, jobs.restart, principal)
 
+    @app.post(f"{API}/jobs/{{name}}/run", tags=["jobs"])
+    def run_job(name: str, principal: auth.Caller = operator) -> dict[str, Any]:
+        """Run a batch job once now, outside its schedule (``job run``); 409 while a
+        run is in progress."""
+        with backend.engine.begin() as conn:
+            return {"job": name, "run_id": jobs.run_now(conn, name, actor=principal.actor)}
+
+    @app.get(f"{API}/jobs/{{name}}/runs", tags=["jobs"])
+    def job_runs(
+        name: str,
+        principal: auth.Caller = viewer,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
+        state: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The job's runs, newest first (``job runs``; docs/schedules.md)."""
+        if state is not None and state not in runs.STATES:
+            raise ApiError(400, f"state {state!r} is not one of {', '.join(runs.STATES)}")
+        with backend.engine.connect() as conn:
+            job_id = jobs.job_id_of(conn, name)
+            return _json(runs.list_runs(conn, job_id, limit=limit, state=state))
+
+    @app.post(f"{API}/jobs/{{name}}/backfill", tags=["jobs"])
+    def backfill_job(name: str, body: Backfill, principal: auth.Caller = operator) -> dict:
+        """Queue each fire time of the schedule in [from, to] once, oldest first
+        (``job backfill``); ``queued``: the times (with dry_run: that would be)."""
+        if body.start.tzinfo is None or body.end.tzinfo is None:
+            raise ApiError(400, "from and to need an offset (e.g. Z)")
+        if body.end < body.start:
+            raise ApiError(400, "to is before from")
+        with backend.engine.begin() as conn:
+            try:
+                queued, taken = jobs.backfill(
+                    conn, name, body.start, body.end, dry_run=body.dry_run, actor=principal.actor
+                )
+            except fires.ScheduleMissing:
+                raise ApiError(409, f"job {name!r} has no schedule") from None
+            except ValueError as exc:
+                raise ApiError(400, str(exc)) from None
+        return {
+            "job": name,
+            "queued": [schedule.iso(at) for at in queued],
+            "already": [schedule.iso(at) for at in taken],
+            "dry_run": body.dry_run,
+        }
+
     @app.get(f"{API}/jobs/{{name}}/revisions", tags=["jobs"])
     def job_revisions(name: str, principal: auth.Caller = viewer) -> list[dict[str, Any]]:
         """Every revision of the job, oldest first, with ``diff`` from the one before,
@@ -520,6 +608,15 @@ def create_app(backend: Backend) -> FastAPI:
     def update_job(name: str, body: JobUpdate, principal: auth.Caller = operator) -> dict:
         """Make a new revision (``job update``). ``effect``: unchanged (no revision was
         made), rolling, next claim, kept (a running batch run) or at rest."""
+        new_schedule = None
+        policies = (body.schedule, body.timezone, body.misfire, body.misfire_grace)
+        if body.no_schedule and any(p is not None for p in (*policies, body.concurrency)):
+            raise ApiError(400, "no_schedule excludes schedule and its policies")
+        if any(p is not None for p in (*policies, body.concurrency)):
+            with backend.engine.connect() as conn:
+                current = jobs.show(conn, name)["schedule"]
+            kept = {k: v for k, v in (current or {}).items() if k not in ("active", "next_fire")}
+            new_schedule = _schedule_of(body, kept)
         main = catalog.resolve(backend.engine, body.resource) if body.resource else None
         extra = [catalog.resolve(backend.engine, ref) for ref in body.py_files or []]
         change = jobs.Change(
@@ -530,6 +627,8 @@ def create_app(backend: Backend) -> FastAPI:
             args=body.args,
             spark_master=body.spark_master,
             max_restarts=body.max_restarts,
+            schedule=new_schedule,
+            clear_schedule=body.no_schedule,
         )
         with backend.engine.begin() as conn:
             revised = jobs.update(conn, name, change, restart=body.restart, actor=principal.actor)
@@ -648,6 +747,25 @@ def create_app(backend: Backend) -> FastAPI:
 
 
 # -------------------------------------------------------------------- helpers
+
+
+# How many fire times a job's page lists.
+NEXT_FIRES = 5
+
+
+def _next_fires(value: dict[str, Any] | None) -> list[str]:
+    """The next fire times of an active schedule (ISO-8601 UTC), from its next fire."""
+    if not value or not value.get("active") or not value.get("next_fire"):
+        return []
+    the_schedule = schedule.Schedule.from_dict(value)
+    start = datetime.datetime.fromisoformat(str(value["next_fire"]).replace("Z", "+00:00"))
+    found = []
+    for slot in schedule.slots(the_schedule, start):
+        if slot.at is not None:
+            found.append(schedule.iso(slot.at))
+        if len(found) == NEXT_FIRES:
+            break
+    return found
 
 
 def _health_of(

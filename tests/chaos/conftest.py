@@ -232,7 +232,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     header = (
         f"{'fault':<52} {'rnd':>3} {'inj':>3} {'jobs':>4} {'double':>6} {'early':>5} {'stale':>5} "
         f"{'lost':>4} {'resur':>5} {'corrupt':>7} {'batch':>5} {'budget':>6} {'restarts':>8} "
-        f"{'2nd':>3} {'master':>6} {'adopt':>5} "
+        f"{'2nd':>3} {'master':>6} {'fires':>5} {'adopt':>5} "
         f"{'recovery s':>10}  result"
     )
     tr.write_line(header)
@@ -243,7 +243,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"{o.early:>5} "
             f"{o.stale_writes:>5} {o.lost:>4} {o.resurrected:>5} {o.corrupt_starts:>7} "
             f"{o.batch:>5} {o.budget:>6} "
-            f"{o.restarts:>8} {o.double_restarts:>3} {o.master:>6} {o.adoptions:>5} "
+            f"{o.restarts:>8} {o.double_restarts:>3} {o.master:>6} {o.fires:>5} {o.adoptions:>5} "
             f"{_fmt(o.recovery_s):>10}  {o.verdict}"
         )
         for problem in o.problems[:12]:
@@ -268,6 +268,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         "budget_overruns": sum(o.budget for o in ran),
         "second_restarts": sum(o.double_restarts for o in ran),
         "master_fault_costs": sum(o.master for o in ran),
+        "fire_problems": sum(o.fires for o in ran),
         "adoptions": sum(o.adoptions for o in ran),
         "events_pruned": sum(o.pruned for o in ran),
         "worst_recovery_s": max(recoveries) if recoveries else None,

@@ -1043,3 +1043,180 @@ def started_without_master(
                     "claim to its start"
                 )
     return problems
+
+
+# ---------------------------------------------------------------- schedules (S6)
+
+# Why a fire may be recorded skipped (scheduler/schedule.py SkipReason); a DST gap's
+# reason names the local time after its prefix.
+ALLOWED_SKIPS = frozenset({"misfire", "previous run still running"})
+DST_GAP_PREFIX = "dst-gap: "
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleWindow:
+    """Where a scheduled job's fires are checked (Chronos-style): every fire time of
+    ``fire_times`` (its schedule's, strictly inside the window in which it was active,
+    computed with ``scheduler/schedule.py``) must have one run row.
+    ``concurrency`` is its policy; ``excused``: (start, end) spans in seconds since the
+    epoch (faults that stopped the whole cluster: PostgreSQL down) inside which a fire
+    may be later than the bound, or recorded ``misfire``."""
+
+    job: str
+    fire_times: tuple[float, ...]
+    concurrency: str = "forbid"
+    excused: tuple[tuple[float, float], ...] = ()
+
+
+def fire_times(spec: str, timezone: str, after: Any, until: Any) -> tuple[float, ...]:
+    """The fire times (seconds since the epoch) of a schedule strictly after ``after``
+    and at or before ``until`` (datetimes, ISO texts or seconds): what the cluster had to
+    fire while the schedule was on (computed by scheduler/schedule.py, which the fire
+    tests check on its own)."""
+    from datetime import UTC, datetime
+
+    from scheduler import schedule
+
+    start, end = _seconds(after), _seconds(until)
+    assert start is not None and end is not None
+    the_schedule = schedule.parse(spec, timezone=timezone)
+    out = []
+    for slot in schedule.slots(the_schedule, datetime.fromtimestamp(start, UTC)):
+        if slot.at is None:
+            continue
+        at = slot.at.timestamp()
+        if at > end:
+            return tuple(out)
+        if at > start:
+            out.append(at)
+    raise AssertionError("unreachable: slots never ends")
+
+
+def _seconds(value: Any) -> float | None:
+    """An ISO-8601 time (``...Z``), a datetime or seconds since the epoch -> seconds."""
+    from datetime import datetime
+
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def _excused(t: float, window: ScheduleWindow) -> bool:
+    return any(start <= t <= end for start, end in window.excused)
+
+
+def fire_problems(
+    window: ScheduleWindow,
+    runs: Iterable[Mapping[str, Any]],
+    *,
+    lateness_bound: float,
+    now: float | None = None,
+) -> list[str]:
+    """S6 for one scheduled job, from its run rows (``job runs --json``):
+
+    - every fire time ran exactly once, or is recorded skipped with an allowed reason
+      (a ``misfire`` only inside an excused span; ``previous run still running`` only
+      while a run of the job was in progress under ``forbid``);
+    - no run row names a fire time the schedule does not have (an early or extra fire);
+    - under ``forbid`` no two runs overlap (started_at .. ended_at, unended: open);
+    - a fire's run started at most ``lateness_bound`` seconds after its time, unless
+      its time lies in an excused span (a run not started by ``now``, the check's
+      time, counts as started then)."""
+    name = window.job
+    rows = [dict(r) for r in runs]
+    fired: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        at = _seconds(r.get("scheduled_time"))
+        if at is not None and r.get("trigger", "schedule") == "schedule":
+            fired[at].append(r)
+    expected = set(window.fire_times)
+    lo, hi = (min(expected), max(expected)) if expected else (0.0, -1.0)
+    problems = []
+    # Runs that started a driver, by start; and every run from its creation (a pending
+    # run is in progress too: a fire meanwhile is skipped under forbid).
+    intervals = sorted(
+        (
+            (_seconds(r.get("started_at")), _seconds(r.get("ended_at")), r)
+            for r in rows
+            if r.get("state") != "skipped" and r.get("started_at") is not None
+        ),
+        key=lambda item: item[0] or 0.0,
+    )
+    in_progress = [
+        (_seconds(r.get("created_at") or r.get("started_at")), _seconds(r.get("ended_at")), r)
+        for r in rows
+        if r.get("state") not in ("skipped", "queued")
+    ]
+    for at in sorted(expected):
+        mine = fired.get(at, [])
+        when = _iso_seconds(at)
+        if not mine:
+            problems.append(f"{name}: the fire at {when} was missed (no run, not recorded)")
+            continue
+        if len(mine) > 1:
+            ids = ", ".join(str(r.get("run_id")) for r in mine)
+            problems.append(f"{name}: the fire at {when} ran {len(mine)} times (runs {ids})")
+        row = mine[0]
+        if row.get("state") == "skipped":
+            problems += _skip_problem(window, row, at, when, in_progress)
+            continue
+        started = _seconds(row.get("started_at"))
+        if started is None and now is not None:
+            started = now  # not started yet: at least this late
+        if started is not None and started - at > lateness_bound and not _excused(at, window):
+            problems.append(
+                f"{name}: the fire at {when} started {started - at:.1f} s late "
+                f"(bound {lateness_bound:g} s)"
+            )
+    for at, mine in sorted(fired.items()):
+        if at not in expected and lo <= at <= hi:
+            problems.append(
+                f"{name}: run {mine[0].get('run_id')} fired at {_iso_seconds(at)}, "
+                "not a fire time of its schedule"
+            )
+    if window.concurrency == "forbid":
+        for (_, a_end, a), (b_start, _, b) in itertools.pairwise(intervals):
+            if a_end is None or a_end > b_start:
+                problems.append(
+                    f"{name}: runs {a.get('run_id')} and {b.get('run_id')} overlap under "
+                    f"forbid ({a.get('run_id')} "
+                    + ("never ended" if a_end is None else f"ended {a_end - b_start:.1f} s late")
+                    + ")"
+                )
+    return problems
+
+
+def _skip_problem(
+    window: ScheduleWindow,
+    row: Mapping[str, Any],
+    at: float,
+    when: str,
+    intervals: Sequence[tuple[float | None, float | None, Mapping[str, Any]]],
+) -> list[str]:
+    reason = str(row.get("reason") or "")
+    if reason.startswith(DST_GAP_PREFIX):
+        return [f"{window.job}: the fire at {when} exists but was skipped as {reason!r}"]
+    if reason not in ALLOWED_SKIPS:
+        return [f"{window.job}: the fire at {when} was skipped for {reason!r}"]
+    if reason == "misfire" and not _excused(at, window):
+        return [f"{window.job}: the fire at {when} was a misfire on a healthy cluster"]
+    if reason == "previous run still running":
+        if window.concurrency != "forbid":
+            return [f"{window.job}: the fire at {when} was skipped under {window.concurrency}"]
+        busy = any(
+            start is not None and start <= at and (end is None or end >= at)
+            for start, end, _ in intervals
+        )
+        if not busy:
+            return [f"{window.job}: the fire at {when} was skipped while no run was running"]
+    return []
+
+
+def _iso_seconds(at: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")

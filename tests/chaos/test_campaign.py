@@ -587,6 +587,31 @@ def test_coordinator_killed_mid_rebalance(trial: Trial) -> None:
     _assert_safe(outcome)
 
 
+def test_coordinator_killed_at_fire_instants(trial: Trial) -> None:
+    """A job on ``@every 5s``; three times the coordinator is SIGKILLed at a fire
+    instant (and returns): every fire time still runs once or is recorded skipped with
+    an allowed reason, none twice, none missed (S6, ``invariants.fire_problems``)."""
+    trial.start(SERVERS)
+    trial.populate()
+    trial.schedule_job("ticker")
+    for _ in range(3):
+        waiting.wait_until(
+            lambda: trial.next_fire("ticker") < 0.05,
+            10,
+            interval=0.01,
+            message="the next fire instant",
+        )
+        coordinator = trial.coordinator()
+        trial.inject(lambda coordinator=coordinator: trial.cluster.kill(coordinator))
+        trial.cluster.start_server(coordinator)
+        trial.wait_members(set(SERVERS))
+        trial.fault_over()
+    trial.healed()
+    trial.wait_fires_ran("ticker", 2)
+    outcome = trial.verify()
+    _assert_safe(outcome)
+
+
 def test_duplicate_and_concurrent_commands(trial: Trial) -> None:
     """Double clicks through the CLI: eight concurrent starts make one generation and
     one driver; a storm of starts and restarts on a running job leaves one driver; four

@@ -828,3 +828,92 @@ def test_a_job_due_while_its_only_master_is_down_starts_only_once_it_is_back() -
     assert invariants.started_without_master(pair, [ACTIVE_KILLED], MASTERS) == []
     both = invariants.MasterOutage(PAIR, 100.0, 200.0)
     assert len(invariants.started_without_master(pair, [both], MASTERS)) == 1
+
+
+# --- S6: each fire once (schedules) -------------------------------------------------------
+
+FIRES = (100.0, 105.0, 110.0, 115.0)
+
+
+def _run(run_id: int, at: float, start: float | None, end: float | None, **kw: object) -> dict:
+    return {
+        "run_id": run_id,
+        "scheduled_time": at,
+        "trigger": "schedule",
+        "state": kw.pop("state", "finished"),
+        "reason": kw.pop("reason", None),
+        "created_at": at,
+        "started_at": start,
+        "ended_at": end,
+        **kw,
+    }
+
+
+def _clean() -> list[dict]:
+    return [_run(i, at, at + 0.5, at + 3.0) for i, at in enumerate(FIRES, 1)]
+
+
+def _check(runs: list[dict], **window: object) -> list[str]:
+    return invariants.fire_problems(
+        invariants.ScheduleWindow("tick", FIRES, **window),  # type: ignore[arg-type]
+        runs,
+        lateness_bound=2.0,
+    )
+
+
+def test_every_fire_ran_once_is_clean() -> None:
+    assert _check(_clean()) == []
+
+
+def test_a_missed_fire_is_caught() -> None:
+    runs = [r for r in _clean() if r["scheduled_time"] != 110.0]
+    (problem,) = _check(runs)
+    assert "was missed" in problem and "1970-01-01T00:01:50Z" in problem
+
+
+def test_a_doubled_fire_is_caught() -> None:
+    runs = [*_clean(), _run(9, 105.0, 106.0, 106.5)]
+    problems = _check(runs)
+    assert any("ran 2 times (runs 2, 9)" in p for p in problems), problems
+
+
+def test_overlapping_runs_under_forbid_are_caught_not_under_replace() -> None:
+    runs = _clean()
+    runs[1]["ended_at"] = 111.0  # still running when the next fire's run started
+    (problem,) = _check(runs)
+    assert "runs 2 and 3 overlap under forbid" in problem
+    assert _check(runs, concurrency="replace") == []
+
+
+def test_a_late_fire_is_caught_unless_excused() -> None:
+    runs = _clean()
+    runs[2]["started_at"] = 125.0
+    runs[2]["ended_at"] = 126.0
+    (problem,) = _check(runs)
+    assert "started 15.0 s late" in problem
+    assert _check(runs, excused=((108.0, 130.0),)) == []
+    runs[2]["started_at"] = runs[2]["ended_at"] = None  # never started, checked at 140
+    (problem,) = invariants.fire_problems(
+        invariants.ScheduleWindow("tick", FIRES), runs, lateness_bound=2.0, now=140.0
+    )
+    assert "started 30.0 s late" in problem
+
+
+def test_skips_need_an_allowed_reason_that_held() -> None:
+    runs = _clean()
+    runs[2] = _run(3, 110.0, None, None, state="skipped", reason="previous run still running")
+    (problem,) = _check(runs)
+    assert "skipped while no run was running" in problem
+    runs[1]["ended_at"] = 112.0  # the previous run was running at 110: a legal skip
+    assert _check(runs) == []
+    runs[2]["reason"] = "misfire"
+    assert "misfire on a healthy cluster" in _check(runs)[0]
+    assert _check(runs, excused=((100.0, 120.0),)) == []
+    runs[2]["reason"] = "because"
+    assert "skipped for 'because'" in _check(runs)[0]
+
+
+def test_a_run_at_a_time_the_schedule_does_not_have_is_an_extra_fire() -> None:
+    runs = [*_clean(), _run(9, 107.0, 107.5, 108.0)]
+    (problem,) = _check(runs, concurrency="replace")
+    assert "fired at 1970-01-01T00:01:47Z, not a fire time" in problem

@@ -118,6 +118,8 @@ HANDOVER_S = 30.0
 # A streaming job that opts in to restart-on-stall: its driver logs a query start and no
 # progress (heartbeat.py --query-started), so the health monitor (every 5 s) flags it
 # stalled after STALL_S and restarts it, max_restarts times per reset of its count.
+# The scheduled job (@every 5s, forbid): no command touches it; S6 checks its fires.
+SCHEDULED = "ticker"
 STALLING = "stall0"
 STALL_S = 6.0
 STALL_CONF = {
@@ -360,6 +362,8 @@ class RandomChaos:
         for name in self.failing:
             t.wait_state(name, "failed", 180)
         self.names += self.failing
+        # A job on a schedule (S6), left out of the commands: every fire checked once.
+        t.schedule_job(SCHEDULED)
         t.create(STALLING, extra=["--query-started"], conf=STALL_CONF)
         t.wait_state(STALLING, "running", 120)
         self.names.append(STALLING)

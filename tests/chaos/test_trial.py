@@ -4,13 +4,17 @@ history it prunes, so that the checker never reads less than what happened."""
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from server import retention
-from tests.chaos.trial import Trial
+from tests import factories
+from tests.chaos import invariants
+from tests.chaos.trial import FIRE_LATENESS_BOUND_S, Trial
+from tests.cluster import Cluster
 
 pytestmark = pytest.mark.chaos
 
@@ -73,3 +77,74 @@ def test_two_harness_prunes_at_once_keep_every_event_and_report_nothing_unseen(
     assert (first, second[0]) == ("pruned 40", "pruned 0")
     assert trial.outcome.pruned == 40
     assert len(trial._pruned) == 40, "the harness lost pruned events"
+
+
+def _ticker_with_history(engine: sa.Engine, trial: Trial, *, handled_ago: float) -> int:
+    """A scheduled job ``ticker`` (@every 5s) switched on 60 s ago, each of its fire
+    times up to ``handled_ago`` seconds ago handled by a short run that finished (the
+    way the firing loop and a server write them), and the checker told about it."""
+    job_id = factories.scheduled_job(engine, "ticker", "@every 5s")
+    with engine.begin() as conn:
+        now = conn.execute(sa.text("SELECT now()")).scalar_one()
+        on, until = now - timedelta(seconds=60), now - timedelta(seconds=handled_ago)
+        for generation, at in enumerate(invariants.fire_times("@every 5s", "UTC", on, until), 1):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO runs (job_id, generation, scheduled_time, trigger, state, "
+                    "created_at, started_at, ended_at, attempts) VALUES (:j, :g, "
+                    "to_timestamp(:at), 'schedule', 'finished', to_timestamp(:at), "
+                    "to_timestamp(:at + 0.2), to_timestamp(:at + 0.7), 1)"
+                ),
+                {"j": job_id, "g": generation, "at": at},
+            )
+        conn.execute(
+            sa.text("UPDATE jobs SET fires_checked_until = :until WHERE id = :j"),
+            {"until": until, "j": job_id},
+        )
+    trial.scheduled["ticker"] = ("@every 5s", on)
+    return job_id
+
+
+def _checking_trial(database_url: str, tmp_path: Path) -> Trial:
+    trial = Trial("prune", 1, {}, database_url, "/unused", "unused", tmp_path)
+    trial._cluster = Cluster({}, database_url, "/unused", "unused", tmp_path)
+    return trial
+
+
+def test_the_fires_checker_still_reads_the_runs_a_harness_prune_deleted(
+    engine: sa.Engine, database_url: str, tmp_path: Path
+) -> None:
+    """CHAOS_SEED=500268951: the command threads' ``events prune --older-than 10-60 s``
+    deletes the scheduled job's ended runs rows too (history retention prunes ``runs``,
+    issue 25), and S6, which read the runs table at the end, reported every fire time
+    before the prune's cutoff "missed (no run, not recorded)" (22:10:25Z to 22:11:40Z).
+    The harness keeps what it prunes, for the runs as for the events."""
+    trial = _checking_trial(database_url, tmp_path)
+    try:
+        job_id = _ticker_with_history(engine, trial, handled_ago=1.0)
+        assert trial.fire_problems(FIRE_LATENESS_BOUND_S) == []
+        with engine.connect() as conn:
+            trial.prune_history(conn, 10.0)
+        ((left,),) = trial.cluster.sql("SELECT count(*) FROM runs WHERE job_id = :j", j=job_id)
+        assert left <= 3, "the prune left the old runs: the test shows nothing"
+        assert trial.fire_problems(FIRE_LATENESS_BOUND_S) == []
+    finally:
+        trial.cluster.engine.dispose()
+
+
+def test_the_fires_checker_catches_a_firer_that_stopped_handling_fires(
+    engine: sa.Engine, database_url: str, tmp_path: Path
+) -> None:
+    """S6 checked the fire times up to ``fires_checked_until`` only: a firing loop that
+    stopped for good (fires_checked_until left behind) passed. Every fire time older
+    than the lateness bound must have been handled by the time of the check."""
+    trial = _checking_trial(database_url, tmp_path)
+    try:
+        _ticker_with_history(engine, trial, handled_ago=40.0)
+        problems = trial.fire_problems(FIRE_LATENESS_BOUND_S)
+        # 40 s behind, 20 s of it past the bound: three or four fire times (the
+        # boundary depends on where now falls between two of them).
+        assert 3 <= len(problems) <= 4, problems
+        assert all("was missed (no run, not recorded)" in p for p in problems), problems
+    finally:
+        trial.cluster.engine.dispose()

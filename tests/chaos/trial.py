@@ -15,6 +15,7 @@ target (the cluster is quiet again).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import threading
@@ -28,7 +29,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from resource_center import catalog, store
-from scheduler import distribution, jobs, placement
+from scheduler import distribution, jobs, placement, runs
 from server import defaults, driver, retention, watchdog
 from sql.states import JobKind
 from tests import waiting
@@ -38,6 +39,9 @@ from tests.cluster import HEARTBEAT_JOB, Cluster
 # Every wanted job must be running again this long after the fault healed (fast timeouts:
 # session 4 s, lease 8 s; a light driver starts in ~2-5 s on a busy 2-core machine).
 RECOVERY_BOUND_S = 90.0
+# A scheduled job's fire must be claimed within the lease TTL (8 s) plus a server's
+# loss (session 4 s) and a loaded machine's slack, outside fault windows, seconds (S6).
+FIRE_LATENESS_BOUND_S = 20.0
 SENTINELS = ("done", "halted")
 # The cluster counts as recovered once it stayed settled this long: more than a poll
 # interval (1 s) plus the coordinator's debounce (0.5 s), so no pending move is missed.
@@ -63,6 +67,7 @@ class Outcome:
     restarts: int = 0  # claims after the fault: drivers (re)started by the recovery
     double_restarts: int = 0  # restarts beyond one per fault and job (one fault, one restart)
     master: int = 0  # crashes, restarts or master-less starts a Spark master fault caused (S9)
+    fires: int = 0  # fire times missed, doubled, skipped without cause, overlapping, late (S6)
     adoptions: int = 0  # ``adopted`` events after the fault: drivers a restart took over
     pruned: int = 0  # job events the harness pruned (kept in its own snapshot first)
     recovery_s: float | None = None
@@ -76,7 +81,7 @@ class Outcome:
         return (
             self.double_runs + self.early + self.stale_writes + self.lost
             + self.resurrected + self.corrupt_starts + self.batch + self.budget
-            + self.double_restarts + self.master
+            + self.double_restarts + self.master + self.fires
         )  # fmt: skip
 
     @property
@@ -118,9 +123,14 @@ class Trial:
         # (its processes keep files open there until then).
         self.disks: list[faults.SmallDisk] = []
         self._event_mark = 0
+        # Scheduled jobs (schedule_job): name -> (spec, when it was switched on).
+        self.scheduled: dict[str, tuple[str, Any]] = {}
         # Events the harness pruned (``prune_history``), read before they were deleted:
         # the checker reads the whole history, so a prune must not blind it.
         self._pruned: dict[int, dict[str, Any]] = {}
+        # The same for ``runs`` rows (retention prunes ended runs too), by run id, each
+        # with its job id: S6 reads every fire's row (``fire_problems``).
+        self._pruned_runs: dict[int, tuple[int, dict[str, Any]]] = {}
         self._prune_lock = threading.Lock()
         # One harness prune at a time (the command threads draw them concurrently): the
         # count of events deleted unseen is exact only when no other prune deletes the
@@ -298,6 +308,95 @@ class Trial:
             if start:
                 jobs.start(conn, name)
 
+    def schedule_job(self, name: str, spec: str = "@every 5s", run_for: float = 0.5) -> None:
+        """A batch heartbeat job on ``spec`` (concurrency forbid), switched on now. Its
+        fires are checked by S6 (``invariants.fire_problems``), not by S3 or settling:
+        a job that fires every few seconds is never at rest for long."""
+        from scheduler import schedule
+
+        if self.resource is None:
+            self.resource = self.upload("heartbeat", HEARTBEAT_JOB)
+        with self.cluster.engine.begin() as conn:
+            jobs.create(
+                conn,
+                jobs.JobSpec(
+                    name=name,
+                    kind=JobKind.BATCH,
+                    resource_id=self.resource.id,
+                    args=[str(self.cluster.heartbeats), "--run-for", f"{run_for:g}"],
+                    max_restarts=0,
+                    schedule=schedule.parse(spec).as_dict(),
+                ),
+            )
+            jobs.start(conn, name)
+        ((on,),) = self.cluster.sql(
+            "SELECT fires_checked_until FROM jobs WHERE name = :name", name=name
+        )
+        self.scheduled[name] = (spec, on)
+
+    def _fires_finished(self, name: str) -> int:
+        ((count,),) = self.cluster.sql(
+            "SELECT count(*) FROM runs r JOIN jobs j ON j.id = r.job_id "
+            "WHERE j.name = :name AND r.trigger = 'schedule' AND r.state = 'finished'",
+            name=name,
+        )
+        return int(count)
+
+    def wait_fires_ran(self, name: str, count: int, timeout: float = 120) -> None:
+        """Wait until ``count`` more fires of the scheduled job ran to their end (the
+        schedule kept firing after the faults)."""
+        before = self._fires_finished(name)
+        waiting.wait_until(
+            lambda: self._fires_finished(name) >= before + count,
+            timeout,
+            interval=0.5,
+            message=f"{count} more fires of {name} finished",
+        )
+
+    def next_fire(self, name: str) -> float:
+        """Seconds until the scheduled job's next fire, by PostgreSQL's clock."""
+        ((left,),) = self.cluster.sql(
+            "SELECT CAST(EXTRACT(EPOCH FROM next_fire_at - now()) AS double precision) "
+            "FROM jobs WHERE name = :name",
+            name=name,
+        )
+        return float(left)
+
+    def fire_problems(self, bound: float) -> list[str]:
+        """S6 over every scheduled job, from its switch-on to the last slot handled (or,
+        if that is older, to ``FIRE_LATENESS_BOUND_S`` before now), over its runs rows
+        and those the harness pruned (``prune_history``); fault windows excuse lateness
+        and misfires."""
+        excused = tuple((w.start, w.end) for w in self.fault_windows(bound))
+        problems = []
+        for name, (spec, on) in sorted(self.scheduled.items()):
+            with self.cluster.engine.connect() as conn:
+                job_id, active, checked, now = conn.execute(
+                    sa.text(
+                        "SELECT id, schedule_active, fires_checked_until, now() FROM jobs "
+                        "WHERE name = :n"
+                    ),
+                    {"n": name},
+                ).one()
+                rows = runs.list_runs(conn, job_id, limit=1_000_000)
+            if not active:
+                problems.append(f"{name}: its schedule was switched off")
+                continue
+            with self._prune_lock:
+                kept = {i: r for i, (j, r) in self._pruned_runs.items() if j == job_id}
+            rows = list({**kept, **{r["run_id"]: r for r in rows}}.values())
+            # Every fire time the cluster handled, and every one older than the bound
+            # (PostgreSQL's clock): a firing loop that stopped handling fires for good
+            # leaves fires_checked_until behind, and its fires are missed.
+            until = max(checked, now - datetime.timedelta(seconds=FIRE_LATENESS_BOUND_S))
+            window = invariants.ScheduleWindow(
+                name, invariants.fire_times(spec, "UTC", on, until), "forbid", excused
+            )
+            problems += invariants.fire_problems(
+                window, rows, lateness_bound=FIRE_LATENESS_BOUND_S, now=time.time()
+            )
+        return problems
+
     def command(self, action: Callable[[sa.Connection, str], str], name: str) -> str:
         with self.cluster.engine.begin() as conn:
             return action(conn, name)
@@ -336,7 +435,8 @@ class Trial:
         rows = self.cluster.sql(
             """
             SELECT j.name, j.kind, j.desired, j.max_restarts, d.state, d.owner, d.target,
-                   d.epoch, d.last_error, j.generation = d.generation AS current
+                   d.epoch, d.last_error, j.generation = d.generation AS current,
+                   j.schedule_active AS scheduled
               FROM jobs j JOIN distribution d ON d.job_id = j.id ORDER BY j.name
             """
         )
@@ -367,6 +467,8 @@ class Trial:
         drivers = self.live_drivers()
         reasons = []
         for r in self.job_rows():
+            if r["scheduled"]:
+                continue  # fires every few seconds: checked by S6, never at rest for long
             row = (
                 f"{r['name']}: desired {r['desired']}, state {r['state']}, owner {r['owner']}, "
                 f"target {r['target']}, epoch {r['epoch']}"
@@ -505,8 +607,13 @@ class Trial:
                     sa.text(self._EVENTS.format(where="WHERE at < :cutoff")), {"cutoff": cutoff}
                 )
             }
+            doomed_runs = {
+                r.run_id: (r.job_id, runs.view(r))
+                for r in conn.execute(self._RUNS_BEFORE, {"cutoff": cutoff})
+            }
         with self._prune_lock:
             self._pruned.update(doomed)
+            self._pruned_runs.update(doomed_runs)
         pruned = retention.prune(conn, None, cutoff, batch_size=defaults.HISTORY_PRUNE_BATCH)
         with conn.begin():
             kept = set(
@@ -514,16 +621,34 @@ class Trial:
                     sa.text("SELECT id FROM job_events WHERE id = ANY(:ids)"), {"ids": list(doomed)}
                 ).scalars()
             )
-        unseen = pruned.events - (len(doomed) - len(kept))
-        self.outcome.pruned += pruned.events
-        if unseen > 0:
-            raise AssertionError(f"{unseen} job events were pruned before the harness saw them")
-        if unseen < 0:
-            raise AssertionError(
-                f"{-unseen} of the copied job events were deleted by another prune meanwhile: "
-                "the count cannot tell whether it deleted events the harness never saw"
+            kept_runs = set(
+                conn.execute(
+                    sa.text("SELECT run_id FROM runs WHERE run_id = ANY(:ids)"),
+                    {"ids": list(doomed_runs)},
+                ).scalars()
             )
+        self.outcome.pruned += pruned.events
+        for what, deleted, copied, left in (
+            ("job events", pruned.events, len(doomed), len(kept)),
+            ("runs rows", pruned.runs, len(doomed_runs), len(kept_runs)),
+        ):
+            unseen = deleted - (copied - left)
+            if unseen > 0:
+                raise AssertionError(f"{unseen} {what} were pruned before the harness saw them")
+            if unseen < 0:
+                raise AssertionError(
+                    f"{-unseen} of the copied {what} were deleted by another prune meanwhile: "
+                    "the count cannot tell whether it deleted rows the harness never saw"
+                )
         return f"pruned {pruned.events}"
+
+    # The runs rows a prune at ``cutoff`` may delete (server/retention.py: ended before
+    # it), and some it keeps (unended, a job's newest): read back as they are after it.
+    _RUNS_BEFORE = sa.text(
+        "SELECT r.job_id, r.run_id, r.scheduled_time, r.trigger, r.state, r.reason, "
+        "r.created_at, r.started_at, r.ended_at, r.exit_code, r.server, r.epoch, r.attempts, "
+        "r.generation FROM runs r WHERE coalesce(r.ended_at, r.created_at) < :cutoff"
+    )
 
     def _max_event_id(self) -> int:
         return self.cluster.sql("SELECT coalesce(max(id), 0) FROM job_events")[0][0]
@@ -598,6 +723,7 @@ class Trial:
         # before the row was read, so its records are in what is read after (S3).
         rows = self.job_rows()
         o.jobs = len(rows)
+        scheduled = {r["name"] for r in rows if r["scheduled"]}
         events = self.events()
         since = [e for e in events if e["id"] > self._event_mark]
         lifetimes = c.driver_records()
@@ -609,7 +735,7 @@ class Trial:
             "early": invariants.early_handoffs(events, lifetimes, self.freezes),
             "S2": invariants.stale_writes(events) + probe_stale_writes(c.engine, events),
             "S3": invariants.lost_jobs(
-                rows,
+                [r for r in rows if r["name"] not in scheduled],
                 self.live_servers(),
                 events,
                 lifetimes=lifetimes,
@@ -628,6 +754,7 @@ class Trial:
                 events, self.fault_windows(bound), self._event_mark
             ),
             "master": self._master_checks(events, bound),
+            "S6": self.fire_problems(bound),
         }
         o.double_runs = len(checks["S1"])
         o.early = len(checks["early"])
@@ -640,7 +767,11 @@ class Trial:
         o.budget = len(checks["budget"])
         o.double_restarts = len(checks["restarts"])
         o.master = len(checks["master"])
-        o.restarts = sum(1 for e in since if e["kind"] == "claimed")
+        o.fires = len(checks["S6"])
+        # A scheduled job's claims are its fires' runs, not restarts.
+        o.restarts = sum(
+            1 for e in since if e["kind"] == "claimed" and e["job_name"] not in scheduled
+        )
         o.adoptions = sum(1 for e in since if e["kind"] == "adopted")
         o.problems = [f"{k} {p}" for k, items in checks.items() for p in items]
         return o

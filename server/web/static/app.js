@@ -199,7 +199,8 @@ async function command(name, action) {
 
 async function viewJob(name) {
   const path = "/jobs/" + encodeURIComponent(name);
-  const [job, events] = await Promise.all([api(path), api(path + "/events?limit=200")]);
+  const [job, events, runs] = await Promise.all([api(path), api(path + "/events?limit=200"),
+    api(path + "/runs?limit=20")]);
   let logText;
   try { logText = await api(path + "/logs?lines=200"); }
   catch (e) { if (e.status === 404) logText = e.message; else throw e; }
@@ -212,6 +213,14 @@ async function viewJob(name) {
     ["resource", `${job.resource.name}:${job.resource.version} (${job.resource.sha256.slice(0, 12)})`],
     ["started", job.started_at || "-"], ["updated", job.updated_at],
     ["pending reason", job.pending_reason || "-"], ["last error", job.last_error || "-"]];
+  if (job.schedule) {
+    const s = job.schedule;
+    fields.push(["schedule", `${s.spec} (${s.timezone}), ${s.active ? "on" : "off"}; misfire ` +
+      `${s.misfire}, concurrency ${s.concurrency}`]);
+    fields.push(["next fires", (job.next_fires || []).join(", ") || "-"]);
+  }
+  if (job.last_run) fields.push(["last run", `${job.last_run.run_id} ${job.last_run.state}` +
+    (job.last_run.exit_code === null ? "" : ` (exit ${job.last_run.exit_code})`)]);
   return [
     h("h1", {}, h("a", { href: "#/jobs" }, "Jobs"), " / ", h("span", { id: "job-name" }, job.name)),
     h("div", { class: "actions" },
@@ -222,6 +231,16 @@ async function viewJob(name) {
       h("span", { id: "job-outcome", class: "muted" }, keep ? keep.textContent : "")),
     h("dl", { class: "grid", id: "job-fields" }, fields.map(([k, v]) =>
       [h("dt", {}, k), h("dd", { "data-field": k }, v)])),
+    ...(job.kind === "batch" ? [h("h2", {}, "Runs"),
+      h("table", { id: "job-runs" },
+        h("thead", {}, h("tr", {}, ["run", "scheduled", "trigger", "state", "started", "ended",
+          "exit", "server", "attempts", "reason"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, runs.map((r) => h("tr", { "data-run": r.run_id },
+          h("td", {}, r.run_id), h("td", {}, r.scheduled_time || "-"), h("td", {}, r.trigger),
+          h("td", { class: "state" }, badge(r.state)), h("td", {}, r.started_at || "-"),
+          h("td", {}, r.ended_at || "-"), h("td", {}, r.exit_code === null ? "-" : r.exit_code),
+          h("td", {}, r.server || "-"), h("td", {}, r.attempts),
+          h("td", { class: "error-cell" }, r.reason || "")))))] : []),
     h("h2", {}, "Events"),
     h("ol", { class: "timeline", id: "job-events" }, [...events].reverse().map((e) => h("li", {},
       h("span", { class: "at" }, new Date(e.at).toLocaleString()),
