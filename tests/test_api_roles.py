@@ -92,7 +92,7 @@ WRITES = [
     ),
     Write("POST", f"{API}/jobs/{{name}}/rollback", _revised, 200),
     Write("DELETE", f"{API}/jobs/{{name}}", lambda s, j, r: (f"{API}/jobs/{j}", {}), 200),
-    Write("POST", f"{API}/resources/{{name}}", _upload, 201),
+    Write("POST", f"{API}/resources/{{reference}}", _upload, 201),
     Write(
         "DELETE",
         f"{API}/resources/{{reference}}",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import ssl
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import exc as sa_exc
+from starlette import routing
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry import servers as registry_servers
@@ -85,13 +87,15 @@ def create_app(backend: Backend) -> FastAPI:
         redoc_url=None,
     )
     authenticator = auth.Authenticator(backend.engine)
-    _install_error_handlers(app)
+    declared = Declared(app)
+    _install_error_handlers(app, declared)
     # Inside the request metrics (refusals are counted), before any body is read.
     app.add_middleware(
         admission.Admission,
         authenticator=authenticator,
         max_json_bytes=backend.max_json_bytes,
         max_artifact_bytes=backend.max_artifact_bytes,
+        declared=declared,
     )
     _install_metrics_and_headers(app)
     app.include_router(health.router(backend))
@@ -130,12 +134,34 @@ def _describe_validation(exc: RequestValidationError) -> str:
             problems.append(f"unknown field {where!r}")
         elif error.get("type") == "missing":
             problems.append(f"{where or 'body'} is required")
+        elif error.get("type") == "string_pattern_mismatch":
+            rule = contract.RULES.get(error.get("ctx", {}).get("pattern"), "a value of its pattern")
+            problems.append(f"{where or 'body'}: {error.get('input')!r} is not {rule}")
         else:
             problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
     return "; ".join(problems) or "invalid request"
 
 
-def _install_error_handlers(app: FastAPI) -> None:
+class Declared:
+    """The methods the API declares on a path, read from its own OpenAPI document (on
+    first use, when every route is in place). A 405's ``Allow`` lists them (Starlette's
+    names only the first route's, and each method is a route of its own); admission
+    checks the token of exactly the writes among them."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self._app = app
+        self._table: list[tuple[re.Pattern[str], frozenset[str]]] | None = None
+
+    def __call__(self, path: str) -> frozenset[str]:
+        if self._table is None:
+            self._table = [
+                (routing.compile_path(template)[0], frozenset(m.upper() for m in operations))
+                for template, operations in self._app.openapi()["paths"].items()
+            ]
+        return frozenset().union(*(methods for regex, methods in self._table if regex.match(path)))
+
+
+def _install_error_handlers(app: FastAPI, declared: Declared) -> None:
     @app.exception_handler(contract.ApiError)
     def api_error(request: Request, exc: contract.ApiError) -> JSONResponse:
         return contract.error(exc.status, str(exc))
@@ -177,7 +203,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else "request refused"
         if exc.status_code == 404 and message == "Not Found":
             message = f"no such path: {request.url.path}"
-        return contract.error(exc.status_code, message)
+        headers = exc.headers
+        allowed = declared(request.url.path) if exc.status_code == 405 else None
+        if allowed:
+            headers = {**(headers or {}), "Allow": ", ".join(sorted(allowed))}
+        return contract.error(exc.status_code, message, headers)
 
     @app.exception_handler(sa_exc.DBAPIError)
     def database_error(request: Request, exc: sa_exc.DBAPIError) -> JSONResponse:

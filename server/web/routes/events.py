@@ -14,15 +14,20 @@ from server.web.routes.jobs import MAX_PAGE
 if TYPE_CHECKING:
     from server.web import api
 
+# Event and audit ids are bigint.
+After = Annotated[
+    int, Query(ge=0, le=contract.BIGINT_MAX, description="Only events with a larger id.")
+]
+
 
 def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter()
+    routes = APIRouter(responses=contract.errors(*contract.READ, 422))
     viewer = Depends(authenticator.reader)
 
     @routes.get(f"{contract.API}/events", tags=["jobs"])
     def cluster_events(
         principal: auth.Caller = viewer,
-        after: Annotated[int, Query(ge=0, description="Only events with a larger id.")] = 0,
+        after: After = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     ) -> list[dict[str, Any]]:
         """The cluster's event feed (every job), oldest first; poll with ``after``."""
@@ -32,7 +37,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
     @routes.get(f"{contract.API}/audit", tags=["auth"])
     def audit_events(
         principal: auth.Caller = viewer,
-        after: Annotated[int, Query(ge=0, description="Only events with a larger id.")] = 0,
+        after: After = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     ) -> list[dict[str, Any]]:
         """The audit trail of writes that are not a job's own (artifact uploads and

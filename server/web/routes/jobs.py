@@ -26,25 +26,43 @@ MAX_PAGE = 1000
 class JobCreate(BaseModel):
     """A new job, as ``sparkring job create`` takes it."""
 
-    model_config = ConfigDict(extra="forbid")
+    # max_retries is a batch job's name for max_restarts: only with kind batch, and
+    # never with max_restarts too (jobs.restart_budget refuses both with a 400).
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"required": ["max_retries"], "properties": {"max_retries": {"type": "integer"}}},
+            "then": {
+                "required": ["kind"],
+                "properties": {"kind": {"const": "batch"}, "max_restarts": {"type": "null"}},
+            },
+        },
+    )
 
-    name: str = Field(description="Unique job name.")
-    resource: str = Field(description="Main artifact as NAME (latest, pinned now) or NAME:VERSION.")
+    name: str = Field(
+        pattern=contract.NAME_PATTERN, description=f"Unique job name: {contract.NAME_RULE}."
+    )
+    resource: contract.BodyReference = Field(
+        description="Main artifact as NAME (latest, pinned now) or NAME:VERSION."
+    )
     kind: JobKind = JobKind.STREAMING
-    py_files: list[str] = Field(default_factory=list, description="Extra artifacts, in order.")
-    conf: dict[str, str] = Field(default_factory=dict, description="Spark conf.")
-    args: list[str] = Field(default_factory=list, description="Arguments passed to the job.")
-    spark_master: str | None = None
-    max_restarts: int | None = Field(
+    py_files: list[contract.BodyReference] = Field(
+        default_factory=list, description="Extra artifacts, in order."
+    )
+    conf: contract.Conf = Field(default_factory=dict, description="Spark conf.")
+    args: list[contract.Text] = Field(
+        default_factory=list, description="Arguments passed to the job."
+    )
+    spark_master: contract.Text | None = None
+    max_restarts: contract.Budget | None = Field(
         None,
-        ge=0,
         description="Restarts after the driver fails (exits nonzero) before the job is "
         "FAILED. Default: 3 for streaming, 0 for batch.",
     )
-    max_retries: int | None = Field(
+    max_retries: contract.Budget | None = Field(
         None,
-        ge=0,
-        description="Batch jobs: the same budget under its batch name (give one of the two).",
+        description="Batch jobs: the same budget under its batch name (give one of the two: "
+        "with max_retries, kind is batch and max_restarts is left out).",
     )
 
 
@@ -53,41 +71,58 @@ class JobUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    resource: str | None = Field(None, description="Main artifact NAME or NAME:VERSION.")
-    py_files: list[str] | None = Field(None, description="Replaces the list ([] clears it).")
-    conf: dict[str, str] = Field(default_factory=dict, description="Keys set (others kept).")
-    unset_conf: list[str] = Field(default_factory=list, description="Conf keys removed.")
-    args: list[str] | None = Field(None, description="Replaces every argument.")
-    spark_master: str | None = Field(None, description="'' = the server's default.")
-    max_restarts: int | None = Field(None, ge=0)
+    resource: contract.BodyReference | None = Field(
+        None, description="Main artifact NAME or NAME:VERSION."
+    )
+    py_files: list[contract.BodyReference] | None = Field(
+        None, description="Replaces the list ([] clears it)."
+    )
+    conf: contract.Conf = Field(default_factory=dict, description="Keys set (others kept).")
+    unset_conf: list[contract.Text] = Field(
+        default_factory=list, description="Conf keys removed (each must be set, and not in conf)."
+    )
+    args: list[contract.Text] | None = Field(None, description="Replaces every argument.")
+    spark_master: contract.Text | None = Field(None, description="'' = the server's default.")
+    max_restarts: contract.Budget | None = None
     restart: bool = Field(False, description="Also restart a running batch job now.")
 
 
 class JobRollback(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    to: int | None = Field(None, ge=1, description="Revision to restore (default: previous).")
+    to: int | None = Field(
+        None, ge=1, le=contract.INTEGER_MAX, description="Revision to restore (default: previous)."
+    )
     restart: bool = Field(False, description="Also restart a running batch job now.")
 
 
 def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter(tags=["jobs"])
+    routes = APIRouter(tags=["jobs"], responses=contract.errors(*contract.READ))
     viewer = Depends(authenticator.reader)
     operator = Depends(authenticator.writer)
     API = contract.API
+    # A read of one job, and a command on one (each can find no such job).
+    one = contract.errors(404, 422)
+    command = contract.errors(*contract.WRITE, 404)
 
     # ---------------------------------------------------------------- reads
 
-    @routes.get(f"{API}/jobs")
+    @routes.get(f"{API}/jobs", responses=contract.errors(422))
     def list_jobs(
         principal: auth.Caller = viewer,
         state: Annotated[RunState | None, Query(description="Run state.")] = None,
         desired: Annotated[Literal["running", "stopped"] | None, Query()] = None,
         kind: Annotated[JobKind | None, Query()] = None,
-        owner: Annotated[str | None, Query(description="Owning server.")] = None,
-        q: Annotated[str | None, Query(max_length=128, description="Part of the name.")] = None,
+        owner: Annotated[
+            str | None,
+            Query(max_length=256, pattern=contract.TEXT_PATTERN, description="Owning server."),
+        ] = None,
+        q: Annotated[
+            str | None,
+            Query(max_length=128, pattern=contract.TEXT_PATTERN, description="Part of the name."),
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=contract.BIGINT_MAX)] = 0,
     ) -> Response:
         """Jobs by name, filtered and paged: ``total`` counts every match."""
         f = jobs.Filter(
@@ -103,14 +138,14 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
         body = {"total": total, "limit": limit, "offset": offset, "jobs": page}
         return Response(json.dumps(body, default=contract.default), media_type="application/json")
 
-    @routes.get(f"{API}/jobs/{{name}}")
-    def show_job(name: str, principal: auth.Caller = viewer) -> dict[str, Any]:
+    @routes.get(f"{API}/jobs/{{name}}", responses=one)
+    def show_job(name: contract.JobName, principal: auth.Caller = viewer) -> dict[str, Any]:
         with backend.engine.connect() as conn:
             return contract.plain(jobs.show(conn, name))
 
-    @routes.get(f"{API}/jobs/{{name}}/events")
+    @routes.get(f"{API}/jobs/{{name}}/events", responses=one)
     def job_events(
-        name: str,
+        name: contract.JobName,
         principal: auth.Caller = viewer,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     ) -> list[dict[str, Any]]:
@@ -120,7 +155,25 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
 
     # ---------------------------------------------------------------- commands
 
-    @routes.post(f"{API}/jobs", status_code=201)
+    job = f"{API}/jobs/{{name}}"
+    by_name = {"name": "$response.body#/name"}
+
+    @routes.post(
+        f"{API}/jobs",
+        status_code=201,
+        responses={
+            **contract.errors(*contract.WRITE, 404, 409),
+            **contract.linked(
+                201,
+                show=("GET", job, by_name),
+                start=("POST", f"{job}/start", by_name),
+                stop=("POST", f"{job}/stop", by_name),
+                revisions=("GET", f"{job}/revisions", by_name),
+                events=("GET", f"{job}/events", by_name),
+                delete=("DELETE", job, by_name),
+            ),
+        },
+    )
     def create_job(body: JobCreate, principal: auth.Caller = operator) -> dict[str, Any]:
         """Define a job (stopped); artifact versions are pinned now."""
         conf = {k: str(v) for k, v in body.conf.items()}
@@ -150,31 +203,35 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             outcome = action(conn, name, actor=principal.actor)
         return {"job": name, "outcome": outcome}
 
-    @routes.post(f"{API}/jobs/{{name}}/start")
-    def start_job(name: str, principal: auth.Caller = operator) -> dict[str, str]:
+    @routes.post(f"{job}/start", responses=command)
+    def start_job(name: contract.JobName, principal: auth.Caller = operator) -> dict[str, str]:
         """Run the job (idempotent). ``outcome``: started, resumed or already running."""
         return _command(name, jobs.start, principal)
 
-    @routes.post(f"{API}/jobs/{{name}}/stop")
-    def stop_job(name: str, principal: auth.Caller = operator) -> dict[str, str]:
+    @routes.post(f"{job}/stop", responses=command)
+    def stop_job(name: contract.JobName, principal: auth.Caller = operator) -> dict[str, str]:
         """Stop the job gracefully (idempotent). ``outcome``: stopping, stopped or
         already stopped."""
         return _command(name, jobs.stop, principal)
 
-    @routes.post(f"{API}/jobs/{{name}}/restart")
-    def restart_job(name: str, principal: auth.Caller = operator) -> dict[str, str]:
+    @routes.post(f"{job}/restart", responses=command)
+    def restart_job(name: contract.JobName, principal: auth.Caller = operator) -> dict[str, str]:
         """Stop the current driver and run the job again (a new generation)."""
         return _command(name, jobs.restart, principal)
 
-    @routes.get(f"{API}/jobs/{{name}}/revisions")
-    def job_revisions(name: str, principal: auth.Caller = viewer) -> list[dict[str, Any]]:
+    @routes.get(f"{job}/revisions", responses=one)
+    def job_revisions(
+        name: contract.JobName, principal: auth.Caller = viewer
+    ) -> list[dict[str, Any]]:
         """Every revision of the job, oldest first, with ``diff`` from the one before,
         ``current`` and ``running`` marked (docs/jobs.md)."""
         with backend.engine.connect() as conn:
             return contract.plain(jobs.history(conn, name))
 
-    @routes.post(f"{API}/jobs/{{name}}/revisions")
-    def update_job(name: str, body: JobUpdate, principal: auth.Caller = operator) -> dict:
+    @routes.post(f"{job}/revisions", responses=contract.errors(*contract.WRITE, 404, 409))
+    def update_job(
+        name: contract.JobName, body: JobUpdate, principal: auth.Caller = operator
+    ) -> dict:
         """Make a new revision (``job update``). ``effect``: unchanged (no revision was
         made), rolling, next claim, kept (a running batch run) or at rest."""
         main = catalog.resolve(backend.engine, body.resource) if body.resource else None
@@ -192,8 +249,10 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             revised = jobs.update(conn, name, change, restart=body.restart, actor=principal.actor)
         return _revised(name, revised)
 
-    @routes.post(f"{API}/jobs/{{name}}/rollback")
-    def rollback_job(name: str, body: JobRollback, principal: auth.Caller = operator) -> dict:
+    @routes.post(f"{job}/rollback", responses=contract.errors(*contract.WRITE, 404, 409))
+    def rollback_job(
+        name: contract.JobName, body: JobRollback, principal: auth.Caller = operator
+    ) -> dict:
         """Make an earlier revision current again, as a new revision (``job rollback``)."""
         with backend.engine.begin() as conn:
             revised = jobs.rollback(
@@ -201,8 +260,8 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             )
         return _revised(name, revised)
 
-    @routes.delete(f"{API}/jobs/{{name}}")
-    def delete_job(name: str, principal: auth.Caller = operator) -> dict[str, str]:
+    @routes.delete(job, responses=contract.errors(*contract.WRITE, 404, 409))
+    def delete_job(name: contract.JobName, principal: auth.Caller = operator) -> dict[str, str]:
         """Delete a stopped job (its events are kept)."""
         with backend.engine.begin() as conn:
             jobs.delete(conn, name, actor=principal.actor)

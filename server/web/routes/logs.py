@@ -19,9 +19,23 @@ from server.web import auth, contract, livelog, tokens
 if TYPE_CHECKING:
     from server.web import api
 
+Lines = Annotated[
+    int, Query(ge=0, le=livelog.MAX_LINES, description="Lines of the tail (0: none).")
+]
+Follow = Annotated[
+    bool,
+    Query(description="Stream what the run writes until it ends (bounded: see livelog)."),
+]
+TEXT = {
+    200: {
+        "description": "The log, as plain text (streamed with follow=true).",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
+
 
 def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter()
+    routes = APIRouter(responses=contract.errors_beside_text(*contract.READ, 404, 422, 429))
     viewer = Depends(authenticator.reader)
     follows = livelog.FollowGate()
 
@@ -40,14 +54,12 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
         except livelog.FollowRefused as exc:
             raise contract.ApiError(429, str(exc)) from None
 
-    @routes.get("/logs/{job}", tags=["logs"], response_class=PlainTextResponse)
+    @routes.get("/logs/{job}", tags=["logs"], response_class=PlainTextResponse, responses=TEXT)
     async def local_log(
-        job: str,
+        job: contract.JobName,
         principal: auth.Caller = viewer,
-        lines: Annotated[int, Query(ge=0, le=livelog.MAX_LINES)] = 200,
-        follow: Annotated[
-            bool, Query(description="Stream until the run ends (bounded: see livelog).")
-        ] = False,
+        lines: Lines = 200,
+        follow: Follow = False,
     ) -> Response:
         """The tail of a driver log of a job running on this server (``lines=0`` with
         ``follow``: only what is written from now on)."""
@@ -62,15 +74,16 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
         return PlainTextResponse(text)
 
     @routes.get(
-        f"{contract.API}/jobs/{{name}}/logs", tags=["jobs"], response_class=PlainTextResponse
+        f"{contract.API}/jobs/{{name}}/logs",
+        tags=["jobs"],
+        response_class=PlainTextResponse,
+        responses=TEXT,
     )
     def job_logs(
-        name: str,
+        name: contract.JobName,
         principal: auth.Caller = viewer,
-        lines: Annotated[int, Query(ge=0, le=livelog.MAX_LINES)] = 200,
-        follow: Annotated[
-            bool, Query(description="Stream the current run's log until the run ends.")
-        ] = False,
+        lines: Lines = 200,
+        follow: Follow = False,
     ) -> Response:
         """The driver log of the current run (wherever it runs) or of the last run.
         With ``follow=true`` and a run live, the response streams what the driver writes

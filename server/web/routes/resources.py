@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, File, UploadFile
 
-from resource_center import catalog, store, validation
+from resource_center import catalog, store
 from server.web import audit, auth, contract
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter(tags=["resources"])
+    routes = APIRouter(tags=["resources"], responses=contract.errors(*contract.READ))
     viewer = Depends(authenticator.reader)
     operator = Depends(authenticator.writer)
     API = contract.API
@@ -36,8 +36,10 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             contract.plain(dataclasses.asdict(r)) for r in catalog.list_resources(backend.engine)
         ]
 
-    @routes.get(f"{API}/resources/{{reference}}")
-    def show_resource(reference: str, principal: auth.Caller = viewer) -> dict[str, Any]:
+    @routes.get(f"{API}/resources/{{reference}}", responses=contract.errors(404, 422))
+    def show_resource(
+        reference: contract.Reference, principal: auth.Caller = viewer
+    ) -> dict[str, Any]:
         """One artifact version (NAME for the latest, or NAME:VERSION) and its users."""
         resource = catalog.resolve(backend.engine, reference)
         return {
@@ -52,16 +54,31 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             raise contract.ApiError(503, "this server has no resource center configured")
         return backend.bucket
 
-    @routes.post(f"{API}/resources/{{name}}", status_code=201)
+    one = f"{API}/resources/{{reference}}"
+    by_reference = {"reference": "$response.body#/name"}
+
+    # One path for the three (so a 405's Allow is the same for every method's view of
+    # it); an upload takes a NAME, never a version.
+    @routes.post(
+        one,
+        status_code=201,
+        responses={
+            **contract.errors(*contract.WRITE),
+            **contract.linked(
+                201,
+                show=("GET", one, by_reference),
+                delete=("DELETE", one, by_reference),
+            ),
+        },
+    )
     def upload_resource(
-        name: str,
+        name: contract.ResourceName,
         file: Annotated[UploadFile, File(description="The artifact (.py, .zip, .egg, .jar).")],
         principal: auth.Caller = operator,
     ) -> dict[str, Any]:
         """Store a file as the next version of NAME (multipart form field ``file``), with
         the validation of ``sparkring resource upload``: name, kind, size, checksum.
         Content already stored under NAME as its latest version is not stored again."""
-        validation.check_name(name)
         filename = Path(file.filename or "").name
         if not filename or filename in (".", ".."):
             raise contract.ApiError(400, "the upload has no file name (multipart field 'file')")
@@ -97,8 +114,10 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
         )
         return contract.plain(dataclasses.asdict(resource))
 
-    @routes.delete(f"{API}/resources/{{reference}}")
-    def delete_resource(reference: str, principal: auth.Caller = operator) -> dict[str, Any]:
+    @routes.delete(one, responses=contract.errors(*contract.WRITE, 404, 409))
+    def delete_resource(
+        reference: contract.Reference, principal: auth.Caller = operator
+    ) -> dict[str, Any]:
         """Delete NAME:VERSION, or every version of NAME; refused (409, naming the jobs)
         while a job references a version to delete."""
         deleted = catalog.delete(backend.engine, _bucket(), reference)

@@ -18,7 +18,7 @@ RING_JOBS_DRAWN = 2000
 
 
 def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter(tags=["ring"])
+    routes = APIRouter(tags=["ring"], responses=contract.errors(*contract.READ))
     viewer = Depends(authenticator.reader)
 
     @routes.get(f"{contract.API}/ring")
@@ -63,8 +63,8 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             "pending": sorted(r.name for r in rows if r.pending_reason),
         }
 
-    @routes.get(f"{contract.API}/ring/explain/{{job}}")
-    def explain(job: str, principal: auth.Caller = viewer) -> dict[str, Any]:
+    @routes.get(f"{contract.API}/ring/explain/{{job}}", responses=contract.errors(404, 409, 422))
+    def explain(job: contract.JobName, principal: auth.Caller = viewer) -> dict[str, Any]:
         """Why JOB is placed where it is: ring position, candidates walked, overflow."""
         members = backend.members()
         with backend.engine.connect() as conn:

@@ -24,7 +24,7 @@ PEER_HEALTH_TIMEOUT_S = 1.0
 
 
 def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter()
+    routes = APIRouter(responses=contract.errors(*contract.READ))
     viewer = Depends(authenticator.reader)
 
     @routes.get(f"{contract.API}/whoami", tags=["auth"])
