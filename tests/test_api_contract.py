@@ -21,13 +21,16 @@ import pytest
 from tests.api_helpers import API, ApiStack, api_stack
 from tests.cluster import HEARTBEAT_JOB
 
-# Fixed, so a failure in CI replays the same requests locally.
-SEED = 30
-# Examples per operation and phase: the two passes take about a minute together here.
+# Fixed, so a failure in CI replays the same requests locally (another by hand).
+SEED = int(os.environ.get("SPARKRING_FUZZ_SEED", "30"))
+# Examples per operation and phase: each pass takes 50-70 s here, the module about 2 min.
 MAX_EXAMPLES = int(os.environ.get("SPARKRING_FUZZ_EXAMPLES", "10"))
 CONFIG = Path(__file__).resolve().parent / "schemathesis.toml"
+# By hand, a longer run: fuzzing and stateful testing repeat until this many seconds
+# are spent (docs/console.md).
+MAX_SECONDS = os.environ.get("SPARKRING_FUZZ_SECONDS")
 # A pass that takes longer than this is a hang, not a slow fuzzer.
-PASS_TIMEOUT_S = 300
+PASS_TIMEOUT_S = 300 + int(MAX_SECONDS or 0)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +75,7 @@ def schemathesis(stack: ApiStack, token: str, folder: Path) -> subprocess.Comple
             f"Authorization: Bearer {token}",
             "--suppress-health-check",
             "all",
+            *(["--max-time", MAX_SECONDS] if MAX_SECONDS else []),
         ],
         cwd=folder,
         capture_output=True,
