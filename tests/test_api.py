@@ -125,7 +125,7 @@ def test_created_objects_link_to_the_operations_on_them(stack: ApiStack) -> None
     with stack.client() as http:
         schema = http.get(f"{API}/openapi.json").json()
     job_links = schema["paths"][f"{API}/jobs"]["post"]["responses"]["201"]["links"]
-    assert set(job_links) == {"show", "start", "stop", "revisions", "events", "delete"}
+    assert set(job_links) == {"show", "start", "stop", "revisions", "events", "logs", "delete"}
     upload = schema["paths"][f"{API}/resources/{{reference}}"]["post"]["responses"]["201"]
     assert set(upload["links"]) == {"show", "delete"}
     for link in [*job_links.values(), *upload["links"].values()]:

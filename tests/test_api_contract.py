@@ -95,3 +95,5 @@ def test_schemathesis_finds_no_failure(stack: ApiStack, role: str, tmp_path: Pat
     figures = re.search(r"(\d+) generated, (\d+) passed", report)
     assert figures is not None and figures[1] == figures[2], report
     print(f"schemathesis as {role}: {figures[0]}")
+    # Shown with -rA: its warnings (operations that stayed at 404, links not followed).
+    print(report[report.rfind("WARNINGS") :])

@@ -170,6 +170,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
                 stop=("POST", f"{job}/stop", by_name),
                 revisions=("GET", f"{job}/revisions", by_name),
                 events=("GET", f"{job}/events", by_name),
+                logs=("GET", f"{job}/logs", by_name),
                 delete=("DELETE", job, by_name),
             ),
         },
