@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import reprlib
 import ssl
 import time
 from collections.abc import Callable
@@ -136,7 +137,9 @@ def _describe_validation(exc: RequestValidationError) -> str:
             problems.append(f"{where or 'body'} is required")
         elif error.get("type") == "string_pattern_mismatch":
             rule = contract.RULES.get(error.get("ctx", {}).get("pattern"), "a value of its pattern")
-            problems.append(f"{where or 'body'}: {error.get('input')!r} is not {rule}")
+            # reprlib: a long input is shown cut, the one-line error stays short.
+            shown = reprlib.repr(error.get("input"))
+            problems.append(f"{where or 'body'}: {shown} is not {rule}")
         else:
             problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
     return "; ".join(problems) or "invalid request"

@@ -80,7 +80,8 @@ MEANINGS = {
     403: "A viewer token asking to write: writes need an operator token.",
     404: "No such job, artifact or run log.",
     409: "The request clashes with the current state (a name taken, a job still running, "
-    "an artifact in use, no such revision to roll back to).",
+    "an artifact in use or, named in a job's body, missing; no such revision to roll "
+    "back to).",
     413: "The request body is above its limit.",
     422: "An input breaks its declared bounds, type or rule; the message names the field.",
     429: "Too many live log follows open (4 per token, 32 per server).",

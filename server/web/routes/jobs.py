@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from resource_center import catalog
+from resource_center import errors as resource_errors
 from scheduler import jobs
 from server.web import auth, contract, tokens
 from sql.states import JobKind, RunState
@@ -155,6 +156,15 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
 
     # ---------------------------------------------------------------- commands
 
+    def _artifact(reference: str) -> catalog.Resource:
+        """An artifact a body names. One that does not exist is a 409: a 404 from
+        ``/jobs/<name>/revisions`` would say the job is missing (Schemathesis' stateful
+        phase read it so: 'created resource not found')."""
+        try:
+            return catalog.resolve(backend.engine, reference)
+        except resource_errors.UnknownResource as exc:
+            raise contract.ApiError(409, str(exc)) from None
+
     job = f"{API}/jobs/{{name}}"
     by_name = {"name": "$response.body#/name"}
 
@@ -162,7 +172,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
         f"{API}/jobs",
         status_code=201,
         responses={
-            **contract.errors(*contract.WRITE, 404, 409),
+            **contract.errors(*contract.WRITE, 409),
             **contract.linked(
                 201,
                 show=("GET", job, by_name),
@@ -178,8 +188,8 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
     def create_job(body: JobCreate, principal: auth.Caller = operator) -> dict[str, Any]:
         """Define a job (stopped); artifact versions are pinned now."""
         conf = {k: str(v) for k, v in body.conf.items()}
-        main = catalog.resolve(backend.engine, body.resource)
-        extra = [catalog.resolve(backend.engine, ref) for ref in body.py_files]
+        main = _artifact(body.resource)
+        extra = [_artifact(ref) for ref in body.py_files]
         with backend.engine.begin() as conn:
             job_id = jobs.create(
                 conn,
@@ -235,8 +245,8 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
     ) -> dict:
         """Make a new revision (``job update``). ``effect``: unchanged (no revision was
         made), rolling, next claim, kept (a running batch run) or at rest."""
-        main = catalog.resolve(backend.engine, body.resource) if body.resource else None
-        extra = [catalog.resolve(backend.engine, ref) for ref in body.py_files or []]
+        main = _artifact(body.resource) if body.resource else None
+        extra = [_artifact(ref) for ref in body.py_files or []]
         change = jobs.Change(
             resource_id=main.id if main is not None else None,
             py_file_ids=None if body.py_files is None else [r.id for r in extra],
