@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from resource_center import store
+from scheduler import jobs
 from server import log_shipping
 from server.web import tokens
 from tests.api_helpers import API, ApiStack, api_stack
@@ -280,6 +281,24 @@ def test_job_lifecycle_through_the_api_records_the_token_in_each_event(stack: Ap
     asked = [e for e in events if e["kind"] != "retargeted" and e["server"] is None]
     assert asked and all(e["detail"]["by"] == "token:ops" for e in asked)
     assert {"job": name, "kind": "deleted"} in [{"job": e["job"], "kind": e["kind"]} for e in feed]
+
+
+def test_a_deleted_jobs_events_are_a_404_by_name_and_stay_in_the_feed_and_the_cli(
+    stack: ApiStack,
+) -> None:
+    """ST301 (Schemathesis' stateful phase: 'deleted resource still available'): the
+    created job's ``events`` link answered 200 after its DELETE. Once no job has the
+    name it is a 404; the history stays in ``/api/v1/events`` and ``job events``."""
+    name = _name()
+    stack.create_job(name)
+    with stack.client(stack.operator) as http:
+        assert http.get(f"{API}/jobs/{name}/events").json()[0]["kind"] == "created"
+        assert http.delete(f"{API}/jobs/{name}").status_code == 200
+        _one_line_error(http.get(f"{API}/jobs/{name}/events"), 404, f"no job named '{name}'")
+        feed = http.get(f"{API}/events", params={"limit": 1000}).json()
+    assert [e["kind"] for e in feed if e["job"] == name] == ["created", "deleted"]
+    with stack.cluster.engine.connect() as conn:  # the CLI's `job events NAME`
+        assert [e["kind"] for e in jobs.events(conn, name)] == ["created", "deleted"]
 
 
 def test_revisions_through_the_api(stack: ApiStack) -> None:

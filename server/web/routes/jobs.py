@@ -221,8 +221,11 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
         principal: auth.Caller = viewer,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     ) -> list[dict[str, Any]]:
-        """The job's newest events, oldest first; ``detail.by`` names who asked."""
+        """The job's newest events, oldest first; ``detail.by`` names who asked. A 404
+        once no job has the name: a deleted job's history stays in ``/api/v1/events``
+        and ``sparkring job events NAME``."""
         with backend.engine.connect() as conn:
+            jobs.job_id_of(conn, name)
             return contract.plain(jobs.events(conn, name, limit))
 
     @routes.get(f"{API}/jobs/{{name}}/runs", responses=one)
