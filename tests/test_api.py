@@ -134,6 +134,8 @@ def test_created_objects_link_to_the_operations_on_them(stack: ApiStack) -> None
         "events",
         "logs",
         "runs",
+        "run",
+        "backfill",
         "delete",
     }
     upload = schema["paths"][f"{API}/resources/{{reference}}"]["post"]["responses"]["201"]
@@ -363,15 +365,17 @@ def test_schedules_runs_and_backfill_through_the_api(stack: ApiStack) -> None:
         assert [r["trigger"] for r in listed] == ["backfill", "backfill", "manual"]
         assert listed[-1]["run_id"] == run_id
         assert len(http.get(f"{url}/runs", params={"state": "queued"}).json()) == 2
-        _one_line_error(http.get(f"{url}/runs", params={"state": "bogus"}), 422, "state: Input should be")
+        _one_line_error(
+            http.get(f"{url}/runs", params={"state": "bogus"}), 422, "state: Input should be"
+        )
         _one_line_error(http.get(f"{url}/runs", params={"limit": 0}), 422, "limit")
         naive = {"from": "2026-01-01T00:00:00", "to": "2026-01-02T00:00:00Z"}
         _one_line_error(http.post(f"{url}/backfill", json=naive), 422, "from:")
         _one_line_error(http.post(f"{url}/backfill", json={**body, "to": "soon"}), 422, "to:")
         backwards = {"from": body["to"], "to": body["from"]}
-        _one_line_error(http.post(f"{url}/backfill", json=backwards), 422, "to: is before from")
+        _one_line_error(http.post(f"{url}/backfill", json=backwards), 400, "to: is before from")
         far = {**body, "to": "9999-12-31T23:59:59-23:59"}
-        _one_line_error(http.post(f"{url}/backfill", json=far), 422, "to:")
+        _one_line_error(http.post(f"{url}/backfill", json=far), 400, "to: 9999-12-31")
         _one_line_error(http.post(f"{url}/revisions", json={"misfire": "later"}), 422, "misfire")
         _one_line_error(
             http.post(f"{url}/revisions", json={"no_schedule": True, "timezone": "UTC"}),

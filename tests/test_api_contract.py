@@ -41,6 +41,7 @@ def stack(
     try:
         stack = next(stacks)
         stack.create_job("fuzzed")
+        stack.create_job("fuzzed-batch", kind="batch", schedule="@daily")
         with stack.client(stack.operator) as http:
             made = http.post(
                 f"{API}/resources/fuzzed",

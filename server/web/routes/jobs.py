@@ -46,9 +46,7 @@ class ScheduleFields(BaseModel):
     timezone: Zone | None = Field(None, description="IANA zone of the cron fields (UTC).")
     misfire: Misfire | None = Field(None, description="run-once (default) or skip.")
     misfire_grace: Duration | None = Field(None, description="A duration, e.g. 30m (1h).")
-    concurrency: Concurrency | None = Field(
-        None, description="forbid (default) or replace."
-    )
+    concurrency: Concurrency | None = Field(None, description="forbid (default) or replace.")
 
     def policies(self) -> tuple[Any, ...]:
         return (self.schedule, self.timezone, self.misfire, self.misfire_grace, self.concurrency)
@@ -270,6 +268,8 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
                 events=("GET", f"{job}/events", by_name),
                 logs=("GET", f"{job}/logs", by_name),
                 runs=("GET", f"{job}/runs", by_name),
+                run=("POST", f"{job}/run", by_name),
+                backfill=("POST", f"{job}/backfill", by_name),
                 delete=("DELETE", job, by_name),
             ),
         },
@@ -334,14 +334,16 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
     ) -> dict[str, Any]:
         """Queue each fire time of the schedule in [from, to] once, oldest first
         (``job backfill``); ``queued``: the times (with dry_run: that would be),
-        ``already``: those recorded before. 409 for a job without a schedule."""
+        ``already``: those recorded before. 409 for a job without a schedule; 400 for a
+        range out of order, outside 1970-9000 or holding more than 1,000 fire times
+        (what OpenAPI cannot state: the command refuses it, naming the field)."""
         for field, at in (("from", body.start), ("to", body.end)):
             if not EARLIEST <= at <= LATEST:
                 raise contract.ApiError(
-                    422, f"{field}: {at.isoformat()} is not between 1970 and 9000"
+                    400, f"{field}: {at.isoformat()} is not between 1970 and 9000"
                 )
         if body.end < body.start:
-            raise contract.ApiError(422, "to: is before from")
+            raise contract.ApiError(400, "to: is before from")
         with backend.engine.begin() as conn:
             job_id = jobs.job_id_of(conn, name)
             try:
