@@ -65,6 +65,22 @@ def _revised(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, A
     return f"{API}/jobs/{job}/rollback", {"json": {"to": 1}}
 
 
+def _scheduled(stack: ApiStack, job: str, action: str) -> str:
+    """A fresh batch job on a schedule, beside the stopped streaming ``job``."""
+    batch = f"batch-{job}"
+    stack.create_job(batch, kind="batch", schedule="@daily")
+    return f"{API}/jobs/{batch}/{action}"
+
+
+def _run(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, Any]]:
+    return _scheduled(stack, job, "run"), {}
+
+
+def _backfill(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, Any]]:
+    body = {"from": "2026-01-01T00:00:00Z", "to": "2026-01-03T00:00:00Z"}
+    return _scheduled(stack, job, "backfill"), {"json": body}
+
+
 def _upload(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, Any]]:
     return f"{API}/resources/{resource}", {"files": {"file": ("r.py", b"print(1)\n")}}
 
@@ -91,6 +107,8 @@ WRITES = [
         200,
     ),
     Write("POST", f"{API}/jobs/{{name}}/rollback", _revised, 200),
+    Write("POST", f"{API}/jobs/{{name}}/run", _run, 200),
+    Write("POST", f"{API}/jobs/{{name}}/backfill", _backfill, 200),
     Write("DELETE", f"{API}/jobs/{{name}}", lambda s, j, r: (f"{API}/jobs/{j}", {}), 200),
     Write("POST", f"{API}/resources/{{reference}}", _upload, 201),
     Write(
@@ -135,7 +153,7 @@ def _writes_so_far(stack: ApiStack) -> tuple[int, ...]:
     counts = stack.cluster.sql(
         "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM job_events), "
         "(SELECT count(*) FROM job_revisions), (SELECT count(*) FROM resources), "
-        "(SELECT count(*) FROM audit_events)"
+        "(SELECT count(*) FROM audit_events), (SELECT count(*) FROM runs)"
     )
     return tuple(counts[0])
 
