@@ -65,20 +65,15 @@ def _revised(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, A
     return f"{API}/jobs/{job}/rollback", {"json": {"to": 1}}
 
 
-def _scheduled(stack: ApiStack, job: str, action: str) -> str:
-    """A fresh batch job on a schedule, beside the stopped streaming ``job``."""
-    batch = f"batch-{job}"
-    stack.create_job(batch, kind="batch", schedule="@daily")
-    return f"{API}/jobs/{batch}/{action}"
-
-
-def _run(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, Any]]:
-    return _scheduled(stack, job, "run"), {}
+def _run_now(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, Any]]:
+    stack.create_job(f"{job}-b", kind="batch")
+    return f"{API}/jobs/{job}-b/run", {}
 
 
 def _backfill(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, Any]]:
-    body = {"from": "2026-01-01T00:00:00Z", "to": "2026-01-03T00:00:00Z"}
-    return _scheduled(stack, job, "backfill"), {"json": body}
+    stack.create_job(f"{job}-s", kind="batch", schedule="@hourly")
+    window = {"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T02:00:00Z"}
+    return f"{API}/jobs/{job}-s/backfill", {"json": window}
 
 
 def _upload(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, Any]]:
@@ -107,7 +102,7 @@ WRITES = [
         200,
     ),
     Write("POST", f"{API}/jobs/{{name}}/rollback", _revised, 200),
-    Write("POST", f"{API}/jobs/{{name}}/run", _run, 200),
+    Write("POST", f"{API}/jobs/{{name}}/run", _run_now, 200),
     Write("POST", f"{API}/jobs/{{name}}/backfill", _backfill, 200),
     Write("DELETE", f"{API}/jobs/{{name}}", lambda s, j, r: (f"{API}/jobs/{j}", {}), 200),
     Write("POST", f"{API}/resources/{{reference}}", _upload, 201),
