@@ -20,10 +20,10 @@ echo "test: set-up took $(( $(date +%s) - started )) s" >&2
 chaos="${CHAOS:-$([ $# -eq 0 ] && echo 1 || echo 0)}"
 
 # The campaign stops ZooKeeper and PostgreSQL, so each of its CHAOS_WORKERS workers
-# (default 2) gets a stack of its own: the first the main one, each other one started
+# (default 1; 2 or more opt in) gets a stack of its own: the first the main one, each other one started
 # here, while the suite runs, in a folder beside the main one and on its ports + 1000 x i
 # (ZooKeeper, PostgreSQL and S3 only: the campaign's Spark masters are its own).
-chaos_workers="${CHAOS_WORKERS:-2}"
+chaos_workers="${CHAOS_WORKERS:-1}"
 main_stack=$(.venv/bin/python scripts/stack.py env | sed -n 's/^export SPARKRING_STACK_DIR=//p')
 chaos_stacks="$main_stack"
 chaos_pids=()
@@ -57,11 +57,11 @@ stop_chaos_stacks() {
 reports="${TEST_REPORTS:-test-reports}"
 mkdir -p "$reports"
 set +e
-# The suite on SUITE_WORKERS pytest-xdist workers (default 3; 0: one process): its tests
+# The suite on SUITE_WORKERS pytest-xdist workers (default 2; 0: one process): its tests
 # wait on leases and sessions more than they compute, and each has its own database,
 # ZooKeeper chroot and bucket. worksteal: an idle worker takes half a busy one's queue
 # (the slow end-to-end tests are collected first, together).
-.venv/bin/python -m pytest --ignore=tests/chaos -n "${SUITE_WORKERS:-3}" --dist worksteal \
+.venv/bin/python -m pytest --ignore=tests/chaos -n "${SUITE_WORKERS:-2}" --dist worksteal \
     --durations=30 --junitxml="$reports/suite.xml" "$@"
 rc=$?
 echo "test: suite done at $(( $(date +%s) - started )) s" >&2
