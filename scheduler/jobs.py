@@ -179,7 +179,7 @@ class Change:
             if key in self.conf:
                 raise JobError(f"conf key {key!r} is both set and unset")
             if conf.pop(key, None) is None:
-                raise JobError(f"conf key {key!r} is not set, so it cannot be unset")
+                raise JobConflict(f"conf key {key!r} is not set, so it cannot be unset")
         conf.update(self.conf)
         if self.clear_schedule and self.schedule is not None:
             raise JobError("give --schedule or --no-schedule, not both")
@@ -909,11 +909,11 @@ def rollback(
     current, _ = _current(conn, job_id)
     if to is None:
         if current == 1:
-            raise JobError(f"job {name!r} has only revision 1: nothing to roll back to")
+            raise JobConflict(f"job {name!r} has only revision 1: nothing to roll back to")
         to = current - 1
     definition = _stored(conn, job_id, to) if 0 < to <= current else None
     if definition is None:
-        raise JobError(f"job {name!r} has no revision {to} (its revisions: 1 to {current})")
+        raise JobConflict(f"job {name!r} has no revision {to} (its revisions: 1 to {current})")
     return _revise(conn, job_id, name, definition, restart=restart, actor=actor, rollback_of=to)
 
 

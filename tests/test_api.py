@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from resource_center import store
+from scheduler import jobs
 from server import log_shipping
 from server.web import tokens
 from tests.api_helpers import API, ApiStack, api_stack
@@ -80,6 +81,86 @@ def test_openapi_schema_lists_the_api_and_its_bearer_scheme(stack: ApiStack) -> 
         schema["paths"]
     )
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+def test_the_openapi_document_lists_every_answer_with_the_one_error_model(
+    stack: ApiStack,
+) -> None:
+    """Issue 30: every route documented only 200/201 and 422; /metrics as JSON."""
+    with stack.client() as http:
+        schema = http.get(f"{API}/openapi.json").json()
+    error = {"$ref": "#/components/schemas/ErrorBody"}
+    assert schema["components"]["schemas"]["ErrorBody"]["required"] == ["error"]
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            answers = operation["responses"]
+            if path in ("/healthz", "/metrics"):
+                continue
+            expected = {"401", "503"} | (
+                {"400", "403", "413", "422"} if method in ("post", "delete") else set()
+            )
+            assert expected <= set(answers), (method, path, sorted(answers))
+            if "{" in path:
+                # An upload names what it makes: nothing to find.
+                found = (
+                    set()
+                    if (method, path) == ("post", f"{API}/resources/{{reference}}")
+                    else {"404"}
+                )
+                assert {"422", *found} <= set(answers), (method, path, sorted(answers))
+            for status, answer in answers.items():
+                if status.startswith(("4", "5")):
+                    assert answer["content"] == {"application/json": {"schema": error}}, (
+                        method,
+                        path,
+                        status,
+                    )
+    metrics = schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain"]
+    for logs in ("/logs/{job}", f"{API}/jobs/{{name}}/logs"):
+        assert "text/plain" in schema["paths"][logs]["get"]["responses"]["200"]["content"]
+    assert "409" in schema["paths"][f"{API}/jobs"]["post"]["responses"]
+
+
+def test_created_objects_link_to_the_operations_on_them(stack: ApiStack) -> None:
+    with stack.client() as http:
+        schema = http.get(f"{API}/openapi.json").json()
+    job_links = schema["paths"][f"{API}/jobs"]["post"]["responses"]["201"]["links"]
+    assert set(job_links) == {
+        "show",
+        "start",
+        "stop",
+        "revisions",
+        "events",
+        "logs",
+        "runs",
+        "run",
+        "backfill",
+        "delete",
+    }
+    upload = schema["paths"][f"{API}/resources/{{reference}}"]["post"]["responses"]["201"]
+    assert set(upload["links"]) == {"show", "delete"}
+    for link in [*job_links.values(), *upload["links"].values()]:
+        pointer, method = link["operationRef"].removeprefix("#/paths/").rsplit("/", 1)
+        path = pointer.replace("~1", "/").replace("~0", "~")
+        assert method in schema["paths"][path], link
+
+
+@pytest.mark.parametrize("role", ["viewer", "operator"])
+@pytest.mark.parametrize("method", ["TRACE", "PATCH", "PUT", "OPTIONS"])
+def test_a_method_no_route_serves_is_405_listing_every_method_of_the_path(
+    stack: ApiStack, role: str, method: str
+) -> None:
+    """Issue 30: Starlette's Allow named only the first route's methods (GET for
+    /api/v1/jobs, which also takes POST), and a viewer's TRACE was refused 403 as a
+    write."""
+    with stack.client(getattr(stack, role)) as http:
+        jobs = http.request(method, f"{API}/jobs")
+        resource = http.request(method, f"{API}/resources/heartbeat")
+    _one_line_error(jobs, 405)
+    assert jobs.headers["allow"] == "GET, POST"
+    _one_line_error(resource, 405)
+    assert resource.headers["allow"] == "DELETE, GET, POST"
 
 
 # ---------------------------------------------------------------- auth
@@ -204,6 +285,24 @@ def test_job_lifecycle_through_the_api_records_the_token_in_each_event(stack: Ap
     assert {"job": name, "kind": "deleted"} in [{"job": e["job"], "kind": e["kind"]} for e in feed]
 
 
+def test_a_deleted_jobs_events_are_a_404_by_name_and_stay_in_the_feed_and_the_cli(
+    stack: ApiStack,
+) -> None:
+    """ST301 (Schemathesis' stateful phase: 'deleted resource still available'): the
+    created job's ``events`` link answered 200 after its DELETE. Once no job has the
+    name it is a 404; the history stays in ``/api/v1/events`` and ``job events``."""
+    name = _name()
+    stack.create_job(name)
+    with stack.client(stack.operator) as http:
+        assert http.get(f"{API}/jobs/{name}/events").json()[0]["kind"] == "created"
+        assert http.delete(f"{API}/jobs/{name}").status_code == 200
+        _one_line_error(http.get(f"{API}/jobs/{name}/events"), 404, f"no job named '{name}'")
+        feed = http.get(f"{API}/events", params={"limit": 1000}).json()
+    assert [e["kind"] for e in feed if e["job"] == name] == ["created", "deleted"]
+    with stack.cluster.engine.connect() as conn:  # the CLI's `job events NAME`
+        assert [e["kind"] for e in jobs.events(conn, name)] == ["created", "deleted"]
+
+
 def test_revisions_through_the_api(stack: ApiStack) -> None:
     name = _name()
     stack.create_job(name, args=["a"])
@@ -221,10 +320,10 @@ def test_revisions_through_the_api(stack: ApiStack) -> None:
         same = http.post(f"{url}/revisions", json={"args": ["b"]}).json()
         assert (same["revision"], same["effect"]) == (2, "unchanged")
         _one_line_error(
-            http.post(f"{url}/revisions", json={"unset_conf": ["nope"]}), 400, "is not set"
+            http.post(f"{url}/revisions", json={"unset_conf": ["nope"]}), 409, "is not set"
         )
-        _one_line_error(http.post(f"{url}/revisions", json={"resource": "ghost"}), 404, "ghost")
-        _one_line_error(http.post(f"{url}/rollback", json={"to": 9}), 400, "no revision 9")
+        _one_line_error(http.post(f"{url}/revisions", json={"resource": "ghost"}), 409, "ghost")
+        _one_line_error(http.post(f"{url}/rollback", json={"to": 9}), 409, "no revision 9")
         back = http.post(f"{url}/rollback", json={}).json()
         assert (back["revision"], back["changed"]) == (3, ["conf", "args"])
         history = http.get(f"{url}/revisions").json()
@@ -272,7 +371,23 @@ def test_schedules_runs_and_backfill_through_the_api(stack: ApiStack) -> None:
         assert [r["trigger"] for r in listed] == ["backfill", "backfill", "manual"]
         assert listed[-1]["run_id"] == run_id
         assert len(http.get(f"{url}/runs", params={"state": "queued"}).json()) == 2
-        _one_line_error(http.get(f"{url}/runs", params={"state": "bogus"}), 400, "bogus")
+        _one_line_error(
+            http.get(f"{url}/runs", params={"state": "bogus"}), 422, "state: Input should be"
+        )
+        _one_line_error(http.get(f"{url}/runs", params={"limit": 0}), 422, "limit")
+        naive = {"from": "2026-01-01T00:00:00", "to": "2026-01-02T00:00:00Z"}
+        _one_line_error(http.post(f"{url}/backfill", json=naive), 422, "from:")
+        _one_line_error(http.post(f"{url}/backfill", json={**body, "to": "soon"}), 422, "to:")
+        backwards = {"from": body["to"], "to": body["from"]}
+        _one_line_error(http.post(f"{url}/backfill", json=backwards), 400, "to: is before from")
+        far = {**body, "to": "9999-12-31T23:59:59-23:59"}
+        _one_line_error(http.post(f"{url}/backfill", json=far), 400, "to: 9999-12-31")
+        _one_line_error(http.post(f"{url}/revisions", json={"misfire": "later"}), 422, "misfire")
+        _one_line_error(
+            http.post(f"{url}/revisions", json={"no_schedule": True, "timezone": "UTC"}),
+            400,
+            "no_schedule excludes",
+        )
         post = f"{API}/jobs"
         _one_line_error(
             http.post(post, json={"name": _name(), "resource": "heartbeat", "schedule": "@daily"}),
@@ -401,11 +516,13 @@ def test_bad_input_is_4xx_with_a_message_naming_the_problem_and_writes_nothing(
         )
         _one_line_error(
             http.post(post, json={"name": "no spaces", "resource": "heartbeat"}),
-            400,
-            "job name 'no spaces' must be",
+            422,
+            "name: 'no spaces' is not 1-128 letters",
         )
+        huge = http.post(post, json={"name": "x" * 100_000, "resource": "heartbeat"})
+        assert len(_one_line_error(huge, 422, "name: 'xxx")) < 200  # the input shown cut
         _one_line_error(
-            http.post(post, json={"name": "x", "resource": "nosuchresource"}), 404, "nosuchresource"
+            http.post(post, json={"name": "x", "resource": "nosuchresource"}), 409, "nosuchresource"
         )
         _one_line_error(
             http.post(post, json={"name": taken, "resource": "heartbeat"}),
@@ -536,9 +653,82 @@ def test_resource_upload_and_delete_over_http(stack: ApiStack, tmp_path: Path) -
     assert (uploaded["name"], uploaded["version"], uploaded["filename"]) == (name, 1, "etl.py")
     assert again.status_code == 201 and again.json()["version"] == 1  # same content: unchanged
     assert wrong_kind.status_code == 400 and ".txt" in wrong_kind.json()["error"]
-    assert bad_name.status_code == 400
+    assert bad_name.status_code == 422 and "name" in bad_name.json()["error"]
     assert no_file.status_code == 422 and "file" in no_file.json()["error"]
     assert listed["sha256"] == uploaded["sha256"]
     assert gone.status_code == 200 and gone.json() == {"deleted": [f"{name}:1"]}
     assert after.status_code == 404
     _one_line_error(in_use, 409, user)
+
+
+# ---------------------------------------------------------------- bounds (issue 30)
+
+INT_OVERFLOW = 2**31  # one past PostgreSQL's integer
+BIGINT_OVERFLOW = "3057077141917740574965760"  # 25 digits: past PostgreSQL's bigint
+
+
+OUT_OF_RANGE = [
+    ("GET", f"{API}/jobs", {"offset": BIGINT_OVERFLOW}, None, "offset"),
+    ("GET", f"{API}/events", {"after": BIGINT_OVERFLOW}, None, "after"),
+    ("GET", f"{API}/audit", {"after": BIGINT_OVERFLOW}, None, "after"),
+    ("GET", f"{API}/jobs", {"q": "a\x00b"}, None, "q"),
+    ("GET", f"{API}/jobs", {"owner": "s\x001"}, None, "owner"),
+    (
+        "POST",
+        f"{API}/jobs",
+        None,
+        {"resource": "heartbeat", "max_restarts": INT_OVERFLOW},
+        "max_restarts",
+    ),
+    (
+        "POST",
+        f"{API}/jobs",
+        None,
+        {"resource": "heartbeat", "kind": "batch", "max_retries": INT_OVERFLOW},
+        "max_retries",
+    ),
+    ("POST", f"{API}/jobs", None, {"resource": f"heartbeat:{INT_OVERFLOW}"}, "resource"),
+    ("POST", f"{API}/jobs", None, {"resource": "heartbeat", "args": ["a\x00"]}, "args"),
+    ("POST", f"{API}/jobs", None, {"resource": "heartbeat", "conf": {"k": "v\x00"}}, "conf"),
+    (
+        "POST",
+        f"{API}/jobs",
+        None,
+        {"resource": "heartbeat", "spark_master": "\x00"},
+        "spark_master",
+    ),
+    (
+        "POST",
+        f"{API}/jobs/{{job}}/revisions",
+        None,
+        {"max_restarts": INT_OVERFLOW},
+        "max_restarts",
+    ),
+    ("POST", f"{API}/jobs/{{job}}/rollback", None, {"to": INT_OVERFLOW}, "to"),
+    ("GET", f"{API}/resources/heartbeat:{INT_OVERFLOW}", None, None, "reference"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "params", "body", "field"),
+    OUT_OF_RANGE,
+    ids=[f"{case[0]} {case[1]} {case[4]}" for case in OUT_OF_RANGE],
+)
+def test_out_of_range_input_is_a_422_naming_the_field_never_a_database_error(
+    stack: ApiStack,
+    method: str,
+    path: str,
+    params: dict[str, str] | None,
+    body: dict[str, object] | None,
+    field: str,
+) -> None:
+    """Issue 30: `offset` of 25 digits reached PostgreSQL and overflowed bigint (503);
+    every integer is bounded by its column, every text refuses NUL (PostgreSQL's text
+    cannot hold it)."""
+    job = _name()
+    stack.create_job(job)
+    if body is not None and path == f"{API}/jobs":
+        body = {"name": _name(), **body}
+    with stack.client(stack.operator) as http:
+        reply = http.request(method, path.format(job=job), params=params, json=body)
+    _one_line_error(reply, 422, field)

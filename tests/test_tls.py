@@ -20,6 +20,7 @@ from registry import servers
 from server import settings as settings_module
 from server import tls
 from server.web import api, httpd, livelog
+from server.web.routes import servers as server_routes
 from tests import certificates
 
 HOST = certificates.HOST
@@ -143,12 +144,12 @@ def test_peer_health_verifies_the_peer_against_the_ca(
         id="peer", host=HOST, pid=1, capacity=1, role="both", version="x", started_at=0.0,
         health_url=peer,
     )  # fmt: skip
-    assert api._health_of(_backend(trusted), {"peer": info})["peer"] == (
+    assert server_routes.health_of(_backend(trusted), {"peer": info})["peer"] == (
         True,
         {"healthy": True, "running": 1},
     )
     # Not verified: reported as unreachable, never as what an impostor said.
-    assert api._health_of(_backend(untrusted), {"peer": info})["peer"] == (None, None)
+    assert server_routes.health_of(_backend(untrusted), {"peer": info})["peer"] == (None, None)
 
 
 def test_cert_and_key_go_together_and_bad_files_are_named(

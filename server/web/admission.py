@@ -2,8 +2,8 @@
 
 FastAPI reads (and parses, or spools to disk) a request's body before it resolves the
 route's dependencies, the token check among them. So this middleware, in front of the
-app, takes every request that may carry a body (any method but GET, HEAD and OPTIONS;
-all of them are operator writes) and, before one byte of the body is read:
+app, takes every request for one of the API's writes (a POST or DELETE the API declares
+on that path: all of them an operator's) and, before one byte of the body is read:
 
 1. authenticates the ``Authorization`` header and requires an operator (401 / 403);
 2. refuses a declared ``Content-Length`` above the route's cap (413): artifact uploads
@@ -20,6 +20,7 @@ route does not look the token up again.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import anyio.to_thread
 from starlette.datastructures import Headers
@@ -29,8 +30,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.web import auth
 
-# Methods that carry no body and change nothing: left to the routes' own checks.
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Reads check their token in their route. A method the API does not declare on a path
+# (PUT, PATCH, TRACE, a POST to /healthz, ...) is answered 405 (or 404) by the router,
+# which reads no body either, whoever asks.
+READ_METHODS = frozenset({"GET", "HEAD"})
 UPLOAD = re.compile(r"^/api/v1/resources/[^/]+$")
 # Room for the multipart boundaries and part headers around an uploaded file.
 MULTIPART_FRAMING_BYTES = 64 * 1024
@@ -51,14 +54,21 @@ class Admission:
         *,
         max_json_bytes: int,
         max_artifact_bytes: int,
+        declared: Callable[[str], frozenset[str]],
     ) -> None:
+        """``declared``: the methods the API declares on a path."""
         self.app = app
+        self._declared = declared
         self._authenticator = authenticator
         self._max_json_bytes = max_json_bytes
         self._max_artifact_bytes = max_artifact_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in SAFE_METHODS:
+        if (
+            scope["type"] != "http"
+            or scope["method"] in READ_METHODS
+            or scope["method"] not in self._declared(scope["path"])
+        ):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)

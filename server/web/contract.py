@@ -1,0 +1,145 @@
+"""What the API promises in ``/api/v1/openapi.json``, declared once for every route:
+
+- the one error body, ``{"error": "<one line>"}`` (:class:`ErrorBody`, raised as
+  :class:`ApiError`), and what each error status means (:data:`MEANINGS`);
+- the statuses each kind of route can answer (:func:`errors`; the routers take them as
+  defaults, a route adds its own 404 or 409);
+- the bounds of every input: integers within their PostgreSQL column, names by the
+  CLI's rules, free text without NUL (PostgreSQL's text cannot hold it), so a malformed
+  request is a 422 naming the field and never reaches the database;
+- the links a client (or Schemathesis' stateful phase) follows from a created object.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Annotated, Any
+
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from resource_center import validation
+from scheduler import jobs
+
+API = "/api/v1"
+
+# PostgreSQL's integer and bigint: the largest value of each column type.
+INTEGER_MAX = 2**31 - 1
+BIGINT_MAX = 2**63 - 1
+
+# The CLI's name rules (jobs and artifacts share them), as JSON Schema patterns.
+NAME_PATTERN = jobs.NAME.pattern
+# NAME, or NAME:VERSION with a version that fits resources.version (integer).
+REFERENCE_PATTERN = rf"^{validation.NAME_PATTERN.pattern}(:[1-9][0-9]{{0,8}})?$"
+NAME_RULE = validation.NAME_RULE
+REFERENCE_RULE = f"NAME or NAME:VERSION: NAME of {NAME_RULE}; VERSION a positive integer"
+# Free text stored in PostgreSQL (text or jsonb): anything but NUL.
+TEXT_PATTERN = r"^[^\x00]*$"
+TEXT_RULE = "text without NUL characters"
+# What a 422 says when a pattern did not match, instead of the pattern itself.
+RULES = {NAME_PATTERN: NAME_RULE, REFERENCE_PATTERN: REFERENCE_RULE, TEXT_PATTERN: TEXT_RULE}
+
+JobName = Annotated[str, PathParam(pattern=NAME_PATTERN, description=f"Job name: {NAME_RULE}.")]
+# An upload's NAME, on the path of its NAME[:VERSION] reads and deletes.
+ResourceName = Annotated[
+    str,
+    PathParam(
+        alias="reference",
+        pattern=NAME_PATTERN,
+        description=f"Artifact name (an upload takes no version): {NAME_RULE}.",
+    ),
+]
+Reference = Annotated[
+    str, PathParam(pattern=REFERENCE_PATTERN, description=f"Artifact: {REFERENCE_RULE}.")
+]
+# In a body: a reference, free text, a count of restarts (jobs.max_restarts is integer).
+BodyReference = Annotated[str, Field(pattern=REFERENCE_PATTERN)]
+Text = Annotated[str, Field(pattern=TEXT_PATTERN)]
+Budget = Annotated[int, Field(ge=0, le=INTEGER_MAX)]
+# Spark conf: its keys are free text too (stated as propertyNames for the schema's readers).
+Conf = Annotated[
+    dict[Text, Text], Field(json_schema_extra={"propertyNames": {"pattern": TEXT_PATTERN}})
+]
+
+
+class ErrorBody(BaseModel):
+    """Every refusal the API answers."""
+
+    error: str = Field(
+        description="What is wrong, in one line (the CLI's message).",
+        examples=["no job named 'etl'"],
+    )
+
+
+MEANINGS = {
+    400: "Malformed request: the body is not JSON or its Content-Length is not a number; "
+    "or the command refuses the input (the CLI's message).",
+    401: "No bearer token, or an unknown, revoked or expired one.",
+    403: "A viewer token asking to write: writes need an operator token.",
+    404: "No such job, artifact or run log.",
+    409: "The request clashes with the current state (a name taken, a job still running, "
+    "an artifact in use or, named in a job's body, missing; no such revision to roll "
+    "back to).",
+    413: "The request body is above its limit.",
+    422: "An input breaks its declared bounds, type or rule; the message names the field.",
+    429: "Too many live log follows open (4 per token, 32 per server).",
+    503: "PostgreSQL (or, for artifacts, S3) is unavailable.",
+}
+
+# Every route behind a token: the token is looked up in PostgreSQL.
+READ = (401, 503)
+# Every write: checked before its body is read (server/web/admission.py), then validated.
+WRITE = (400, 401, 403, 413, 422, 503)
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` for these error statuses, each with :class:`ErrorBody`."""
+    return {status: {"model": ErrorBody, "description": MEANINGS[status]} for status in statuses}
+
+
+def errors_beside_text(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """:func:`errors` for a route that answers plain text: FastAPI would file a model's
+    errors under the route's text/plain, so these name :class:`ErrorBody` as JSON (its
+    schema is in the document through the other routes)."""
+    body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    return {status: {"description": MEANINGS[status], "content": body} for status in statuses}
+
+
+def linked(status: int, **links: tuple[str, str, dict[str, str]]) -> dict[int | str, Any]:
+    """FastAPI ``responses=`` declaring OpenAPI links from the answer ``status``:
+    ``name=(method, path, {parameter: runtime expression})``."""
+    return {
+        status: {
+            "links": {
+                name: {
+                    "operationRef": "#/paths/"
+                    + path.replace("~", "~0").replace("/", "~1")
+                    + f"/{method.lower()}",
+                    "parameters": parameters,
+                }
+                for name, (method, path, parameters) in links.items()
+            }
+        }
+    }
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def default(value: Any) -> str:
+    """Datetimes in ISO 8601, as ``--json`` prints them; anything else as text."""
+    return value.isoformat() if isinstance(value, datetime.datetime) else str(value)
+
+
+def plain(data: Any) -> Any:
+    """Plain JSON values (datetimes as ISO 8601 strings)."""
+    return json.loads(json.dumps(data, default=default))

@@ -1,0 +1,2 @@
+"""The API's routes, one module per noun, each a function of the server's ``Backend``
+that returns its ``APIRouter`` (``server/web/api.py`` includes them all)."""

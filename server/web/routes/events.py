@@ -1,0 +1,49 @@
+"""The feeds a client polls with ``after``: the cluster's job events and the audit
+trail of the writes that are not a job's own."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+
+from scheduler import jobs
+from server.web import audit, auth, contract
+from server.web.routes.jobs import MAX_PAGE
+
+if TYPE_CHECKING:
+    from server.web import api
+
+# Event and audit ids are bigint.
+After = Annotated[
+    int, Query(ge=0, le=contract.BIGINT_MAX, description="Only events with a larger id.")
+]
+
+
+def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
+    routes = APIRouter(responses=contract.errors(*contract.READ, 422))
+    viewer = Depends(authenticator.reader)
+
+    @routes.get(f"{contract.API}/events", tags=["jobs"])
+    def cluster_events(
+        principal: auth.Caller = viewer,
+        after: After = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    ) -> list[dict[str, Any]]:
+        """The cluster's event feed (every job), oldest first; poll with ``after``."""
+        with backend.engine.connect() as conn:
+            return contract.plain(jobs.recent_events(conn, after, limit))
+
+    @routes.get(f"{contract.API}/audit", tags=["auth"])
+    def audit_events(
+        principal: auth.Caller = viewer,
+        after: After = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    ) -> list[dict[str, Any]]:
+        """The audit trail of writes that are not a job's own (artifact uploads and
+        deletes, token creation and revocation), oldest first; poll with ``after``.
+        Job writes are job events (``detail.by``)."""
+        with backend.engine.connect() as conn:
+            return contract.plain(audit.recent(conn, after, limit))
+
+    return routes
