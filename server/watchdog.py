@@ -226,6 +226,7 @@ class Watchdog:
         self.command: list[str] = args.command
         self.lease_file: Path = args.lease_file
         self.deadline = -math.inf
+        self.late_kills = 0  # descendants first killed after kill_everything's first round
         self.stop_requested = False
         self.kill_requested = False
         self.driver: subprocess.Popen[bytes] | None = None
@@ -478,12 +479,31 @@ class Watchdog:
                 return False
 
     def kill_everything(self) -> None:
-        """SIGKILL the group and every descendant re-parented to us, until none is left."""
+        """SIGKILL the group and every descendant re-parented to us, until none is left.
+
+        The first round of a driver that had not exited is recorded (``killed``, with
+        --records): from then on no process
+        it signalled runs another instruction of its own, however long the kernel takes
+        to tear it down and this watchdog to reap it (seconds on a saturated host, for a
+        JVM of many threads). A descendant that was neither in the group nor our child
+        then (one that left the group, its parent still alive) is killed in a later round
+        and counted in the ``ended`` record's ``late_kills``: until then it ran."""
+        assert self.driver is not None
+        signalled = set(group_members(self.driver.pid)) | set(_children())
+        first, exited = True, self.driver_status is not None
         while True:
             self._signal_group(signal.SIGKILL)
-            for child in _children():
+            children = _children()
+            for child in children:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child, signal.SIGKILL)
+            if first:
+                if not exited:
+                    self._record("killed", time.time(), lease_clock())
+                first = False
+            else:
+                self.late_kills += len(set(children) - signalled)
+                signalled.update(children)
             if self._reap(block=True):
                 return
 
@@ -570,7 +590,12 @@ class Watchdog:
         # Every descendant is reaped: a record never claims an end earlier than the real one.
         ended_at, ended_mono = time.time(), lease_clock()
         self._record(
-            "ended", ended_at, ended_mono, reason=str(reason), exit_code=self.driver_status
+            "ended",
+            ended_at,
+            ended_mono,
+            reason=str(reason),
+            exit_code=self.driver_status,
+            late_kills=self.late_kills,
         )
         return self._finish(reason, self.driver_status, ended_at)
 

@@ -144,6 +144,40 @@ def test_lease_expiry_kills_the_group_at_the_deadline(
     assert handle.watchdog_exit == exit_codes.ExitCode.LEASE_EXPIRED
 
 
+def test_the_first_kill_is_recorded_and_a_descendant_that_left_the_group_is_a_late_kill(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    """The ``killed`` record marks the first SIGKILL round: from then on nothing it
+    signalled runs, however long the reaping takes (a thawed or saturated host took
+    seconds: the chaos checker ends a driver's run there). The descendant in its own
+    session is not in the group: it is killed once re-parented, a late kill."""
+    deadline = watchdog.lease_clock() + 1.5
+    handle = supervise(
+        started, tmp_path, [sys.executable, str(child), str(tmp_path), "family"], deadline
+    )
+    wait_ready(tmp_path)
+
+    assert handle.wait(10) is not None
+
+    [killed] = [r for r in records(tmp_path) if r["event"] == "killed"]
+    ended = ended_record(tmp_path)
+    assert deadline <= killed["mono"] <= ended["mono"]
+    assert killed["pid"] == ended["pid"] and killed["epoch"] == 7
+    assert ended["late_kills"] == 1
+
+
+def test_a_driver_whose_processes_all_share_its_group_has_no_late_kill(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], watchdog.lease_clock() + 1
+    )
+    wait_ready(tmp_path)
+    assert handle.wait(10) is not None
+    assert [r["event"] for r in records(tmp_path)] == ["started", "killed", "ended"]
+    assert ended_record(tmp_path)["late_kills"] == 0
+
+
 def test_confirmations_keep_the_driver_alive(
     tmp_path: Path, child: Path, started: list[driver.Driver]
 ) -> None:

@@ -282,7 +282,11 @@ def _lives(
     records: Iterable[Mapping[str, Any]], clock: str = "auto", boot_to_wall: float | None = None
 ) -> list[_Life]:
     """Pair each ``started`` record with its ``ended`` record (same job, epoch, server
-    and driver pid); an ``ended`` record without a start is ignored. Times are on
+    and driver pid); an ``ended`` record without a start is ignored. A driver its
+    watchdog killed stops running at the ``killed`` record (the first SIGKILL round:
+    nothing signalled runs another instruction of its own), however much later it was
+    reaped or, its watchdog hung, swept; unless an ``ended`` record counts
+    ``late_kills`` (a descendant outside the group, killed only later). Times are on
     ``clock`` (``auto``: :func:`records_clock` of the records; ``wall``: the host's true
     wall clock, :func:`host_wall`)."""
     records = list(records)
@@ -293,12 +297,18 @@ def _lives(
         records = [{**r, "wall": host_wall(r, offset)} for r in records]
     lives: dict[tuple[str, int, str, Any], _Life] = {}
     ends: dict[tuple[str, int, str, Any], Mapping[str, Any]] = {}
+    kills: dict[tuple[str, int, str, Any], float] = {}
+    late: set[tuple[str, int, str, Any]] = set()
     for r in records:
         key = (r["job"], int(r["epoch"]), str(r["server"]), r.get("pid"))
         if r["event"] == "started":
             lives[key] = _Life(key[0], key[1], key[2], key[3], float(r[clock]))
         elif r["event"] == "ended":
             ends[key] = r
+            if r.get("late_kills"):
+                late.add(key)
+        elif r["event"] == "killed":
+            kills.setdefault(key, float(r[clock]))
     for key, r in ends.items():
         life = lives.get(key)
         if life is not None:
@@ -307,6 +317,11 @@ def _lives(
                 r.get("reason"),
                 r.get("exit_code"),
             )
+    for key, killed in kills.items():
+        life = lives.get(key)
+        if life is not None and key not in late:
+            life.end = killed if life.end is None else min(life.end, killed)
+            life.reason = life.reason or "killed"
     return sorted(lives.values(), key=lambda life: (life.job, life.start))
 
 
