@@ -410,16 +410,26 @@ class Watchdog:
         finally:
             engine.dispose()
 
-    def _finish(self, reason: Reason, exit_code: int | None, ended_at: float) -> int:
+    def _was_stopping(self, reason: Reason, exit_code: int | None) -> bool:
+        """Whether a stop was asked of it when its driver exited on its own: a failure
+        before the stop is the job's own, counted even while its server stops it."""
+        return reason is not Reason.EXITED or self._stopping_at_exit(
+            exit_code, exit_codes.SIGTERM_EXITS
+        )
+
+    def _finish(
+        self,
+        reason: Reason,
+        exit_code: int | None,
+        ended_at: float,
+        stopping: bool | None = None,
+    ) -> int:
         if reason is Reason.EXITED:
             code = exit_codes.ExitCode.OK if exit_code == 0 else exit_codes.ExitCode.DRIVER_FAILED
         else:
             code = EXIT_CODE_OF_REASON[reason]
-        # Whether a stop was asked of it when its driver exited on its own: a failure
-        # before the stop is the job's own, counted even while its server stops it.
-        stopping = reason is not Reason.EXITED or self._stopping_at_exit(
-            exit_code, exit_codes.SIGTERM_EXITS
-        )
+        if stopping is None:
+            stopping = self._was_stopping(reason, exit_code)
         recorded = self._record_end(reason, exit_code, stopping)
         rundir.write_json_atomically(
             self.args.result,
@@ -595,6 +605,8 @@ class Watchdog:
         self.kill_everything()
         # Every descendant is reaped: a record never claims an end earlier than the real one.
         ended_at, ended_mono = time.time(), lease_clock()
+        # Said in the record too: an exit during a stop is no failure of the job's.
+        stopping = self._was_stopping(reason, self.driver_status)
         self._record(
             "ended",
             ended_at,
@@ -602,8 +614,9 @@ class Watchdog:
             reason=str(reason),
             exit_code=self.driver_status,
             late_kills=self.late_kills,
+            stopping=stopping,
         )
-        return self._finish(reason, self.driver_status, ended_at)
+        return self._finish(reason, self.driver_status, ended_at, stopping)
 
     def _supervise(self, pidfd: int, wake_read: int) -> Reason:
         """Wait until the driver exits, the lease runs out, or a stop finishes."""

@@ -308,6 +308,7 @@ def test_stop_sends_sigterm_then_sigkill_after_the_grace(
     assert (tmp_path / f"term-{pid}").exists()  # it was asked first
     assert 1.0 <= elapsed < 1.0 + KILL_LATENCY_S + 0.5
     assert not alive(pid)
+    assert ended_record(tmp_path)["stopping"] is True
 
 
 def test_stop_of_a_driver_that_honours_sigterm_returns_at_once(
@@ -407,6 +408,7 @@ def test_a_failing_driver_reports_its_exit_code(
     assert outcome.started_at is not None and outcome.started_at <= outcome.ended_at
     assert handle.watchdog_exit == exit_codes.ExitCode.DRIVER_FAILED
     assert [r["event"] for r in records(tmp_path)] == ["started", "ended"]
+    assert ended_record(tmp_path)["stopping"] is False  # its own failure: the budget's
     assert "driver ended: reason=exited exit_code=3" in handle.log_file.read_text()
 
 
