@@ -234,6 +234,7 @@ class _Life:
     end: float | None = None  # None: no ``ended`` record (alive, or its end unproven)
     reason: str | None = None
     exit_code: int | None = None
+    stopping: bool = False  # its watchdog's word: it ended while being stopped
 
     @property
     def label(self) -> str:
@@ -317,6 +318,7 @@ def _lives(
                 r.get("reason"),
                 r.get("exit_code"),
             )
+            life.stopping = bool(r.get("stopping"))
     for key, killed in kills.items():
         life = lives.get(key)
         if life is not None and key not in late:
@@ -757,7 +759,10 @@ def _driver_failures(lives: Sequence[_Life], items: Sequence[Mapping[str, Any]])
     failing = {
         life.epoch
         for life in lives
-        if life.reason == "exited" and life.exit_code is not None and life.exit_code != 0
+        if life.reason == "exited"
+        and life.exit_code is not None
+        and life.exit_code != 0
+        and not life.stopping  # an exit during a stop spends no budget (the watchdog's word)
     }
     failing |= {
         int(e["epoch"])
