@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import faulthandler
 import json
 import logging
 import math
@@ -70,7 +71,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
@@ -89,6 +89,10 @@ def lease_clock() -> float:
 
 # How often the lease file is re-read when nothing else wakes the watchdog, seconds.
 DEFAULT_INTERVAL_S = 0.1
+# A supervising loop that has not gone round for this long dumps every thread's stack
+# into the driver log (faulthandler, from a thread of its own that needs no GIL): a
+# watchdog must never be stuck, and when one is, the log says where. Seconds.
+STALL_DUMP_S = 2.0
 # Grace between SIGTERM and SIGKILL when no stop file says otherwise, seconds.
 DEFAULT_GRACE_S = 20.0
 # Recording the driver's exit (--report-fd): connection and statement limits, the pause
@@ -226,6 +230,7 @@ class Watchdog:
         self.command: list[str] = args.command
         self.lease_file: Path = args.lease_file
         self.deadline = -math.inf
+        self.late_kills = 0  # descendants first killed after kill_everything's first round
         self.stop_requested = False
         self.kill_requested = False
         self.driver: subprocess.Popen[bytes] | None = None
@@ -405,16 +410,26 @@ class Watchdog:
         finally:
             engine.dispose()
 
-    def _finish(self, reason: Reason, exit_code: int | None, ended_at: float) -> int:
+    def _was_stopping(self, reason: Reason, exit_code: int | None) -> bool:
+        """Whether a stop was asked of it when its driver exited on its own: a failure
+        before the stop is the job's own, counted even while its server stops it."""
+        return reason is not Reason.EXITED or self._stopping_at_exit(
+            exit_code, exit_codes.SIGTERM_EXITS
+        )
+
+    def _finish(
+        self,
+        reason: Reason,
+        exit_code: int | None,
+        ended_at: float,
+        stopping: bool | None = None,
+    ) -> int:
         if reason is Reason.EXITED:
             code = exit_codes.ExitCode.OK if exit_code == 0 else exit_codes.ExitCode.DRIVER_FAILED
         else:
             code = EXIT_CODE_OF_REASON[reason]
-        # Whether a stop was asked of it when its driver exited on its own: a failure
-        # before the stop is the job's own, counted even while its server stops it.
-        stopping = reason is not Reason.EXITED or self._stopping_at_exit(
-            exit_code, exit_codes.SIGTERM_EXITS
-        )
+        if stopping is None:
+            stopping = self._was_stopping(reason, exit_code)
         recorded = self._record_end(reason, exit_code, stopping)
         rundir.write_json_atomically(
             self.args.result,
@@ -478,13 +493,34 @@ class Watchdog:
                 return False
 
     def kill_everything(self) -> None:
-        """SIGKILL the group and every descendant re-parented to us, until none is left."""
+        """SIGKILL the group and every descendant re-parented to us, until none is left.
+
+        The first round of a driver that had not exited is recorded (``killed``, with
+        --records): from then on no process
+        it signalled runs another instruction of its own, however long the kernel takes
+        to tear it down and this watchdog to reap it (seconds on a saturated host, for a
+        JVM of many threads). A descendant that was neither in the group nor our child
+        then (one that left the group, its parent still alive) is killed in a later round
+        and counted in the ``ended`` record's ``late_kills``: until then it ran."""
+        assert self.driver is not None
+        signalled = set(group_members(self.driver.pid)) | set(_children())
+        first, exited = True, self.driver_status is not None
         while True:
+            faulthandler.dump_traceback_later(STALL_DUMP_S)
             self._signal_group(signal.SIGKILL)
-            for child in _children():
+            children = _children()
+            for child in children:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child, signal.SIGKILL)
+            if first:
+                if not exited:
+                    self._record("killed", time.time(), lease_clock())
+                first = False
+            else:
+                self.late_kills += len(set(children) - signalled)
+                signalled.update(children)
             if self._reap(block=True):
+                faulthandler.cancel_dump_traceback_later()
                 return
 
     def _control_files_are_safe(self) -> bool:
@@ -540,6 +576,8 @@ class Watchdog:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         self._write_state()
+        if self.report is not None:
+            _load_recorder()
 
         self._read_deadline()
         if lease_clock() >= self.deadline:
@@ -562,17 +600,23 @@ class Watchdog:
         self._write_state()
         self._record("started", self.started_at, started_mono)
         log.info("driver started: pid=%s", self.driver.pid)
-        if self.report is not None:
-            threading.Thread(target=_load_recorder, name="load-recorder", daemon=True).start()
 
         reason = self._supervise(os.pidfd_open(self.driver.pid), wake_read)
         self.kill_everything()
         # Every descendant is reaped: a record never claims an end earlier than the real one.
         ended_at, ended_mono = time.time(), lease_clock()
+        # Said in the record too: an exit during a stop is no failure of the job's.
+        stopping = self._was_stopping(reason, self.driver_status)
         self._record(
-            "ended", ended_at, ended_mono, reason=str(reason), exit_code=self.driver_status
+            "ended",
+            ended_at,
+            ended_mono,
+            reason=str(reason),
+            exit_code=self.driver_status,
+            late_kills=self.late_kills,
+            stopping=stopping,
         )
-        return self._finish(reason, self.driver_status, ended_at)
+        return self._finish(reason, self.driver_status, ended_at, stopping)
 
     def _supervise(self, pidfd: int, wake_read: int) -> Reason:
         """Wait until the driver exits, the lease runs out, or a stop finishes."""
@@ -582,6 +626,7 @@ class Watchdog:
         reason = Reason.EXITED
         kill_at = math.inf  # SIGKILL time of a stop in progress
         while True:
+            faulthandler.dump_traceback_later(STALL_DUMP_S)
             self._read_deadline()
             now = lease_clock()
             if self.kill_requested:
@@ -613,14 +658,20 @@ class Watchdog:
 
 
 def _load_recorder() -> None:
-    """Import what :meth:`Watchdog._record_end` writes with, while the driver runs. A
+    """Import what :meth:`Watchdog._record_end` writes with, before the driver starts. A
     batch run's exit 0 is a fact on this host alone until it is committed: a host lost
     (frozen, powered off) in between runs the generation again elsewhere
     (docs/drivers.md, "What a batch job may see twice"). Imported at the exit, the
     database client took 0.4 s on an idle 2-core host and over a second under load;
-    loaded here, the exit is committed within a connect and one statement. About 24 MB
+    loaded before, the exit is committed within a connect and one statement. About 24 MB
     per watchdog that records (one per running driver). A failure here is harmless: the
-    recording imports again, and says why it cannot."""
+    recording imports again, and says why it cannot.
+
+    Not on a thread of its own while the driver runs, as it was: on a saturated host
+    that thread held the GIL through its imports while the supervising loop waited for
+    it, seconds at a time, past the lease deadline (CHAOS_SEED=500268951: a stop's
+    SIGTERM and a kill at the deadline each came over 10 s late; the stall dump,
+    STALL_DUMP_S, showed the loop waiting in a /proc read while this import ran)."""
     with contextlib.suppress(Exception):
         from scheduler import distribution  # noqa: F401
         from server import driver_error, reconcile, spark_master  # noqa: F401

@@ -144,6 +144,40 @@ def test_lease_expiry_kills_the_group_at_the_deadline(
     assert handle.watchdog_exit == exit_codes.ExitCode.LEASE_EXPIRED
 
 
+def test_the_first_kill_is_recorded_and_a_descendant_that_left_the_group_is_a_late_kill(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    """The ``killed`` record marks the first SIGKILL round: from then on nothing it
+    signalled runs, however long the reaping takes (a thawed or saturated host took
+    seconds: the chaos checker ends a driver's run there). The descendant in its own
+    session is not in the group: it is killed once re-parented, a late kill."""
+    deadline = watchdog.lease_clock() + 1.5
+    handle = supervise(
+        started, tmp_path, [sys.executable, str(child), str(tmp_path), "family"], deadline
+    )
+    wait_ready(tmp_path)
+
+    assert handle.wait(10) is not None
+
+    [killed] = [r for r in records(tmp_path) if r["event"] == "killed"]
+    ended = ended_record(tmp_path)
+    assert deadline <= killed["mono"] <= ended["mono"]
+    assert killed["pid"] == ended["pid"] and killed["epoch"] == 7
+    assert ended["late_kills"] == 1
+
+
+def test_a_driver_whose_processes_all_share_its_group_has_no_late_kill(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    handle = supervise(
+        started, tmp_path, [sys.executable, str(child), str(tmp_path)], watchdog.lease_clock() + 1
+    )
+    wait_ready(tmp_path)
+    assert handle.wait(10) is not None
+    assert [r["event"] for r in records(tmp_path)] == ["started", "killed", "ended"]
+    assert ended_record(tmp_path)["late_kills"] == 0
+
+
 def test_confirmations_keep_the_driver_alive(
     tmp_path: Path, child: Path, started: list[driver.Driver]
 ) -> None:
@@ -274,6 +308,7 @@ def test_stop_sends_sigterm_then_sigkill_after_the_grace(
     assert (tmp_path / f"term-{pid}").exists()  # it was asked first
     assert 1.0 <= elapsed < 1.0 + KILL_LATENCY_S + 0.5
     assert not alive(pid)
+    assert ended_record(tmp_path)["stopping"] is True
 
 
 def test_stop_of_a_driver_that_honours_sigterm_returns_at_once(
@@ -373,6 +408,7 @@ def test_a_failing_driver_reports_its_exit_code(
     assert outcome.started_at is not None and outcome.started_at <= outcome.ended_at
     assert handle.watchdog_exit == exit_codes.ExitCode.DRIVER_FAILED
     assert [r["event"] for r in records(tmp_path)] == ["started", "ended"]
+    assert ended_record(tmp_path)["stopping"] is False  # its own failure: the budget's
     assert "driver ended: reason=exited exit_code=3" in handle.log_file.read_text()
 
 
@@ -618,14 +654,16 @@ def test_a_watchdog_records_its_driver_s_own_exit_but_not_a_failure_during_a_sto
     assert len(connecting) == int(writes), "an ending that is not the driver's own was written"
 
 
-def test_a_watchdog_that_records_loads_its_database_client_while_its_driver_runs(
+def test_a_watchdog_that_records_loads_its_database_client_before_its_driver_starts(
     started: list[driver.Driver], tmp_path: Path, child: Path
 ) -> None:
-    """A batch run's exit 0 is a fact on one host until its watchdog commits it: a host
-    lost in that window runs the generation again (docs/drivers.md, "What a batch job
+    """A batch run's exit 0 is a fact on one host until its watchdog commits it: a host lost
+    in that window runs the generation again (docs/drivers.md, "What a batch job
     may see twice"; CHAOS_SEED=593937537: the exit came 0.85 s before its host froze,
     while the watchdog was still importing its database client). So a watchdog that
-    records loads that client while its driver runs, not after the exit."""
+    records loads that client before it starts the driver: not after the exit, and not on
+    a thread beside its supervising loop, which that import starved of the GIL for
+    seconds on a saturated host (CHAOS_SEED=500268951)."""
     report = driver.FinishReport(
         database_url="postgresql+psycopg://nobody@127.0.0.1:1/none",
         job_id=1,
@@ -636,17 +674,14 @@ def test_a_watchdog_that_records_loads_its_database_client_while_its_driver_runs
         log_file=str(tmp_path / "driver.log"),
     )
     handle = supervise(
-        started,
-        tmp_path,
-        [sys.executable, str(child), str(tmp_path)],
-        watchdog.lease_clock() + 60,
-        report=report,
+        started, tmp_path, ["sleep", "60"], watchdog.lease_clock() + 60, report=report
     )
-    wait_ready(tmp_path)
-    maps = Path(f"/proc/{handle.pid}/maps")
+    state = tmp_path / "run" / rundir.STATE_FILE
 
-    def loaded() -> bool:
-        return "sqlalchemy" in maps.read_text()
+    def spawned() -> bool:
+        return bool((rundir.read_json(state) or {}).get("driver_pid"))
 
-    waiting.wait_until(loaded, 30, interval=0.1, message="the database client was not loaded")
+    waiting.wait_until(spawned, 30, interval=0.005, message="the driver never started")
+    # Loaded already at the spawn, without waiting: it came first.
+    assert "sqlalchemy" in Path(f"/proc/{handle.pid}/maps").read_text()
     handle.kill()

@@ -234,6 +234,7 @@ class _Life:
     end: float | None = None  # None: no ``ended`` record (alive, or its end unproven)
     reason: str | None = None
     exit_code: int | None = None
+    stopping: bool = False  # its watchdog's word: it ended while being stopped
 
     @property
     def label(self) -> str:
@@ -282,7 +283,11 @@ def _lives(
     records: Iterable[Mapping[str, Any]], clock: str = "auto", boot_to_wall: float | None = None
 ) -> list[_Life]:
     """Pair each ``started`` record with its ``ended`` record (same job, epoch, server
-    and driver pid); an ``ended`` record without a start is ignored. Times are on
+    and driver pid); an ``ended`` record without a start is ignored. A driver its
+    watchdog killed stops running at the ``killed`` record (the first SIGKILL round:
+    nothing signalled runs another instruction of its own), however much later it was
+    reaped or, its watchdog hung, swept; unless an ``ended`` record counts
+    ``late_kills`` (a descendant outside the group, killed only later). Times are on
     ``clock`` (``auto``: :func:`records_clock` of the records; ``wall``: the host's true
     wall clock, :func:`host_wall`)."""
     records = list(records)
@@ -293,12 +298,18 @@ def _lives(
         records = [{**r, "wall": host_wall(r, offset)} for r in records]
     lives: dict[tuple[str, int, str, Any], _Life] = {}
     ends: dict[tuple[str, int, str, Any], Mapping[str, Any]] = {}
+    kills: dict[tuple[str, int, str, Any], float] = {}
+    late: set[tuple[str, int, str, Any]] = set()
     for r in records:
         key = (r["job"], int(r["epoch"]), str(r["server"]), r.get("pid"))
         if r["event"] == "started":
             lives[key] = _Life(key[0], key[1], key[2], key[3], float(r[clock]))
         elif r["event"] == "ended":
             ends[key] = r
+            if r.get("late_kills"):
+                late.add(key)
+        elif r["event"] == "killed":
+            kills.setdefault(key, float(r[clock]))
     for key, r in ends.items():
         life = lives.get(key)
         if life is not None:
@@ -307,6 +318,12 @@ def _lives(
                 r.get("reason"),
                 r.get("exit_code"),
             )
+            life.stopping = bool(r.get("stopping"))
+    for key, killed in kills.items():
+        life = lives.get(key)
+        if life is not None and key not in late:
+            life.end = killed if life.end is None else min(life.end, killed)
+            life.reason = life.reason or "killed"
     return sorted(lives.values(), key=lambda life: (life.job, life.start))
 
 
@@ -742,7 +759,10 @@ def _driver_failures(lives: Sequence[_Life], items: Sequence[Mapping[str, Any]])
     failing = {
         life.epoch
         for life in lives
-        if life.reason == "exited" and life.exit_code is not None and life.exit_code != 0
+        if life.reason == "exited"
+        and life.exit_code is not None
+        and life.exit_code != 0
+        and not life.stopping  # an exit during a stop spends no budget (the watchdog's word)
     }
     failing |= {
         int(e["epoch"])

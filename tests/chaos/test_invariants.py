@@ -82,6 +82,32 @@ def test_lifetimes_overlap_including_a_driver_still_alive() -> None:
     assert len(invariants.lifetime_overlaps(alive, now=10)) == 1
 
 
+def _killed_at(records: list[dict], t: float, late_kills: int | None = None) -> list[dict]:
+    """``records`` of one life with a ``killed`` record at ``t`` (the watchdog's first
+    SIGKILL round) and, when given, ``late_kills`` in its ``ended`` record."""
+    started, *ended = records
+    killed = {**{k: started[k] for k in ("job", "epoch", "server", "pid")}, "event": "killed"}
+    if late_kills is not None:
+        ended = [{**r, "late_kills": late_kills} for r in ended]
+    return [started, {**killed, "t": t}, *ended]
+
+
+def test_a_killed_driver_stops_running_at_its_first_kill_not_at_its_reaping() -> None:
+    # Killed at 5, reaped at 12 (a saturated host); its successor started at 6.
+    slow_reap = _killed_at(_life("a", 1, "s1", 0, 12, reason="lease_expired"), 5, 0)
+    successor = _life("a", 2, "s2", 6, None)
+    assert invariants.lifetime_overlaps(slow_reap + successor, now=20) == []
+    # Its watchdog hung after the kill: only the server's sweep wrote an end, later.
+    hung = _killed_at(_life("a", 1, "s1", 0, 15, reason="killed", exit_code=None), 5)
+    assert invariants.lifetime_overlaps(hung + successor, now=20) == []
+    # A descendant that had left the group died only at the reaping: it ran until then.
+    late = _killed_at(_life("a", 1, "s1", 0, 12, reason="lease_expired"), 5, 1)
+    [problem] = invariants.lifetime_overlaps(late + successor, now=20)
+    assert "overlap by 6.000 s" in problem
+    # Without a killed record nothing changes: the end is the ended record.
+    assert len(invariants.lifetime_overlaps(_life("a", 1, "s1", 0, 12) + successor, now=20)) == 1
+
+
 def test_two_incarnations_driving_one_epoch_are_two_drivers() -> None:
     # Two incarnations of server s1 each started a driver for epoch 3 (same-id restart).
     both = _life("a", 3, "s1", 0, None, pid=11) + _life("a", 3, "s1", 2, 6, pid=12)
@@ -451,6 +477,11 @@ def test_a_generation_whose_driver_failed_past_its_budget_ran_again() -> None:
     # A driver killed for a lost lease (or stopped, or killed) did not fail on its own.
     lease = _life("b", 1, "s1", 0, 3, reason="lease_expired", exit_code=-9)
     assert invariants.budget_overruns(no_retries, lease + again[2:], claims) == []
+    # Nor did one that exited non-zero while it was being stopped (its watchdog says so:
+    # the product spends no budget on it; CHAOS_SEED=500268951, bf0 exited 1 after a
+    # stop's SIGTERM, then a start resumed the generation).
+    stopped = [{**r, "stopping": True} if r["event"] == "ended" else r for r in again[:2]]
+    assert invariants.budget_overruns(no_retries, stopped + again[2:], claims) == []
     # A failure the server recorded counts as well, even without an exit in the records
     # (the watchdog was killed before it could write one).
     recorded = [
