@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from scheduler import distribution, fires, jobs, runs, schedule
 from sql import tables
 from sql.states import JobKind
-from tests import factories
+from tests import factories, waiting
 
 OWNER = distribution.Owner("s1", "inc-1")
 
@@ -209,6 +209,44 @@ def test_forbid_records_a_fire_skipped_while_the_previous_run_runs(engine: sa.En
     first, second = _runs(engine, job_id)
     assert (first["state"], first["trigger"]) == ("pending", "manual")
     assert (second["state"], second["reason"]) == ("skipped", "previous run still running")
+
+
+def test_a_run_ended_by_a_transaction_begun_before_a_skipping_fire_ends_after_it(
+    engine: sa.Engine,
+) -> None:
+    """A run's ``ended_at`` is when its end was written, not when the writing
+    transaction began. A watchdog's or an owner's transaction that began before a fire
+    time and recorded the end after a fire skipped for it ("previous run still
+    running") used to stamp the run ended *before* the fire: the S6 checker then saw a
+    fire skipped while no run ran (CI of stop 35, a coordinator kill under load)."""
+    job_id = factories.scheduled_job(engine, spec="@every 1s")
+    with engine.begin() as conn:
+        jobs.run_now(conn, "nightly")
+    factories.target(engine, job_id, "s1")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, OWNER, ttl=30)
+        distribution.mark_running(conn, job_id, OWNER, claim.epoch, pid=1)
+    with engine.connect() as ender:
+        with ender.begin():
+            began = ender.execute(sa.text("SELECT now()")).scalar_one()
+            fire_time = began.replace(microsecond=0) + timedelta(seconds=1)
+            waiting.wait_until(
+                lambda: _pg_now(engine) > fire_time, 10, interval=0.05, message="the fire time"
+            )
+            _due(engine, job_id, (_pg_now(engine) - fire_time).total_seconds() + 0.001)
+            fired = _fire(engine)  # the run is still running for the fire: skipped
+            assert fired is not None and fired.run_id is None and fired.skipped >= 1
+            distribution.finish(ender, job_id, OWNER, claim.epoch)
+    manual, *skips = _runs(engine, job_id)
+    assert [s["reason"] for s in skips][-1] == "previous run still running"
+    assert manual["state"] == "finished"
+    latest_skip = datetime.fromisoformat(skips[-1]["scheduled_time"])
+    assert datetime.fromisoformat(manual["ended_at"]) > latest_skip
+
+
+def _pg_now(engine: sa.Engine) -> datetime:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT now()")).scalar_one()
 
 
 def test_replace_stops_the_previous_run_and_starts_the_fire(engine: sa.Engine) -> None:
