@@ -18,16 +18,22 @@ from tests import factories, waiting
 OWNER = distribution.Owner("s1", "inc-1")
 
 
-def _due(engine: sa.Engine, job_id: int, seconds_ago: float) -> None:
-    """Make the job's schedule checked only until ``seconds_ago`` (no sleeping)."""
+def _checked_until(engine: sa.Engine, job_id: int, until_sql: str, **params: object) -> None:
+    """Make the job's schedule checked only until ``until_sql`` (an SQL expression, with
+    ``params``) and due now: the fire times after it are due (no sleeping)."""
     with engine.begin() as conn:
         conn.execute(
             sa.text(
-                "UPDATE jobs SET fires_checked_until = now() - make_interval(secs => :s), "
+                f"UPDATE jobs SET fires_checked_until = {until_sql}, "
                 "next_fire_at = now() - interval '1 microsecond' WHERE id = :j"
             ),
-            {"s": seconds_ago, "j": job_id},
+            {**params, "j": job_id},
         )
+
+
+def _due(engine: sa.Engine, job_id: int, seconds_ago: float) -> None:
+    """Make the job's schedule checked only until ``seconds_ago``."""
+    _checked_until(engine, job_id, "now() - make_interval(secs => :s)", s=seconds_ago)
 
 
 def _due_once(engine: sa.Engine, job_id: int) -> None:
@@ -35,15 +41,7 @@ def _due_once(engine: sa.Engine, job_id: int) -> None:
     window of 61 s of ``@every 1m`` holds two fire times when the test's statements take
     a second or more on a loaded machine (or now is within a second of a minute), and
     the older one is a recorded misfire."""
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE jobs SET fires_checked_until = date_trunc('hour', now()) "
-                "- interval '1 second', next_fire_at = now() - interval '1 microsecond' "
-                "WHERE id = :j"
-            ),
-            {"j": job_id},
-        )
+    _checked_until(engine, job_id, "date_trunc('hour', now()) - interval '1 second'")
 
 
 def _fire(engine: sa.Engine) -> fires.Fired | None:
@@ -233,7 +231,7 @@ def test_a_run_ended_by_a_transaction_begun_before_a_skipping_fire_ends_after_it
             waiting.wait_until(
                 lambda: _pg_now(engine) > fire_time, 10, interval=0.05, message="the fire time"
             )
-            _due(engine, job_id, (_pg_now(engine) - fire_time).total_seconds() + 0.001)
+            _checked_until(engine, job_id, ":t - interval '1 ms'", t=fire_time)
             fired = _fire(engine)  # the run is still running for the fire: skipped
             assert fired is not None and fired.run_id is None and fired.skipped >= 1
             distribution.finish(ender, job_id, OWNER, claim.epoch)
