@@ -648,6 +648,9 @@ class CoordinatorLoop:
     only once this loop has reached PostgreSQL without a failure for that long: after
     an outage of PostgreSQL every lease in the table has expired, and each owner needs
     a poll to re-claim its own jobs, which must not be moved meanwhile.
+
+    ``reap_hold``: nothing is reaped until PostgreSQL has been up that long
+    (:func:`distribution.reap`); a server passes its lease TTL.
     """
 
     def __init__(
@@ -668,6 +671,7 @@ class CoordinatorLoop:
         defer_streak: int = 0,
         defer_window: float = 0.0,
         residency: float | None = None,
+        reap_hold: float = 0.0,
         on_deposed: Callable[[], None] = lambda: None,
         on_rebalance: Callable[[Rebalance], None] = lambda _: None,
         still_leader: Callable[[], bool] = lambda: False,
@@ -687,6 +691,7 @@ class CoordinatorLoop:
         self._defer_streak = defer_streak
         self._defer_window = defer_window
         self._residency = residency
+        self._reap_hold = reap_hold
         # When this loop's PostgreSQL access last began (monotonic; None: failing now).
         self._reachable_since: float | None = None
         self._next_wait = interval
@@ -813,7 +818,7 @@ class CoordinatorLoop:
         self._next_wait = self._interval if due is None else min(self._interval, due + 0.05)
         with self.engine.begin() as conn:
             _fence(conn, self.term)
-            reaped = distribution.reap(conn, self._live(), self.server)
+            reaped = distribution.reap(conn, self._live(), self.server, hold=self._reap_hold)
         if result.changed or reaped:
             log.info(
                 "rebalanced",

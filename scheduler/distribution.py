@@ -140,7 +140,9 @@ _CLAIM = sa.text(
            AND (
                 (d.owner IS NULL AND d.state = ANY(:claimable)
                  AND (d.not_before IS NULL OR d.not_before <= now()))
-             OR (d.owner IS NOT NULL AND d.lease_until < now())
+             OR (d.owner IS NOT NULL AND d.lease_until < now()
+                 AND (d.owner = :server
+                      OR pg_postmaster_start_time() < now() - make_interval(secs => :hold)))
            )
         RETURNING d.job_id, j.name, d.epoch, d.attempt, d.generation, d.revision,
                   jsonb_build_object('attempt', d.attempt, 'revision', d.revision) AS detail
@@ -151,13 +153,20 @@ _CLAIM = sa.text(
 )
 
 
-def claim(conn: sa.Connection, job_id: int, owner: Owner, ttl: float) -> Claim:
+def claim(
+    conn: sa.Connection, job_id: int, owner: Owner, ttl: float, *, hold: float = 0.0
+) -> Claim:
     """Take the job: ``epoch + 1`` and a lease from PostgreSQL's clock.
 
     Succeeds only when the job is targeted at ``server``, desired running, and either
     unowned and claimable (pending, or backoff past ``not_before``) or owned under an
     expired lease (the previous owner was lost: a batch job runs again, attempt + 1).
     Records the revision the run starts from (:attr:`Claim.revision`).
+
+    Another server's expired lease is taken over only once PostgreSQL has been up for
+    ``hold`` seconds, for the reason :func:`reap` waits: right after an outage of
+    PostgreSQL every lease has expired, and its live owner may hold the only record of
+    how its driver ended.
     """
     row = conn.execute(
         _CLAIM,
@@ -165,6 +174,7 @@ def claim(conn: sa.Connection, job_id: int, owner: Owner, ttl: float) -> Claim:
             "job_id": job_id,
             **owner.params(),
             "ttl": ttl,
+            "hold": hold,
             "sources": list(states.sources(RunState.STARTING)),
             "claimable": sorted(states.CLAIMABLE),
         },
@@ -699,6 +709,7 @@ _REAP = sa.text(
     WITH lost AS (
         SELECT job_id, owner FROM distribution
          WHERE owner IS NOT NULL AND NOT (owner = ANY(:live)) AND lease_until < now()
+           AND pg_postmaster_start_time() < now() - make_interval(secs => :hold)
     ), j AS (
         SELECT id, name, desired FROM jobs
          WHERE id IN (SELECT job_id FROM lost) ORDER BY id FOR SHARE
@@ -723,14 +734,24 @@ _REAP = sa.text(
 )
 
 
-def reap(conn: sa.Connection, live: Iterable[str], server: str) -> list[tuple[int, str, int]]:
+def reap(
+    conn: sa.Connection, live: Iterable[str], server: str, *, hold: float = 0.0
+) -> list[tuple[int, str, int]]:
     """Clear the owner of jobs whose owner left the registry and whose lease expired.
 
     ``server`` is the reaper (the coordinator), recorded in the events. Returns
     (job id, former owner, epoch) of every row reaped. The job rows are locked first
     (module docstring), so a command committed meanwhile decides pending or stopped.
+
+    Nothing is reaped until PostgreSQL has been up for ``hold`` seconds. Through an
+    outage of PostgreSQL past the lease every lease expires and every server withdraws
+    from ZooKeeper, so right after it every owner looks lost; but the owners are alive,
+    and one may hold the only word on how its driver ended meanwhile (a batch driver
+    that exited 1 while nothing could be recorded). Reaped first, that run would run
+    again past its budget (hole H5). In ``hold`` every live owner renews, registers
+    again and records what it knows; the reap then takes only what the dead held.
     """
-    rows = conn.execute(_REAP, {"live": sorted(set(live)), "server": server})
+    rows = conn.execute(_REAP, {"live": sorted(set(live)), "server": server, "hold": hold})
     return [(row.job_id, row.owner, row.epoch) for row in rows]
 
 

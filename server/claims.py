@@ -191,7 +191,9 @@ def claim(the_runner: runner.Runner, row: distribution.Row) -> None:
     t_sent = watchdog.lease_clock()
     try:
         with the_runner.engine.begin() as conn:
-            claim = distribution.claim(conn, row.job_id, the_runner.owner, cfg.lease_ttl)
+            claim = distribution.claim(
+                conn, row.job_id, the_runner.owner, cfg.lease_ttl, hold=cfg.takeover_hold
+            )
     except distribution.NotClaimable:
         return
     metrics.REGISTRY.inc("sparkring_claims_total")

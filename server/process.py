@@ -177,6 +177,7 @@ class Server:
                 records=s.driver_records,
                 run_as=run_as,
                 driver_nice=s.driver_nice,
+                takeover_hold=s.lease_lapse_grace,
             ),
             may_claim=self._may_claim,
         )
@@ -436,6 +437,8 @@ class Server:
                 # hand-over window (set it cluster-wide).
                 hold=max(s.placement_settle, s.handover_window),
                 lapse=s.lease_lapse_grace,
+                # After an outage of PostgreSQL, its owners' word first (reap).
+                reap_hold=s.lease_lapse_grace,
                 defer_streak=s.defer_streak,
                 defer_window=s.defer_avoid,
                 residency=s.min_residency,

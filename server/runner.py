@@ -114,6 +114,9 @@ class RunnerConfig:
     driver_nice: int = 0
     # The longest wait between two looks at a Spark master that did not answer, seconds.
     master_wait_max: float = defaults.SPARK_MASTER_WAIT_MAX_S
+    # Another server's expired lease is claimed over only once PostgreSQL has been up
+    # this long (distribution.claim): after its outage, the owner's word first.
+    takeover_hold: float = 0.0
 
 
 class Runner:

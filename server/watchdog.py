@@ -496,12 +496,12 @@ class Watchdog:
         """SIGKILL the group and every descendant re-parented to us, until none is left.
 
         The first round of a driver that had not exited is recorded (``killed``, with
-        --records): from then on no process
-        it signalled runs another instruction of its own, however long the kernel takes
-        to tear it down and this watchdog to reap it (seconds on a saturated host, for a
-        JVM of many threads). A descendant that was neither in the group nor our child
-        then (one that left the group, its parent still alive) is killed in a later round
-        and counted in the ``ended`` record's ``late_kills``: until then it ran."""
+        --records): from then on no process it signalled runs another instruction of its
+        own, however long the kernel takes to tear it down and this watchdog to reap it
+        (seconds on a saturated host, for a JVM of many threads). A descendant that was
+        neither in the group nor our child then (one that left the group, its parent
+        still alive) is killed in a later round and counted in the ``ended`` record's
+        ``late_kills``: until then it ran."""
         assert self.driver is not None
         signalled = set(group_members(self.driver.pid)) | set(_children())
         first, exited = True, self.driver_status is not None

@@ -261,9 +261,10 @@ def test_servers_page_shows_a_server_join_and_its_death(
 
 
 def test_ring_and_events_pages_draw(browser: webdriver.Chrome, stack: ApiStack) -> None:
-    # A job of its own for the feed's 'created': under xdist this test may be the first
-    # of its worker's stack, with no job made yet.
-    stack.create_job(f"web-{uuid.uuid4().hex[:8]}")
+    # Its own event: the module's stack is per worker, and this test may run first on
+    # its worker (it failed so when no other test had created a job).
+    name = f"feed-{uuid.uuid4().hex[:8]}"
+    stack.create_job(name)
     _log_in(browser, stack, stack.viewer)
     browser.get(stack.url + "/console/#/ring")
     _until(
@@ -274,7 +275,7 @@ def test_ring_and_events_pages_draw(browser: webdriver.Chrome, stack: ApiStack) 
     assert browser.find_elements(By.CSS_SELECTOR, "#ring-servers tr[data-server='s1']")
     _screenshot(browser, "ring")
     browser.get(stack.url + "/console/#/events")
-    _until(browser, lambda: "created" in _text(browser, "#events"), "the events feed")
+    _until(browser, lambda: f"{name} created" in _text(browser, "#events"), "the events feed")
     _screenshot(browser, "events")
 
 

@@ -115,13 +115,54 @@ def test_reap_only_after_the_lease_expired_and_owner_left(engine: sa.Engine) -> 
     assert kinds[-1] == "reaped"
 
 
-def test_claim_over_an_expired_lease_reruns_a_batch_job(engine: sa.Engine) -> None:
+def _running_on_s1_with_its_lease_expired(engine: sa.Engine) -> tuple[int, distribution.Claim]:
+    """A batch job "b" whose driver runs on s1 (its first claim), its lease expired."""
     job_id = factories.job(engine, "b", kind=JobKind.BATCH)
     factories.target(engine, job_id, "s1")
     first = _claim(engine, job_id, "s1")
     with engine.begin() as conn:
         distribution.mark_running(conn, job_id, owner("s1"), first.epoch, pid=1)
     factories.expire_lease(engine, job_id)
+    return job_id, first
+
+
+def _postgresql_uptime(engine: sa.Engine) -> float:
+    with engine.connect() as conn:
+        return float(
+            conn.execute(
+                sa.text("SELECT EXTRACT(EPOCH FROM now() - pg_postmaster_start_time())")
+            ).scalar_one()
+        )
+
+
+def test_right_after_postgresql_started_no_lease_is_reaped_or_taken_over(
+    engine: sa.Engine,
+) -> None:
+    """Hole H5 under an outage of PostgreSQL past the lease (CHAOS_SEED=817466012): every
+    lease expired and every server withdrew, and the first reap took a live owner's
+    batch job whose driver had exited 1 meanwhile: it ran again past --max-retries 0.
+    For ``hold`` seconds after PostgreSQL started, a departed owner's lease is neither
+    reaped nor claimed over (its owner's word comes first); its own owner may re-claim."""
+    job_id, first = _running_on_s1_with_its_lease_expired(engine)
+    just_started = _postgresql_uptime(engine) + 3600  # as if PostgreSQL just started
+    with engine.begin() as conn:
+        assert distribution.reap(conn, live=[], server="coord", hold=just_started) == []
+    factories.target(engine, job_id, "s2")
+    with pytest.raises(distribution.NotClaimable), engine.begin() as conn:
+        distribution.claim(conn, job_id, owner("s2"), TTL, hold=just_started)
+    factories.target(engine, job_id, "s1")
+    with engine.begin() as conn:  # its own owner's expired lease: no wait
+        again = distribution.claim(conn, job_id, owner("s1"), TTL, hold=just_started)
+    assert again.epoch == first.epoch + 1
+    factories.expire_lease(engine, job_id)
+    with engine.begin() as conn:  # up for longer than the hold: reaped as before
+        assert distribution.reap(conn, live=[], server="coord", hold=0.0) == [
+            (job_id, "s1", again.epoch)
+        ]
+
+
+def test_claim_over_an_expired_lease_reruns_a_batch_job(engine: sa.Engine) -> None:
+    job_id, _ = _running_on_s1_with_its_lease_expired(engine)
     factories.target(engine, job_id, "s2")
     second = _claim(engine, job_id, "s2")
     assert (second.epoch, second.attempt) == (2, 2)

@@ -13,21 +13,27 @@ from sqlalchemy.exc import DBAPIError
 from scheduler import distribution, fires, jobs, runs, schedule
 from sql import tables
 from sql.states import JobKind
-from tests import factories
+from tests import factories, waiting
 
 OWNER = distribution.Owner("s1", "inc-1")
 
 
-def _due(engine: sa.Engine, job_id: int, seconds_ago: float) -> None:
-    """Make the job's schedule checked only until ``seconds_ago`` (no sleeping)."""
+def _checked_until(engine: sa.Engine, job_id: int, until_sql: str, **params: object) -> None:
+    """Make the job's schedule checked only until ``until_sql`` (an SQL expression, with
+    ``params``) and due now: the fire times after it are due (no sleeping)."""
     with engine.begin() as conn:
         conn.execute(
             sa.text(
-                "UPDATE jobs SET fires_checked_until = now() - make_interval(secs => :s), "
+                f"UPDATE jobs SET fires_checked_until = {until_sql}, "
                 "next_fire_at = now() - interval '1 microsecond' WHERE id = :j"
             ),
-            {"s": seconds_ago, "j": job_id},
+            {**params, "j": job_id},
         )
+
+
+def _due(engine: sa.Engine, job_id: int, seconds_ago: float) -> None:
+    """Make the job's schedule checked only until ``seconds_ago``."""
+    _checked_until(engine, job_id, "now() - make_interval(secs => :s)", s=seconds_ago)
 
 
 def _due_once(engine: sa.Engine, job_id: int) -> None:
@@ -35,15 +41,7 @@ def _due_once(engine: sa.Engine, job_id: int) -> None:
     window of 61 s of ``@every 1m`` holds two fire times when the test's statements take
     a second or more on a loaded machine (or now is within a second of a minute), and
     the older one is a recorded misfire."""
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE jobs SET fires_checked_until = date_trunc('hour', now()) "
-                "- interval '1 second', next_fire_at = now() - interval '1 microsecond' "
-                "WHERE id = :j"
-            ),
-            {"j": job_id},
-        )
+    _checked_until(engine, job_id, "date_trunc('hour', now()) - interval '1 second'")
 
 
 def _fire(engine: sa.Engine) -> fires.Fired | None:
@@ -209,6 +207,44 @@ def test_forbid_records_a_fire_skipped_while_the_previous_run_runs(engine: sa.En
     first, second = _runs(engine, job_id)
     assert (first["state"], first["trigger"]) == ("pending", "manual")
     assert (second["state"], second["reason"]) == ("skipped", "previous run still running")
+
+
+def test_a_run_ended_by_a_transaction_begun_before_a_skipping_fire_ends_after_it(
+    engine: sa.Engine,
+) -> None:
+    """A run's ``ended_at`` is when its end was written, not when the writing
+    transaction began. A watchdog's or an owner's transaction that began before a fire
+    time and recorded the end after a fire skipped for it ("previous run still
+    running") used to stamp the run ended *before* the fire: the S6 checker then saw a
+    fire skipped while no run ran (CI of stop 35, a coordinator kill under load)."""
+    job_id = factories.scheduled_job(engine, spec="@every 1s")
+    with engine.begin() as conn:
+        jobs.run_now(conn, "nightly")
+    factories.target(engine, job_id, "s1")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, OWNER, ttl=30)
+        distribution.mark_running(conn, job_id, OWNER, claim.epoch, pid=1)
+    with engine.connect() as ender:
+        with ender.begin():
+            began = ender.execute(sa.text("SELECT now()")).scalar_one()
+            fire_time = began.replace(microsecond=0) + timedelta(seconds=1)
+            waiting.wait_until(
+                lambda: _pg_now(engine) > fire_time, 10, interval=0.05, message="the fire time"
+            )
+            _checked_until(engine, job_id, ":t - interval '1 ms'", t=fire_time)
+            fired = _fire(engine)  # the run is still running for the fire: skipped
+            assert fired is not None and fired.run_id is None and fired.skipped >= 1
+            distribution.finish(ender, job_id, OWNER, claim.epoch)
+    manual, *skips = _runs(engine, job_id)
+    assert [s["reason"] for s in skips][-1] == "previous run still running"
+    assert manual["state"] == "finished"
+    latest_skip = datetime.fromisoformat(skips[-1]["scheduled_time"])
+    assert datetime.fromisoformat(manual["ended_at"]) > latest_skip
+
+
+def _pg_now(engine: sa.Engine) -> datetime:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT now()")).scalar_one()
 
 
 def test_replace_stops_the_previous_run_and_starts_the_fire(engine: sa.Engine) -> None:

@@ -17,3 +17,15 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(message or f"condition not met within {timeout:g} s")
         time.sleep(interval)
+
+
+def poll_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
+    """Whether ``predicate()`` became truthy within ``timeout`` s: for a test that looks
+    for something that must *not* happen within a bounded time, and goes on either way."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)

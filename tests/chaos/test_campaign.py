@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
 
 from scheduler import jobs
 from server import exit_codes, spark_master
@@ -747,6 +748,64 @@ def test_postgresql_down(trial: Trial, stack: faults.Stack, down_s: float) -> No
     if down_s > LEASE_S:
         assert outcome.restarts >= len(trial.live_jobs), "drivers outlived their leases"
     _assert_safe(outcome)
+
+
+# How long the owner of a failed run is kept paused once PostgreSQL is back, unless
+# another server takes its job first (which is what the test looks for): less than
+# the servers' takeover hold (defaults.LEASE_LAPSE_GRACE_S, 16 s), more than the
+# coordinator's longest retry backoff (5 s) and a reap.
+OWNER_PAUSED_AFTER_OUTAGE_S = 9.0
+
+
+def test_a_batch_failure_during_a_postgresql_outage_spends_the_budget_once(
+    trial: Trial, stack: faults.Stack
+) -> None:
+    """Hole H5 through an outage of PostgreSQL past the lease (CHAOS_SEED=817466012): a
+    batch driver with ``--max-retries 0`` exits 3 while nothing can be recorded. Every
+    lease expires and every server withdraws from ZooKeeper; when PostgreSQL is back,
+    the owner of that run (paused here, so that it cannot be first) holds the only
+    word on how it ended. Its job must wait for that word and end FAILED after one
+    driver, not be reaped or claimed over and run again past its budget."""
+    trial.start(SERVERS)
+    trial.populate()
+    trial.create(
+        "bf0", kind=JobKind.BATCH, extra=["--run-for", "2", "--exit-code", "3"], max_restarts=0
+    )
+    waiting.wait_until(
+        lambda: any(
+            e["job_name"] == "bf0" and e["kind"] == "driver_started" for e in trial.events()
+        ),
+        90,
+        interval=0.1,
+        message="bf0's driver started",
+    )
+    owner = trial.owners()["bf0"]
+    assert owner is not None
+    trial.inject(stack.pg_stop)
+    time.sleep(LEASE_S + 2)  # the outage itself is the fault: the driver exits meanwhile
+    trial.cluster.signal(owner, signal.SIGSTOP)
+    trial.paused.add(owner)
+    try:
+        stack.pg_start()
+
+        def taken_elsewhere() -> bool:
+            try:
+                return trial.cluster.job("bf0")["owner"] not in (owner,)
+            except DBAPIError:
+                return False
+
+        waiting.poll_until(taken_elsewhere, OWNER_PAUSED_AFTER_OUTAGE_S, interval=0.2)
+    finally:
+        trial.cluster.signal(owner, signal.SIGCONT)
+        trial.paused.discard(owner)
+    trial.healed()
+    trial.wait_state("bf0", "failed", 120)
+    outcome = trial.verify()
+    _assert_safe(outcome)
+    started = [
+        e for e in trial.events() if e["job_name"] == "bf0" and e["kind"] == "driver_started"
+    ]
+    assert len(started) == 1, started
 
 
 def test_s3_down_while_a_job_starts(trial: Trial, tmp_path: Path) -> None:

@@ -16,6 +16,9 @@ step with every change of its distribution row, in the same transaction, whoever
 writes it (the owner, the run's watchdog, the coordinator's reap, a stop command): its
 state, attempts (each claim), server and epoch (of the last claim), started_at (the
 first claim), ended_at and exit_code. A row already ended is never changed again.
+Its times are ``clock_timestamp()``, when the change was written, not ``now()``, when
+the writing transaction began: a transaction that began before a fire time and wrote
+a run's end after a fire skipped for it would date the end before the fire.
 
 Expand only: servers of the previous release neither read nor write the new columns
 or the table; the trigger updates no row for their jobs until a run row exists.
@@ -71,10 +74,10 @@ BEGIN
            attempts = r.attempts + CASE WHEN claimed THEN 1 ELSE 0 END,
            server = CASE WHEN claimed THEN NEW.owner ELSE r.server END,
            epoch = CASE WHEN claimed THEN NEW.epoch ELSE r.epoch END,
-           started_at = CASE WHEN claimed THEN coalesce(r.started_at, now())
+           started_at = CASE WHEN claimed THEN coalesce(r.started_at, clock_timestamp())
                              ELSE r.started_at END,
-           ended_at = CASE WHEN NEW.state IN ('finished', 'failed', 'stopped') THEN now()
-                           ELSE NULL END,
+           ended_at = CASE WHEN NEW.state IN ('finished', 'failed', 'stopped')
+                           THEN clock_timestamp() ELSE NULL END,
            exit_code = CASE
                WHEN NEW.state = 'finished' THEN 0
                WHEN NEW.state = 'failed' OR crashed THEN coalesce(
