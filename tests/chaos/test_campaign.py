@@ -613,6 +613,45 @@ def test_coordinator_killed_at_fire_instants(trial: Trial) -> None:
     _assert_safe(outcome)
 
 
+# Every server's wall clock stepped this far, first ahead then behind, seconds: a fire
+# taken from a server's clock would come minutes early, or late by as much.
+CLOCK_STEP_S = 300.0
+# How long each step lasts: a few fires of an @every 5s schedule.
+CLOCK_HOLD_S = 15.0
+
+
+def test_server_clocks_stepped_while_a_schedule_fires(trial: Trial) -> None:
+    """Every server's wall clock (and its watchdogs' and drivers') stepped 5 min ahead,
+    then 5 min behind, then back, while a job fires ``@every 5s``: fire times come from
+    PostgreSQL's clock, so every fire runs once, on time (S6), and the steps move no
+    lease (which runs on BOOTTIME and PostgreSQL's ``now()``): nothing restarts."""
+    reason = faults.clock_unavailable()
+    if reason:
+        conftest.unavailable(reason)
+    clocks = {sid: faults.SteppableClock(trial.cluster_root / "clocks" / sid) for sid in SERVERS}
+    trial.start(SERVERS, special={sid: {"env": clock.env} for sid, clock in clocks.items()})
+    trial.populate()
+    trial.schedule_job("ticker")
+    trial.wait_fires_ran("ticker", 2)
+
+    def step_every_clock(seconds: float) -> None:
+        for clock in clocks.values():
+            clock.step(seconds)
+
+    try:
+        trial.inject(lambda: step_every_clock(CLOCK_STEP_S))
+        time.sleep(CLOCK_HOLD_S)  # the stepped clocks are the fault
+        step_every_clock(-CLOCK_STEP_S)
+        time.sleep(CLOCK_HOLD_S)
+    finally:
+        step_every_clock(0)
+    trial.healed()
+    trial.wait_fires_ran("ticker", 2)
+    outcome = trial.verify()
+    _assert_safe(outcome)
+    assert outcome.restarts == 0, "a wall clock's step restarted a driver"
+
+
 def test_duplicate_and_concurrent_commands(trial: Trial) -> None:
     """Double clicks through the CLI: eight concurrent starts make one generation and
     one driver; a storm of starts and restarts on a running job leaves one driver; four
