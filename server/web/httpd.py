@@ -20,6 +20,12 @@ from server import tls
 log = logging.getLogger(__name__)
 # How long stop() waits for open requests to finish, seconds.
 STOP_TIMEOUT_S = 5.0
+# How long an idle keep-alive connection is kept, seconds. uvicorn's default, 5 s, is
+# shorter than the idle timeout of the load balancers in front of an API (60 s on AWS'
+# ALB): a request sent on a connection as the listener closes it is reset (a 502 behind
+# the balancer). A listener must keep idle connections longer than its clients; nginx
+# keeps them 75 s.
+KEEP_ALIVE_S = 75
 
 
 class HttpServer:
@@ -44,6 +50,7 @@ class HttpServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=STOP_TIMEOUT_S,
+            timeout_keep_alive=KEEP_ALIVE_S,
             ssl_certfile=str(listener_tls.cert) if listener_tls else None,
             ssl_keyfile=str(listener_tls.key) if listener_tls else None,
         )
