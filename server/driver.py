@@ -510,8 +510,9 @@ def sweep(run_dir: Path, within: float = _WATCHDOG_SLACK_S) -> list[int]:
         return sorted(set(left))
     records = state.get("records")
     if records and not (run_dir / rundir.RESULT_FILE).exists():
-        # The watchdog died before writing its own "ended" record: write it for it,
-        # after everything is gone, so that lifetime records stay complete.
+        # The watchdog died before writing its own "ended" record (or after it, unable
+        # to write its result: a full disk): write one for it, after everything is
+        # gone, so that lifetime records stay complete. A reader keeps the first.
         rundir.append_record(
             Path(records),
             {

@@ -282,8 +282,8 @@ def boot_to_wall_now() -> float:
 def _lives(
     records: Iterable[Mapping[str, Any]], clock: str = "auto", boot_to_wall: float | None = None
 ) -> list[_Life]:
-    """Pair each ``started`` record with its ``ended`` record (same job, epoch, server
-    and driver pid); an ``ended`` record without a start is ignored. A driver its
+    """Pair each ``started`` record with its first ``ended`` record (same job, epoch,
+    server and driver pid); an ``ended`` record without a start is ignored. A driver its
     watchdog killed stops running at the ``killed`` record (the first SIGKILL round:
     nothing signalled runs another instruction of its own), however much later it was
     reaped or, its watchdog hung, swept; unless an ``ended`` record counts
@@ -305,9 +305,14 @@ def _lives(
         if r["event"] == "started":
             lives[key] = _Life(key[0], key[1], key[2], key[3], float(r[clock]))
         elif r["event"] == "ended":
-            ends[key] = r
-            if r.get("late_kills"):
-                late.add(key)
+            # The first: the watchdog's own, written once it reaped its driver. A later
+            # one is the server's sweep, which writes one when it finds no result file
+            # (the watchdog died before its own, or after it: a full disk), and knows
+            # less about how the driver ended.
+            if key not in ends:
+                ends[key] = r
+                if r.get("late_kills"):
+                    late.add(key)
         elif r["event"] == "killed":
             kills.setdefault(key, float(r[clock]))
     for key, r in ends.items():

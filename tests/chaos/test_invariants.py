@@ -413,6 +413,20 @@ def test_a_claim_after_a_generation_ended_is_a_resurrection() -> None:
     assert len(invariants.terminal_resurrections(resumed)) == 1
 
 
+def test_a_second_ended_record_from_the_servers_sweep_does_not_rewrite_a_life() -> None:
+    """The watchdog recorded its driver's exit 0 (its ``ended`` record, then the finish
+    in PostgreSQL), then failed to write its result file (the disk was full) and died;
+    the server's sweep, finding no result, wrote an ``ended`` record of its own (reason
+    ``killed``, no exit code). The driver ended as its watchdog said: the generation
+    finished with a driver that exited 0 (CHAOS_SEED=349316888, disk_full on the
+    ticker's server; the later record used to replace the first)."""
+    kinds = {"b": "batch"}
+    life = _life("b", 1, "s1", 0, 4)
+    swept = {**life[1], "t": 5, "reason": "killed", "exit_code": None}
+    events = [*_claims((1, 1)), _event(10, "finished", "s1", 1, "b")]
+    assert invariants.batch_generations(kinds, [*life, swept], events) == []
+
+
 def _claims(*epochs_and_generations: tuple[int, int]) -> list[dict]:
     out, i = [], 0
     for epoch, generation in epochs_and_generations:
