@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query
 
 from scheduler import jobs
 from server.web import audit, auth, contract
-from server.web.routes.jobs import MAX_PAGE
+from server.web.routes.jobs import PageSize
 
 if TYPE_CHECKING:
     from server.web import api
@@ -28,7 +28,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
     def cluster_events(
         principal: auth.Caller = viewer,
         after: After = 0,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+        limit: PageSize = 100,
     ) -> list[dict[str, Any]]:
         """The cluster's event feed (every job), oldest first; poll with ``after``."""
         with backend.engine.connect() as conn:
@@ -38,7 +38,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
     def audit_events(
         principal: auth.Caller = viewer,
         after: After = 0,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+        limit: PageSize = 100,
     ) -> list[dict[str, Any]]:
         """The audit trail of writes that are not a job's own (artifact uploads and
         deletes, token creation and revocation), oldest first; poll with ``after``.

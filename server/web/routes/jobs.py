@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 # Largest page of jobs (or events) one request returns.
 MAX_PAGE = 1000
+# A page size parameter (limit) of a listing.
+PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 # How many fire times a job's page lists.
 NEXT_FIRES = 5
 
@@ -188,7 +190,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             str | None,
             Query(max_length=128, pattern=contract.TEXT_PATTERN, description="Part of the name."),
         ] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+        limit: PageSize = 100,
         offset: Annotated[int, Query(ge=0, le=contract.BIGINT_MAX)] = 0,
     ) -> Response:
         """Jobs by name, filtered and paged: ``total`` counts every match."""
@@ -217,7 +219,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
     def job_events(
         name: contract.JobName,
         principal: auth.Caller = viewer,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+        limit: PageSize = 100,
     ) -> list[dict[str, Any]]:
         """The job's newest events, oldest first; ``detail.by`` names who asked. A 404
         once no job has the name: a deleted job's history stays in ``/api/v1/events``
@@ -230,7 +232,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
     def job_runs(
         name: contract.JobName,
         principal: auth.Caller = viewer,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
+        limit: PageSize = 20,
         state: Annotated[RunsState | None, Query(description="Only runs in this state.")] = None,
     ) -> list[dict[str, Any]]:
         """The job's runs, newest first (``job runs``; docs/schedules.md)."""
