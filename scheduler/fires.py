@@ -316,9 +316,11 @@ def start_queued_of(conn: sa.Connection, job: sa.Row, server: str) -> int:
 def backfill(
     conn: sa.Connection, job_id: int, start: datetime, end: datetime, *, dry_run: bool
 ) -> tuple[list[datetime], list[datetime]]:
-    """Queue every fire time of the job's schedule in [start, end], oldest first.
-    Returns (queued, already recorded); with ``dry_run`` nothing is written and the
-    first list holds the times that would be queued.
+    """Queue every fire time of the job's schedule in [start, end] that never ran,
+    oldest first: those with no run row, and those recorded ``skipped`` (requeued on
+    their row, :func:`runs.requeue_skipped`). Returns (queued, those that have a run);
+    with ``dry_run`` nothing is written and the first list holds the times that would
+    be queued.
 
     Only fire times the schedule is done with are queued: up to ``fires_checked_until``
     while it is on, up to now while it is off. A later one is the schedule's to fire:
@@ -349,23 +351,27 @@ def backfill(
                 f"the range holds more than {schedule.MAX_DUE_SLOTS} fire times: backfill "
                 "a shorter one"
             )
-    taken = {
-        r.scheduled_time
+    recorded = {
+        r.scheduled_time: r.state
         for r in conn.execute(
             sa.text(
-                "SELECT scheduled_time FROM runs WHERE job_id = :job_id "
+                "SELECT scheduled_time, state FROM runs WHERE job_id = :job_id "
                 "AND scheduled_time = ANY(:times)"
             ),
             {"job_id": job_id, "times": times},
         )
     }
-    fresh = [at for at in times if at not in taken]
+    fresh = [at for at in times if at not in recorded]
+    skipped = sorted(at for at, state in recorded.items() if state == "skipped")
+    taken = sorted(at for at, state in recorded.items() if state != "skipped")
     if not dry_run:
         for at in fresh:
             if runs.queue(conn, job_id, at) is None:
                 raise runs.RunConflict(f"job {job_id}: fire time {at} was recorded meanwhile")
+        if runs.requeue_skipped(conn, job_id, skipped) != skipped:
+            raise runs.RunConflict(f"job {job_id}: a skipped fire time changed meanwhile")
         notify.notify(conn, notify.JOBS_CHANNEL, str(job_id))
-    return fresh, sorted(taken)
+    return sorted(fresh + skipped), taken
 
 
 def seconds_to_next_fire(conn: sa.Connection, passed_over: Collection[int] = ()) -> float | None:

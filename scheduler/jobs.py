@@ -508,7 +508,7 @@ def backfill(
     actor: str | None = None,
 ) -> tuple[list[datetime], list[datetime]]:
     """``job backfill``: queue each fire time of the job's schedule in [start, end]
-    (``fires.backfill``: queued, already recorded). Recorded like the other operator
+    (``fires.backfill``: queued, those that have a run). Recorded like the other operator
     commands, as a ``start_requested`` event with trigger ``backfill`` naming what was
     queued and who asked; a dry run, or one that queued nothing, writes nothing."""
     job_id = _job_id(conn, name, lock=True)

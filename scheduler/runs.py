@@ -10,13 +10,14 @@ transaction rolls back (:class:`RunConflict`), so it cannot run twice.
 From then on the trigger ``distribution_runs_follow`` (migration 0011) moves the row
 with the job's distribution row, in the same transaction as each of its changes:
 
+    skipped  -> queued      a backfill over a fire time that was skipped (requeue_skipped)
     queued   -> pending     a backfilled fire time's turn came (scheduler/fires.py)
     pending  -> starting    a claim (attempts + 1, server, epoch, started_at)
     starting -> running     the driver was spawned
     running  -> retrying    its driver failed, a retry is left (backoff), -> starting
     running  -> finished | failed | stopped    (ended_at, exit_code)
     any unended -> replaced a newer run replaced it (concurrency replace, restart)
-    (a fire not run is written ``skipped`` with its reason, and never changes)
+    (a fire not run is written ``skipped`` with its reason; only a backfill moves it)
 
 Callers pass a ``sqlalchemy.Connection`` inside a transaction, with the job row locked.
 """
@@ -158,6 +159,25 @@ def queue(conn: sa.Connection, job_id: int, scheduled_time: datetime) -> int | N
             )
     except (RunConflict, IntegrityError):
         return None
+
+
+BACKFILLED_AFTER_SKIP = "backfilled after a skip: "
+
+
+def requeue_skipped(conn: sa.Connection, job_id: int, times: list[datetime]) -> list[datetime]:
+    """Those of ``times`` recorded ``skipped`` become queued backfill runs on their own
+    rows (a skipped fire never ran; the row stays the fire time's one row), the skip's
+    reason kept after :data:`BACKFILLED_AFTER_SKIP`. Returns the times requeued."""
+    rows = conn.execute(
+        sa.text(
+            "UPDATE runs SET state = 'queued', trigger = 'backfill', "
+            "reason = :prefix || reason "
+            "WHERE job_id = :job_id AND state = 'skipped' AND scheduled_time = ANY(:times) "
+            "RETURNING scheduled_time"
+        ),
+        {"job_id": job_id, "times": times, "prefix": BACKFILLED_AFTER_SKIP},
+    )
+    return sorted(row.scheduled_time for row in rows)
 
 
 _START_QUEUED = sa.text(

@@ -461,8 +461,10 @@ def test_a_backfill_queues_no_fire_time_the_schedule_has_not_handled(engine: sa.
         later, taken = fires.backfill(
             conn, job_id, now - timedelta(minutes=3), now + timedelta(minutes=3), dry_run=True
         )
-    # Off: up to now (the three are recorded already: queued, then dropped by the stop).
-    assert len(taken) == 3 and all(at <= _pg_now(engine) for at in later), later
+    # Off: up to now. The three were queued, then dropped by the stop (recorded
+    # skipped): they never ran, so a backfill queues them again.
+    assert taken == [] and set(queued) <= set(later), (later, queued)
+    assert all(at <= _pg_now(engine) for at in later), later
 
 
 @pytest.mark.parametrize("misfire", ["run-once", "skip"])
@@ -497,3 +499,42 @@ def test_fires_while_switched_off_are_handled_by_the_misfire_policy(
     else:
         assert ran == []
     assert _fire(engine) is None
+
+
+def test_a_backfill_runs_the_fire_times_recorded_skipped_once(engine: sa.Engine) -> None:
+    """A fire recorded ``skipped`` (a misfire under ``--misfire skip``, a fire while the
+    previous run ran, a queued backfill dropped by a stop) never ran. A backfill over it
+    left it out as "already recorded": the operator who chose ``skip`` through an outage
+    could not run the missed times afterwards. It now queues such a time on its own row
+    (trigger ``backfill``, the skip kept in the reason), which runs once; a time that
+    has a run (or a queued one) is still left out."""
+    job_id = factories.scheduled_job(engine, misfire="skip")
+    _due(engine, job_id, 5 * 60 + 30)
+    assert _fire(engine) is not None
+    with engine.begin() as conn:
+        jobs.stop(conn, "nightly")
+    before = _runs(engine, job_id)
+    skipped = [r["scheduled_time"] for r in before if r["state"] == "skipped"]
+    others = [r["scheduled_time"] for r in before if r["state"] != "skipped"]
+    assert len(skipped) >= 4, before
+    start = datetime.fromisoformat(before[0]["scheduled_time"])
+    end = datetime.fromisoformat(before[-1]["scheduled_time"])
+    with engine.begin() as conn:
+        would, _ = fires.backfill(conn, job_id, start, end, dry_run=True)
+        assert [schedule.iso(at) for at in would] == skipped
+        assert _runs(engine, job_id) == before  # a dry run writes nothing
+        queued, taken = fires.backfill(conn, job_id, start, end, dry_run=False)
+    assert [schedule.iso(at) for at in queued] == skipped
+    assert [schedule.iso(at) for at in taken] == others
+    after = _runs(engine, job_id)
+    assert len(after) == len(before)  # the same rows: one per fire time
+    requeued = [r for r in after if r["scheduled_time"] in skipped]
+    assert {(r["state"], r["trigger"]) for r in requeued} == {("queued", "backfill")}
+    assert all("misfire" in r["reason"] for r in requeued), requeued
+    with engine.begin() as conn:
+        again, taken = fires.backfill(conn, job_id, start, end, dry_run=False)
+    assert again == [] and len(taken) == len(before)
+    with engine.begin() as conn:
+        run_id = fires.start_queued(conn, "s1")
+    first = next(r for r in _runs(engine, job_id) if r["run_id"] == run_id)
+    assert (first["state"], first["scheduled_time"]) == ("pending", skipped[0])

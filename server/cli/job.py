@@ -555,8 +555,9 @@ def backfill(
     to: str = typer.Option(..., "--to", help="Last time, included (as --from)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the fire times only."),
 ) -> None:
-    """Run each fire time of the job's schedule in [--from, --to] once, oldest first,
-    one at a time (a fire time that already has a run is left out)."""
+    """Run each fire time of the job's schedule in [--from, --to] that never ran, oldest
+    first, one at a time: those with no run and those recorded skipped (a fire time
+    that already has a run is left out)."""
     engine = console.engine(ctx)
     with engine.begin() as conn:
         job = jobs.show(conn, name)

@@ -334,11 +334,12 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
     def backfill_job(
         name: contract.JobName, body: Backfill, principal: auth.Caller = operator
     ) -> dict[str, Any]:
-        """Queue each fire time of the schedule in [from, to] once, oldest first
-        (``job backfill``); ``queued``: the times (with dry_run: that would be),
-        ``already``: those recorded before. 409 for a job without a schedule; 400 for a
-        range out of order, outside 1970-9000 or holding more than 1,000 fire times
-        (what OpenAPI cannot state: the command refuses it, naming the field)."""
+        """Queue each fire time of the schedule in [from, to] that never ran (no run,
+        or recorded skipped), oldest first (``job backfill``); ``queued``: the times
+        (with dry_run: that would be), ``already``: those that have a run. 409 for a
+        job without a schedule; 400 for a range out of order, outside 1970-9000 or
+        holding more than 1,000 fire times (what OpenAPI cannot state: the command
+        refuses it, naming the field)."""
         for field, at in (("from", body.start), ("to", body.end)):
             if not EARLIEST <= at <= LATEST:
                 raise contract.ApiError(
