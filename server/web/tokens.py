@@ -50,7 +50,9 @@ class TokenExpired(Exception):
 
 class Role(StrEnum):
     VIEWER = "viewer"  # reads servers, ring, jobs, events, logs
-    OPERATOR = "operator"  # a viewer who may also create, start, stop, restart, delete jobs
+    # A viewer who may also write: create, start, stop, restart, revise, roll back, run,
+    # backfill and delete jobs; upload and delete artifacts (tests/test_api_roles.py).
+    OPERATOR = "operator"
     CLUSTER = "cluster"  # the cluster credential: reads, as servers and the CLI do
 
 
