@@ -33,7 +33,16 @@ from tests.cluster import Cluster
 
 REPO = Path(__file__).resolve().parent.parent
 
-console = Console()
+# Piped (make demo | tee demo.log, CI logs): as wide as a wide terminal, and no line of
+# the CLI's own output (printed as text) is wrapped; Rich would assume 80 columns.
+PIPED_WIDTH = 160
+
+
+def make_console(terminal: bool) -> Console:
+    return Console() if terminal else Console(width=PIPED_WIDTH, soft_wrap=True)
+
+
+console = make_console(sys.stdout.isatty())
 JOBS_DIR = REPO / "examples" / "jobs"
 LIGHT_JOB = REPO / "tests" / "jobs" / "heartbeat.py"
 LIGHT_JOBS = [f"ingest-{i}" for i in range(1, 6)]
@@ -137,6 +146,15 @@ def fresh_database(stack: dict[str, str]) -> str:
     return rendered
 
 
+def summary_table(summary: dict[str, str]) -> Table:
+    table = Table(show_edge=False, header_style="bold")
+    table.add_column("what")
+    table.add_column("measured")
+    for key, value in summary.items():
+        table.add_row(key, value)
+    return table
+
+
 def main() -> int:
     stack = services.stack_env()
     root = Path(tempfile.mkdtemp(prefix="sparkring-demo-", dir=stack.get("SPARKRING_STACK_DIR")))
@@ -207,6 +225,7 @@ def main() -> int:
 
         step(f"3. kill -9 {first['owner']}, the owner of the streaming job 'clicks'")
         victim = first["owner"]
+        owned_before = [n for n in ["clicks", *LIGHT_JOBS] if c.job(n)["owner"] == victim]
         killed_at = time.time()
         c.kill(victim)
         moved = c.wait_job(
@@ -228,11 +247,34 @@ def main() -> int:
 
         fires_through_kill(c, tick_on, summary)
 
-        step("4. a fourth server joins")
+        step(f"4. {victim}, killed in step 3, comes back: a return takes back no job")
+        placed = {n: (c.job(n)["owner"], c.job(n)["epoch"]) for n in ["clicks", *LIGHT_JOBS]}
+        c.start_server(victim, capacity=4)
+        c.wait_members(3, timeout=60)
+
+        def seen_back() -> bool:
+            """The coordinator's rebalance that saw it back (left_at cleared) is done."""
+            rows = c.sql("SELECT left_at FROM ring_members WHERE server = :s", s=victim)
+            return bool(rows) and rows[0].left_at is None
+
+        waiting.wait_until(seen_back, 60, interval=0.5, message=f"{victim} seen back")
+        waiting.wait_until(
+            lambda: all(running(j) and j["owner"] == j["target"] for j in map(c.job, placed)),
+            60,
+            interval=0.5,
+            message="jobs settled after the return",
+        )
+        show_jobs(c)
+        moved_back = [n for n in placed if (c.job(n)["owner"], c.job(n)["epoch"]) != placed[n]]
+        summary[f"{victim}'s return: jobs moved (of {len(owned_before)} that failed over)"] = (
+            f"{len(moved_back)}" + (f" ({', '.join(moved_back)})" if moved_back else "")
+        )
+
+        step("5. a fourth server joins")
         owners = {n: c.job(n)["owner"] for n in ["clicks", *LIGHT_JOBS]}
         epochs = {n: c.job(n)["epoch"] for n in owners}
         c.start_server("s4", capacity=4)
-        c.wait_members(3, timeout=60)  # s1/s2 or s3 was killed: 3 live again with s4
+        c.wait_members(4, timeout=60)
 
         def settled() -> bool:
             jobs = [c.job(n) for n in owners]
@@ -247,14 +289,14 @@ def main() -> int:
         for n in moved_jobs:
             new_epoch = c.job(n)["epoch"]
             gaps.append(started_at(c, n, new_epoch) - ended_at(c, n, epochs[n]))
-        ideal = len(owners) / 3
+        ideal = len(owners) / 4
         summary["jobs moved on the join (ideal K/(N+1))"] = f"{len(moved_jobs)} ({ideal:.1f})"
         if gaps:
             summary["hand-off gap, old driver ended -> new spawned"] = (
                 f"max {max(gaps):.2f} s, mean {sum(gaps) / len(gaps):.2f} s"
             )
 
-        step("5. a new version of the streaming job: upload it, update the job, it rolls")
+        step("6. a new version of the streaming job: upload it, update the job, it rolls")
         v2 = root / "v2" / "streaming_counter.py"
         v2.parent.mkdir()
         v2.write_text((JOBS_DIR / "streaming_counter.py").read_text() + "# version 2\n")
@@ -280,7 +322,7 @@ def main() -> int:
             f"{sink.committed_batches(output)} micro-batches committed"
         )
 
-        step("6. stop: exactly-once check of the streaming output, then every server")
+        step("7. stop: exactly-once check of the streaming output, then every server")
         c.cli("job", "stop", TICK)
         c.cli("job", "stop", "clicks")
         c.wait_job("clicks", lambda j: j["state"] == "stopped", 120, "clicks stopped")
@@ -308,12 +350,7 @@ def main() -> int:
     finally:
         c.close()
     step("summary (measured on this machine)")
-    table = Table(show_edge=False, header_style="bold")
-    table.add_column("what")
-    table.add_column("measured")
-    for key, value in summary.items():
-        table.add_row(key, value)
-    console.print(table)
+    console.print(summary_table(summary))
     console.print(
         f"timeouts: ZooKeeper session {c.env['SPARKRING_ZK_SESSION_TIMEOUT']} s, "
         f"lease {c.env['SPARKRING_LEASE_TTL']} s, "

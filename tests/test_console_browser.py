@@ -186,6 +186,14 @@ def test_operator_sees_a_job_appear_stops_it_and_sees_it_stopped(
     _screenshot(browser, "job")
     with stack.client(stack.viewer) as http:
         assert http.get(f"{API}/jobs/{name}").json()["desired"] == "stopped"
+    # Start and Restart ask too; dismissed, nothing is sent.
+    for button, verb in (("job-start", "Start"), ("job-restart", "Restart")):
+        _click(browser, By.ID, button)
+        _until(browser, lambda: _alert(browser), "the confirmation")
+        assert browser.switch_to.alert.text == f"{verb} job {name}?"
+        browser.switch_to.alert.dismiss()
+    with stack.client(stack.viewer) as http:
+        assert http.get(f"{API}/jobs/{name}").json()["desired"] == "stopped"
 
 
 def _alert(browser: webdriver.Chrome) -> bool:
