@@ -685,12 +685,24 @@ def _health_fields(job: dict[str, Any]) -> dict[str, Any]:
     if health is None:
         return {"health": "- (no report from the owner's health monitor)"}
     flag = _flag(job)
+    app = health["app_id"] or "-"
+    if job["owner"] is None:
+        # No live run (finished, failed, stopped, between runs): the owner's last report
+        # is history, not the job's health now.
+        state = f"ended with its run; last report at {console.text(health['checked_at'])}"
+        shown = {"health": "- (no live run)", "spark_app": f"{app} ({state})"}
+    elif flag:
+        shown = {"health": f"{flag} since {console.text(health['flagged_at'])}"}
+    else:
+        shown = {"health": "ok"}
     fields: dict[str, Any] = {
-        "health": f"{flag} since {console.text(health['flagged_at'])}" if flag else "ok",
-        "spark_app": f"{health['app_id'] or '-'} ({health['app_state']})",
-        "spark_ui": health["ui_url"],
+        "health": shown["health"],
+        "spark_app": shown.get("spark_app", f"{app} ({health['app_state']})"),
+        "spark_ui": health["ui_url"] if job["owner"] is not None else None,
         "executors": (
-            None if health["cores"] is None else f"{health['executors']} ({health['cores']} cores)"
+            None
+            if health["cores"] is None or job["owner"] is None
+            else f"{health['executors']} ({health['cores']} cores)"
         ),
     }
     if job["kind"] == JobKind.STREAMING:
