@@ -474,9 +474,12 @@ def test_coordinator_session_expiry_elects_a_new_one_with_a_higher_term(
     a, a_events = make("a")
     b, b_events = make("b", role="coordinator")
     w, w_events = make("w", role="worker")
-    for registry in (a, b, w):
+    # A registry joins the election from its event thread after start() returns: started
+    # one after the other, b could stand first (CI: a was never elected). a leads first.
+    a.start()
+    wait_until(lambda: a.is_coordinator, 10, message="the first candidate was not elected")
+    for registry in (b, w):
         registry.start()
-    wait_until(lambda: a.is_coordinator, 5, message="the first candidate was not elected")
     first = a.term
     assert first is not None and not b.is_coordinator and b.term is None
     # ZooKeeper itself confirms the leader (the check before a coordinator takes over a
