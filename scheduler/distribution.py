@@ -273,7 +273,7 @@ def _transition(
     return sa.text(
         f"""
         WITH j AS (
-            SELECT id, name, desired, generation, max_restarts
+            SELECT id, name, kind, desired, generation, max_restarts, restart_window_s
               FROM jobs WHERE id = :job_id FOR SHARE
         ), changed AS (
             UPDATE distribution d
@@ -561,18 +561,33 @@ def finish_by_watchdog(conn: sa.Connection, job_id: int, server: str, epoch: int
     return RunState(state)
 
 
+# The crashes that count against a job's budget (``j``: its jobs row, ``d``: its
+# distribution row): those inside its restart window, by PostgreSQL's clock, for a
+# streaming job with a window; else every one since the count was last reset (a
+# batch run's retries, a window of 0). ``_KEPT`` is the window's crashes, to which
+# the new one is appended. See docs/drivers.md, "The restart window".
+_WINDOWED = "j.kind = 'streaming' AND j.restart_window_s > 0"
+_KEPT = f"""(CASE WHEN {_WINDOWED}
+    THEN ARRAY(SELECT c.at FROM unnest(d.crash_times) AS c(at)
+                WHERE c.at > now() - make_interval(secs => j.restart_window_s) ORDER BY c.at)
+    ELSE d.crash_times END)"""
+IN_WINDOW = f"(CASE WHEN {_WINDOWED} THEN cardinality({_KEPT}) ELSE d.restarts END)"
+# A crash counted: ``restarts`` is the count with it, ``crash_times`` the window with it.
+SPEND = f"restarts = {IN_WINDOW} + 1, crash_times = {_KEPT} || now(),"
+
+
 def _crash_statements(*, by_watchdog: bool) -> tuple[sa.TextClause, sa.TextClause]:
     """The crash writes: to backoff (a restart left), and to failed."""
     backoff = _transition(
         EventKind.CRASHED,
         RunState.BACKOFF,
-        """restarts = d.restarts + 1,
+        f"""{SPEND}
            last_error = :error,
            not_before = now() + make_interval(
-               secs => least(:backoff_max, :backoff_base * power(2, d.restarts))),""",
+               secs => least(:backoff_max, :backoff_base * power(2, {IN_WINDOW}))),""",
         release=True,
         detail="jsonb_build_object('error', CAST(:error AS text), 'next', 'backoff')",
-        guard="AND d.restarts < j.max_restarts",
+        guard=f"AND {IN_WINDOW} < j.max_restarts",
         # The failure counts; a job its operator stopped meanwhile stays stopped.
         state=_STOP_WINS + "ELSE 'backoff' END",
         by_watchdog=by_watchdog,
@@ -608,8 +623,9 @@ def record_crash(
     """A driver exited abnormally, or the job cannot be started (``cause`` says which:
     ``driver`` or ``invalid``); release the job.
 
-    With ``retry`` and restarts left (``restarts < max_restarts``) the job goes to
-    ``backoff`` for ``min(backoff_max, backoff_base * 2**restarts)`` seconds, else to
+    With ``retry`` and restarts left (fewer than ``max_restarts`` crashes counted:
+    :data:`IN_WINDOW`) the job goes to ``backoff`` for
+    ``min(backoff_max, backoff_base * 2**counted)`` seconds, else to
     ``failed`` with ``last_error`` (``pending`` if a restart was requested meanwhile).
     The choice is made in SQL from the row itself.
     """

@@ -47,6 +47,14 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # batch again after it failed half-way is safe, only its author knows. One column,
 # ``jobs.max_restarts``, holds both: a batch job's retries are its restarts.
 DEFAULT_MAX_RESTARTS: dict[JobKind, int] = {JobKind.STREAMING: 3, JobKind.BATCH: 0}
+# A streaming job is FAILED only when more than max_restarts crashes fall inside one
+# window of this many seconds (scheduler/distribution.py IN_WINDOW): a crash a month ago
+# does not count against one today. An hour: a crash loop (restarts 10-60 s apart with
+# backoff) still ends FAILED within minutes; a job that crashes once a day runs for
+# ever. 0: every crash since the last start counts. A batch job's retries are counted
+# per run, so it has none.
+DEFAULT_RESTART_WINDOW_S = 3600.0
+MAX_RESTART_WINDOW_S = 366 * 86400.0  # a year: longer is "no window" (0)
 
 
 class JobError(Exception):
@@ -76,6 +84,8 @@ class JobSpec:
     spark_master: str | None = None
     # None: the kind's default (DEFAULT_MAX_RESTARTS). For a batch job: its retries.
     max_restarts: int | None = None
+    # None: the kind's default (DEFAULT_RESTART_WINDOW_S for streaming, 0 for batch).
+    restart_window_s: float | None = None
     label: str | None = None  # the spec file's label (sparkring apply)
     # A batch job's schedule (scheduler/schedule.py ``Schedule.as_dict``); None: none.
     schedule: Mapping[str, Any] | None = None
@@ -103,6 +113,24 @@ def restart_budget(
     return max_restarts
 
 
+def restart_window(kind: JobKind | str, seconds: float | None) -> float:
+    """The ``restart_window_s`` a job of ``kind`` gets: the default for None; a window
+    on a batch job, or a negative one, is refused by name."""
+    kind = JobKind(kind)
+    if seconds is None:
+        return DEFAULT_RESTART_WINDOW_S if kind is JobKind.STREAMING else 0.0
+    if not 0 <= seconds <= MAX_RESTART_WINDOW_S:
+        raise JobError(
+            f"--restart-window must be 0 (none) to {MAX_RESTART_WINDOW_S:g} s (a year), "
+            f"not {seconds:g} s"
+        )
+    if kind is JobKind.BATCH and seconds > 0:
+        raise JobError(
+            "--restart-window is for streaming jobs: a batch job's retries are counted per run"
+        )
+    return float(seconds)
+
+
 def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
     """``K=V`` strings to a dict; a malformed pair is refused by name."""
     conf: dict[str, str] = {}
@@ -115,7 +143,16 @@ def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
 
 
 # A revision's fields, in the order history and diffs name them.
-FIELDS = ("resource", "py_files", "conf", "args", "master", "max_restarts", "schedule")
+FIELDS = (
+    "resource",
+    "py_files",
+    "conf",
+    "args",
+    "master",
+    "max_restarts",
+    "restart_window",
+    "schedule",
+)
 
 
 @dataclass(frozen=True)
@@ -128,6 +165,7 @@ class Definition:
     args: tuple[str, ...] = ()
     spark_master: str | None = None
     max_restarts: int = 3
+    restart_window_s: float = DEFAULT_RESTART_WINDOW_S
     schedule: Mapping[str, Any] | None = None  # Schedule.as_dict(); None: unscheduled
 
     @classmethod
@@ -139,6 +177,7 @@ class Definition:
             args=tuple(spec.args),
             spark_master=spec.spark_master,
             max_restarts=restart_budget(spec.kind, spec.max_restarts),
+            restart_window_s=restart_window(spec.kind, spec.restart_window_s),
             schedule=dict(spec.schedule) if spec.schedule else None,
         )
 
@@ -151,6 +190,7 @@ class Definition:
             "args": (tuple(self.args), tuple(before.args)),
             "master": (self.spark_master, before.spark_master),
             "max_restarts": (self.max_restarts, before.max_restarts),
+            "restart_window": (self.restart_window_s, before.restart_window_s),
             "schedule": (self.schedule, before.schedule),
         }
         return [name for name in FIELDS if pairs[name][0] != pairs[name][1]]
@@ -167,6 +207,7 @@ class Change:
     args: Sequence[str] | None = None  # replaces the list; () clears it
     spark_master: str | None = None  # "" = back to the server's SPARKRING_SPARK_MASTER
     max_restarts: int | None = None
+    restart_window_s: float | None = None
     schedule: Mapping[str, Any] | None = None  # a new schedule (Schedule.as_dict())
     clear_schedule: bool = False  # --no-schedule
 
@@ -174,6 +215,13 @@ class Change:
         """``current`` with this change; a key to unset that is not set is refused."""
         if self.max_restarts is not None and self.max_restarts < 0:
             raise JobError("--max-restarts must be 0 or more")
+        if self.restart_window_s is not None and not (
+            0 <= self.restart_window_s <= MAX_RESTART_WINDOW_S
+        ):
+            raise JobError(
+                f"--restart-window must be 0 (none) to {MAX_RESTART_WINDOW_S:g} s (a year), "
+                f"not {self.restart_window_s:g} s"
+            )
         conf = dict(current.conf)
         for key in self.unset_conf:
             if key in self.conf:
@@ -200,6 +248,11 @@ class Change:
             args=current.args if self.args is None else tuple(self.args),
             spark_master=master,
             max_restarts=current.max_restarts if self.max_restarts is None else self.max_restarts,
+            restart_window_s=(
+                current.restart_window_s
+                if self.restart_window_s is None
+                else float(self.restart_window_s)
+            ),
             schedule=schedule,
         )
 
@@ -277,6 +330,7 @@ def _insert_revision(
             args=list(definition.args),
             spark_master=definition.spark_master,
             max_restarts=definition.max_restarts,
+            restart_window_s=definition.restart_window_s,
             created_by=actor,
             schedule=dict(definition.schedule) if definition.schedule else None,
             changed=list(changed),
@@ -308,15 +362,17 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             "starting with a letter or digit"
         )
     max_restarts = restart_budget(spec.kind, spec.max_restarts)
+    window = restart_window(spec.kind, spec.restart_window_s)
     _check_health_conf(spec.conf)
     _check_schedule_kind(spec.kind, spec.schedule)
     inserted = conn.execute(
         sa.text(
             """
             INSERT INTO jobs (name, kind, resource_id, conf, args, spark_master, max_restarts,
-                              label, schedule)
+                              restart_window_s, label, schedule)
             VALUES (:name, :kind, :resource_id, CAST(:conf AS jsonb), CAST(:args AS jsonb),
-                    :spark_master, :max_restarts, :label, CAST(:schedule AS jsonb))
+                    :spark_master, :max_restarts, :restart_window_s, :label,
+                    CAST(:schedule AS jsonb))
             ON CONFLICT (name) DO NOTHING
             RETURNING id
             """
@@ -329,6 +385,7 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             "args": json.dumps(list(spec.args)),
             "spark_master": spec.spark_master,
             "max_restarts": max_restarts,
+            "restart_window_s": window,
             "label": spec.label,
             "schedule": json.dumps(dict(spec.schedule)) if spec.schedule else None,
         },
@@ -541,14 +598,14 @@ def _iso(at: Any) -> str | None:
 # locked first (module docstring of scheduler/distribution.py); the distribution row is
 # the UPDATE's target, so its guard is checked again on the row's latest version.
 _RESTART_RUN = sa.text(
-    """
+    f"""
     WITH j AS (
-        SELECT id, name, generation, max_restarts FROM jobs
+        SELECT id, name, kind, generation, max_restarts, restart_window_s FROM jobs
          WHERE id = :job_id AND desired = 'running'
            FOR UPDATE
     ), spent AS (
         UPDATE distribution d
-           SET restarts = d.restarts + 1, updated_at = now()
+           SET {distribution.SPEND} updated_at = now()
           FROM j
          WHERE d.job_id = j.id
            AND d.owner = :server
@@ -557,7 +614,7 @@ _RESTART_RUN = sa.text(
            AND d.state = 'running'
            AND d.lease_until > now()
            AND d.generation = j.generation
-           AND d.restarts < j.max_restarts
+           AND {distribution.IN_WINDOW} < j.max_restarts
         RETURNING d.job_id, j.name, d.epoch, d.restarts, j.max_restarts
     ), changed AS (
         UPDATE jobs
@@ -580,9 +637,10 @@ _RESTART_RUN = sa.text(
 
 # Why a restart of a run matched no row (read after the fact, for the message only).
 _RUN_NOW = sa.text(
-    """
+    f"""
     SELECT j.desired, j.generation AS job_generation, j.max_restarts, d.owner,
-           d.owner_incarnation, d.epoch, d.state, d.generation, d.restarts,
+           d.owner_incarnation, d.epoch, d.state, d.generation,
+           {distribution.IN_WINDOW} AS restarts,
            (d.lease_until IS NOT NULL AND d.lease_until > now()) AS live
       FROM jobs j JOIN distribution d ON d.job_id = j.id
      WHERE j.id = :job_id
@@ -609,9 +667,10 @@ def restart_run(
 ) -> RunRestarted:
     """Restart the job (a new generation, as :func:`restart` does) only if its row still
     names ``owner`` (this incarnation) at ``epoch``, running under a live lease, in the
-    job's current generation, and the run has restarts left (``restarts <
-    max_restarts``, the budget :func:`distribution.record_crash` spends too: the
-    restart spends one). One statement; ``reason`` goes in the event's ``by``.
+    job's current generation, and the run has restarts left (fewer than
+    ``max_restarts`` counted: :data:`distribution.IN_WINDOW`, the budget
+    :func:`distribution.record_crash` spends too: the restart spends one). One
+    statement; ``reason`` goes in the event's ``by``.
 
     Zero rows matched changes nothing and raises: :class:`RestartBudgetSpent` when only
     the budget stood in the way, else :class:`distribution.FencedError` (the run moved
@@ -679,6 +738,7 @@ def _current(conn: sa.Connection, job_id: int) -> tuple[int, Definition]:
             j.c.args,
             j.c.spark_master,
             j.c.max_restarts,
+            j.c.restart_window_s,
             j.c.schedule,
         ).where(j.c.id == job_id)
     ).one()
@@ -692,6 +752,7 @@ def _current(conn: sa.Connection, job_id: int) -> tuple[int, Definition]:
         args=tuple(row.args),
         spark_master=row.spark_master,
         max_restarts=row.max_restarts,
+        restart_window_s=row.restart_window_s,
         schedule=row.schedule,
     )
 
@@ -715,6 +776,7 @@ def _stored(conn: sa.Connection, job_id: int, revision: int) -> Definition | Non
         args=tuple(row.args),
         spark_master=row.spark_master,
         max_restarts=row.max_restarts,
+        restart_window_s=row.restart_window_s,
         schedule=row.schedule,
     )
 
@@ -740,6 +802,7 @@ _REVISE = sa.text(
            args = CAST(:args AS jsonb),
            spark_master = :spark_master,
            max_restarts = :max_restarts,
+           restart_window_s = :restart_window_s,
            schedule = CAST(:schedule AS jsonb),
            -- a schedule removed switches it off (fires.reschedule times a changed one)
            schedule_active = j.schedule_active AND :schedule IS NOT NULL,
@@ -784,7 +847,10 @@ def _revise(
     """Make ``target`` the job's next revision (the job row is locked by the caller)."""
     previous, current = _current(conn, job_id)
     _check_health_conf(target.conf)
-    _check_schedule_kind(_kind_and_schedule(conn, job_id).kind, target.schedule)
+    kind = _kind_and_schedule(conn, job_id).kind
+    _check_schedule_kind(kind, target.schedule)
+    if target.restart_window_s != current.restart_window_s:
+        restart_window(kind, target.restart_window_s)  # refuses a window on a batch job
     changed = target.changed_from(current)
     if not changed:
         run_revision = conn.execute(
@@ -809,6 +875,7 @@ def _revise(
             "args": json.dumps(list(target.args)),
             "spark_master": target.spark_master,
             "max_restarts": target.max_restarts,
+            "restart_window_s": target.restart_window_s,
             "schedule": json.dumps(dict(target.schedule)) if target.schedule else None,
             "revision": revision,
             "previous": previous,
@@ -919,7 +986,7 @@ def rollback(
 
 _HISTORY = """
     SELECT r.revision, r.created_at, r.created_by, r.changed, r.rollback_of, r.conf, r.args,
-           r.spark_master, r.max_restarts, r.schedule,
+           r.spark_master, r.max_restarts, r.restart_window_s, r.schedule,
            jsonb_build_object('id', res.id, 'name', res.name, 'version', res.version,
                               'sha256', res.sha256, 'filename', res.filename) AS resource,
            COALESCE((SELECT jsonb_agg(jsonb_build_object(
@@ -946,6 +1013,7 @@ def _revision_view(row: sa.Row) -> dict[str, Any]:
         "args": row.args,
         "spark_master": row.spark_master,
         "max_restarts": row.max_restarts,
+        "restart_window_s": row.restart_window_s,
         "schedule": row.schedule,
     }
 
@@ -976,6 +1044,15 @@ def reference(resource: Mapping[str, Any]) -> str:
     return f"{resource['name']}:{resource['version']}"
 
 
+def window_text(seconds: float | None) -> str:
+    """A restart window as ``job show`` and ``history`` print it."""
+    if seconds is None:
+        return "(none)"
+    if seconds == 0:
+        return "none"
+    return f"{seconds:g}s"
+
+
 def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """The differences between two revisions (:func:`history` entries), one line each,
     artifacts by ``NAME:VERSION``, conf key by key."""
@@ -1003,6 +1080,9 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
         )
     if before["max_restarts"] != after["max_restarts"]:
         lines.append(f"max_restarts {before['max_restarts']} -> {after['max_restarts']}")
+    old_window, new_window = before.get("restart_window_s"), after.get("restart_window_s")
+    if old_window != new_window:
+        lines.append(f"restart_window {window_text(old_window)} -> {window_text(new_window)}")
     old_schedule, new_schedule = (
         schedule_text(before.get("schedule")),
         schedule_text(after.get("schedule")),
@@ -1054,9 +1134,13 @@ def history(conn: sa.Connection, name: str) -> list[dict[str, Any]]:
 _SHOW = (
     """
     SELECT j.id, j.name, j.kind, j.desired, j.generation AS job_generation, j.conf, j.args,
-           j.spark_master, j.max_restarts, j.created_at, j.revision, j.label,
-           d.revision AS run_revision, d.state, d.owner, d.target, d.epoch, d.attempt,
-           d.restarts, d.lease_until,
+           j.spark_master, j.max_restarts, j.restart_window_s, j.created_at, j.revision,
+           j.label, d.revision AS run_revision, d.state, d.owner, d.target, d.epoch,
+           d.attempt, d.restarts, d.lease_until,
+           (SELECT count(*) FROM unnest(d.crash_times) AS c(at)
+             WHERE j.restart_window_s = 0
+                OR c.at > now() - make_interval(secs => j.restart_window_s))
+               AS crashes_in_window,
            d.pending_reason, d.last_error, d.started_at, d.updated_at, d.not_before,
            j.schedule, j.schedule_active, j.next_fire_at,
            (SELECT jsonb_build_object('run_id', lr.run_id, 'state', lr.state,
@@ -1094,6 +1178,10 @@ def _view(row: sa.Row) -> dict[str, Any]:
         "attempt": row.attempt,
         "restarts": row.restarts,
         "max_restarts": row.max_restarts,
+        # 0: no window (every crash since the last start counts); the crashes counted
+        # now (a streaming job's ``restarts`` is the count as of its last crash).
+        "restart_window_s": row.restart_window_s,
+        "crashes_in_window": row.crashes_in_window,
         "generation": row.job_generation,
         # The current revision (job history), and the one the present or last run was
         # claimed with (None before the first claim).

@@ -44,7 +44,8 @@ _RERUN = sa.text(
     """
     WITH d AS (
         UPDATE distribution
-           SET state = 'pending', restarts = 0, last_error = NULL, not_before = NULL,
+           SET state = 'pending', restarts = 0, crash_times = '{}', last_error = NULL,
+               not_before = NULL,
                updated_at = now()
          WHERE job_id = :job_id AND owner IS NULL AND state = ANY(:terminal)
         RETURNING job_id

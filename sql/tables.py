@@ -8,7 +8,7 @@ resource version, a lease exists only with an owner, states are from a fixed set
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from sql import states
 
@@ -80,6 +80,10 @@ jobs = sa.Table(
     sa.Column("desired", sa.Text, nullable=False, server_default="stopped"),
     # Restarts after the job's own driver failed (a batch job's retries), with backoff.
     sa.Column("max_restarts", sa.Integer, nullable=False),
+    # A streaming job fails only when more than max_restarts crashes fall inside one
+    # window of this many seconds (PostgreSQL's clock); 0: every crash since the last
+    # start counts (batch jobs: retries are per run).
+    sa.Column("restart_window_s", sa.Float, nullable=False, server_default=sa.text("3600.0")),
     # Bumped by every start/restart command: at most one start per generation (S4, #9).
     sa.Column("generation", sa.BigInteger, nullable=False, server_default="0"),
     _timestamp("created_at"),
@@ -102,6 +106,7 @@ jobs = sa.Table(
     sa.CheckConstraint(_in("kind", JOB_KINDS), name="kind_known"),
     sa.CheckConstraint(_in("desired", DESIRED_STATES), name="desired_known"),
     sa.CheckConstraint("max_restarts >= 0", name="max_restarts_not_negative"),
+    sa.CheckConstraint("restart_window_s >= 0", name="restart_window_not_negative"),
     sa.CheckConstraint("generation >= 0", name="generation_not_negative"),
     sa.CheckConstraint("revision > 0", name="revision_positive"),
     sa.CheckConstraint("jsonb_typeof(conf) = 'object'", name="conf_is_object"),
@@ -161,6 +166,7 @@ job_revisions = sa.Table(
     sa.Column("args", JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
     sa.Column("spark_master", sa.Text, nullable=True),
     sa.Column("max_restarts", sa.Integer, nullable=False),
+    sa.Column("restart_window_s", sa.Float, nullable=False, server_default=sa.text("3600.0")),
     _timestamp("created_at"),
     # Who made it (``cli:<user>`` or an API token), the fields it changed from the
     # revision before it, and the revision it restores (job rollback).
@@ -170,6 +176,7 @@ job_revisions = sa.Table(
     sa.Column("schedule", JSONB, nullable=True),
     sa.CheckConstraint("revision > 0", name="revision_positive"),
     sa.CheckConstraint("max_restarts >= 0", name="max_restarts_not_negative"),
+    sa.CheckConstraint("restart_window_s >= 0", name="restart_window_not_negative"),
     sa.CheckConstraint("jsonb_typeof(conf) = 'object'", name="conf_is_object"),
     sa.CheckConstraint("jsonb_typeof(args) = 'array'", name="args_is_array"),
     sa.CheckConstraint("jsonb_typeof(changed) = 'array'", name="changed_is_array"),
@@ -216,6 +223,14 @@ distribution = sa.Table(
     sa.Column("state", sa.Text, nullable=False, server_default="stopped"),
     sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
     sa.Column("restarts", sa.Integer, nullable=False, server_default="0"),
+    # The crashes of the job's current restart window (PostgreSQL's clock), pruned at
+    # each crash, cleared with ``restarts`` (scheduler/distribution.py, _IN_WINDOW).
+    sa.Column(
+        "crash_times",
+        ARRAY(sa.DateTime(timezone=True)),
+        nullable=False,
+        server_default=sa.text("'{}'"),
+    ),
     # The job generation this row's current run belongs to (see jobs.generation).
     sa.Column("generation", sa.BigInteger, nullable=False, server_default="0"),
     # The job revision the current (or last) run was started from, set by its claim;

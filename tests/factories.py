@@ -39,12 +39,17 @@ def job(
     kind: JobKind = JobKind.STREAMING,
     max_restarts: int = 3,
     start: bool = True,
+    **spec: object,
 ) -> int:
     with engine.begin() as conn:
         job_id = jobs.create(
             conn,
             jobs.JobSpec(
-                name=name, kind=kind, resource_id=resource(conn), max_restarts=max_restarts
+                name=name,
+                kind=kind,
+                resource_id=resource(conn),
+                max_restarts=max_restarts,
+                **spec,  # type: ignore[arg-type]
             ),
         )
         if start:

@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from scheduler import health_policy, jobs
+from scheduler.schedule import ScheduleError, parse_duration
 from server import clients
 from server.cli import console, schedules
 from server.web import audit, tokens
@@ -43,6 +44,14 @@ MISFIRE_OPTION = typer.Option(
 )
 MISFIRE_GRACE_OPTION = typer.Option(
     None, "--misfire-grace", help="How late a missed fire may still run (default 1h)."
+)
+RESTART_WINDOW_OPTION = typer.Option(
+    None,
+    "--restart-window",
+    help="Streaming jobs: only crashes inside a window this long count against "
+    "--max-restarts (e.g. 1h, 30m, 1d; 0: every crash since the last start). "
+    "Default: 1h.",
+    show_default=False,
 )
 CONCURRENCY_OPTION = typer.Option(
     None,
@@ -87,6 +96,7 @@ def create(
         "Default: 0.",
         show_default=False,
     ),
+    restart_window: str | None = RESTART_WINDOW_OPTION,
     restart_on_stall: bool = typer.Option(
         False,
         "--restart-on-stall",
@@ -130,6 +140,7 @@ def create(
                 args=arg,
                 spark_master=master,
                 max_restarts=budget,
+                restart_window_s=_window(restart_window),
                 schedule=the_schedule,
             ),
             actor=_actor(),
@@ -176,6 +187,7 @@ def update(
     max_restarts: int | None = typer.Option(
         None, "--max-restarts", min=0, help="Crash restarts before the job is FAILED."
     ),
+    restart_window: str | None = RESTART_WINDOW_OPTION,
     restart: bool = typer.Option(
         False,
         "--restart",
@@ -241,12 +253,25 @@ def update(
         args=arg if arg else (() if no_args else None),
         spark_master=master,
         max_restarts=max_restarts,
+        restart_window_s=_window(restart_window),
         schedule=new_schedule,
         clear_schedule=no_schedule,
     )
     with engine.begin() as conn:
         revised = jobs.update(conn, name, change, restart=restart, actor=_actor())
     console.out.print(_revised_message(name, revised))
+
+
+def _window(text: str | None) -> float | None:
+    """``--restart-window``: a duration (``1h``), or 0 for none; None: not given."""
+    if text is None:
+        return None
+    if text.strip() in ("0", "0s"):
+        return 0.0
+    try:
+        return parse_duration(text)
+    except ScheduleError as exc:
+        raise console.fail(f"--restart-window: {exc}") from None
 
 
 @app.command()
@@ -653,6 +678,13 @@ def show(
         console.emit_json(job)
         return
     shown = {**job, "desired": _desired(job), "restarts": _restarts(job)}
+    shown.pop("crashes_in_window")
+    window = jobs.window_text(job["restart_window_s"])
+    shown["restart_window_s"] = (
+        f"{window} (crashes in it count against max_restarts)"
+        if job["restart_window_s"]
+        else "none (every crash since the last start counts)"
+    )
     shown.pop("health")
     shown.update(_health_fields(job))
     console.fields((key, _shown(key, value)) for key, value in shown.items())
@@ -730,8 +762,9 @@ def _desired(job: dict[str, Any]) -> str:
 
 def _restarts(job: dict[str, Any]) -> str:
     """Restarts used of the budget, ``1/3``: a batch job's retries, a streaming job's
-    restarts after its driver failed."""
-    return f"{job['restarts']}/{job['max_restarts']}"
+    crashes inside its restart window now (docs/drivers.md, "The restart window")."""
+    used = job.get("crashes_in_window", job["restarts"])
+    return f"{used}/{job['max_restarts']}"
 
 
 def _reference(resource: dict[str, Any]) -> str:

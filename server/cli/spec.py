@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from resource_center import catalog, errors, store, validation
-from scheduler import health_policy, jobs
+from scheduler import health_policy, jobs, schedule
 from sql import tables
 from sql.states import Desired, JobKind
 
@@ -46,6 +46,8 @@ JOB_KEYS = frozenset(
         "master",
         "max_restarts",
         "max_retries",
+        # A streaming job's restart window: a duration ("1h") or 0 (docs/drivers.md).
+        "restart_window",
         "desired",
         # A batch job's schedule (docs/schedules.md) and its policies.
         "schedule",
@@ -93,6 +95,7 @@ class JobEntry:
     args: tuple[str, ...] = ()
     master: str | None = None
     max_restarts: int = 3
+    restart_window_s: float = jobs.DEFAULT_RESTART_WINDOW_S
     desired: Desired = Desired.RUNNING
     schedule: Mapping[str, Any] | None = None  # schedule.Schedule.as_dict()
 
@@ -204,6 +207,7 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
             max_restarts = jobs.restart_budget(kind, budget["max_restarts"], budget["max_retries"])
         except jobs.JobError as exc:
             problems.append(f"{at}: {exc}")
+    window = _restart_window(body.get("restart_window"), at, kind, problems)
     the_schedule = _schedule(body, at, kind, problems)
     if len(problems) > before or resource is None:
         return None
@@ -216,9 +220,32 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
         args=tuple(args),
         master=master,
         max_restarts=max_restarts,
+        restart_window_s=window,
         desired=Desired(desired),
         schedule=the_schedule,
     )
+
+
+def _restart_window(value: Any, at: str, kind: str, problems: list[str]) -> float:
+    """``restart_window``: a duration string or 0; the kind's default when absent."""
+    seconds: float | None = None
+    if value is not None:
+        if value == 0 or value == "0":
+            seconds = 0.0
+        elif isinstance(value, str):
+            try:
+                seconds = schedule.parse_duration(value)
+            except schedule.ScheduleError as exc:
+                problems.append(f"{at}.restart_window: {exc}")
+        else:
+            problems.append(f'{at}.restart_window: must be a duration such as "1h", or 0')
+    if kind not in set(JobKind):
+        return 0.0
+    try:
+        return jobs.restart_window(kind, seconds)
+    except jobs.JobError as exc:
+        problems.append(f"{at}.restart_window: {exc}")
+        return 0.0
 
 
 def _schedule(
@@ -352,6 +379,7 @@ def _target_view(entry: JobEntry, main: Resolved, py_files: list[Resolved]) -> d
         "args": list(entry.args),
         "spark_master": entry.master,
         "max_restarts": entry.max_restarts,
+        "restart_window_s": entry.restart_window_s,
         "schedule": entry.schedule,
     }
 
@@ -471,6 +499,7 @@ def execute(
                 args=entry.args,
                 spark_master=entry.master,
                 max_restarts=entry.max_restarts,
+                restart_window_s=entry.restart_window_s,
                 schedule=entry.schedule,
             )
             if step.action == "create":
@@ -485,6 +514,7 @@ def execute(
                         args=definition.args,
                         spark_master=definition.spark_master,
                         max_restarts=definition.max_restarts,
+                        restart_window_s=definition.restart_window_s,
                         label=spec.label,
                         schedule=definition.schedule,
                     ),

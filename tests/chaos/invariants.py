@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 import time
 from collections import defaultdict
@@ -432,6 +433,29 @@ def _since_restarts_reset(items: Sequence[Mapping[str, Any]]) -> list[Mapping[st
     return list(items[last + 1 :])
 
 
+def restart_window(job: Mapping[str, Any]) -> float:
+    """A job's restart window in seconds, as the product applies it (scheduler/
+    distribution.py IN_WINDOW): a streaming job's ``restart_window_s``; 0 (none: every
+    crash since the count was last reset counts) for a batch job or a row without it."""
+    if job.get("kind") != "streaming":
+        return 0.0
+    return float(job.get("restart_window_s") or 0.0)
+
+
+def spent_in_one_window(times: Iterable[float], budget: int, window: float) -> bool:
+    """Whether ``budget`` spends of a restart budget (PostgreSQL times, seconds) fall
+    inside one restart window: at some spend, it and the earlier spends after its time
+    minus ``window`` number ``budget`` or more (the product counts, at a crash, the
+    crashes after now() - window, then this one). ``window`` 0: all of them count."""
+    ordered = sorted(times)
+    if window <= 0:
+        return len(ordered) >= budget
+    return any(
+        sum(1 for earlier in ordered[: i + 1] if earlier > t - window) >= budget
+        for i, t in enumerate(ordered)
+    )
+
+
 def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the FAILED job ``job`` (a row with ``max_restarts``) is legitimately FAILED
     according to its events, or None if it is not: its own driver failed
@@ -454,7 +478,26 @@ def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]
     if any(INVALID_JOB.search(error) for error in errors):
         return "invalid artifact or spec"
     failures = sum(1 for error in errors if DRIVER_FAILURE.match(error))
-    if failures + spent >= int(job["max_restarts"]) + 1:
+    # When each was spent (PostgreSQL's clock): a streaming job's restart window counts
+    # only those inside one window (restart_window).
+    times = [
+        float(e.get("at_s", "nan"))
+        for e in current
+        if (
+            e["kind"] in ("crashed", "failed")
+            and DRIVER_FAILURE.match(str(_detail(e).get("error") or ""))
+        )
+        or (e["kind"] == "restart_requested" and "by" in _detail(e))
+    ]
+    budget, window = int(job["max_restarts"]) + 1, restart_window(job)
+    if window > 0 and len(times) == failures + spent and not any(map(math.isnan, times)):
+        if spent_in_one_window(times, budget, window):
+            return (
+                f"its driver failed {failures} times, restarted on a stall {spent} times, "
+                f"{budget} of them inside one {window:g} s restart window"
+            )
+        return None
+    if failures + spent >= budget:
         return f"its driver failed {failures} times, restarted on a stall {spent} times"
     return None
 
@@ -800,10 +843,18 @@ def budget_overruns(
         lives_of[life.job].append(life)
     problems = []
     for j in sorted(jobs, key=lambda j: j["name"]):
-        job, budget = j["name"], int(j["max_restarts"]) + 1
+        job, budget, window = j["name"], int(j["max_restarts"]) + 1, restart_window(j)
         items = by_job.get(job, [])
         gen_of_epoch = claim_generations(items)
         failing = _driver_failures(lives_of[job], items)
+        # When the product counted each failure (its crashed/failed event, PostgreSQL's
+        # clock); one it never recorded (H5) is placed before any window, so that a
+        # restart window never makes the check report a legal run.
+        failed_at = {
+            int(e["epoch"]): float(e["at_s"])
+            for e in items
+            if e["kind"] in ("crashed", "failed") and e.get("epoch") is not None and "at_s" in e
+        }
         started = {life.epoch: life for life in lives_of[job]}
         per_gen: dict[int, list[int]] = defaultdict(list)
         for epoch in sorted(failing | set(started)):
@@ -812,7 +863,14 @@ def budget_overruns(
         for gen, epochs in sorted(per_gen.items()):
             failures: list[int] = []
             for epoch in epochs:
-                if len(failures) >= budget and epoch in started:
+                spent = (
+                    spent_in_one_window(
+                        [failed_at.get(f, float("-inf")) for f in failures], budget, window
+                    )
+                    if window > 0
+                    else len(failures) >= budget
+                )
+                if spent and epoch in started:
                     problems.append(
                         f"{job}: generation {gen} run past its budget: driver "
                         f"{started[epoch].label} started after {len(failures)} driver "

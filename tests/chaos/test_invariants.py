@@ -962,3 +962,61 @@ def test_a_run_at_a_time_the_schedule_does_not_have_is_an_extra_fire() -> None:
     runs = [*_clean(), _run(9, 107.0, 107.5, 108.0)]
     (problem,) = _check(runs, concurrency="replace")
     assert "fired at 1970-01-01T00:01:47Z, not a fire time" in problem
+
+
+def _at(events: list[dict], *seconds: float) -> list[dict]:
+    """``events`` with PostgreSQL times ``at_s`` (one each, in order)."""
+    return [{**e, "at_s": t} for e, t in zip(events, seconds, strict=True)]
+
+
+def test_spent_in_one_window_counts_only_spends_inside_one_window() -> None:
+    assert invariants.spent_in_one_window([0, 5], 2, window=10)
+    assert not invariants.spent_in_one_window([0, 15], 2, window=10)
+    assert not invariants.spent_in_one_window([0, 10], 2, window=10)  # strictly after
+    assert invariants.spent_in_one_window([0, 15, 30, 33], 2, window=10)
+    assert invariants.spent_in_one_window([0, 1000], 2, window=0)  # no window: all count
+    assert not invariants.spent_in_one_window([float("-inf"), 5], 2, window=10)
+
+
+def test_a_stream_failed_with_its_crashes_spread_wider_than_its_window_was_lost() -> None:
+    """The restart window (issue 26): a streaming job with max_restarts 1 and a 60 s
+    window whose two driver failures were 100 s apart should have restarted; FAILED, it
+    was lost (the product counting every crash since the start would do this). The same
+    failures 30 s apart spend its budget: FAILED legitimately."""
+    exited = "driver exited with exit code 3: boom"
+    job = {**_failed_job("w", max_restarts=1), "kind": "streaming", "restart_window_s": 60.0}
+    started = [_event(0, "start_requested", None, None, "w", generation=1)]
+    crashes = _crashes("w", 1, 1, exited) + _crashes("w", 2, 1, exited, "failed")
+    spread = started + _at(crashes, 1000.0, 1100.0)
+    problems = _lost([job], spread)
+    assert len(problems) == 1 and "failed without" in problems[0], problems
+    close = started + _at(crashes, 1000.0, 1030.0)
+    assert _lost([job], close) == []
+    # Without a window (0), or for a batch job, every failure since the start counts.
+    assert _lost([{**job, "restart_window_s": 0.0}], spread) == []
+    assert _lost([{**job, "kind": "batch"}], spread) == []
+
+
+def test_a_stream_run_again_after_its_window_filled_overran_its_budget() -> None:
+    """A streaming job with max_restarts 1 and a 60 s window: two failures 30 s apart
+    spend it, so a third driver is an overrun; two failures 100 s apart do not, and a
+    third driver is legal."""
+    one = [{"name": "w", "kind": "streaming", "max_restarts": 1, "restart_window_s": 60.0}]
+    claims = [_event(0, "start_requested", None, None, "w", generation=1)] + [
+        _event(i, "claimed", "s1", i, "w") for i in (1, 2, 3)
+    ]
+    lives = [
+        *_life("w", 1, "s1", 0, 5, exit_code=3),
+        *_life("w", 2, "s1", 10, 15, exit_code=3),
+        *_life("w", 3, "s1", 20, None),
+    ]
+    exited = "driver exited with exit code 3"
+    recorded = [_event(11, "crashed", "s1", 1, "w", error=exited),
+                _event(12, "crashed", "s1", 2, "w", error=exited)]  # fmt: skip
+    close = claims + _at(recorded, 1000.0, 1030.0)
+    problems = invariants.budget_overruns(one, lives, close)
+    assert len(problems) == 1 and "run past its budget" in problems[0], problems
+    spread = claims + _at(recorded, 1000.0, 1100.0)
+    assert invariants.budget_overruns(one, lives, spread) == []
+    # A failure nobody recorded (H5) is placed before any window: never a false report.
+    assert invariants.budget_overruns(one, lives, claims) == []

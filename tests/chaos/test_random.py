@@ -126,6 +126,14 @@ STALL_CONF = {
     "sparkring.health.stallTimeout": f"{STALL_S:g}",
     "sparkring.health.restartOnStall": "true",
 }
+# A streaming job whose driver exits 3 every CRASH_EVERY_S while the run lasts (a crash
+# loop, heartbeat.py --crash-while), with max_restarts 1 and a restart window shorter
+# than that (issue 26): one crash at a time inside the window, so it must never be
+# FAILED for them (counted since its start, it would be at its second). Its crashes stop
+# when the faults do, so that it settles for the checks.
+WINDOWED = "crashy"
+CRASH_EVERY_S = 6.0
+WINDOW_S = 4.0
 # A command loop prunes the history instead of commanding a job with this probability.
 PRUNE_P = 0.03
 CAPACITY = 6  # two servers hold every job while the third is down
@@ -248,6 +256,9 @@ class RandomChaos:
         self.duplicates: list[subprocess.Popen[bytes]] = []
         self.problems: list[str] = []
         self.names: list[str] = []
+        # While it exists, WINDOWED's driver crashes (readable by the driver user: the
+        # cluster's root is open to drivers).
+        self.crashing = trial.cluster_root / "crashing"
         self.batch = [f"b{i}" for i in range(BATCH_JOBS)]
         self.failing = [f"bf{retries}" for retries in FAILING_RETRIES]
         self.versions: list[catalog.Resource] = []  # the heartbeat artifact's versions
@@ -367,6 +378,16 @@ class RandomChaos:
         t.create(STALLING, extra=["--query-started"], conf=STALL_CONF)
         t.wait_state(STALLING, "running", 120)
         self.names.append(STALLING)
+        self.crashing.touch()
+        t.create(
+            WINDOWED,
+            extra=["--run-for", f"{CRASH_EVERY_S:g}", "--exit-code", str(FAILING_EXIT),
+                   "--crash-while", str(self.crashing)],
+            max_restarts=1,
+            restart_window_s=WINDOW_S,
+        )  # fmt: skip
+        t.wait_state(WINDOWED, "running", 120)
+        self.names.append(WINDOWED)
         # A second version of the artifact (other bytes), for updates to switch between.
         assert t.resource is not None
         (self.root / "v2").mkdir(exist_ok=True)
@@ -826,6 +847,7 @@ class RandomChaos:
             self._stop_commands.set()
             for thread in threads:
                 thread.join(timeout=30)
+            self.crashing.unlink(missing_ok=True)  # the crash loop ends with the faults
             self.heal()
 
     def heal(self) -> None:

@@ -281,6 +281,7 @@ class Trial:
         max_restarts: int = 3,
         conf: dict[str, str] | None = None,
         master: str | None = None,
+        restart_window_s: float | None = None,
     ) -> None:
         """Define a heartbeat job (and start it) through the job catalog: the same
         statements the CLI runs, without a process start per command. ``max_restarts``
@@ -300,6 +301,7 @@ class Trial:
                     args=[str(self.cluster.heartbeats), *extra],
                     conf=conf or {},
                     max_restarts=max_restarts,
+                    restart_window_s=restart_window_s,
                     spark_master=master,
                 ),
             )
@@ -434,7 +436,8 @@ class Trial:
     def job_rows(self) -> list[dict[str, Any]]:
         rows = self.cluster.sql(
             """
-            SELECT j.name, j.kind, j.desired, j.max_restarts, d.state, d.owner, d.target,
+            SELECT j.name, j.kind, j.desired, j.max_restarts, j.restart_window_s,
+                   d.state, d.owner, d.target,
                    d.epoch, d.last_error, j.generation = d.generation AS current,
                    j.schedule_active AS scheduled
               FROM jobs j JOIN distribution d ON d.job_id = j.id ORDER BY j.name

@@ -1,7 +1,8 @@
 """A light driver for end-to-end tests: no SparkSession, but started by spark-submit.
 
 Appends {"job","epoch","server","revision","pid","t","mono"} to HEARTBEATS every 0.2 s until
-SIGTERM (exit 0) or, with --run-for, until that many seconds passed (exit --exit-code).
+SIGTERM (exit 0) or, with --run-for, until that many seconds passed (exit --exit-code;
+with --crash-while PATH only while PATH exists, else it runs on).
 Tests use the heartbeats to prove that two drivers of one job never ran at the same time.
 With --query-started it logs the line Spark's StreamExecution logs as a streaming query
 starts, and never a progress line: to the health monitor (server/spark_status.py) a
@@ -29,6 +30,9 @@ def main() -> int:
     parser.add_argument("--run-for", type=float, default=None)
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--query-started", action="store_true")
+    # Exit --exit-code after --run-for only while this file exists (a job that crashes
+    # until a test lets it run: the restart window's case in the chaos campaign).
+    parser.add_argument("--crash-while", default=None)
     args = parser.parse_args()
     if args.query_started:
         line = "INFO MicroBatchExecution: Starting new streaming query."
@@ -48,7 +52,8 @@ def main() -> int:
         finally:
             os.close(fd)
         if args.run_for is not None and time.monotonic() - started >= args.run_for:
-            return args.exit_code
+            if args.crash_while is None or os.path.exists(args.crash_while):
+                return args.exit_code
         time.sleep(0.2)
     return 0
 

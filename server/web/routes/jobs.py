@@ -111,6 +111,12 @@ class JobCreate(ScheduleFields):
         description="Batch jobs: the same budget under its batch name (give one of the two: "
         "with max_retries, kind is batch and max_restarts is left out).",
     )
+    restart_window_s: contract.Window | None = Field(
+        None,
+        description="Streaming jobs: only crashes inside a window of this many seconds "
+        "count against max_restarts; 0: every crash since the last start. Default: 3600 "
+        "for streaming; a batch job takes none (400).",
+    )
 
 
 class JobUpdate(ScheduleFields):
@@ -131,6 +137,9 @@ class JobUpdate(ScheduleFields):
     args: list[contract.Text] | None = Field(None, description="Replaces every argument.")
     spark_master: contract.Text | None = Field(None, description="'' = the server's default.")
     max_restarts: contract.Budget | None = None
+    restart_window_s: contract.Window | None = Field(
+        None, description="Streaming jobs: the restart window in seconds (0: none)."
+    )
     restart: bool = Field(False, description="Also restart a running batch job now.")
     schedule: Spec | None = Field(None, description="A new SPEC (policies not given kept).")
     no_schedule: bool = Field(False, description="Remove the schedule (switches it off).")
@@ -296,6 +305,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
                     max_restarts=jobs.restart_budget(
                         body.kind, body.max_restarts, body.max_retries
                     ),
+                    restart_window_s=body.restart_window_s,
                     schedule=the_schedule,
                 ),
                 actor=principal.actor,
@@ -399,6 +409,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             args=body.args,
             spark_master=body.spark_master,
             max_restarts=body.max_restarts,
+            restart_window_s=body.restart_window_s,
             schedule=new_schedule,
             clear_schedule=body.no_schedule,
         )
