@@ -36,6 +36,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from scheduler import distribution, fires, health_policy, notify, run_health, runs
+from scheduler.schedule import format_duration
 from sql import states, tables
 from sql.states import EventKind, JobKind, RunState
 
@@ -1050,7 +1051,7 @@ def window_text(seconds: float | None) -> str:
         return "(none)"
     if seconds == 0:
         return "none"
-    return f"{seconds:g}s"
+    return format_duration(seconds)
 
 
 def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:

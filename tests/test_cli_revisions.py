@@ -100,3 +100,27 @@ def test_apply_plans_applies_and_refuses_an_invalid_file(
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     located = [line.split(": ")[2] for line in refused.stderr.strip().splitlines()]
     assert located == ["jobs.a.extra", "jobs.a.kind", "jobs.a.resource"], refused.stderr
+
+
+def test_restart_window_through_create_update_show_and_history(run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        factories.resource(conn, "app")
+    for args, expected in [
+        (("job", "create", "w", "--resource", "app", "--restart-window", "soon"),
+         "--restart-window: duration 'soon' is not a number with a unit"),
+        (("job", "create", "b", "--resource", "app", "--kind", "batch",
+          "--restart-window", "1h"), "--restart-window is for streaming jobs"),
+        (("job", "create", "w", "--resource", "app", "--restart-window", "400d"),
+         "--restart-window must be 0 (none) to"),
+    ]:  # fmt: skip
+        assert expected in _error(run(*args)), args
+    assert run("job", "show", "w").returncode == 1  # nothing was created
+    assert run("job", "create", "w", "--resource", "app").returncode == 0
+    shown = run("job", "show", "w").stdout
+    assert "1h (crashes in it count against max_restarts)" in shown, shown
+    assert "0/3" in shown, shown
+    done = run("job", "update", "w", "--restart-window", "0")
+    assert done.returncode == 0, done.stderr
+    assert "none (every crash since the last start counts)" in run("job", "show", "w").stdout
+    history = run("job", "history", "w").stdout
+    assert "restart_window 1h -> none" in history, history

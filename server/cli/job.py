@@ -679,12 +679,17 @@ def show(
         return
     shown = {**job, "desired": _desired(job), "restarts": _restarts(job)}
     shown.pop("crashes_in_window")
-    window = jobs.window_text(job["restart_window_s"])
-    shown["restart_window_s"] = (
-        f"{window} (crashes in it count against max_restarts)"
+    window = (
+        f"{jobs.window_text(job['restart_window_s'])} (crashes in it count against max_restarts)"
         if job["restart_window_s"]
         else "none (every crash since the last start counts)"
     )
+    shown = {
+        ("restart_window" if key == "restart_window_s" else key): (
+            window if key == "restart_window_s" else value
+        )
+        for key, value in shown.items()
+    }
     shown.pop("health")
     shown.update(_health_fields(job))
     console.fields((key, _shown(key, value)) for key, value in shown.items())
