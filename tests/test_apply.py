@@ -283,3 +283,43 @@ def test_a_bad_schedule_in_a_spec_is_refused_with_its_location(folder: Path) -> 
     assert "jobs.a.schedule: schedule '61 * * * *' is not a valid cron expression" in errors
     assert "jobs.b.schedule: a schedule is for batch jobs" in errors
     assert "jobs.c.timezone: needs schedule" in errors
+
+
+def test_a_restart_window_in_a_spec_is_applied_revised_and_checked(
+    engine: sa.Engine, bucket: store.Store, folder: Path
+) -> None:
+    windowed = _write(folder, SPEC.format(max_restarts=2).replace(
+        "args = [", 'restart_window = "30m"\n    args = ['))  # fmt: skip
+    _apply(engine, bucket, windowed)
+    with engine.connect() as conn:
+        assert jobs.show(conn, "clicks")["restart_window_s"] == 1800.0
+        assert jobs.show(conn, "nightly")["restart_window_s"] == 0.0  # batch: none
+    assert _plan(engine, windowed) == ["unchanged clicks", "unchanged nightly"]
+    default = _write(folder, SPEC.format(max_restarts=2))
+    assert _plan(engine, default) == [
+        "update    clicks: restart_window 30m -> 1h",
+        "unchanged nightly",
+    ]
+    bad = _write(
+        folder,
+        """
+        [jobs.a]
+        resource = "lib:1"
+        restart_window = "soon"
+
+        [jobs.b]
+        kind = "batch"
+        resource = "lib:1"
+        restart_window = "1h"
+
+        [jobs.c]
+        resource = "lib:1"
+        restart_window = 5
+        """,
+    )
+    with pytest.raises(apply.SpecError) as caught:
+        apply.parse(bad)
+    errors = "\n".join(caught.value.errors)
+    assert "jobs.a.restart_window: duration 'soon' is not a number with a unit" in errors
+    assert "jobs.b.restart_window: --restart-window is for streaming jobs" in errors
+    assert 'jobs.c.restart_window: must be a duration such as "1h", or 0' in errors

@@ -98,3 +98,35 @@ def test_a_window_change_is_a_revision(engine: sa.Engine) -> None:
         shown = jobs.show(conn, "rev")
     assert revised.changed == ("restart_window",)
     assert (shown["restart_window_s"], shown["crashes_in_window"]) == (86400.0, 0)
+
+
+def test_a_stall_restart_spends_from_the_same_window(engine: sa.Engine) -> None:
+    """Restart-on-stall (jobs.restart_run) spends the budget crashes spend: with
+    max_restarts 1 a second stall restart inside the window is refused, and allowed
+    once the first has left the window."""
+    job_id = factories.job(engine, "stally", max_restarts=1, restart_window_s=600.0)
+    factories.target(engine, job_id, "s1")
+
+    def running_epoch() -> int:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE distribution SET not_before = NULL WHERE job_id = :j"),
+                {"j": job_id},
+            )
+            row = factories.row(engine, job_id)
+            if row.owner is not None:  # the restart's stop: released by the owner
+                distribution.release(conn, job_id, owner("s1"), row.epoch)
+            claim = distribution.claim(conn, job_id, owner("s1"), ttl=30.0)
+            distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=1)
+            return claim.epoch
+
+    def restart(epoch: int) -> jobs.RunRestarted:
+        with engine.begin() as conn:
+            return jobs.restart_run(conn, job_id, owner("s1"), epoch, "stalled")
+
+    assert restart(running_epoch()).restarts == 1
+    epoch = running_epoch()
+    with pytest.raises(jobs.RestartBudgetSpent, match="1 of 1"):
+        restart(epoch)
+    _age_crashes(engine, job_id, 601)
+    assert restart(epoch).restarts == 1  # the old one no longer counts
