@@ -34,8 +34,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import statistics
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,28 @@ class Instant:
 
     wall: dt.datetime  # shown and recorded only
     mono: float  # watchdog.lease_clock(), seconds: every duration is measured on it
+
+
+# A streaming query is stalled when no batch completed for the policy's stall timeout,
+# or for STALL_INTERVALS of its typical interval between batches if that is longer: a
+# query triggered every 10 minutes is not stalled 5 minutes after its last batch (the
+# Flink operator's false restarts, FLINK-37354 and FLINK-34131, came from one fixed
+# number). Typical: the median of the last BATCH_GAPS gaps, so one long pause does not
+# stretch the window; at least two gaps are needed.
+STALL_INTERVALS = 3
+BATCH_GAPS = 10
+
+
+def stall_timeout(configured: float, gaps: Sequence[float]) -> float:
+    """The stall window of a query whose recent gaps between batches were ``gaps``."""
+    interval = batch_interval(gaps)
+    return configured if interval is None else max(configured, STALL_INTERVALS * interval)
+
+
+def batch_interval(gaps: Sequence[float]) -> float | None:
+    """The typical interval between a query's batches (seconds), None while unknown."""
+    recent = list(gaps)[-BATCH_GAPS:]
+    return statistics.median(recent) if len(recent) >= 2 else None
 
 
 @dataclass
@@ -103,6 +126,9 @@ class Tracker:
     last_batch_id: int | None = None
     last_batch_at: dt.datetime | None = None  # its completion as the driver logged it
     last_batch_done: float | None = None  # the same on the lease clock (observe_progress)
+    # Seconds between consecutive batches' completions, as the driver logged them (a
+    # heuristic for the stall window: a wall clock step makes one gap an outlier).
+    batch_gaps: list[float] = field(default_factory=list)
     input_rate: float | None = None
     processing_rate: float | None = None
     flag: HealthFlag | None = None
@@ -137,6 +163,10 @@ class Tracker:
             self.input_rate = event.input_rows_per_second
             self.processing_rate = event.processed_rows_per_second
             if self.last_batch_id is None or event.batch_id > self.last_batch_id:
+                if self.last_batch_at is not None:
+                    gap = (event.completed_at - self.last_batch_at).total_seconds()
+                    if gap >= 0:
+                        self.batch_gaps = [*self.batch_gaps[-(BATCH_GAPS - 1) :], gap]
                 self.last_batch_id = event.batch_id
                 self.last_batch_at = event.completed_at
                 age = (now.wall - event.completed_at).total_seconds()
@@ -188,15 +218,18 @@ def assess(tracker: Tracker, now: float) -> tuple[HealthFlag | None, dict[str, A
             tracker.query_started_at,
         )
         idle = now - max(t for t in starts if t is not None)
-        if idle >= policy.stall_timeout:
+        timeout = stall_timeout(policy.stall_timeout, tracker.batch_gaps)
+        if idle >= timeout:
             detail: dict[str, Any] = {
                 "last_batch_id": tracker.last_batch_id,
                 "last_batch_at": (
                     None if tracker.last_batch_at is None else str(tracker.last_batch_at)
                 ),
                 "no_batch_for_s": round(idle, 1),
-                "timeout_s": policy.stall_timeout,
+                "timeout_s": timeout,
             }
+            if (interval := batch_interval(tracker.batch_gaps)) is not None:
+                detail["batch_interval_s"] = round(interval, 1)
             if tracker.query_error is not None:
                 detail["query_error"] = tracker.query_error
             return HealthFlag.STALLED, detail

@@ -74,6 +74,35 @@ def test_a_query_with_no_new_batch_for_the_timeout_is_stalled() -> None:
     assert health.assess(tracker, 81)[0] is None
 
 
+def test_the_stall_window_follows_the_querys_batch_interval() -> None:
+    """A query that completes a batch every 10 minutes (a processing-time trigger of
+    10 min) is not stalled 60 s after its last batch, as a fixed timeout would have it
+    (the Flink operator's false restarts, FLINK-37354): its window is STALL_INTERVALS
+    times its typical interval. One batch late by that much is stalled."""
+    tracker = _tracker()
+    for batch in range(4):  # batches at 0, 600, 1200, 1800 s
+        tracker.observe_progress([_progress(batch, s(600 * batch))], at(600 * batch + 0.5))
+    window = health.STALL_INTERVALS * 600
+    assert health.assess(tracker, 1800 + 600 + 1)[0] is None  # one interval later: fine
+    assert health.assess(tracker, 1800 + window - 1)[0] is None
+    flag, detail = health.assess(tracker, 1800 + window + 1)
+    assert flag == HealthFlag.STALLED
+    assert (detail["timeout_s"], detail["batch_interval_s"]) == (window, 600.0)
+    # A fast query keeps the configured timeout as its floor.
+    fast = _tracker()
+    for batch in range(4):
+        fast.observe_progress([_progress(batch, s(batch))], at(batch + 0.5))
+    assert health.assess(fast, 3 + POLICY.stall_timeout + 1)[0] == HealthFlag.STALLED
+
+
+def test_the_stall_timeout_is_the_policys_until_the_interval_is_known() -> None:
+    assert health.stall_timeout(60.0, []) == 60.0
+    assert health.stall_timeout(60.0, [5.0]) == 60.0  # one gap is no interval yet
+    assert health.stall_timeout(60.0, [600.0, 600.0]) == health.STALL_INTERVALS * 600.0
+    # The median: one long pause (a backlog, a GC) does not stretch the window.
+    assert health.stall_timeout(60.0, [10.0, 10.0, 10.0, 5000.0]) == 60.0
+
+
 def test_no_stall_before_a_query_starts_nor_for_a_batch_job() -> None:
     # A streaming job whose log shows no query (none, or its log level hides it) is not
     # judged; nor is a batch job, whose "batches" are not a heartbeat.
