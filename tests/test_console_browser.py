@@ -168,6 +168,8 @@ def test_operator_sees_a_job_appear_stops_it_and_sees_it_stopped(
     _until(browser, lambda: _text(browser, "#job-name") == name, "the job page")
     _until(browser, lambda: "start_requested" in _text(browser, "#job-events"), "events")
     assert "has no driver log yet" in _text(browser, "#job-log")
+    # The restart budget as spent now: crashes inside the restart window (1 h default).
+    assert _text(browser, "dd[data-field='restarts']") == "0 of 3 in the last 1h"
     # Stop asks first: dismissed, nothing is sent; accepted, the job stops.
     _click(browser, By.ID, "job-stop")
     _until(browser, lambda: _alert(browser), "the confirmation")

@@ -197,6 +197,16 @@ async function command(name, action) {
   render();
 }
 
+// The restart budget as spent now: a streaming job's crashes inside its restart window
+// (docs/drivers.md), else every one since the last start.
+function restartsText(job) {
+  const window = job.restart_window_s;
+  if (!window) return `${job.restarts} of ${job.max_restarts}`;
+  const units = [[86400, "d"], [3600, "h"], [60, "m"]];
+  const [size, unit] = units.find(([n]) => window % n === 0) || [1, "s"];
+  return `${job.crashes_in_window} of ${job.max_restarts} in the last ${window / size}${unit}`;
+}
+
 async function viewJob(name) {
   const path = "/jobs/" + encodeURIComponent(name);
   const [job, events, runs] = await Promise.all([api(path), api(path + "/events?limit=200"),
@@ -208,7 +218,7 @@ async function viewJob(name) {
   const keep = document.getElementById("job-outcome");
   const fields = [["state", badge(job.state)], ["desired", desiredText(job)], ["kind", job.kind],
     ["owner", job.owner || "-"], ["target", job.target || "-"], ["epoch", job.epoch],
-    ["attempt", job.attempt], ["restarts", `${job.restarts} of ${job.max_restarts}`],
+    ["attempt", job.attempt], ["restarts", restartsText(job)],
     ["generation", job.generation],
     ["resource", `${job.resource.name}:${job.resource.version} (${job.resource.sha256.slice(0, 12)})`],
     ["started", job.started_at || "-"], ["updated", job.updated_at],
