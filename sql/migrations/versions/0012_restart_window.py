@@ -11,7 +11,9 @@ since the last start counts, as before. Existing streaming jobs get the default,
 hour; batch jobs 0 (a batch job's retries are counted per run).
 
 ``distribution.crash_times``: the crashes of the current window, pruned at each crash
-and cleared wherever the count is reset (a start, a new run).
+and cleared wherever the count is reset (a start, a new run). It starts empty: a
+streaming job's earlier crashes (``restarts``) stop counting at the upgrade, as they
+would have left a window that started then.
 
 Expand only: a server of the previous release ignores the columns (its count, the
 ``restarts`` column, stays as it was written; the new code keeps writing it too).
