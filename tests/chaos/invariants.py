@@ -536,9 +536,11 @@ def lost_jobs(
         if j["state"] == "failed":
             if failed_with_cause(j, by_job.get(j["name"], [])):
                 continue
+            window = restart_window(j)
+            inside = f" inside one {window:g} s restart window" if window > 0 else ""
             problems.append(
                 f"{j['name']}: failed without its driver failing "
-                f"{int(j['max_restarts']) + 1} times or an invalid artifact "
+                f"{int(j['max_restarts']) + 1} times{inside} or an invalid artifact "
                 f"(last_error {str(j.get('last_error'))[:120]!r})"
             )
             continue
