@@ -36,7 +36,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from scheduler import distribution, fires, health_policy, notify, run_health, runs
-from scheduler.schedule import format_duration
+from scheduler.schedule import ScheduleError, format_duration, parse_duration
 from sql import states, tables
 from sql.states import EventKind, JobKind, RunState
 
@@ -112,6 +112,17 @@ def restart_budget(
         option = "--max-retries" if max_retries is not None else "--max-restarts"
         raise JobError(f"{option} must be 0 or more, not {max_restarts}")
     return max_restarts
+
+
+def parse_window(text: str) -> float:
+    """A restart window as typed (``--restart-window``, a spec's ``restart_window``): a
+    duration such as ``1h`` or ``30m``, or ``0`` for none."""
+    if text.strip() in ("0", "0s"):
+        return 0.0
+    try:
+        return parse_duration(text)
+    except ScheduleError as exc:
+        raise JobError(str(exc)) from None
 
 
 def restart_window(kind: JobKind | str, seconds: float | None) -> float:

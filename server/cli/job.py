@@ -15,7 +15,6 @@ from typing import Any
 import typer
 
 from scheduler import health_policy, jobs
-from scheduler.schedule import ScheduleError, parse_duration
 from server import clients
 from server.cli import console, schedules
 from server.web import audit, tokens
@@ -266,11 +265,9 @@ def _window(text: str | None) -> float | None:
     """``--restart-window``: a duration (``1h``), or 0 for none; None: not given."""
     if text is None:
         return None
-    if text.strip() in ("0", "0s"):
-        return 0.0
     try:
-        return parse_duration(text)
-    except ScheduleError as exc:
+        return jobs.parse_window(text)
+    except jobs.JobError as exc:
         raise console.fail(f"--restart-window: {exc}") from None
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from resource_center import catalog, errors, store, validation
-from scheduler import health_policy, jobs, schedule
+from scheduler import health_policy, jobs
 from sql import tables
 from sql.states import Desired, JobKind
 
@@ -230,12 +230,12 @@ def _restart_window(value: Any, at: str, kind: str, problems: list[str]) -> floa
     """``restart_window``: a duration string or 0; the kind's default when absent."""
     seconds: float | None = None
     if value is not None:
-        if value == 0 or value == "0":
+        if value == 0:
             seconds = 0.0
         elif isinstance(value, str):
             try:
-                seconds = schedule.parse_duration(value)
-            except schedule.ScheduleError as exc:
+                seconds = jobs.parse_window(value)
+            except jobs.JobError as exc:
                 problems.append(f"{at}.restart_window: {exc}")
         else:
             problems.append(f'{at}.restart_window: must be a duration such as "1h", or 0')
