@@ -1149,10 +1149,9 @@ _SHOW = (
            j.spark_master, j.max_restarts, j.restart_window_s, j.created_at, j.revision,
            j.label, d.revision AS run_revision, d.state, d.owner, d.target, d.epoch,
            d.attempt, d.restarts, d.lease_until,
-           (SELECT count(*) FROM unnest(d.crash_times) AS c(at)
-             WHERE j.restart_window_s = 0
-                OR c.at > now() - make_interval(secs => j.restart_window_s))
-               AS crashes_in_window,
+           """
+    + distribution.IN_WINDOW
+    + """ AS crashes_in_window,
            d.pending_reason, d.last_error, d.started_at, d.updated_at, d.not_before,
            j.schedule, j.schedule_active, j.next_fire_at,
            (SELECT jsonb_build_object('run_id', lr.run_id, 'state', lr.state,

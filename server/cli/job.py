@@ -720,22 +720,22 @@ def _health_fields(job: dict[str, Any]) -> dict[str, Any]:
         return {"health": "- (no report from the owner's health monitor)"}
     flag = _flag(job)
     app = health["app_id"] or "-"
-    if job["owner"] is None:
+    live = job["owner"] is not None
+    if not live:
         # No live run (finished, failed, stopped, between runs): the owner's last report
         # is history, not the job's health now.
-        state = f"ended with its run; last report at {console.text(health['checked_at'])}"
-        shown = {"health": "- (no live run)", "spark_app": f"{app} ({state})"}
-    elif flag:
-        shown = {"health": f"{flag} since {console.text(health['flagged_at'])}"}
+        line = "- (no live run)"
+        app_state = f"ended with its run; last report at {console.text(health['checked_at'])}"
     else:
-        shown = {"health": "ok"}
+        line = f"{flag} since {console.text(health['flagged_at'])}" if flag else "ok"
+        app_state = health["app_state"]
     fields: dict[str, Any] = {
-        "health": shown["health"],
-        "spark_app": shown.get("spark_app", f"{app} ({health['app_state']})"),
-        "spark_ui": health["ui_url"] if job["owner"] is not None else None,
+        "health": line,
+        "spark_app": f"{app} ({app_state})",
+        "spark_ui": health["ui_url"] if live else None,
         "executors": (
             None
-            if health["cores"] is None or job["owner"] is None
+            if health["cores"] is None or not live
             else f"{health['executors']} ({health['cores']} cores)"
         ),
     }
