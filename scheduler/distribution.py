@@ -132,7 +132,7 @@ _CLAIM = sa.text(
                started_at = now(),
                not_before = NULL,
                updated_at = now()
-          FROM j
+          FROM j, (SELECT owner AS prior_owner FROM distribution WHERE job_id = :job_id) o
          WHERE d.job_id = j.id
            AND d.target = :server
            AND j.desired = 'running'
@@ -145,7 +145,12 @@ _CLAIM = sa.text(
                       OR pg_postmaster_start_time() < now() - make_interval(secs => :hold)))
            )
         RETURNING d.job_id, j.name, d.epoch, d.attempt, d.generation, d.revision,
-                  jsonb_build_object('attempt', d.attempt, 'revision', d.revision) AS detail
+                  jsonb_build_object('attempt', d.attempt, 'revision', d.revision)
+                  -- Another server's expired lease taken over: its owner was lost (an
+                  -- alert's failed_over, migration 0013). Informative only.
+                  || CASE WHEN o.prior_owner <> :server
+                          THEN jsonb_build_object('taken_over_from', o.prior_owner)
+                          ELSE '{}'::jsonb END AS detail
     )
     """
     + _event_cte(EventKind.CLAIMED)

@@ -37,6 +37,8 @@ DRIVER_NICE = 10
 # this long, seconds: a fire switched on elsewhere is seen within it even if its NOTIFY
 # was lost.
 SCHEDULE_FIRE_INTERVAL_S = 1.0
+# How often every server looks for due alert deliveries (server/alert_sender.py), s.
+ALERT_INTERVAL_S = 1.0
 
 # Maximum concurrent drivers on one server, drivers.
 CAPACITY = 4

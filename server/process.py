@@ -40,6 +40,7 @@ from registry import connection, servers, session
 from resource_center import cache
 from scheduler import coordinator, fires, jobs, notify
 from server import (
+    alert_sender,
     clients,
     defaults,
     driver,
@@ -128,6 +129,10 @@ class Server:
         # with a one-connection pool of its own.
         self.firer: fires.FiringLoop | None = None
         self._firer_engine: sa.Engine | None = None
+        # Sends the alert outbox (any server may; a lease makes each attempt one
+        # server's), with a small pool of its own.
+        self.alert_sender: alert_sender.AlertSender | None = None
+        self._alert_engine: sa.Engine | None = None
         # Whether the Spark masters we use answer (informational: never part of health).
         self.master_watch: master_watch.MasterWatch | None = None
         self.exit_code = exit_codes.ExitCode.OK
@@ -224,6 +229,7 @@ class Server:
         self.runner.registered(settle=defaults.ADOPTION_SETTLE_S)
         self._start_pruner(bucket)
         self._start_firer()
+        self._start_alert_sender()
         self._start_master_watch()
         log.info(
             "server started",
@@ -344,6 +350,24 @@ class Server:
             self._firer_engine, self.id, interval=defaults.SCHEDULE_FIRE_INTERVAL_S
         )
         self.firer.start()
+
+    def _start_alert_sender(self) -> None:
+        """Send alert deliveries on a side thread (server/alert_sender.py)."""
+        s = self.settings
+        assert self.http is not None
+        self._alert_engine = database.create_engine(
+            s.database_url.get_secret_value(), pool_size=2, limits=clients.server_limits(s)
+        )
+        own = f"{tls.scheme(self.listener_tls)}://{s.advertise_host}:{self.http.port}"
+        self.alert_sender = alert_sender.AlertSender(
+            self._alert_engine,
+            self.id,
+            interval=s.alert_interval,
+            console_url=s.console_url or own,
+            user_agent=f"sparkring/{VERSION}",
+            verify=str(s.tls_ca) if s.tls_ca else True,
+        )
+        self.alert_sender.start()
 
     def _start_master_watch(self) -> None:
         """Probe our Spark masters on a side thread and publish what answers in our
@@ -584,6 +608,9 @@ class Server:
             return "coordinator"
         if self.firer is not None and not self._stop.is_set() and not self.firer.is_alive():
             return "schedule firer"
+        sender = self.alert_sender
+        if sender is not None and not self._stop.is_set() and not sender.is_alive():
+            return "alert sender"
         return None
 
     def shutdown(self, hand_off: bool = True) -> None:
@@ -602,6 +629,8 @@ class Server:
             self.pruner.stop()  # between two batches: nothing is left half-done
         if self.firer is not None:
             self.firer.stop()  # between two fires: each is one transaction
+        if self.alert_sender is not None:
+            self.alert_sender.stop()  # sends in flight end; their leases fence them
         if self.master_watch is not None:
             self.master_watch.stop()
         if self._handing_over and self.runner is not None:
@@ -630,6 +659,8 @@ class Server:
             self._prune_engine.dispose()
         if self._firer_engine is not None:
             self._firer_engine.dispose()
+        if self._alert_engine is not None:
+            self._alert_engine.dispose()
         if self.engine is not None:
             self.engine.dispose()
         if self._work_dir_lock is not None:

@@ -132,6 +132,11 @@ class Settings(BaseSettings):
     resource_wait_timeout: float = Field(defaults.RESOURCE_WAIT_TIMEOUT_S, gt=0)
     # Host name other servers and the CLI use to reach this server's HTTP endpoint.
     advertise_host: str = Field(default_factory=socket.gethostname)
+    # The console's address as people reach it (behind a proxy, say), for the link in
+    # each alert (docs/alerts.md); unset, this server's own listener.
+    console_url: str | None = None
+    # How often a server looks for alert deliveries to send, seconds.
+    alert_interval: float = Field(defaults.ALERT_INTERVAL_S, gt=0)
     # PEM certificate chain and key of the HTTP listener (server/tls.py): both or
     # neither; unset, the API and console are plain HTTP.
     tls_cert: Path | None = None

@@ -95,6 +95,41 @@ class HealthFlag(StrEnum):
     WAITING_FOR_RESOURCES = "waiting_for_resources"  # no executor cores for the timeout
 
 
+class AlertKind(StrEnum):
+    """What an alert tells (``alerts.kinds``; migration 0013's trigger maps job events and
+    skipped fire times to these, in the event's own transaction; docs/alerts.md)."""
+
+    FAILED = "failed"  # a job ended FAILED (event failed)
+    RESTARTED = "restarted"  # a crash restart or a batch retry (event crashed)
+    FAILED_OVER = "failed_over"  # re-claimed after its owner was lost (reaped, or taken over)
+    STALLED = "stalled"  # health flag stalled, raised past its window
+    WAITING_FOR_RESOURCES = "waiting_for_resources"  # health flag, past its window
+    ROLLED_BACK = "rolled_back"  # an update rolled itself back (event rolled_back)
+    RECOVERED = "recovered"  # a health flag cleared: health back to ok
+    SCHEDULE_SKIPPED = "schedule_skipped"  # a fire time of a schedule was recorded skipped
+    TEST = "test"  # ``sparkring alert test``: a delivery with no event behind it
+
+
+# What ``alert create`` listens to unless told (``--on``).
+DEFAULT_ALERT_KINDS: tuple[AlertKind, ...] = (
+    AlertKind.FAILED,
+    AlertKind.STALLED,
+    AlertKind.WAITING_FOR_RESOURCES,
+    AlertKind.ROLLED_BACK,
+)
+
+
+class AlertFormat(StrEnum):
+    JSON = "json"  # the alert's fields as JSON (docs/alerts.md), signed when a secret is set
+    SLACK = "slack"  # a Slack incoming-webhook message ({"text": ...})
+
+
+class DeliveryStatus(StrEnum):
+    PENDING = "pending"  # waiting for its next attempt (or in flight, under a lease)
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    FAILED = "failed"  # a final answer (4xx other than 408/429), or 24 h of retries
+
+
 S = RunState
 # target state -> the states it may be entered from.
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {

@@ -444,3 +444,78 @@ cluster_credential = sa.Table(
     sa.CheckConstraint("id = 1", name="single_row"),
     sa.CheckConstraint("length(secret) >= 32", name="secret_long_enough"),
 )
+
+
+# Webhook alerts (scheduler/alerts.py, docs/alerts.md) and their outbox, which triggers
+# of migration 0013 fill in the transaction of the event that raises each delivery.
+ALERT_KINDS = tuple(k.value for k in states.AlertKind if k is not states.AlertKind.TEST)
+DELIVERY_KINDS = tuple(k.value for k in states.AlertKind)
+ALERT_FORMATS = tuple(f.value for f in states.AlertFormat)
+DELIVERY_STATUSES = tuple(s.value for s in states.DeliveryStatus)
+alerts = sa.Table(
+    "alerts",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    sa.Column("webhook_url", sa.Text, nullable=False),
+    # The HMAC key of the signature header; never read back out of the database by
+    # anything but the delivery (not by the CLI, the API or the console).
+    sa.Column("secret", sa.Text, nullable=True),
+    sa.Column("format", sa.Text, nullable=False, server_default="json"),
+    sa.Column("kinds", ARRAY(sa.Text), nullable=False),
+    sa.Column("job_glob", sa.Text, nullable=False, server_default="*"),
+    _timestamp("created_at"),
+    sa.Column("created_by", sa.Text, nullable=True),
+    sa.CheckConstraint(r"name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'", name="name_charset"),
+    sa.CheckConstraint("webhook_url ~ '^https?://'", name="webhook_http"),
+    sa.CheckConstraint(_in("format", ALERT_FORMATS), name="format_known"),
+    sa.CheckConstraint(
+        f"cardinality(kinds) > 0 AND kinds <@ ARRAY[{', '.join(repr(k) for k in ALERT_KINDS)}]",
+        name="kinds_known",
+    ),
+)
+alert_deliveries = sa.Table(
+    "alert_deliveries",
+    metadata,
+    # The body's ``id``: the same on every attempt, for the receiver's de-duplication.
+    sa.Column("id", sa.Uuid, primary_key=True, server_default=sa.text("gen_random_uuid()")),
+    sa.Column(
+        "alert_id",
+        sa.BigInteger,
+        sa.ForeignKey("alerts.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("alert_name", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("job_id", sa.BigInteger, nullable=True),
+    sa.Column("job_name", sa.Text, nullable=True),
+    sa.Column("event_id", sa.BigInteger, nullable=True),
+    sa.Column("server", sa.Text, nullable=True),
+    sa.Column("epoch", sa.BigInteger, nullable=True),
+    sa.Column("detail", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    # When it happened (the event's time), and when the delivery row was written.
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    _timestamp("created_at"),
+    sa.Column("status", sa.Text, nullable=False, server_default="pending"),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    _timestamp("next_attempt_at"),
+    # The server delivering it, until when (an attempt in flight; a killed server's
+    # lease lapses and another server sends it again, with the same id).
+    sa.Column("lease_owner", sa.Text, nullable=True),
+    sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("last_status", sa.Integer, nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("delivered_at", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint(_in("kind", DELIVERY_KINDS), name="kind_known"),
+    sa.CheckConstraint(_in("status", DELIVERY_STATUSES), name="status_known"),
+)
+sa.Index(
+    "ix_alert_deliveries_due",
+    alert_deliveries.c.next_attempt_at,
+    postgresql_where=sa.text("status = 'pending'"),
+)
+sa.Index(
+    "ix_alert_deliveries_alert_id_created_at",
+    alert_deliveries.c.alert_id,
+    alert_deliveries.c.created_at,
+)

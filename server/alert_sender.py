@@ -1,0 +1,172 @@
+"""The side thread of a server that sends the alert outbox (scheduler/alert_delivery.py).
+
+Every live server runs one. Each pass leases up to :data:`BATCH` due deliveries (a
+lease each, so two servers never send the same one at once) and sends them on a small
+pool of threads, one POST each, with a timeout well inside the lease; then writes each
+outcome back, fenced on its lease. Passes run every ``interval`` seconds, and at once
+after a pass that found work. A failure (PostgreSQL away) is logged and retried; the
+thread never ends before :meth:`stop`.
+
+What is logged of a delivery: its id, alert, kind, job, attempt and outcome; never the
+webhook URL (it can hold a credential) or the secret.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import sqlalchemy as sa
+
+from scheduler import alert_delivery
+
+log = logging.getLogger(__name__)
+
+BATCH = 16  # deliveries leased (and sent at once) per pass
+SEND_TIMEOUT_S = 10.0  # one POST, connect to last byte
+LEASE_S = 3 * SEND_TIMEOUT_S  # a server paused mid-send loses it after this
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds of a Retry-After header (seconds, or an HTTP date); None if absent/bad."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def send(
+    client: httpx.Client, due: alert_delivery.Due, user_agent: str
+) -> tuple[int | None, str | None, float | None]:
+    """POST one delivery: (HTTP status or None, why there was no answer, Retry-After).
+    The error names the failure's kind only: an exception's text can carry the URL."""
+    payload = alert_delivery.body(due.fields, due.format)
+    try:
+        response = client.post(
+            due.url, content=payload, headers=alert_delivery.headers(due, payload, user_agent)
+        )
+    except httpx.TimeoutException:
+        return None, "timed out", None
+    except httpx.ConnectError:
+        return None, "could not connect", None
+    except httpx.HTTPError as exc:
+        return None, f"no answer ({type(exc).__name__})", None
+    return response.status_code, None, retry_after(response.headers.get("retry-after"))
+
+
+class AlertSender:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        server: str,
+        *,
+        interval: float,
+        console_url: str | None,
+        user_agent: str,
+        verify: object = True,
+    ) -> None:
+        self._engine = engine
+        self._server = server
+        self._interval = interval
+        self._console_url = console_url
+        self._user_agent = user_agent
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._client = httpx.Client(
+            timeout=SEND_TIMEOUT_S,
+            follow_redirects=False,
+            verify=verify,  # type: ignore[arg-type]
+        )
+        self._pool = ThreadPoolExecutor(max_workers=BATCH, thread_name_prefix="alert-send")
+        self._thread = threading.Thread(target=self._loop, name="alert-sender", daemon=True)
+        self.sent = 0  # attempts made by this server (for tests and the benchmark)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Idempotent: end the loop; sends in flight finish (their leases fence them)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def run_pass(self) -> int:
+        """Lease, send and record one batch; how many were attempted."""
+        with self._engine.begin() as conn:
+            leased = alert_delivery.lease_due(
+                conn,
+                self._server,
+                limit=BATCH,
+                lease_s=LEASE_S,
+                console_url=self._console_url,
+            )
+        if not leased:
+            return 0
+        for done in list(self._pool.map(self._attempt, leased)):
+            del done
+        return len(leased)
+
+    def _attempt(self, due: alert_delivery.Due) -> None:
+        status, error, later = send(self._client, due, self._user_agent)
+        self.sent += 1
+        outcome = alert_delivery.decide(
+            status, error, attempts=due.attempts, age_s=due.age_s, retry_after_s=later
+        )
+        try:
+            with self._engine.begin() as conn:
+                kept = alert_delivery.record(conn, due, self._server, outcome, status)
+        except sa.exc.SQLAlchemyError as exc:
+            kept = False
+            log.warning(
+                "could not record an alert delivery's outcome: it will be sent again",
+                extra={"action": "alert_record_failed", "delivery": due.id, "error": str(exc)},
+            )
+        log.info(
+            "alert delivery attempted",
+            extra={
+                "action": "alert_delivery",
+                "delivery": due.id,
+                "alert": due.fields["alert"],
+                "kind": due.fields["kind"],
+                "job": due.fields["job"],
+                "attempt": due.attempts,
+                "outcome": outcome.status.value,
+                "http_status": status,
+                "error": outcome.error,
+                "recorded": kept,
+            },
+        )
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.run_pass() > 0
+            except Exception as exc:  # logged; the next pass retries
+                busy = False
+                log.warning(
+                    "alert delivery pass failed",
+                    extra={"action": "alert_pass_failed", "error": str(exc)},
+                )
+            if not busy:
+                self._wake.wait(self._interval)
+                self._wake.clear()
