@@ -1,0 +1,265 @@
+"""Alert deliveries sent to a real webhook receiver (tests/webhook_receiver.py) from a
+real PostgreSQL outbox (server/alert_sender.py): retries, a receiver that goes away,
+signatures, a sender lost mid-send (sent again, same id), final refusals, two senders
+sharing the outbox."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from scheduler import alert_delivery, alerts
+from server.alert_sender import AlertSender
+from tests.webhook_receiver import Receiver
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver(secret="hook-secret").start()
+    yield r
+    r.stop()
+
+
+def _sender(engine: sa.Engine, server: str = "s1", interval: float = 0.2) -> AlertSender:
+    return AlertSender(
+        engine, server, interval=interval, console_url="http://console:8080", user_agent="t"
+    )
+
+
+def _alert(engine: sa.Engine, receiver: Receiver, **kw: object) -> None:
+    kw.setdefault("secret", receiver.secret)
+    with engine.begin() as conn:
+        alerts.create(conn, kw.pop("name", "ops"), receiver.url, kinds="all", **kw)  # type: ignore[arg-type]
+
+
+def _fail(engine: sa.Engine, job: str = "etl", count: int = 1) -> None:
+    with engine.begin() as conn:
+        for _ in range(count):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO job_events (job_id, job_name, kind, server, epoch, detail) "
+                    "VALUES (1, :job, 'failed', 's2', 3, '{\"error\": \"exit 1\"}')"
+                ),
+                {"job": job},
+            )
+
+
+def _rows(engine: sa.Engine) -> list[sa.Row]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text("SELECT * FROM alert_deliveries ORDER BY created_at")))
+
+
+def _due_now(engine: sa.Engine) -> None:
+    """Bring every retry forward (instead of sleeping through the backoff)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alert_deliveries SET next_attempt_at = now()"))
+
+
+def test_503s_then_success_is_delivered_once_with_the_same_id(
+    engine: sa.Engine, receiver: Receiver
+) -> None:
+    _alert(engine, receiver)
+    _fail(engine)
+    receiver.script = [503, 503]
+    sender = _sender(engine)
+    try:
+        for expected in ("pending", "pending", "delivered"):
+            assert sender.run_pass() == 1
+            (row,) = _rows(engine)
+            assert row.status == expected
+            _due_now(engine)
+        assert sender.run_pass() == 0, "a delivered row was sent again"
+    finally:
+        sender.stop()
+    assert [r.status for r in receiver.received] == [503, 503, 200]
+    assert len({r.id for r in receiver.received}) == 1
+    assert row.attempts == 3 and row.last_status == 200 and row.delivered_at is not None
+    body = receiver.received[-1].body
+    assert (body["kind"], body["job"], body["server"], body["epoch"]) == ("failed", "etl", "s2", 3)
+    assert body["url"] == "http://console:8080/#/jobs/etl"
+    assert all(r.signature_ok for r in receiver.received)
+
+
+def test_the_retry_waits_its_backoff(engine: sa.Engine, receiver: Receiver) -> None:
+    _alert(engine, receiver)
+    _fail(engine)
+    receiver.script = [503]
+    sender = _sender(engine)
+    try:
+        sender.run_pass()
+        assert sender.run_pass() == 0, "retried before its backoff"
+    finally:
+        sender.stop()
+    (row,) = _rows(engine)
+    with engine.connect() as conn:
+        wait = conn.execute(
+            sa.text("SELECT extract(epoch FROM next_attempt_at - now()) FROM alert_deliveries")
+        ).scalar_one()
+    assert 0 < wait <= alert_delivery.RETRY_BASE_S
+    assert row.last_error == "HTTP 503"
+
+
+def test_a_receiver_down_for_a_while_gets_it_when_back(engine: sa.Engine) -> None:
+    receiver = Receiver().start()
+    url = receiver.url
+    receiver.stop()  # gone: connections refused at its address
+    with engine.begin() as conn:
+        alerts.create(conn, "ops", url, kinds="failed")
+    _fail(engine)
+    sender = _sender(engine)
+    try:
+        for _ in range(3):
+            sender.run_pass()
+            _due_now(engine)
+        (row,) = _rows(engine)
+        assert (row.status, row.attempts, row.last_error) == ("pending", 3, "could not connect")
+        receiver.start()  # back, same port
+        sender.run_pass()
+    finally:
+        sender.stop()
+        receiver.stop()
+    (row,) = _rows(engine)
+    assert (row.status, row.attempts) == ("delivered", 4)
+    assert receiver.accepted_ids() == [str(row.id)]
+
+
+def test_a_wrong_secret_is_refused_by_the_receiver_and_not_retried(
+    engine: sa.Engine, receiver: Receiver
+) -> None:
+    _alert(engine, receiver, secret="not-the-receivers")
+    _fail(engine)
+    sender = _sender(engine)
+    try:
+        sender.run_pass()
+        _due_now(engine)
+        assert sender.run_pass() == 0
+    finally:
+        sender.stop()
+    (row,) = _rows(engine)
+    assert (row.status, row.attempts, row.last_status) == ("failed", 1, 401)
+    assert row.last_error == "HTTP 401 (final: not retried)"
+    assert [r.signature_ok for r in receiver.received] == [False]
+
+
+def test_a_sender_lost_mid_send_is_replaced_and_the_receiver_deduplicates(
+    engine: sa.Engine, receiver: Receiver
+) -> None:
+    """s1 leases the delivery and sends it, and is lost before it writes the outcome
+    (its lease lapses); s2 sends it again with the same id; s1's late outcome is
+    dropped by the fence."""
+    _alert(engine, receiver)
+    _fail(engine)
+    with engine.begin() as conn:
+        (due,) = alert_delivery.lease_due(conn, "s1", limit=5, lease_s=30, console_url=None)
+    s1 = _sender(engine, "s1")
+    try:
+        from server.alert_sender import send
+
+        status, _, _ = send(s1._client, due, "t")  # s1's POST arrives...
+        assert status == 200
+    finally:
+        s1.stop()
+    with engine.begin() as conn:  # ... and s1 is gone: its lease lapses
+        conn.execute(sa.text("UPDATE alert_deliveries SET lease_until = now() - interval '1s'"))
+    s2 = _sender(engine, "s2")
+    try:
+        assert s2.run_pass() == 1
+    finally:
+        s2.stop()
+    late = alert_delivery.decide(200, None, attempts=due.attempts, age_s=0)
+    with engine.begin() as conn:
+        assert not alert_delivery.record(conn, due, "s1", late, 200), "the fence let s1 in"
+    (row,) = _rows(engine)
+    assert (row.status, row.attempts) == ("delivered", 2)
+    assert [r.id for r in receiver.received] == [str(row.id)] * 2
+    assert receiver.accepted_ids() == [str(row.id)]
+
+
+def test_a_lease_in_flight_is_not_sent_by_another_server(
+    engine: sa.Engine, receiver: Receiver
+) -> None:
+    _alert(engine, receiver)
+    _fail(engine)
+    with engine.begin() as conn:
+        assert len(alert_delivery.lease_due(conn, "s1", limit=5, lease_s=30, console_url=None)) == 1
+    s2 = _sender(engine, "s2")
+    try:
+        assert s2.run_pass() == 0
+    finally:
+        s2.stop()
+    assert receiver.received == []
+
+
+def test_two_senders_share_the_outbox_and_send_each_once(
+    engine: sa.Engine, receiver: Receiver
+) -> None:
+    _alert(engine, receiver)
+    _fail(engine, count=60)
+    senders = [_sender(engine, f"s{i}", interval=0.05) for i in (1, 2)]
+    for s in senders:
+        s.start()
+    try:
+        assert receiver.wait_for(lambda got: len(got) >= 60, timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if all(r.status == "delivered" for r in _rows(engine)):
+                break
+            time.sleep(0.1)
+    finally:
+        for s in senders:
+            s.stop()
+    rows = _rows(engine)
+    assert {r.status for r in rows} == {"delivered"}
+    assert len(receiver.received) == 60, "a delivery was sent twice with no fault"
+    assert sorted(receiver.accepted_ids()) == sorted(str(r.id) for r in rows)
+    assert all(s.sent > 0 for s in senders), "one sender did all the work"
+
+
+def test_the_loop_sends_a_new_event_within_seconds(engine: sa.Engine, receiver: Receiver) -> None:
+    _alert(engine, receiver)
+    sender = _sender(engine, interval=1.0)
+    sender.start()
+    try:
+        started = time.monotonic()
+        _fail(engine)
+        assert receiver.wait_for(lambda got: len(got) == 1, timeout=10)
+        assert time.monotonic() - started < 10
+    finally:
+        sender.stop()
+
+
+def test_a_test_delivery_reaches_the_receiver(engine: sa.Engine, receiver: Receiver) -> None:
+    _alert(engine, receiver)
+    with engine.begin() as conn:
+        delivery_id = alerts.test(conn, "ops", actor="cli:me")
+    sender = _sender(engine)
+    try:
+        sender.run_pass()
+    finally:
+        sender.stop()
+    (got,) = receiver.received
+    assert (got.id, got.body["kind"], got.body["job"]) == (delivery_id, "test", None)
+    assert got.body["url"] == "http://console:8080/#/jobs"
+
+
+def test_no_secret_or_webhook_path_reaches_a_log_or_a_recorded_error(
+    engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    with engine.begin() as conn:
+        alerts.create(
+            conn, "ops", "http://127.0.0.1:9/PATH-TOKEN", secret="SECRET-VALUE", kinds="failed"
+        )
+    _fail(engine)
+    sender = _sender(engine)
+    caplog.set_level("DEBUG")
+    try:
+        sender.run_pass()
+    finally:
+        sender.stop()
+    (row,) = _rows(engine)
+    assert row.last_error == "could not connect"
+    logged = caplog.text + " ".join(str(r.__dict__) for r in caplog.records)
+    assert "SECRET-VALUE" not in logged and "PATH-TOKEN" not in logged

@@ -1,0 +1,128 @@
+"""A real HTTP webhook receiver for alert tests, the demo and the chaos campaign.
+
+It listens on 127.0.0.1 (a port of its own, or the one given, so it can go away and
+come back at the same address), records every request (the delivery id, the body and
+whether its signature verified), answers from a script of statuses (then 200), and
+can hold requests until released (a delivery in flight, for a kill mid-send). It
+de-duplicates by the body's ``id``, as the docs tell receivers to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import http.server
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+@dataclasses.dataclass
+class Received:
+    id: str | None
+    body: dict[str, Any]
+    signature: str | None
+    signature_ok: bool | None  # None: no secret to check against
+    status: int  # what was answered
+    at: float
+
+
+class Receiver:
+    def __init__(self, *, secret: str | None = None, port: int = 0) -> None:
+        self.secret = secret
+        self.received: list[Received] = []
+        self.script: list[int] = []  # statuses to answer, in order; then 200
+        self.hold = threading.Event()  # cleared: requests wait until set (or 60 s)
+        self.hold.set()
+        self.holding = threading.Event()  # set while a request is being held
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._port = port
+        self._httpd: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> Receiver:
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                if not receiver.hold.is_set():
+                    receiver.holding.set()
+                    receiver.hold.wait(60)
+                    receiver.holding.clear()
+                status = receiver._answer(raw, self.headers.get("X-Sparkring-Signature"))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+        self._httpd.daemon_threads = True
+        self._port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Go away (connections are refused) until :meth:`start` again, same port."""
+        self.hold.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._port}/hook"
+
+    # ---------------------------------------------------------------- answers
+
+    def _answer(self, raw: bytes, signature: str | None) -> int:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = {}
+        ok = None
+        if self.secret is not None:
+            expected = "sha256=" + hmac.new(self.secret.encode(), raw, hashlib.sha256).hexdigest()
+            ok = signature is not None and hmac.compare_digest(signature, expected)
+        with self._changed:
+            status = self.script.pop(0) if self.script else 200
+            if ok is False:
+                status = 401
+            self.received.append(
+                Received(body.get("id"), body, signature, ok, status, time.monotonic())
+            )
+            self._changed.notify_all()
+        return status
+
+    # ---------------------------------------------------------------- reading
+
+    def accepted_ids(self) -> list[str]:
+        """Ids answered 2xx, each once (the receiver's de-duplication)."""
+        with self._lock:
+            seen: dict[str, None] = {}
+            for r in self.received:
+                if 200 <= r.status < 300 and r.id is not None:
+                    seen.setdefault(r.id, None)
+            return list(seen)
+
+    def wait_for(self, check: Callable[[list[Received]], bool], timeout: float) -> bool:
+        """Wait until ``check(received)`` holds (True) or the deadline passes (False)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not check(list(self.received)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(min(left, 0.5))
+            return True
