@@ -1,10 +1,10 @@
 """A real HTTP webhook receiver for alert tests, the demo and the chaos campaign.
 
-It listens on 127.0.0.1 (a port of its own, or the one given, so it can go away and
-come back at the same address), records every request (the delivery id, the body and
-whether its signature verified), answers from a script of statuses (then 200), and
-can hold requests until released (a delivery in flight, for a kill mid-send). It
-de-duplicates by the body's ``id``, as the docs tell receivers to.
+It listens on 127.0.0.1 or the address given (on a port of its own, or the one given,
+so it can go away and come back at the same address), records every request (the
+delivery id, the body and whether its signature verified), answers from a script of
+statuses (then 200), and can hold requests until released (a delivery in flight, for a
+kill mid-send). It de-duplicates by the body's ``id``, as the docs tell receivers to.
 """
 
 from __future__ import annotations
@@ -27,12 +27,16 @@ class Received:
     signature: str | None
     signature_ok: bool | None  # None: no secret to check against
     status: int  # what was answered
-    at: float
+    at: float  # time.monotonic() of its arrival
+    wall: float  # time.time() of its arrival
 
 
 class Receiver:
-    def __init__(self, *, secret: str | None = None, port: int = 0) -> None:
+    def __init__(
+        self, *, secret: str | None = None, port: int = 0, host: str = "127.0.0.1"
+    ) -> None:
         self.secret = secret
+        self.host = host
         self.received: list[Received] = []
         self.script: list[int] = []  # statuses to answer, in order; then 200
         self.hold = threading.Event()  # cleared: requests wait until set (or 60 s)
@@ -65,7 +69,7 @@ class Receiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+        self._httpd = http.server.ThreadingHTTPServer((self.host, self._port), Handler)
         self._httpd.daemon_threads = True
         self._port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -82,7 +86,7 @@ class Receiver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._port}/hook"
+        return f"http://{self.host}:{self._port}/hook"
 
     # ---------------------------------------------------------------- answers
 
@@ -100,7 +104,7 @@ class Receiver:
             if ok is False:
                 status = 401
             self.received.append(
-                Received(body.get("id"), body, signature, ok, status, time.monotonic())
+                Received(body.get("id"), body, signature, ok, status, time.monotonic(), time.time())
             )
             self._changed.notify_all()
         return status

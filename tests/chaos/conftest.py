@@ -11,7 +11,8 @@
 - At the end, a table of every case (faults injected, double runs, early hand-offs,
   stale writes accepted, lost jobs, resurrected jobs, corrupt starts, batch generations
   run twice or re-run unproven, generations run past their budget, restarts beyond one
-  per fault and job, what a Spark master fault cost a job, recovery time) and
+  per fault and job, what a Spark master fault cost a job, alerts not raised or not
+  delivered, recovery time) and
   the totals is printed; ``CHAOS_RESULTS=path.json`` also writes them as JSON. A case
   marked xfail (a known hole) shows ``xfail`` when it finds its violation, ``XPASS``
   when not.
@@ -232,7 +233,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     header = (
         f"{'fault':<52} {'rnd':>3} {'inj':>3} {'jobs':>4} {'double':>6} {'early':>5} {'stale':>5} "
         f"{'lost':>4} {'resur':>5} {'corrupt':>7} {'batch':>5} {'budget':>6} {'restarts':>8} "
-        f"{'2nd':>3} {'master':>6} {'fires':>5} {'adopt':>5} "
+        f"{'2nd':>3} {'master':>6} {'fires':>5} {'alerts':>6} {'adopt':>5} "
         f"{'recovery s':>10}  result"
     )
     tr.write_line(header)
@@ -243,7 +244,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"{o.early:>5} "
             f"{o.stale_writes:>5} {o.lost:>4} {o.resurrected:>5} {o.corrupt_starts:>7} "
             f"{o.batch:>5} {o.budget:>6} "
-            f"{o.restarts:>8} {o.double_restarts:>3} {o.master:>6} {o.fires:>5} {o.adoptions:>5} "
+            f"{o.restarts:>8} {o.double_restarts:>3} {o.master:>6} {o.fires:>5} {o.alerts:>6} "
+            f"{o.adoptions:>5} "
             f"{_fmt(o.recovery_s):>10}  {o.verdict}"
         )
         for problem in o.problems[:12]:
@@ -269,6 +271,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         "second_restarts": sum(o.double_restarts for o in ran),
         "master_fault_costs": sum(o.master for o in ran),
         "fire_problems": sum(o.fires for o in ran),
+        "alert_problems": sum(o.alerts for o in ran),
+        "alert_deliveries": sum(o.deliveries for o in ran),
+        "alerts_sent_again": sum(o.resent for o in ran),
         "adoptions": sum(o.adoptions for o in ran),
         "events_pruned": sum(o.pruned for o in ran),
         "worst_recovery_s": max(recoveries) if recoveries else None,

@@ -1305,3 +1305,84 @@ def _iso_seconds(at: float) -> str:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+
+
+# ---------------------------------------------------------------- alerts (issue 26)
+
+
+def alert_kind_of(event: Mapping[str, Any]) -> str | None:
+    """The alert kind a job event raises (docs/alerts.md), restated here from the docs
+    rather than read from migration 0013's trigger, so the check does not share its bug."""
+    kind, detail = event["kind"], event.get("detail") or {}
+    if kind == "failed":
+        return "failed"
+    if kind == "crashed":
+        return "restarted"
+    if kind == "reaped":
+        return "failed_over"
+    if kind == "claimed" and "taken_over_from" in detail:
+        return "failed_over"
+    if kind == "health_flagged" and detail.get("flag") in ("stalled", "waiting_for_resources"):
+        return str(detail["flag"])
+    if kind == "health_cleared":
+        return "recovered"
+    if kind == "rolled_back":
+        return "rolled_back"
+    return None
+
+
+def unraised_alerts(
+    events: Iterable[Mapping[str, Any]],
+    deliveries: Iterable[Mapping[str, Any]],
+    alert: str,
+    since_id: int = 0,
+) -> list[str]:
+    """Events after ``since_id`` that should have raised a delivery of ``alert`` (which
+    listens to every kind, for every job) and did not, or raised another kind; and
+    deliveries of events that should have raised none, or raised more than one."""
+    raised: dict[int, list[str]] = defaultdict(list)
+    for d in deliveries:
+        if d["alert_name"] == alert and d.get("event_id") is not None:
+            raised[int(d["event_id"])].append(str(d["kind"]))
+    problems = []
+    for e in events:
+        if e["id"] <= since_id:
+            continue
+        want = alert_kind_of(e)
+        got = raised.pop(int(e["id"]), [])
+        if want is None and got:
+            problems.append(f"alert {alert}: event {e['id']} ({e['kind']}) raised {got}")
+        elif want is not None and got != [want]:
+            problems.append(
+                f"alert {alert}: event {e['id']} ({e['kind']} of {e['job_name']}) raised "
+                f"{got or 'nothing'}, not one {want}"
+            )
+    return problems
+
+
+def undelivered_alerts(
+    deliveries: Iterable[Mapping[str, Any]],
+    accepted_ids: Iterable[str],
+    later_ids: Iterable[str] = (),
+) -> list[str]:
+    """Deliveries the receiver never accepted, or not recorded delivered; and ids the
+    receiver accepted that no delivery has (a body made up or corrupted). ``later_ids``:
+    deliveries written after the checked ones (still in flight: not checked, but
+    known)."""
+    accepted = set(accepted_ids)
+    known = {str(i) for i in later_ids}
+    problems = []
+    for d in deliveries:
+        did = str(d["id"])
+        known.add(did)
+        what = f"delivery {did} ({d['kind']} of {d.get('job_name')})"
+        if did not in accepted:
+            problems.append(
+                f"{what} never reached the receiver: {d['status']} after {d['attempts']} "
+                f"attempts ({d.get('last_error')})"
+            )
+        elif d["status"] != "delivered":
+            problems.append(f"{what} reached the receiver but is recorded {d['status']}")
+    for did in sorted(accepted - known):
+        problems.append(f"the receiver accepted {did}, which no delivery has")
+    return problems

@@ -847,6 +847,46 @@ def test_a_batch_failure_during_a_postgresql_outage_spends_the_budget_once(
     assert len(started) == 1, started
 
 
+def test_alerts_through_a_kill_mid_delivery_and_a_postgresql_restart(
+    trial: Trial, stack: faults.Stack
+) -> None:
+    """Alerts raised while servers die and PostgreSQL restarts are all delivered (issue
+    26). A batch job fails for good; the receiver holds its alert's POST, and the server
+    sending it is SIGKILLed mid-send (its jobs fail over: more alerts); then PostgreSQL
+    restarts. Every event after the alert was made must have raised its delivery, each
+    delivery must reach the receiver, signed, and the one in flight at the kill must be
+    sent again, with the same id, by another server."""
+    trial.start(SERVERS)
+    receiver = trial.watch_alerts()
+    trial.populate()
+    receiver.hold.clear()  # from now on a POST waits: the first is in flight
+    trial.create(
+        "bf0", kind=JobKind.BATCH, extra=["--run-for", "1", "--exit-code", "3"], max_restarts=0
+    )
+    waiting.wait_until(receiver.holding.is_set, 90, interval=0.1, message="an alert in flight")
+    (in_flight,) = trial.cluster.sql(
+        "SELECT id, lease_owner FROM alert_deliveries WHERE lease_owner IS NOT NULL "
+        "ORDER BY created_at LIMIT 1"
+    )
+    victim = in_flight.lease_owner
+    owned = _owned_by(trial, victim)
+    trial.inject(lambda: trial.cluster.kill(victim))
+    receiver.hold.set()  # the killed server's POST is answered into a closed socket
+    trial.inject(stack.pg_stop)
+    time.sleep(2.0)  # the outage itself is the fault
+    stack.pg_start()
+    trial.healed()
+    trial.wait_state("bf0", "failed", 120)
+    outcome = trial.verify()
+    _assert_safe(outcome)
+    sent = [r for r in receiver.received if r.id == str(in_flight.id)]
+    assert len(sent) >= 2, f"the delivery in flight at the kill was not sent again: {sent}"
+    kinds = {r.body["kind"] for r in receiver.received}
+    assert "failed" in kinds, kinds
+    if owned:  # the victim's jobs failed over
+        assert "failed_over" in kinds, (owned, kinds)
+
+
 def test_s3_down_while_a_job_starts(trial: Trial, tmp_path: Path) -> None:
     """S3 refuses connections when a job starts (an iptables REJECT in front of a
     throwaway S3 server that keeps its objects): the job waits in backoff with the

@@ -1020,3 +1020,74 @@ def test_a_stream_run_again_after_its_window_filled_overran_its_budget() -> None
     assert invariants.budget_overruns(one, lives, spread) == []
     # A failure nobody recorded (H5) is placed before any window: never a false report.
     assert invariants.budget_overruns(one, lives, claims) == []
+
+
+# ---------------------------------------------------------------- alerts
+
+
+def _ev(i: int, kind: str, job: str = "j", **detail: object) -> dict:
+    return {"id": i, "kind": kind, "job_name": job, "detail": detail}
+
+
+def _dl(i: int | None, kind: str, did: str = "", alert: str = "chaos", **row: object) -> dict:
+    return {
+        "id": did or f"d{i}",
+        "alert_name": alert,
+        "event_id": i,
+        "kind": kind,
+        "job_name": "j",
+        "status": row.get("status", "delivered"),
+        "attempts": row.get("attempts", 1),
+        "last_error": row.get("last_error"),
+    }
+
+
+def test_unraised_alerts_holds_when_each_event_raised_its_kind_once() -> None:
+    events = [
+        _ev(1, "created"),
+        _ev(2, "crashed"),
+        _ev(3, "claimed"),
+        _ev(4, "claimed", taken_over_from="s2"),
+        _ev(5, "health_flagged", flag="stalled"),
+        _ev(6, "failed"),
+    ]
+    deliveries = [_dl(2, "restarted"), _dl(4, "failed_over"), _dl(5, "stalled"), _dl(6, "failed")]
+    assert invariants.unraised_alerts(events, deliveries, "chaos") == []
+
+
+def test_unraised_alerts_sees_a_missing_a_wrong_and_a_doubled_delivery() -> None:
+    events = [_ev(2, "crashed"), _ev(3, "reaped"), _ev(4, "failed"), _ev(5, "finished")]
+    deliveries = [
+        _dl(3, "failed"),  # wrong kind
+        _dl(4, "failed", did="a"),
+        _dl(4, "failed", did="b"),  # twice
+        _dl(5, "failed"),  # an event that raises nothing
+    ]
+    problems = invariants.unraised_alerts(events, deliveries, "chaos")
+    assert len(problems) == 4, problems
+    assert "event 2 (crashed of j) raised nothing, not one restarted" in problems[0]
+    assert "raised ['failed'], not one failed_over" in problems[1]
+    assert "raised ['failed', 'failed'], not one failed" in problems[2]
+    assert "event 5 (finished) raised ['failed']" in problems[3]
+
+
+def test_unraised_alerts_reads_only_events_after_the_mark_and_its_own_alert() -> None:
+    events = [_ev(1, "failed"), _ev(2, "failed")]
+    assert invariants.unraised_alerts(events, [_dl(2, "failed")], "chaos", since_id=1) == []
+    assert invariants.unraised_alerts(events, [_dl(2, "failed", alert="other")], "chaos", 1)
+
+
+def test_undelivered_alerts_sees_lost_unrecorded_and_made_up_deliveries() -> None:
+    deliveries = [
+        _dl(1, "failed", did="ok"),
+        _dl(2, "failed", did="lost", status="pending", attempts=4, last_error="timed out"),
+        _dl(3, "failed", did="unrecorded", status="pending"),
+    ]
+    assert invariants.undelivered_alerts(deliveries[:1], ["ok"]) == []
+    problems = invariants.undelivered_alerts(deliveries, ["ok", "unrecorded", "ghost"])
+    assert problems == [
+        "delivery lost (failed of j) never reached the receiver: pending after 4 attempts "
+        "(timed out)",
+        "delivery unrecorded (failed of j) reached the receiver but is recorded pending",
+        "the receiver accepted ghost, which no delivery has",
+    ]

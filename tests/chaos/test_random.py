@@ -347,6 +347,9 @@ class RandomChaos:
         handover = {"SPARKRING_HANDOVER_WINDOW": f"{HANDOVER_S:g}"}
         self.trial.start(["s1"], capacity=CAPACITY, extra_env=handover, special=self.special)
         self.trial.start(["s2", "s3"], capacity=CAPACITY, special=self.special)
+        # Every event from here on must raise its alert, and each must reach a receiver
+        # that every server reaches (a namespace's server through the veth's host end).
+        self.trial.watch_alerts(self.partition.host if self.partition is not None else "127.0.0.1")
         for sid in SERVERS:
             self.work_dirs[sid] = self.trial.cluster.server_dir(sid) / "work"
 

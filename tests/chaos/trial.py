@@ -29,12 +29,13 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from resource_center import catalog, store
-from scheduler import distribution, jobs, placement, runs
+from scheduler import alerts, distribution, jobs, placement, runs
 from server import defaults, driver, retention, watchdog
 from sql.states import JobKind
 from tests import waiting
 from tests.chaos import faults, invariants
 from tests.cluster import HEARTBEAT_JOB, Cluster
+from tests.webhook_receiver import Receiver
 
 # Every wanted job must be running again this long after the fault healed (fast timeouts:
 # session 4 s, lease 8 s; a light driver starts in ~2-5 s on a busy 2-core machine).
@@ -46,6 +47,12 @@ SENTINELS = ("done", "halted")
 # The cluster counts as recovered once it stayed settled this long: more than a poll
 # interval (1 s) plus the coordinator's debounce (0.5 s), so no pending move is missed.
 STABLE_S = 2.5
+# The trial's alert (``watch_alerts``): its name, its signing secret, and how long the
+# verdict waits for the outbox to empty after recovery (a delivery whose sender was
+# killed mid-send is sent again once its lease lapses, server/alert_sender.LEASE_S).
+ALERT_NAME = "chaos"
+ALERT_SECRET = "chaos-alert-secret"
+ALERT_DRAIN_S = 150.0
 
 
 @dataclasses.dataclass
@@ -68,6 +75,9 @@ class Outcome:
     double_restarts: int = 0  # restarts beyond one per fault and job (one fault, one restart)
     master: int = 0  # crashes, restarts or master-less starts a Spark master fault caused (S9)
     fires: int = 0  # fire times missed, doubled, skipped without cause, overlapping, late (S6)
+    alerts: int = 0  # alerts not raised by their event, or never delivered (issue 26)
+    deliveries: int = 0  # alert deliveries checked (``watch_alerts``), and sent again
+    resent: int = 0
     adoptions: int = 0  # ``adopted`` events after the fault: drivers a restart took over
     pruned: int = 0  # job events the harness pruned (kept in its own snapshot first)
     recovery_s: float | None = None
@@ -81,7 +91,7 @@ class Outcome:
         return (
             self.double_runs + self.early + self.stale_writes + self.lost
             + self.resurrected + self.corrupt_starts + self.batch + self.budget
-            + self.double_restarts + self.master + self.fires
+            + self.double_restarts + self.master + self.fires + self.alerts
         )  # fmt: skip
 
     @property
@@ -149,6 +159,10 @@ class Trial:
         self.masters: faults.SparkMasters | None = None
         self.master_urls: dict[str, str] = {}
         self._master_spans: list[list[Any]] = []
+        # The webhook receiver of the trial's alert (``watch_alerts``), and the last
+        # event before the alert existed.
+        self.receiver: Receiver | None = None
+        self._alert_mark = 0
 
     # ------------------------------------------------------------------ cluster
 
@@ -233,6 +247,8 @@ class Trial:
             self._cluster.close()
         if self.masters is not None:
             self.masters.close()
+        if self.receiver is not None:
+            self.receiver.stop()
         for disk in self.disks:
             disk.close()
 
@@ -714,6 +730,58 @@ class Trial:
             if start is not None
         ]
 
+    # ------------------------------------------------------------------ alerts
+
+    def watch_alerts(self, host: str = "127.0.0.1") -> Receiver:
+        """A webhook receiver (on ``host``: an address every server reaches, a
+        namespace's too) and an alert ``chaos`` of every kind for every job, signed;
+        :meth:`verify` then checks that every event after now raised its delivery and
+        that each reached the receiver (issue 26)."""
+        self.receiver = Receiver(secret=ALERT_SECRET, host=host).start()
+        with self.cluster.engine.begin() as conn:
+            alerts.create(conn, ALERT_NAME, self.receiver.url, secret=ALERT_SECRET, kinds="all")
+            self._alert_mark = conn.execute(
+                sa.text("SELECT coalesce(max(id), 0) FROM job_events")
+            ).scalar_one()
+        return self.receiver
+
+    def deliveries(self) -> list[dict[str, Any]]:
+        return [
+            dict(r._mapping)
+            for r in self.cluster.sql(
+                "SELECT id, alert_name, event_id, kind, job_name, status, attempts, "
+                "last_error FROM alert_deliveries ORDER BY created_at"
+            )
+        ]
+
+    def _alert_checks(self, events: Sequence[dict[str, Any]]) -> list[str]:
+        """Wait (up to ALERT_DRAIN_S) until the deliveries of ``events`` (and the test
+        deliveries) are no longer pending, then check them; the cluster goes on raising
+        new ones meanwhile, which are known but not checked."""
+        receiver = self.receiver
+        assert receiver is not None
+        last = max((e["id"] for e in events), default=0)
+
+        def split() -> tuple[list[dict[str, Any]], list[str]]:
+            rows = self.deliveries()
+            mine = [d for d in rows if d["event_id"] is None or d["event_id"] <= last]
+            return mine, [str(d["id"]) for d in rows if d not in mine]
+
+        waiting.poll_until(
+            lambda: not any(d["status"] == "pending" for d in split()[0]),
+            ALERT_DRAIN_S,
+            interval=1.0,
+        )
+        checked, later = split()
+        self.outcome.deliveries = len(checked)
+        ids = [r.id for r in receiver.received]
+        self.outcome.resent = len(ids) - len(set(ids))
+        problems = invariants.unraised_alerts(events, checked, ALERT_NAME, self._alert_mark)
+        problems += invariants.undelivered_alerts(checked, receiver.accepted_ids(), later)
+        bad = [r for r in receiver.received if r.signature_ok is not True]
+        problems += [f"a delivery's signature did not verify: {r.id}" for r in bad]
+        return problems
+
     # ------------------------------------------------------------------ the verdict
 
     def verify(self, bound: float = RECOVERY_BOUND_S) -> Outcome:
@@ -759,6 +827,8 @@ class Trial:
             "master": self._master_checks(events, bound),
             "S6": self.fire_problems(bound),
         }
+        if self.receiver is not None:
+            checks["alerts"] = self._alert_checks(events)
         o.double_runs = len(checks["S1"])
         o.early = len(checks["early"])
         o.stale_writes = len(checks["S2"])
@@ -771,6 +841,7 @@ class Trial:
         o.double_restarts = len(checks["restarts"])
         o.master = len(checks["master"])
         o.fires = len(checks["S6"])
+        o.alerts = len(checks.get("alerts", []))
         # A scheduled job's claims are its fires' runs, not restarts.
         o.restarts = sum(
             1 for e in since if e["kind"] == "claimed" and e["job_name"] not in scheduled
