@@ -12,7 +12,13 @@ import json
 
 import pytest
 
-from benchmarks import distribution_db, history_prune, schedule_fires, spark_master_failover
+from benchmarks import (
+    alert_delivery,
+    distribution_db,
+    history_prune,
+    schedule_fires,
+    spark_master_failover,
+)
 from server import defaults
 from tests import services
 
@@ -131,4 +137,21 @@ def test_schedule_fires_benchmark_fires_each_job_once(
     figures = json.loads(capsys.readouterr().out)
     assert (figures["fired"], figures["max_runs_per_job"]) == (20, 1)
     assert figures["lateness_p50_s"] is not None and figures["fires_per_s"] is not None
+    assert services.bench_databases(postgres_url) == bench_databases
+
+
+def test_alert_delivery_benchmark_delivers_each_healthy_alert_once(
+    postgres_url: str, bench_databases: set[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    alert_delivery.main(
+        ["--alerts", "40", "--failing", "0.25", "--servers", "2", "--database-url", postgres_url,
+         "--json"]
+    )  # fmt: skip
+    figures = json.loads(capsys.readouterr().out)
+    assert (figures["healthy"], figures["failing"]) == (30, 10)
+    assert figures["all_arrived"] is True
+    assert figures["healthy_distinct"] == figures["healthy_received"] == 30
+    assert figures["healthy_rows"] == {"delivered": 30}
+    assert figures["failing_rows"] == {"pending": 10} and figures["failing_attempts"] >= 10
+    assert figures["latency_p99_s"] is not None
     assert services.bench_databases(postgres_url) == bench_databases

@@ -69,7 +69,12 @@ class Receiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._httpd = http.server.ThreadingHTTPServer((self.host, self._port), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            # socketserver's default backlog (5) drops concurrent connects: the senders'
+            # SYNs would be retried a second later, and timed as the product's latency.
+            request_queue_size = 256
+
+        self._httpd = Server((self.host, self._port), Handler)
         self._httpd.daemon_threads = True
         self._port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
