@@ -93,6 +93,18 @@ _DELETE_RUNS = sa.text(
 )
 _COUNT_RUNS = sa.text(f"SELECT count(*) FROM runs r WHERE {_RUNS_PRUNABLE}")
 
+# An alert delivery may go once it was sent (or given up) and written before the
+# cutoff; a pending one stays (it gives up by itself after 24 h: docs/alerts.md).
+_DELIVERIES_PRUNABLE = "d.created_at < :cutoff AND d.status IN ('delivered', 'failed')"
+_DELETE_DELIVERIES = sa.text(
+    f"""
+    DELETE FROM alert_deliveries WHERE id = ANY(ARRAY(
+        SELECT d.id FROM alert_deliveries d WHERE {_DELIVERIES_PRUNABLE} LIMIT :n
+    ))
+    """
+)
+_COUNT_DELIVERIES = sa.text(f"SELECT count(*) FROM alert_deliveries d WHERE {_DELIVERIES_PRUNABLE}")
+
 
 @dataclass(frozen=True)
 class Pruned:
@@ -105,6 +117,7 @@ class Pruned:
     longest_batch_s: float  # the longest of those transactions, commit included
     logs: int | None  # driver logs deleted; None when the bucket was not touched
     runs: int = 0  # runs rows deleted
+    deliveries: int = 0  # alert deliveries deleted (sent or given up)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,6 +176,32 @@ def prune_events(
     return deleted, batches, longest
 
 
+def _prune_rows(
+    conn: sa.Connection,
+    delete: sa.TextClause,
+    count: sa.TextClause,
+    before: datetime,
+    *,
+    batch_size: int,
+    dry_run: bool,
+    keep_going: Callable[[], bool],
+) -> int:
+    """Run ``delete`` in batches, each committed, until fewer than a batch went (or
+    ``count`` once, for a dry run); how many rows. ``conn`` outside a transaction."""
+    if dry_run:
+        counted = conn.execute(count, {"cutoff": before}).scalar_one()
+        conn.rollback()
+        return int(counted)
+    deleted = 0
+    while keep_going():
+        with conn.begin():
+            rows = conn.execute(delete, {"cutoff": before, "n": batch_size}).rowcount
+        deleted += rows
+        if rows < batch_size:
+            break
+    return deleted
+
+
 def prune_runs(
     conn: sa.Connection,
     before: datetime,
@@ -173,18 +212,26 @@ def prune_runs(
 ) -> int:
     """Delete ended runs older than ``before`` (not a job's newest), in batches, each
     committed; how many. ``conn`` must not be inside a transaction."""
-    if dry_run:
-        count = conn.execute(_COUNT_RUNS, {"cutoff": before}).scalar_one()
-        conn.rollback()
-        return int(count)
-    deleted = 0
-    while keep_going():
-        with conn.begin():
-            rows = conn.execute(_DELETE_RUNS, {"cutoff": before, "n": batch_size}).rowcount
-        deleted += rows
-        if rows < batch_size:
-            break
-    return deleted
+    return _prune_rows(
+        conn, _DELETE_RUNS, _COUNT_RUNS, before,
+        batch_size=batch_size, dry_run=dry_run, keep_going=keep_going,
+    )  # fmt: skip
+
+
+def prune_deliveries(
+    conn: sa.Connection,
+    before: datetime,
+    *,
+    batch_size: int,
+    dry_run: bool = False,
+    keep_going: Callable[[], bool] = _always,
+) -> int:
+    """Delete alert deliveries sent or given up and written before ``before``, in
+    batches, each committed; how many. ``conn`` must not be inside a transaction."""
+    return _prune_rows(
+        conn, _DELETE_DELIVERIES, _COUNT_DELIVERIES, before,
+        batch_size=batch_size, dry_run=dry_run, keep_going=keep_going,
+    )  # fmt: skip
 
 
 def prunable_logs(
@@ -225,6 +272,9 @@ def prune(
         conn, before, batch_size=batch_size, dry_run=dry_run, keep_going=keep_going
     )
     runs = prune_runs(conn, before, batch_size=batch_size, dry_run=dry_run, keep_going=keep_going)
+    deliveries = prune_deliveries(
+        conn, before, batch_size=batch_size, dry_run=dry_run, keep_going=keep_going
+    )
     logs = None
     if bucket is not None and keep_going():
         existing = log_owners(
@@ -235,7 +285,7 @@ def prune(
         if not dry_run:
             bucket.remove_many(doomed)
         logs = len(doomed)
-    return Pruned(before, dry_run, events, batches, round(longest, 6), logs, runs)
+    return Pruned(before, dry_run, events, batches, round(longest, 6), logs, runs, deliveries)
 
 
 def run_pass(

@@ -444,3 +444,29 @@ def test_ended_runs_older_than_the_cutoff_go_but_each_jobs_newest_stays(
     with engine.connect() as conn:
         left = conn.execute(sa.text("SELECT job_id, state FROM runs ORDER BY run_id")).all()
     assert [tuple(r) for r in left] == [(job_id, "finished"), (other, "finished")]
+
+
+def test_sent_alert_deliveries_older_than_the_cutoff_go_and_pending_ones_stay(
+    engine: sa.Engine,
+) -> None:
+    from scheduler import alerts
+
+    with engine.begin() as conn:
+        alerts.create(conn, "ops", "http://127.0.0.1:9/", kinds="failed")
+        for age_days, status in (
+            (40, "delivered"),
+            (40, "failed"),
+            (40, "pending"),
+            (1, "delivered"),
+        ):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO alert_deliveries (alert_id, alert_name, kind, status, created_at) "
+                    "SELECT id, name, 'test', :s, now() - make_interval(days => :d) FROM alerts"
+                ),
+                {"s": status, "d": age_days},
+            )
+    assert _prune(engine, 30 * DAY).deliveries == 2
+    with engine.connect() as conn:
+        left = conn.execute(sa.text("SELECT status FROM alert_deliveries ORDER BY status")).all()
+    assert [r.status for r in left] == ["delivered", "pending"]

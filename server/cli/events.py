@@ -75,7 +75,7 @@ def prune(
     line = f"{verb} {pruned.events} job events ({pruned.event_batches} {batches}"
     if not dry_run and pruned.event_batches:
         line += f", longest {pruned.longest_batch_s:.3f} s"
-    line += f"), {pruned.runs} runs"
+    line += f"), {pruned.runs} runs, {pruned.deliveries} alert deliveries"
     line += "" if pruned.logs is None else f" and {pruned.logs} driver logs"
     line += f" older than {pruned.cutoff:%Y-%m-%d %H:%M:%S} UTC"
     if pruned.logs is None:
