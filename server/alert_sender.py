@@ -23,12 +23,19 @@ import httpx
 import sqlalchemy as sa
 
 from scheduler import alert_delivery
+from server import metrics
+from sql.states import DeliveryStatus
 
 log = logging.getLogger(__name__)
 
 BATCH = 16  # deliveries leased (and sent at once) per pass
 SEND_TIMEOUT_S = 10.0  # one POST, connect to last byte
 LEASE_S = 3 * SEND_TIMEOUT_S  # a server paused mid-send loses it after this
+_COUNTER = {
+    DeliveryStatus.DELIVERED: "sparkring_alert_deliveries_delivered_total",
+    DeliveryStatus.PENDING: "sparkring_alert_deliveries_retried_total",
+    DeliveryStatus.FAILED: "sparkring_alert_deliveries_failed_total",
+}
 
 
 def retry_after(value: str | None) -> float | None:
@@ -132,6 +139,7 @@ class AlertSender:
         outcome = alert_delivery.decide(
             status, error, attempts=due.attempts, age_s=due.age_s, retry_after_s=later
         )
+        metrics.REGISTRY.inc(_COUNTER[outcome.status])
         try:
             with self._engine.begin() as conn:
                 kept = alert_delivery.record(conn, due, self._server, outcome, status)

@@ -41,6 +41,13 @@ COUNTERS = {
     "sparkring_health_restarts_refused_total": (
         "Stalled jobs (opted in) not restarted: their restart budget was spent."
     ),
+    "sparkring_alert_deliveries_delivered_total": "Alert deliveries this server sent (2xx).",
+    "sparkring_alert_deliveries_retried_total": (
+        "Alert delivery attempts of this server that will be tried again (no answer, 5xx)."
+    ),
+    "sparkring_alert_deliveries_failed_total": (
+        "Alert deliveries this server failed for good (a final 4xx, or 24 h of retries)."
+    ),
 }
 HISTOGRAMS = {
     "sparkring_claim_seconds": "Latency of one claim statement, seconds.",

@@ -12,8 +12,14 @@ import pytest
 import sqlalchemy as sa
 
 from scheduler import alert_delivery, alerts
+from server import metrics
 from server.alert_sender import AlertSender
 from tests.webhook_receiver import Receiver
+
+RETRIED_DELIVERED = (
+    "sparkring_alert_deliveries_retried_total",
+    "sparkring_alert_deliveries_delivered_total",
+)
 
 
 @pytest.fixture
@@ -65,6 +71,7 @@ def test_503s_then_success_is_delivered_once_with_the_same_id(
     _fail(engine)
     receiver.script = [503, 503]
     sender = _sender(engine)
+    counts = {n: metrics.REGISTRY.counter(n) for n in RETRIED_DELIVERED}
     try:
         for expected in ("pending", "pending", "delivered"):
             assert sender.run_pass() == 1
@@ -75,6 +82,8 @@ def test_503s_then_success_is_delivered_once_with_the_same_id(
     finally:
         sender.stop()
     assert [r.status for r in receiver.received] == [503, 503, 200]
+    after = [metrics.REGISTRY.counter(n) - counts[n] for n in RETRIED_DELIVERED]
+    assert after == [2, 1], "the metrics did not count the attempts"
     assert len({r.id for r in receiver.received}) == 1
     assert row.attempts == 3 and row.last_status == 200 and row.delivered_at is not None
     body = receiver.received[-1].body
