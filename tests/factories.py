@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from scheduler import distribution, jobs, schedule
 from sql import tables
-from sql.states import JobKind
+from sql.states import JobKind, RunState
 
 
 def resource(conn: sa.Connection, name: str = "app", content: bytes = b"print(1)\n") -> int:
@@ -108,3 +108,18 @@ def row(engine: sa.Engine, job_id: int) -> sa.Row:
 def owner(server: str, incarnation: str = "") -> distribution.Owner:
     """An incarnation of ``server`` for owner-side calls (one per server id by default)."""
     return distribution.Owner(server, incarnation or f"{server}-incarnation")
+
+
+def crash(engine: sa.Engine, job_id: int, server: str = "s1") -> RunState:
+    """Claim the job on ``server``, run it, and record its driver's crash (exit 3);
+    the state it went to (backoff, or failed past its budget)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE distribution SET not_before = NULL WHERE job_id = :j"), {"j": job_id}
+        )
+        claim = distribution.claim(conn, job_id, owner(server), ttl=30.0)
+        distribution.mark_running(conn, job_id, owner(server), claim.epoch, pid=1)
+        return distribution.record_crash(
+            conn, job_id, owner(server), claim.epoch, "exit 3: boom",
+            retry=True, backoff_base=10, backoff_max=600,
+        )  # fmt: skip

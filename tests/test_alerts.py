@@ -43,19 +43,6 @@ def _event(engine: sa.Engine, job: str, kind: str, detail: dict | None = None) -
         )
 
 
-def _crash(engine: sa.Engine, job_id: int) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE distribution SET not_before = NULL WHERE job_id = :j"), {"j": job_id}
-        )
-        claim = distribution.claim(conn, job_id, owner("s1"), ttl=30.0)
-        distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=1)
-        distribution.record_crash(
-            conn, job_id, owner("s1"), claim.epoch, "exit 3: boom",
-            retry=True, backoff_base=10, backoff_max=600,
-        )  # fmt: skip
-
-
 def test_each_event_kind_raises_its_alert_kind_for_alerts_listening(engine: sa.Engine) -> None:
     _alert(engine, "everything", kinds="all")
     _alert(engine, "defaults")  # failed, stalled, waiting_for_resources, rolled_back
@@ -109,8 +96,8 @@ def test_a_crash_written_by_the_owner_raises_restarted_in_its_transaction(
     _alert(engine, "crashes", kinds="restarted,failed")
     job_id = factories.job(engine, "flaky", max_restarts=1)
     factories.target(engine, job_id, "s1")
-    _crash(engine, job_id)
-    _crash(engine, job_id)  # past its budget: failed
+    factories.crash(engine, job_id)
+    factories.crash(engine, job_id)  # past its budget: failed
     assert _deliveries(engine) == [
         ("crashes", "restarted", "flaky"),
         ("crashes", "failed", "flaky"),

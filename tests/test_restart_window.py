@@ -14,20 +14,6 @@ from tests import factories
 from tests.factories import owner
 
 
-def _crash(engine: sa.Engine, job_id: int) -> RunState:
-    """Claim the job on s1, run it, and record its driver's crash."""
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE distribution SET not_before = NULL WHERE job_id = :j"), {"j": job_id}
-        )
-        claim = distribution.claim(conn, job_id, owner("s1"), ttl=30.0)
-        distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=1)
-        return distribution.record_crash(
-            conn, job_id, owner("s1"), claim.epoch, "exit 3: boom",
-            retry=True, backoff_base=10, backoff_max=600,
-        )  # fmt: skip
-
-
 def _age_crashes(engine: sa.Engine, job_id: int, seconds: float) -> None:
     """Move every recorded crash ``seconds`` into the past (no sleeping)."""
     with engine.begin() as conn:
@@ -53,11 +39,11 @@ def _backoff_s(engine: sa.Engine, job_id: int) -> float:
 def test_crashes_older_than_the_window_do_not_count(engine: sa.Engine) -> None:
     job_id = factories.job(engine, "months", max_restarts=1, restart_window_s=600.0)
     factories.target(engine, job_id, "s1")
-    assert _crash(engine, job_id) == RunState.BACKOFF
+    assert factories.crash(engine, job_id) == RunState.BACKOFF
     _age_crashes(engine, job_id, 601)  # the first crash left the window
-    assert _crash(engine, job_id) == RunState.BACKOFF, "an old crash spent the budget"
+    assert factories.crash(engine, job_id) == RunState.BACKOFF, "an old crash spent the budget"
     assert 9 < _backoff_s(engine, job_id) <= 10, "the backoff did not start again"
-    assert _crash(engine, job_id) == RunState.FAILED  # two inside one window: past 1
+    assert factories.crash(engine, job_id) == RunState.FAILED  # two inside one window: past 1
     row = factories.row(engine, job_id)
     assert row.restarts == 1 and len(row.crash_times) == 1
 
@@ -65,21 +51,21 @@ def test_crashes_older_than_the_window_do_not_count(engine: sa.Engine) -> None:
 def test_without_a_window_every_crash_since_the_start_counts(engine: sa.Engine) -> None:
     job_id = factories.job(engine, "strict", max_restarts=1, restart_window_s=0.0)
     factories.target(engine, job_id, "s1")
-    assert _crash(engine, job_id) == RunState.BACKOFF
+    assert factories.crash(engine, job_id) == RunState.BACKOFF
     _age_crashes(engine, job_id, 10 * 86400)
-    assert _crash(engine, job_id) == RunState.FAILED
+    assert factories.crash(engine, job_id) == RunState.FAILED
 
 
 def test_a_start_clears_the_window(engine: sa.Engine) -> None:
     job_id = factories.job(engine, "again", max_restarts=1, restart_window_s=600.0)
     factories.target(engine, job_id, "s1")
-    assert _crash(engine, job_id) == RunState.BACKOFF
-    assert _crash(engine, job_id) == RunState.FAILED
+    assert factories.crash(engine, job_id) == RunState.BACKOFF
+    assert factories.crash(engine, job_id) == RunState.FAILED
     with engine.begin() as conn:
         jobs.start(conn, "again")
     row = factories.row(engine, job_id)
     assert (row.restarts, row.crash_times) == (0, [])
-    assert _crash(engine, job_id) == RunState.BACKOFF
+    assert factories.crash(engine, job_id) == RunState.BACKOFF
 
 
 def test_a_window_is_refused_for_a_batch_job_and_a_negative_one_for_any(
