@@ -34,6 +34,9 @@ GLOB = re.compile(r"^[A-Za-z0-9._\-*?]{1,200}$")
 LISTENABLE = tuple(k for k in AlertKind if k is not AlertKind.TEST)
 MAX_URL = 2048
 MAX_SECRET = 512
+# Names an alert may not take: ``GET /api/v1/alerts/deliveries`` lists the deliveries,
+# so an alert of that name could not be read at ``/api/v1/alerts/{name}``.
+RESERVED_NAMES = frozenset({"deliveries"})
 
 
 class AlertError(Exception):
@@ -44,6 +47,10 @@ class AlertError(Exception):
 class AlertNotFound(AlertError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no alert named {name!r}")
+
+
+class AlertNameTaken(AlertError):
+    """The name is another alert's, or reserved (:data:`RESERVED_NAMES`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +158,8 @@ def create(
             f"alert name {name!r} must be 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
+    if name in RESERVED_NAMES:
+        raise AlertNameTaken(f"the alert name {name!r} is reserved: choose another")
     check_url(webhook)
     if secret is not None and not (0 < len(secret) <= MAX_SECRET):
         raise AlertError(f"an alert's secret must be 1-{MAX_SECRET} characters")
@@ -179,7 +188,7 @@ def create(
         },
     ).one_or_none()
     if row is None:
-        raise AlertError(f"an alert named {name!r} already exists")
+        raise AlertNameTaken(f"an alert named {name!r} already exists")
     return _alert(row)
 
 
