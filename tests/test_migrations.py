@@ -259,9 +259,7 @@ def test_0013_down_drops_the_alert_audit_rows_and_keeps_the_others(engine: sa.En
     assert actions == ["token_created"]
     with pytest.raises(sa.exc.IntegrityError), engine.begin() as connection:
         connection.execute(
-            sa.text(
-                "INSERT INTO audit_events (actor, action, subject) VALUES ('a', 'alert_created', 'x')"
-            )
+            sa.insert(tables.audit_events).values(actor="a", action="alert_created", subject="x")
         )
     migrate.upgrade(engine)
     with engine.begin() as connection:
