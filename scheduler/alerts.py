@@ -314,19 +314,28 @@ def deliveries(
         query = query.where(d.c.alert_name == alert)
     if status is not None:
         query = query.where(d.c.status == status)
-    return [
-        Delivery(
-            id=str(row.id),
-            alert=row.alert_name,
-            kind=row.kind,
-            job=row.job_name,
-            at=row.at,
-            status=row.status,
-            attempts=row.attempts,
-            next_attempt_at=row.next_attempt_at if row.status == "pending" else None,
-            last_status=row.last_status,
-            last_error=row.last_error,
-            delivered_at=row.delivered_at,
-        )
-        for row in conn.execute(query)
-    ]
+    return [_delivery(row) for row in conn.execute(query)]
+
+
+def delivery(conn: sa.Connection, delivery_id: str) -> Delivery | None:
+    """One delivery by its id (what :func:`test` returned); None once it is gone (its
+    alert was deleted)."""
+    d = tables.alert_deliveries
+    row = conn.execute(sa.select(d).where(d.c.id == delivery_id)).one_or_none()
+    return None if row is None else _delivery(row)
+
+
+def _delivery(row: sa.Row) -> Delivery:
+    return Delivery(
+        id=str(row.id),
+        alert=row.alert_name,
+        kind=row.kind,
+        job=row.job_name,
+        at=row.at,
+        status=row.status,
+        attempts=row.attempts,
+        next_attempt_at=row.next_attempt_at if row.status == "pending" else None,
+        last_status=row.last_status,
+        last_error=row.last_error,
+        delivered_at=row.delivered_at,
+    )
