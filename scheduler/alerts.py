@@ -101,7 +101,8 @@ def check_url(url: str) -> str:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
         raise AlertError("the webhook URL is not a valid URL") from None
-    if parts.scheme not in ("http", "https"):
+    # The raw prefix, not parts.scheme (lowercased): the table's CHECK is case-sensitive.
+    if not url.startswith(("http://", "https://")):
         raise AlertError("the webhook URL must start with http:// or https://")
     if not parts.hostname:
         raise AlertError("the webhook URL has no host")
