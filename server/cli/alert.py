@@ -119,7 +119,7 @@ def create(
             job_glob=job,
             actor=actor,
         )
-        audit.record(conn, actor, audit.Action.ALERT_CREATED, name, _audited(alert))
+        audit.record(conn, actor, audit.Action.ALERT_CREATED, name, alert.as_dict())
     signed = ", signed" if alert.has_secret else ""
     console.out.print(
         f"alert {name}: created; {alert.format} to {alert.webhook}{signed}, on "
@@ -127,12 +127,6 @@ def create(
         highlight=False,
         markup=False,
     )
-
-
-def _audited(alert: alerts.Alert) -> dict[str, object]:
-    """What the audit trail keeps of a new alert: what it shows, never the secret."""
-    shown = alert.as_dict()
-    return {k: shown[k] for k in ("webhook", "has_secret", "format", "on", "job")}
 
 
 @app.command("list")
