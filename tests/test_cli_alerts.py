@@ -131,6 +131,7 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(run, engine: sa.Eng
         (("x", *hook, "--secret", SECRET, "--secret-file", "-"), 1, "not both"),
         (("x", *hook, "--secret-file", "/nonexistent/secret"), 1, "cannot read --secret-file"),
         (("x", *hook, "--secret", "x" * 513), 1, "secret must be 1-512 characters"),
+        (("x", *hook, "--secret-file", "/dev/zero"), 1, "secret must be 1-512 characters"),
     ]:
         result = run("alert", "create", *args)
         if code == 2:  # a usage error: click's own message, several lines

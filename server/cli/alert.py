@@ -31,8 +31,8 @@ app = typer.Typer(
     "(docs/alerts.md). Creations and deletions are in the audit trail.",
 )
 
-# Exit codes of `alert test --wait` (as `job run --wait`): 124 as timeout(1) exits.
-DELIVERED = 0
+# Exit codes of `alert test --wait` beside 0, delivered (as `job run --wait`): 124 as
+# timeout(1) exits.
 NOT_DELIVERED = 1
 TIMED_OUT = 124
 # How often a waited-for delivery is read again, seconds.
@@ -47,8 +47,15 @@ def _secret(secret: str | None, secret_file: str | None) -> str | None:
         raise console.fail("give --secret or --secret-file, not both")
     if secret_file is None:
         return secret
+    # Read no more than a secret can be (plus a line break): the store refuses a longer
+    # one, and /dev/zero given by mistake must not fill the memory.
+    most = alerts.MAX_SECRET + 2
     try:
-        text = sys.stdin.read() if secret_file == "-" else Path(secret_file).read_text()
+        if secret_file == "-":
+            text = sys.stdin.read(most)
+        else:
+            with Path(secret_file).open(encoding="utf-8") as source:
+                text = source.read(most)
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
         raise console.fail(f"cannot read --secret-file {secret_file}: {reason}") from None
