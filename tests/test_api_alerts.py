@@ -138,6 +138,10 @@ def test_create_show_list_test_and_delete_as_the_cli_does(
     created = next(e for e in audit if e["subject"] == name)
     assert created["detail"]["has_secret"] is True and SECRET not in json.dumps(audit)
     assert "XXXXtoken" not in json.dumps(audit)
+    # Logged by name (the write and the delivery), never with the secret or the path.
+    server_log = stack.cluster.log("s1")
+    assert "alert created over HTTP" in server_log and delivery in server_log
+    assert SECRET not in server_log and "XXXXtoken" not in server_log
 
 
 def test_defaults_and_all(stack: ApiStack) -> None:

@@ -8,6 +8,7 @@ deletions are in the audit trail; a test delivery names its token in its detail.
 
 from __future__ import annotations
 
+import logging
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated
 
@@ -21,6 +22,8 @@ from sql.states import AlertFormat, DeliveryStatus
 
 if TYPE_CHECKING:
     from server.web import api
+
+log = logging.getLogger(__name__)
 
 # The largest page of deliveries one request returns.
 MAX_DELIVERIES = 1000
@@ -185,6 +188,11 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             audit.record(
                 conn, principal.actor, audit.Action.ALERT_CREATED, alert.name, alert.as_dict()
             )
+        # Its name and who made it: never its webhook (a credential) or its secret.
+        log.info(
+            "alert created over HTTP",
+            extra={"action": "alert_created", "alert": alert.name, "by": principal.actor},
+        )
         return AlertOut(**alert.as_dict())
 
     @routes.delete(one, responses=contract.errors(*contract.WRITE, 404))
@@ -196,6 +204,10 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             audit.record(
                 conn, principal.actor, audit.Action.ALERT_DELETED, name, {"deliveries": gone}
             )
+        log.info(
+            "alert deleted over HTTP",
+            extra={"action": "alert_deleted", "alert": name, "by": principal.actor},
+        )
         return AlertDeleted(alert=name, outcome="deleted", deliveries=gone)
 
     @routes.post(f"{one}/test", status_code=202, responses=contract.errors(*contract.WRITE, 404))
