@@ -274,7 +274,17 @@ def deliveries(
         console.emit_json([d.as_dict() for d in found])
         return
     console.table(
-        ["id", "alert", "kind", "job", "at", "status", "attempts", "last answer", "next / done"],
+        [
+            "id",
+            "alert",
+            "kind",
+            "job",
+            "at",
+            "status",
+            "attempts",
+            "last answer",
+            "next attempt / delivered",
+        ],
         [
             [
                 d.id,
