@@ -34,6 +34,9 @@ GLOB = re.compile(r"^[A-Za-z0-9._\-*?]{1,200}$")
 LISTENABLE = tuple(k for k in AlertKind if k is not AlertKind.TEST)
 MAX_URL = 2048
 MAX_SECRET = 512
+# Names an alert may not take: ``GET /api/v1/alerts/deliveries`` lists the deliveries,
+# so an alert of that name could not be read at ``/api/v1/alerts/{name}``.
+RESERVED_NAMES = frozenset({"deliveries"})
 
 
 class AlertError(Exception):
@@ -44,6 +47,10 @@ class AlertError(Exception):
 class AlertNotFound(AlertError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no alert named {name!r}")
+
+
+class AlertNameTaken(AlertError):
+    """The name is another alert's, or reserved (:data:`RESERVED_NAMES`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +101,8 @@ def check_url(url: str) -> str:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
         raise AlertError("the webhook URL is not a valid URL") from None
-    if parts.scheme not in ("http", "https"):
+    # The raw prefix, not parts.scheme (lowercased): the table's CHECK is case-sensitive.
+    if not url.startswith(("http://", "https://")):
         raise AlertError("the webhook URL must start with http:// or https://")
     if not parts.hostname:
         raise AlertError("the webhook URL has no host")
@@ -151,6 +159,8 @@ def create(
             f"alert name {name!r} must be 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
+    if name in RESERVED_NAMES:
+        raise AlertNameTaken(f"the alert name {name!r} is reserved: choose another")
     check_url(webhook)
     if secret is not None and not (0 < len(secret) <= MAX_SECRET):
         raise AlertError(f"an alert's secret must be 1-{MAX_SECRET} characters")
@@ -179,7 +189,7 @@ def create(
         },
     ).one_or_none()
     if row is None:
-        raise AlertError(f"an alert named {name!r} already exists")
+        raise AlertNameTaken(f"an alert named {name!r} already exists")
     return _alert(row)
 
 
@@ -305,19 +315,28 @@ def deliveries(
         query = query.where(d.c.alert_name == alert)
     if status is not None:
         query = query.where(d.c.status == status)
-    return [
-        Delivery(
-            id=str(row.id),
-            alert=row.alert_name,
-            kind=row.kind,
-            job=row.job_name,
-            at=row.at,
-            status=row.status,
-            attempts=row.attempts,
-            next_attempt_at=row.next_attempt_at if row.status == "pending" else None,
-            last_status=row.last_status,
-            last_error=row.last_error,
-            delivered_at=row.delivered_at,
-        )
-        for row in conn.execute(query)
-    ]
+    return [_delivery(row) for row in conn.execute(query)]
+
+
+def delivery(conn: sa.Connection, delivery_id: str) -> Delivery | None:
+    """One delivery by its id (what :func:`test` returned); None once it is gone (its
+    alert was deleted)."""
+    d = tables.alert_deliveries
+    row = conn.execute(sa.select(d).where(d.c.id == delivery_id)).one_or_none()
+    return None if row is None else _delivery(row)
+
+
+def _delivery(row: sa.Row) -> Delivery:
+    return Delivery(
+        id=str(row.id),
+        alert=row.alert_name,
+        kind=row.kind,
+        job=row.job_name,
+        at=row.at,
+        status=row.status,
+        attempts=row.attempts,
+        next_attempt_at=row.next_attempt_at if row.status == "pending" else None,
+        last_status=row.last_status,
+        last_error=row.last_error,
+        delivered_at=row.delivered_at,
+    )

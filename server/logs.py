@@ -2,7 +2,8 @@
 
 Records carry their context in ``extra={"action": ..., "job": ..., "epoch": ...}``;
 this formatter appends every such field, so ``grep action=claim`` works on any log.
-Secrets never reach a record in the first place (settings hold them as SecretStr).
+Secrets never reach a record in the first place (settings hold them as SecretStr), nor
+does a webhook URL (the HTTP client's own request lines are kept out).
 """
 
 from __future__ import annotations
@@ -38,3 +39,8 @@ def configure(level: str = "INFO") -> None:
     root.setLevel(level)
     # kazoo's own connection chatter is INFO; our registry reports the states that matter.
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+    # httpx logs each request's URL at INFO (httpcore its connections at DEBUG): the alert
+    # sender's requests go to webhook URLs, whose path can be a credential (Slack's). The
+    # sender logs each attempt itself, by delivery id.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -415,10 +415,18 @@ api_tokens = sa.Table(
 )
 
 # The audit trail of writes that are not a job's (job writes are job_events with
-# detail.by): artifact uploads and deletes, token creation and revocation. ``actor`` is
-# ``token:<name>`` (authenticated by the API) or ``cli:<user> (claimed)`` (the CLI user
-# name, which nothing verifies: whoever runs the CLI holds the database URL).
-AUDIT_ACTIONS = ("resource_uploaded", "resource_deleted", "token_created", "token_revoked")
+# detail.by): artifact uploads and deletes, token creation and revocation, alert creation
+# and deletion. ``actor`` is ``token:<name>`` (authenticated by the API) or
+# ``cli:<user> (claimed)`` (the CLI user name, which nothing verifies: whoever runs the
+# CLI holds the database URL).
+AUDIT_ACTIONS = (
+    "resource_uploaded",
+    "resource_deleted",
+    "token_created",
+    "token_revoked",
+    "alert_created",
+    "alert_deleted",
+)
 audit_events = sa.Table(
     "audit_events",
     metadata,

@@ -161,6 +161,7 @@ def test_listings_show_no_secret_and_only_the_webhooks_host(engine: sa.Engine) -
     ("kw", "message"),
     [
         ({"webhook": "ftp://x/y"}, "must start with http:// or https://"),
+        ({"webhook": "HTTPS://x/y"}, "must start with http:// or https://"),
         ({"webhook": "http:///nohost"}, "has no host"),
         ({"webhook": "http://x:99999/"}, "not a valid URL"),
         ({"kinds": "failed,explode"}, "unknown alert kind 'explode'"),
@@ -169,13 +170,14 @@ def test_listings_show_no_secret_and_only_the_webhooks_host(engine: sa.Engine) -
         ({"format": "xml"}, "must be one of: json, slack"),
         ({"job_glob": "etl-[ab]"}, "job glob"),
         ({"secret": ""}, "secret must be"),
+        ({"name": "deliveries"}, "'deliveries' is reserved"),
     ],
 )
 def test_bad_input_is_refused_naming_the_problem_and_writes_nothing(
     engine: sa.Engine, kw: dict, message: str
 ) -> None:
     with pytest.raises(alerts.AlertError, match=re.escape(message)):
-        _alert(engine, "bad", **kw)
+        _alert(engine, **{"name": "bad", **kw})
     with engine.connect() as conn:
         assert alerts.list_alerts(conn) == []
 

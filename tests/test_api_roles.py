@@ -80,6 +80,14 @@ def _upload(stack: ApiStack, job: str, resource: str) -> tuple[str, dict[str, An
     return f"{API}/resources/{resource}", {"files": {"file": ("r.py", b"print(1)\n")}}
 
 
+def _alert_made(stack: ApiStack, job: str, resource: str) -> str:
+    name = f"alert-{job}"
+    with stack.client(stack.operator) as http:
+        made = http.post(f"{API}/alerts", json={"name": name, "webhook": "http://127.0.0.1:9/"})
+    assert made.status_code == 201, made.text
+    return name
+
+
 WRITES = [
     Write(
         "POST",
@@ -111,6 +119,27 @@ WRITES = [
         f"{API}/resources/{{reference}}",
         lambda s, j, r: (f"{API}/resources/{r}", {}),
         200,
+    ),
+    Write(
+        "POST",
+        f"{API}/alerts",
+        lambda s, j, r: (
+            f"{API}/alerts",
+            {"json": {"name": f"new-{j}", "webhook": "http://127.0.0.1:9/"}},
+        ),
+        201,
+    ),
+    Write(
+        "DELETE",
+        f"{API}/alerts/{{name}}",
+        lambda s, j, r: (f"{API}/alerts/{_alert_made(s, j, r)}", {}),
+        200,
+    ),
+    Write(
+        "POST",
+        f"{API}/alerts/{{name}}/test",
+        lambda s, j, r: (f"{API}/alerts/{_alert_made(s, j, r)}/test", {}),
+        202,
     ),
 ]
 
@@ -148,7 +177,8 @@ def _writes_so_far(stack: ApiStack) -> tuple[int, ...]:
     counts = stack.cluster.sql(
         "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM job_events), "
         "(SELECT count(*) FROM job_revisions), (SELECT count(*) FROM resources), "
-        "(SELECT count(*) FROM audit_events), (SELECT count(*) FROM runs)"
+        "(SELECT count(*) FROM audit_events), (SELECT count(*) FROM runs), "
+        "(SELECT count(*) FROM alerts), (SELECT count(*) FROM alert_deliveries)"
     )
     return tuple(counts[0])
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from scheduler import alerts
 from tests import factories
 
 # Libraries of services and processes that `job list/show/start` never talk to or run.
@@ -55,6 +56,10 @@ JOB_COMMANDS = (
     (("job", "list"), True),
     (("job", "show", "probe"), True),
     (("job", "start", "probe"), True),
+    # Alerts' listings are as short (the webhook's HTTP client is the servers').
+    (("alert", "list", "--json"), False),
+    (("alert", "show", "probe", "--json"), False),
+    (("alert", "list"), True),
 )
 
 
@@ -63,6 +68,8 @@ def test_job_commands_import_only_what_they_use(
 ) -> None:
     # A stopped job with a target: `job start` reads the decision at once (no coordinator).
     factories.target(engine, factories.job(engine, "probe", start=False), "probe-server")
+    with engine.begin() as conn:
+        alerts.create(conn, "probe", "http://127.0.0.1:9/")
     base = {k: v for k, v in os.environ.items() if not k.startswith("SPARKRING_")}
     env = {**base, **stack_env, "SPARKRING_DATABASE_URL": database_url}
     modules = tmp_path / "modules.txt"

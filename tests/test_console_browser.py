@@ -329,3 +329,61 @@ def test_a_scheduled_jobs_page_shows_its_next_fires_and_runs(
         lambda: "manual" in _text(browser, f'#job-runs [data-run="{run_id}"]'),
         "the manual run in the runs table",
     )
+
+
+def test_alerts_page_lists_alerts_and_deliveries_and_sends_a_test(
+    browser: webdriver.Chrome, stack: ApiStack
+) -> None:
+    name = f"alert-{uuid.uuid4().hex[:8]}"
+    secret, path = "s3cret-not-on-the-page", "/services/T0/B0/XXXXtoken"
+    with stack.client(stack.operator) as http:
+        made = http.post(
+            f"{API}/alerts",
+            # Nothing listens on port 9: each attempt fails to connect, and is retried.
+            json={"name": name, "webhook": f"http://127.0.0.1:9{path}", "secret": secret,
+                  "on": ["failed", "restarted"], "job": "etl-*"},
+        )  # fmt: skip
+    assert made.status_code == 201, made.text
+    row = f"tr[data-alert='{name}']"
+    _log_in(browser, stack, stack.operator)
+    browser.get(stack.url + "/console/#/alerts")
+    _until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, row), "the alert's row")
+    cells = _text(browser, row)
+    assert "http://127.0.0.1:9/…" in cells and "failed, restarted" in cells and "etl-*" in cells
+    assert _text(browser, f"{row} td[data-field='secret']") == "yes"
+    assert secret not in browser.page_source and "XXXXtoken" not in browser.page_source
+    # Send test asks first: dismissed, nothing is queued; accepted, a delivery is.
+    _click(browser, By.CSS_SELECTOR, f"{row} button.send-test")
+    _until(browser, lambda: _alert(browser), "the confirmation")
+    assert browser.switch_to.alert.text == f"Send a test delivery of alert {name}?"
+    browser.switch_to.alert.dismiss()
+    with stack.client(stack.viewer) as http:
+        assert http.get(f"{API}/alerts/deliveries", params={"alert": name}).json() == []
+    _click(browser, By.CSS_SELECTOR, f"{row} button.send-test")
+    _until(browser, lambda: _alert(browser), "the confirmation")
+    browser.switch_to.alert.accept()
+    _until(browser, lambda: "queued" in _text(browser, "#alert-outcome"), "the outcome")
+    with stack.client(stack.viewer) as http:
+        (delivery,) = http.get(f"{API}/alerts/deliveries", params={"alert": name}).json()
+    assert (
+        _text(browser, "#alert-outcome") == f"alert {name}: test delivery {delivery['id']} queued"
+    )
+    # The server's sender tries it at once: refused, pending, retried later.
+    line = f"#deliveries tr[data-delivery='{delivery['id']}']"
+    _until(
+        browser,
+        lambda: "could not connect" in _text(browser, line),
+        "the delivery's failed attempt",
+    )
+    assert _text(browser, f"{line} td.status") == "pending"
+    assert int(_text(browser, f"{line} td.attempts")) >= 1
+    _screenshot(browser, "alerts")
+    # A viewer sees the page, not the button.
+    _log_in(browser, stack, stack.viewer)
+    browser.get(stack.url + "/console/#/alerts")
+    _until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, row), "the alert's row")
+    _until(
+        browser,
+        lambda: not browser.find_element(By.CSS_SELECTOR, f"{row} button.send-test").is_enabled(),
+        "Send test disabled",
+    )

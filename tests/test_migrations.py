@@ -231,13 +231,13 @@ def test_history_index_comes_and_goes_with_0008_and_events_stay(engine: sa.Engin
 
 def test_audit_actions_are_declared_once_and_guarded(engine: sa.Engine) -> None:
     """audit_events.action accepts exactly server.web.audit.Action (as tables.AUDIT_ACTIONS
-    and migration 0010 declare them)."""
+    and the latest migration that sets them, 0013, declare them)."""
     import importlib
 
     from server.web import audit
 
-    latest = importlib.import_module("sql.migrations.versions.0010_token_expiry_and_audit")
-    assert set(latest.ACTIONS) == set(tables.AUDIT_ACTIONS) == {a.value for a in audit.Action}
+    latest = importlib.import_module("sql.migrations.versions.0013_alerts")
+    assert set(latest.AUDIT_ACTIONS) == set(tables.AUDIT_ACTIONS) == {a.value for a in audit.Action}
     with engine.begin() as connection:
         for action in audit.Action:
             audit.record(connection, "cli:test (claimed)", action, "x")
@@ -245,6 +245,25 @@ def test_audit_actions_are_declared_once_and_guarded(engine: sa.Engine) -> None:
         connection.execute(
             sa.insert(tables.audit_events).values(actor="a", action="job_eaten", subject="x")
         )
+
+
+def test_0013_down_drops_the_alert_audit_rows_and_keeps_the_others(engine: sa.Engine) -> None:
+    from server.web import audit
+
+    with engine.begin() as connection:
+        audit.record(connection, "cli:a (claimed)", audit.Action.TOKEN_CREATED, "t")
+        audit.record(connection, "cli:a (claimed)", audit.Action.ALERT_CREATED, "pager")
+    migrate.downgrade(engine, "0012")
+    with engine.connect() as connection:
+        actions = connection.execute(sa.text("SELECT action FROM audit_events")).scalars().all()
+    assert actions == ["token_created"]
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as connection:
+        connection.execute(
+            sa.insert(tables.audit_events).values(actor="a", action="alert_created", subject="x")
+        )
+    migrate.upgrade(engine)
+    with engine.begin() as connection:
+        audit.record(connection, "cli:a (claimed)", audit.Action.ALERT_DELETED, "pager")
 
 
 def test_tokens_made_before_expiry_keep_working_and_never_expire(engine: sa.Engine) -> None:

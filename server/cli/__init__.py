@@ -1,6 +1,6 @@
 """The ``sparkring`` command line: one module per noun (``job``, ``resource``,
-``servers``, ``ring``, ``token``, ``events``, ``db``, ``apply`` and its ``spec``,
-``health``), the Typer app that joins them (``main``), and terminal output
+``servers``, ``ring``, ``token``, ``events``, ``alert``, ``db``, ``apply`` and its
+``spec``, ``health``), the Typer app that joins them (``main``), and terminal output
 (``console``).
 
 May import: the process floor (``server``'s own modules, e.g. ``process`` for

@@ -18,6 +18,7 @@ from sqlalchemy import exc as sa_exc
 
 from server import exit_codes
 from server import settings as settings_module
+from server.cli import alert as cli_alert
 from server.cli import apply as cli_apply
 from server.cli import console
 from server.cli import db as cli_db
@@ -47,6 +48,7 @@ app.add_typer(cli_job.app, name="job")
 app.add_typer(cli_ring.app, name="ring")
 app.add_typer(cli_token.app, name="token")
 app.add_typer(cli_events.app, name="events")
+app.add_typer(cli_alert.app, name="alert")
 app.command("apply", short_help="Create, revise, start, stop and prune jobs from a TOML spec.")(
     cli_apply.apply
 )
@@ -61,6 +63,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     ``scheduler.ring`` brings its hash library, which most commands never need."""
     from registry import errors as registry_errors
     from resource_center import errors as resource_errors
+    from scheduler import alerts as alert_errors
     from scheduler import jobs as job_errors
     from scheduler import ring as ring_errors
 
@@ -71,6 +74,7 @@ def user_errors() -> tuple[type[Exception], ...]:
         job_errors.JobError,
         ring_errors.RingError,
         tokens.TokenError,
+        alert_errors.AlertError,
     )
 
 

@@ -42,9 +42,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from registry import servers as registry_servers
 from resource_center import errors as resource_errors
 from resource_center import store
-from scheduler import jobs, ring
+from scheduler import alerts, jobs, ring
 from server import defaults, metrics
 from server.web import admission, auth, contract
+from server.web.routes import alerts as alert_routes
 from server.web.routes import events, health, logs, resources, servers
 from server.web.routes import jobs as job_routes
 from server.web.routes import ring as ring_routes
@@ -106,6 +107,7 @@ def create_app(backend: Backend) -> FastAPI:
     app.include_router(job_routes.router(backend, authenticator))
     app.include_router(events.router(backend, authenticator))
     app.include_router(resources.router(backend, authenticator))
+    app.include_router(alert_routes.router(backend, authenticator))
 
     # ---------------------------------------------------------------- the console
 
@@ -137,6 +139,9 @@ def _describe_validation(exc: RequestValidationError) -> str:
             problems.append(f"{where or 'body'} is required")
         elif error.get("type") == "string_pattern_mismatch":
             rule = contract.RULES.get(error.get("ctx", {}).get("pattern"), "a value of its pattern")
+            if loc and loc[-1] in contract.UNQUOTED_FIELDS:
+                problems.append(f"{where}: the value given is not {rule}")
+                continue
             # reprlib: a long input is shown cut, the one-line error stays short.
             shown = reprlib.repr(error.get("input"))
             problems.append(f"{where or 'body'}: {shown} is not {rule}")
@@ -149,19 +154,29 @@ class Declared:
     """The methods the API declares on a path, read from its own OpenAPI document (on
     first use, when every route is in place). A 405's ``Allow`` lists them (Starlette's
     names only the first route's, and each method is a route of its own); admission
-    checks the token of exactly the writes among them."""
+    checks the token of exactly the writes among them. A concrete path wins over the
+    templates it also matches, as OpenAPI says: ``/alerts/deliveries`` is not an
+    ``/alerts/{name}``."""
 
     def __init__(self, app: FastAPI) -> None:
         self._app = app
-        self._table: list[tuple[re.Pattern[str], frozenset[str]]] | None = None
+        self._table: list[tuple[re.Pattern[str], bool, frozenset[str]]] | None = None
 
     def __call__(self, path: str) -> frozenset[str]:
         if self._table is None:
             self._table = [
-                (routing.compile_path(template)[0], frozenset(m.upper() for m in operations))
+                (
+                    routing.compile_path(template)[0],
+                    "{" not in template,
+                    frozenset(m.upper() for m in operations),
+                )
                 for template, operations in self._app.openapi()["paths"].items()
             ]
-        return frozenset().union(*(methods for regex, methods in self._table if regex.match(path)))
+        matched = [
+            (concrete, methods) for regex, concrete, methods in self._table if regex.match(path)
+        ]
+        concrete = [methods for is_concrete, methods in matched if is_concrete]
+        return frozenset().union(*(concrete or [methods for _, methods in matched]))
 
 
 def _install_error_handlers(app: FastAPI, declared: Declared) -> None:
@@ -191,6 +206,14 @@ def _install_error_handlers(app: FastAPI, declared: Declared) -> None:
         if isinstance(exc, resource_errors.InvalidResource):
             return contract.error(400, str(exc))
         return contract.error(503, str(exc))
+
+    @app.exception_handler(alerts.AlertError)
+    def alert_error(request: Request, exc: alerts.AlertError) -> JSONResponse:
+        if isinstance(exc, alerts.AlertNotFound):
+            return contract.error(404, str(exc))
+        if isinstance(exc, alerts.AlertNameTaken):
+            return contract.error(409, str(exc))
+        return contract.error(422, str(exc))
 
     @app.exception_handler(ring.RingError)
     def ring_error(request: Request, exc: ring.RingError) -> JSONResponse:

@@ -1,5 +1,6 @@
 """The audit trail of writes that are not a job's own: artifact uploads and deletes,
-token creation and revocation (job writes are job events, with ``detail.by``).
+token creation and revocation, alert creation and deletion (job writes are job events,
+with ``detail.by``).
 
 An actor is ``token:<name>`` for the HTTP API (the token authenticated the request) and
 ``cli:<user> (claimed)`` for the CLI: the CLI connects to PostgreSQL directly, so its
@@ -23,6 +24,8 @@ class Action(StrEnum):
     RESOURCE_DELETED = "resource_deleted"  # one version, or every version of a name
     TOKEN_CREATED = "token_created"  # a viewer or operator token made
     TOKEN_REVOKED = "token_revoked"  # a token revoked
+    ALERT_CREATED = "alert_created"  # a webhook alert made (never its secret)
+    ALERT_DELETED = "alert_deleted"  # an alert and its deliveries deleted
 
 
 def cli_actor() -> str:

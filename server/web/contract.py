@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from resource_center import validation
-from scheduler import jobs
+from scheduler import alerts, jobs
 
 API = "/api/v1"
 
@@ -38,8 +38,30 @@ REFERENCE_RULE = f"NAME or NAME:VERSION: NAME of {NAME_RULE}; VERSION a positive
 # Free text stored in PostgreSQL (text or jsonb): anything but NUL.
 TEXT_PATTERN = r"^[^\x00]*$"
 TEXT_RULE = "text without NUL characters"
+# An alert's name and job glob (scheduler/alerts.py), and its webhook: an http(s) URL
+# whose host is a name or IPv4 address and whose port fits 0-65535; the rest printable
+# ASCII (what the store accepts, stated so that a URL matching it is never refused).
+ALERT_NAME_PATTERN = alerts.NAME.pattern
+ALERT_NAME_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+GLOB_PATTERN = alerts.GLOB.pattern
+GLOB_RULE = "letters, digits, '.', '_', '-' and the wildcards '*' and '?'"
+_PORT = r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?"
+WEBHOOK_PATTERN = (
+    r"^https?://([A-Za-z0-9._~!$&'()*+,;=:%-]+@)?[A-Za-z0-9._~-]+" + _PORT + r"([/?#][!-~]*)?$"
+)
+WEBHOOK_RULE = "an http:// or https:// URL with a host name or IPv4 address"
+# Body fields whose input a 422 never quotes: a secret, and a webhook URL (its path can
+# be a credential, as Slack's are).
+UNQUOTED_FIELDS = frozenset({"secret", "webhook"})
 # What a 422 says when a pattern did not match, instead of the pattern itself.
-RULES = {NAME_PATTERN: NAME_RULE, REFERENCE_PATTERN: REFERENCE_RULE, TEXT_PATTERN: TEXT_RULE}
+RULES = {
+    NAME_PATTERN: NAME_RULE,
+    REFERENCE_PATTERN: REFERENCE_RULE,
+    TEXT_PATTERN: TEXT_RULE,
+    ALERT_NAME_PATTERN: ALERT_NAME_RULE,
+    GLOB_PATTERN: GLOB_RULE,
+    WEBHOOK_PATTERN: WEBHOOK_RULE,
+}
 
 JobName = Annotated[str, PathParam(pattern=NAME_PATTERN, description=f"Job name: {NAME_RULE}.")]
 # An upload's NAME, on the path of its NAME[:VERSION] reads and deletes.
@@ -50,6 +72,9 @@ ResourceName = Annotated[
         pattern=NAME_PATTERN,
         description=f"Artifact name (an upload takes no version): {NAME_RULE}.",
     ),
+]
+AlertName = Annotated[
+    str, PathParam(pattern=ALERT_NAME_PATTERN, description=f"Alert name: {ALERT_NAME_RULE}.")
 ]
 Reference = Annotated[
     str, PathParam(pattern=REFERENCE_PATTERN, description=f"Artifact: {REFERENCE_RULE}.")
@@ -80,7 +105,7 @@ MEANINGS = {
     "or the command refuses the input (the CLI's message).",
     401: "No bearer token, or an unknown, revoked or expired one.",
     403: "A viewer token asking to write: writes need an operator token.",
-    404: "No such job, artifact or run log.",
+    404: "No such job, artifact, run log or alert.",
     409: "The request clashes with the current state (a name taken, a job still running, "
     "an artifact in use or, named in a job's body, missing; no such revision to roll "
     "back to).",

@@ -41,7 +41,8 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
         limit: PageSize = 100,
     ) -> list[dict[str, Any]]:
         """The audit trail of writes that are not a job's own (artifact uploads and
-        deletes, token creation and revocation), oldest first; poll with ``after``.
+        deletes, token creation and revocation, alert creation and deletion), oldest
+        first; poll with ``after``.
         Job writes are job events (``detail.by``)."""
         with backend.engine.connect() as conn:
             return contract.plain(audit.recent(conn, after, limit))

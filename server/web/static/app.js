@@ -1,5 +1,6 @@
 // sparkring web console: plain JavaScript over the REST API (/api/v1), no build step.
-// Views are chosen by the URL hash (#/servers, #/jobs, #/jobs/NAME, #/ring, #/events)
+// Views are chosen by the URL hash (#/servers, #/jobs, #/jobs/NAME, #/ring, #/events,
+// #/alerts)
 // and re-rendered every REFRESH_MS. The token lives in this browser's localStorage.
 "use strict";
 
@@ -325,12 +326,87 @@ async function viewEvents() {
   ];
 }
 
+function local(iso) {
+  return iso ? new Date(iso).toLocaleString() : "-";
+}
+
+// A delivery's status as a badge: delivered green, failed red, pending amber.
+function deliveryBadge(status) {
+  const kind = { delivered: "ok", failed: "bad", pending: "state-pending" }[status] || "";
+  return h("span", { class: "badge " + kind }, status);
+}
+
+async function sendTest(name) {
+  // A test POSTs to a receiver outside the cluster: ask first, as job commands do.
+  if (!window.confirm(`Send a test delivery of alert ${name}?`)) return;
+  try {
+    const result = await api(`/alerts/${encodeURIComponent(name)}/test`, { method: "POST" });
+    banner("");
+    document.getElementById("alert-outcome").textContent =
+      `alert ${name}: test delivery ${result.delivery} queued`;
+  } catch (e) {
+    banner(e.message);
+  }
+  render();
+}
+
+// Alerts (docs/alerts.md) and their newest deliveries. The API never answers a secret
+// or a webhook's path: the page shows whether there is a secret and the webhook's host.
+async function viewAlerts() {
+  const [alerts, deliveries] = await Promise.all([api("/alerts"),
+    api("/alerts/deliveries?limit=100")]);
+  const operator = me && me.role === "operator";
+  const keep = document.getElementById("alert-outcome");
+  return [
+    h("h1", {}, "Alerts"),
+    h("p", { class: "muted" }, "Made with ", h("code", {}, "sparkring alert create"),
+      " or POST /api/v1/alerts; each event of an alert's kinds, for the jobs its glob ",
+      "matches, is POSTed to its webhook by a live server, retried for up to 24 h."),
+    h("div", { class: "actions" },
+      h("span", { id: "alert-outcome", class: "muted" }, keep ? keep.textContent : "")),
+    alerts.length === 0 ? h("p", { id: "no-alerts" }, "No alerts.") :
+    h("table", { id: "alerts" },
+      h("thead", {}, h("tr", {}, ["name", "webhook", "format", "on", "job", "secret",
+        "created by", ""].map((c) => h("th", {}, c)))),
+      h("tbody", {}, alerts.map((a) => h("tr", { "data-alert": a.name },
+        h("td", {}, a.name),
+        h("td", {}, a.webhook),
+        h("td", {}, a.format),
+        h("td", {}, a.on.join(", ")),
+        h("td", {}, a.job),
+        h("td", { "data-field": "secret" }, a.has_secret ? "yes" : "no"),
+        h("td", {}, a.created_by || "-"),
+        h("td", {}, h("button", { type: "button", class: "send-test", disabled: !operator,
+          title: operator ? null : "needs an operator token",
+          onclick: () => sendTest(a.name) }, "Send test")),
+      )))),
+    h("h2", {}, "Deliveries (newest 100)"),
+    deliveries.length === 0 ? h("p", { id: "no-deliveries" }, "No deliveries yet.") :
+    h("table", { id: "deliveries" },
+      h("thead", {}, h("tr", {}, ["at", "alert", "kind", "job", "status", "attempts",
+        "last answer", "next attempt / delivered", "id"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, deliveries.map((d) => h("tr", { "data-delivery": d.id },
+        h("td", {}, local(d.at)),
+        h("td", {}, d.alert),
+        h("td", {}, d.kind),
+        h("td", {}, d.job ? h("a", { href: "#/jobs/" + encodeURIComponent(d.job) }, d.job) : "-"),
+        h("td", { class: "status" }, deliveryBadge(d.status)),
+        h("td", { class: "attempts" }, d.attempts),
+        h("td", { class: "error-cell" }, d.last_error ||
+          (d.last_status === null ? "" : `HTTP ${d.last_status}`)),
+        h("td", {}, local(d.status === "delivered" ? d.delivered_at : d.next_attempt_at)),
+        h("td", { class: "muted", title: d.id }, d.id.slice(0, 8)),
+      )))),
+  ];
+}
+
 // ------------------------------------------------------------------ routing
 
 function route() {
   const parts = (location.hash || "#/jobs").slice(2).split("/");
   if (parts[0] === "jobs" && parts[1]) return ["jobs", () => viewJob(decodeURIComponent(parts.slice(1).join("/")))];
-  const views = { servers: viewServers, jobs: viewJobs, ring: viewRing, events: viewEvents };
+  const views = { servers: viewServers, jobs: viewJobs, ring: viewRing, events: viewEvents,
+    alerts: viewAlerts };
   return views[parts[0]] ? [parts[0], views[parts[0]]] : ["jobs", viewJobs];
 }
 

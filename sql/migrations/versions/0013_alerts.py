@@ -23,6 +23,9 @@ this migration's, as of this revision):
   recovered; ``rolled_back`` -> rolled_back;
 - ``runs`` inserted ``skipped`` (a fire time not run) -> schedule_skipped.
 
+``audit_events`` may record ``alert_created`` and ``alert_deleted`` (an alert is not a
+job's: its writes are audited like a token's).
+
 Expand only: servers of the previous release neither read nor write the tables; their
 events raise deliveries all the same (the triggers are the database's).
 """
@@ -52,6 +55,9 @@ KINDS = (
 DELIVERY_KINDS = (*KINDS, "test")
 FORMATS = ("json", "slack")
 STATUSES = ("pending", "delivered", "failed")
+# The audit trail's actions before and as of this revision.
+PREVIOUS_AUDIT_ACTIONS = ("resource_uploaded", "resource_deleted", "token_created", "token_revoked")
+AUDIT_ACTIONS = (*PREVIOUS_AUDIT_ACTIONS, "alert_created", "alert_deleted")
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -124,7 +130,17 @@ CREATE TRIGGER runs_skipped_raise_alerts AFTER INSERT ON runs
 """
 
 
+def _audit_actions_constraint(actions: tuple[str, ...]) -> None:
+    op.execute("ALTER TABLE audit_events DROP CONSTRAINT IF EXISTS ck_audit_events_action_known")
+    op.execute(
+        "ALTER TABLE audit_events ADD CONSTRAINT ck_audit_events_action_known "
+        f"CHECK ({_in('action', actions)}) NOT VALID"
+    )
+    op.execute("ALTER TABLE audit_events VALIDATE CONSTRAINT ck_audit_events_action_known")
+
+
 def upgrade() -> None:
+    _audit_actions_constraint(AUDIT_ACTIONS)
     op.create_table(
         "alerts",
         sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
@@ -218,3 +234,5 @@ def downgrade() -> None:
     )
     op.drop_table("alert_deliveries")
     op.drop_table("alerts")
+    op.execute("DELETE FROM audit_events WHERE action IN ('alert_created', 'alert_deleted')")
+    _audit_actions_constraint(PREVIOUS_AUDIT_ACTIONS)
