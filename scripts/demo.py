@@ -3,7 +3,8 @@
 
 Three servers, a real PySpark streaming job (Structured Streaming with a checkpoint), a
 PySpark batch job, a few light streaming drivers and a light batch job on a schedule
-(``@every 5s``); then one server is killed with -9 and the recovery is shown (the
+(``@every 5s``); an alert to a local webhook receiver arrives, signed, when a batch job
+fails; then one server is killed with -9 and the recovery is shown (the
 scheduled job's fires continue: each fire time once, printed from ``job runs``), a
 fourth server joins and the migration is shown, and a summary gives the measured times.
 Everything it started is stopped at the end.
@@ -30,6 +31,7 @@ from rich.table import Table
 from tests import services, sink, waiting
 from tests.chaos import invariants
 from tests.cluster import Cluster
+from tests.webhook_receiver import Receiver
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,6 +51,10 @@ LIGHT_JOBS = [f"ingest-{i}" for i in range(1, 6)]
 # The scheduled job: a light batch driver every 5 s (docs/schedules.md).
 TICK = "tick"
 TICK_SPEC = "@every 5s"
+# A batch job whose driver fails (exit 2, no retry), and the alert that tells a local
+# webhook receiver so (docs/alerts.md).
+BROKEN = "broken-report"
+ALERT = "oncall"
 
 
 def step(text: str) -> None:
@@ -126,6 +132,46 @@ def fires_through_kill(c: Cluster, switched_on: Any, summary: dict[str, str]) ->
     )
 
 
+def alert_on_failure(c: Cluster, receiver: Receiver, root: Path, summary: dict[str, str]) -> None:
+    """An alert of failures to a local webhook receiver; a batch job that fails; the
+    alert arriving, signed (docs/alerts.md)."""
+    assert receiver.secret is not None
+    secret = root / "alert-secret"
+    secret.write_text(receiver.secret)
+    secret.chmod(0o600)
+    console.print(
+        c.cli(
+            "alert", "create", ALERT, "--webhook", receiver.url, "--secret-file", str(secret),
+            "--on", "failed",
+        ).stdout.strip()
+    )  # fmt: skip
+    c.cli(
+        "job", "create", BROKEN, "--resource", "ingest", "--kind", "batch", "--max-retries", "0",
+        f"--arg={root / 'broken.jsonl'}", "--arg=--run-for", "--arg=0.5",
+        "--arg=--exit-code", "--arg=2",
+    )  # fmt: skip
+    c.cli("job", "start", BROKEN)
+    c.wait_job(BROKEN, lambda j: j["state"] == "failed", 120, f"{BROKEN} failed")
+    waiting.wait_until(
+        lambda: bool(receiver.accepted_ids()), 60, interval=0.2, message="the alert arrived"
+    )
+    got = next(r for r in receiver.received if 200 <= r.status < 300)
+    failed = next(e for e in c.events(BROKEN) if e["kind"] == "failed")
+    body = got.body
+    console.print(
+        f"alert received at {receiver.url}: kind {body['kind']}, job {body['job']}, "
+        f"on {body['server']}, epoch {body['epoch']}, signature "
+        f"{'verified' if got.signature_ok else 'WRONG'}\n  detail: {body['detail']}\n"
+        f"  console: {body['url']}"
+    )
+    console.print(c.cli("alert", "deliveries").stdout)
+    failed_at = failed["at"].timestamp()
+    summary["batch job failed -> alert received (signed)"] = (
+        f"{got.wall - failed_at:.2f} s ({len(receiver.received)} request"
+        f"{'s' if len(receiver.received) != 1 else ''})"
+    )
+
+
 def running(j: dict[str, Any]) -> bool:
     return j["state"] == "running" and j["owner"] is not None
 
@@ -174,6 +220,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     summary: dict[str, str] = {}
+    receiver = Receiver(secret=f"demo-{os.getpid()}-{time.time_ns()}").start()
     try:
         step("1. three servers")
         for sid in ("s1", "s2", "s3"):
@@ -187,7 +234,7 @@ def main() -> int:
             "open it now to watch the failover below happen"
         )
 
-        step("2. upload artifacts, create and start jobs")
+        step("2. upload artifacts, create and start jobs; an alert when a job fails")
         c.cli("resource", "upload", "clicks", str(JOBS_DIR / "streaming_counter.py"))
         c.cli("resource", "upload", "daily-sum", str(JOBS_DIR / "batch_sum.py"))
         c.cli("resource", "upload", "ingest", str(LIGHT_JOB))
@@ -219,6 +266,7 @@ def main() -> int:
         spawn = started_at(c, "clicks", first["epoch"])
         summary["job start -> driver spawned (clicks)"] = f"{spawn - t_start:.2f} s"
         c.wait_job("daily-sum", lambda j: j["state"] == "finished", 180, "batch finished")
+        alert_on_failure(c, receiver, root, summary)
         waiting.wait_until(lambda: sink.committed_batches(output) >= 3, 180, interval=0.5)
         show_jobs(c)
         console.print(f"clicks committed {sink.committed_batches(output)} micro-batches so far")
@@ -349,6 +397,7 @@ def main() -> int:
         return 1
     finally:
         c.close()
+        receiver.stop()
     step("summary (measured on this machine)")
     console.print(summary_table(summary))
     console.print(
