@@ -41,6 +41,9 @@ COUNTERS = {
     "sparkring_health_restarts_refused_total": (
         "Stalled jobs (opted in) not restarted: their restart budget was spent."
     ),
+    "sparkring_health_failed_on_stall_total": (
+        "Stalled jobs (opted in) ended FAILED: a stall past their restart budget."
+    ),
 }
 HISTOGRAMS = {
     "sparkring_claim_seconds": "Latency of one claim statement, seconds.",
