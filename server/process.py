@@ -38,7 +38,7 @@ import sqlalchemy as sa
 
 from registry import connection, servers, session
 from resource_center import cache
-from scheduler import coordinator, fires, jobs, notify
+from scheduler import auto_rollback, coordinator, fires, jobs, notify
 from server import (
     clients,
     defaults,
@@ -128,6 +128,10 @@ class Server:
         # with a one-connection pool of its own.
         self.firer: fires.FiringLoop | None = None
         self._firer_engine: sa.Engine | None = None
+        # Judges auto-rollback watches (any server may; a row lock makes each verdict one
+        # server's), with a one-connection pool of its own.
+        self.rollback_watch: auto_rollback.WatchLoop | None = None
+        self._watch_engine: sa.Engine | None = None
         # Whether the Spark masters we use answer (informational: never part of health).
         self.master_watch: master_watch.MasterWatch | None = None
         self.exit_code = exit_codes.ExitCode.OK
@@ -224,6 +228,7 @@ class Server:
         self.runner.registered(settle=defaults.ADOPTION_SETTLE_S)
         self._start_pruner(bucket)
         self._start_firer()
+        self._start_rollback_watch()
         self._start_master_watch()
         log.info(
             "server started",
@@ -344,6 +349,17 @@ class Server:
             self._firer_engine, self.id, interval=defaults.SCHEDULE_FIRE_INTERVAL_S
         )
         self.firer.start()
+
+    def _start_rollback_watch(self) -> None:
+        """Judge auto-rollback watches on a side thread (scheduler/auto_rollback.py)."""
+        s = self.settings
+        self._watch_engine = database.create_engine(
+            s.database_url.get_secret_value(), pool_size=1, limits=clients.server_limits(s)
+        )
+        self.rollback_watch = auto_rollback.WatchLoop(
+            self._watch_engine, self.id, interval=defaults.AUTO_ROLLBACK_INTERVAL_S
+        )
+        self.rollback_watch.start()
 
     def _start_master_watch(self) -> None:
         """Probe our Spark masters on a side thread and publish what answers in our
@@ -584,6 +600,9 @@ class Server:
             return "coordinator"
         if self.firer is not None and not self._stop.is_set() and not self.firer.is_alive():
             return "schedule firer"
+        watch = self.rollback_watch
+        if watch is not None and not self._stop.is_set() and not watch.is_alive():
+            return "auto-rollback watch"
         return None
 
     def shutdown(self, hand_off: bool = True) -> None:
@@ -602,6 +621,8 @@ class Server:
             self.pruner.stop()  # between two batches: nothing is left half-done
         if self.firer is not None:
             self.firer.stop()  # between two fires: each is one transaction
+        if self.rollback_watch is not None:
+            self.rollback_watch.stop()  # between two verdicts: each is one transaction
         if self.master_watch is not None:
             self.master_watch.stop()
         if self._handing_over and self.runner is not None:
@@ -630,6 +651,8 @@ class Server:
             self._prune_engine.dispose()
         if self._firer_engine is not None:
             self._firer_engine.dispose()
+        if self._watch_engine is not None:
+            self._watch_engine.dispose()
         if self.engine is not None:
             self.engine.dispose()
         if self._work_dir_lock is not None:
