@@ -134,6 +134,17 @@ def parse_window(text: str) -> float:
         raise JobError(str(exc)) from None
 
 
+def parse_healthy_within(text: str) -> float:
+    """An auto-rollback deadline as typed (``--healthy-within``, a spec's
+    ``healthy_within``): a duration such as ``5m``; refused out of range."""
+    try:
+        seconds = parse_duration(text)
+    except ScheduleError as exc:
+        raise JobError(str(exc)) from None
+    check_auto_rollback(JobKind.STREAMING, None, seconds)
+    return seconds
+
+
 def restart_window(kind: JobKind | str, seconds: float | None) -> float:
     """The ``restart_window_s`` a job of ``kind`` gets: the default for None; a window
     on a batch job, or a negative one, is refused by name."""
