@@ -43,7 +43,7 @@ from enum import StrEnum
 
 import sqlalchemy as sa
 
-from scheduler import jobs, notify, runs
+from scheduler import jobs, notify
 from scheduler.schedule import format_duration
 from sql import tables
 from sql.states import Desired, EventKind, HealthFlag, JobKind, RunState
@@ -200,7 +200,9 @@ def check_one(conn: sa.Connection, job_id: int, *, server: str) -> Applied | Non
         sa.select(tables.distribution.c.state).where(tables.distribution.c.job_id == job_id)
     ).scalar_one()
     if state == RunState.FAILED:
-        runs.rerun(conn, job_id)  # the new revision spent the budget: start afresh
+        # The new revision spent the budget: start afresh, recorded as a start (by
+        # auto-rollback) so the history says why a FAILED job ran again (S4).
+        jobs.start(conn, row.name, actor=ACTOR)
     assert decision.cause is not None
     conn.execute(
         sa.insert(tables.job_events).values(

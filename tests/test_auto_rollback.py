@@ -327,6 +327,9 @@ def test_a_job_failed_by_the_new_revision_is_rolled_back_and_runs_again(
     assert applied.decision.cause is A.Cause.CRASHED
     row = factories.row(engine, job_id)
     assert row.state == "pending", "the rolled-back job was left FAILED"
+    with engine.connect() as conn:
+        started = [e for e in jobs.events(conn, "stream") if e["kind"] == "start_requested"]
+    assert started[-1]["detail"]["by"] == "auto-rollback"  # a start, said so (S4)
 
 
 def test_auto_rollback_is_refused_for_a_batch_job(engine: sa.Engine) -> None:
