@@ -144,6 +144,10 @@ jobs = sa.Table(
 sa.Index("ix_jobs_label", jobs.c.label)
 # The firing loop's scan: active schedules by their next fire time.
 sa.Index("ix_jobs_next_fire_at", jobs.c.next_fire_at, postgresql_where=jobs.c.schedule_active)
+# Every server looks for watched updates every few seconds (scheduler/auto_rollback.py).
+sa.Index(
+    "ix_jobs_watch_until", jobs.c.watch_until, postgresql_where=jobs.c.watch_revision.is_not(None)
+)
 
 # Extra artifacts passed to spark-submit --py-files, in order. Rows (not a JSON list)
 # so that a foreign key protects each referenced version from deletion.

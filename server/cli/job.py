@@ -310,22 +310,22 @@ def _setting_message(enabled: bool | None, healthy_within: str | None) -> str:
 
 def _healthy_within(text: str | None) -> float | None:
     """``--healthy-within``: a duration (``5m``); None: not given."""
-    if text is None:
-        return None
-    try:
-        return jobs.parse_healthy_within(text)
-    except jobs.JobError as exc:
-        raise console.fail(f"--healthy-within: {exc}") from None
+    return _duration(text, "--healthy-within", jobs.parse_healthy_within)
 
 
 def _window(text: str | None) -> float | None:
     """``--restart-window``: a duration (``1h``), or 0 for none; None: not given."""
+    return _duration(text, "--restart-window", jobs.parse_window)
+
+
+def _duration(text: str | None, option: str, parse: Callable[[str], float]) -> float | None:
+    """An option's duration parsed (None: not given); a bad one fails by the option's name."""
     if text is None:
         return None
     try:
-        return jobs.parse_window(text)
+        return parse(text)
     except jobs.JobError as exc:
-        raise console.fail(f"--restart-window: {exc}") from None
+        raise console.fail(f"{option}: {exc}") from None
 
 
 @app.command()

@@ -12,7 +12,7 @@ The watch of one update (``scheduler/auto_rollback.py``): ``watch_revision`` (th
 revision), ``watch_fallback`` (the revision it replaced: the one to go back to),
 ``watch_since`` and ``watch_until`` (its deadline), by PostgreSQL's clock; all four
 NULL when no update is watched. In the job row, so any server may end a watch after
-the one that started it died.
+the one that started it died; a partial index finds the watched jobs.
 
 The event kinds of 0009 plus ``rolled_back``, as in 0005 and 0009: the constraint
 replaced, added NOT VALID, then validated.
@@ -96,11 +96,18 @@ def upgrade() -> None:
         + " OR "
         + " AND ".join(f"{c} IS NOT NULL" for c in WATCH),
     )
+    op.create_index(
+        "ix_jobs_watch_until",
+        "jobs",
+        ["watch_until"],
+        postgresql_where=sa.text("watch_revision IS NOT NULL"),
+    )
     _kinds_constraint(KINDS)
 
 
 def downgrade() -> None:
     op.execute("DELETE FROM job_events WHERE kind = 'rolled_back'")
+    op.drop_index("ix_jobs_watch_until", table_name="jobs")
     _kinds_constraint(PREVIOUS_KINDS)
     op.drop_constraint(op.f("ck_jobs_watch_whole"), "jobs")
     op.drop_constraint(op.f("ck_jobs_healthy_within_positive"), "jobs")
