@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from scheduler import auto_rollback, distribution, jobs, run_health
 from sql.states import JobKind
-from tests import factories
+from tests import factories, waiting
 from tests.factories import owner
 
 A = auto_rollback
@@ -370,4 +370,25 @@ def test_two_servers_deciding_at_once_roll_back_once(engine: sa.Engine) -> None:
             assert A.check_one(second, job_id, server="s2") is None  # locked: skipped
     with engine.begin() as third:
         assert A.check_one(third, job_id, server="s3") is None  # nothing watched
+    assert len(_rolled_back(engine)) == 1
+
+
+def test_the_watch_loop_judges_on_its_own_and_stops_twice(engine: sa.Engine) -> None:
+    job_id = _streaming(engine)
+    epoch = factories.row(engine, job_id).epoch
+    _update(engine, auto_rollback=True)
+    new_epoch = _roll(engine, job_id, epoch)
+    loop = A.WatchLoop(engine, "s1", interval=0.05)
+    loop.start()
+    try:
+        with engine.begin() as conn:
+            distribution.record_crash(
+                conn, job_id, S1, new_epoch, "exit 3", retry=True, backoff_base=10, backoff_max=600
+            )
+        waiting.wait_until(lambda: _rolled_back(engine), 10, message="rolled back by the loop")
+        assert loop.is_alive()
+    finally:
+        loop.stop()
+        loop.stop()  # idempotent
+    assert not loop.is_alive()
     assert len(_rolled_back(engine)) == 1
