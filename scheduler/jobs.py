@@ -1033,7 +1033,8 @@ def _set_auto_rollback(
         values["healthy_within_s"] = float(healthy_within_s)
     if enabled is False:
         values.update(watch_revision=None, watch_fallback=None, watch_since=None, watch_until=None)
-    conn.execute(sa.update(j).where(j.c.id == job_id).values(**values))
+    if conn.execute(sa.update(j).where(j.c.id == job_id).values(**values)).rowcount != 1:
+        raise JobNotFound(f"no job with id {job_id}")
 
 
 def revise(
