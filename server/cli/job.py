@@ -55,6 +55,7 @@ RESTART_WINDOW_OPTION = typer.Option(
 HEALTHY_WITHIN_OPTION = typer.Option(
     None,
     "--healthy-within",
+    metavar="DURATION",
     help="Auto-rollback: how long an update is watched, e.g. 5m, 90s, 1h (default 5m; "
     "stored with the setting). Healthy: by then the new revision's driver is running "
     "and has completed a micro-batch.",
