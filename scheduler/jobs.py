@@ -56,6 +56,11 @@ DEFAULT_MAX_RESTARTS: dict[JobKind, int] = {JobKind.STREAMING: 3, JobKind.BATCH:
 # per run, so it has none.
 DEFAULT_RESTART_WINDOW_S = 3600.0
 MAX_RESTART_WINDOW_S = 366 * 86400.0  # a year: longer is "no window" (0)
+# Auto-rollback (scheduler/auto_rollback.py): how long an update of a job with the
+# setting on is watched when the command gives no --healthy-within: five minutes, room
+# for a Spark cold start (40-90 s here) and a few micro-batches. At most a week.
+DEFAULT_HEALTHY_WITHIN_S = 300.0
+MAX_HEALTHY_WITHIN_S = 7 * 86400.0
 
 
 class JobError(Exception):
@@ -90,6 +95,10 @@ class JobSpec:
     label: str | None = None  # the spec file's label (sparkring apply)
     # A batch job's schedule (scheduler/schedule.py ``Schedule.as_dict``); None: none.
     schedule: Mapping[str, Any] | None = None
+    # Watch every update that rolls the job (streaming only; scheduler/auto_rollback.py)
+    # for ``healthy_within_s`` (None: DEFAULT_HEALTHY_WITHIN_S).
+    auto_rollback: bool = False
+    healthy_within_s: float | None = None
 
 
 def restart_budget(
@@ -125,6 +134,17 @@ def parse_window(text: str) -> float:
         raise JobError(str(exc)) from None
 
 
+def parse_healthy_within(text: str) -> float:
+    """An auto-rollback deadline as typed (``--healthy-within``, a spec's
+    ``healthy_within``): a duration such as ``5m``; refused out of range."""
+    try:
+        seconds = parse_duration(text)
+    except ScheduleError as exc:
+        raise JobError(str(exc)) from None
+    check_auto_rollback(JobKind.STREAMING, None, seconds)
+    return seconds
+
+
 def restart_window(kind: JobKind | str, seconds: float | None) -> float:
     """The ``restart_window_s`` a job of ``kind`` gets: the default for None; a window
     on a batch job, or a negative one, is refused by name."""
@@ -141,6 +161,23 @@ def restart_window(kind: JobKind | str, seconds: float | None) -> float:
             "--restart-window is for streaming jobs: a batch job's retries are counted per run"
         )
     return float(seconds)
+
+
+def check_auto_rollback(
+    kind: JobKind | str, enabled: bool | None, healthy_within_s: float | None
+) -> None:
+    """Refuse auto-rollback on a batch job (a batch run that ends is not a revision that
+    proved unhealthy: its retries are the remedy) and a deadline out of range, by name."""
+    if enabled and JobKind(kind) is not JobKind.STREAMING:
+        raise JobError(
+            "--auto-rollback is for streaming jobs: a batch run is retried "
+            "(--max-retries), and 'job rollback' undoes its update by hand"
+        )
+    if healthy_within_s is not None and not 0 < healthy_within_s <= MAX_HEALTHY_WITHIN_S:
+        raise JobError(
+            "--healthy-within must be more than 0 and at most "
+            f"{format_duration(MAX_HEALTHY_WITHIN_S)}, not {healthy_within_s:g} s"
+        )
 
 
 def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
@@ -288,6 +325,8 @@ class Revised:
     changed: tuple[str, ...]  # the fields that changed (empty: nothing was done)
     effect: Effect
     run_revision: int | None  # the revision the job's present run was claimed with
+    # The deadline of the auto-rollback watch this update started (None: not watched).
+    watched_until: datetime | None = None
 
 
 def _event(
@@ -375,16 +414,18 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
         )
     max_restarts = restart_budget(spec.kind, spec.max_restarts)
     window = restart_window(spec.kind, spec.restart_window_s)
+    check_auto_rollback(spec.kind, spec.auto_rollback, spec.healthy_within_s)
     _check_health_conf(spec.conf)
     _check_schedule_kind(spec.kind, spec.schedule)
     inserted = conn.execute(
         sa.text(
             """
             INSERT INTO jobs (name, kind, resource_id, conf, args, spark_master, max_restarts,
-                              restart_window_s, label, schedule)
+                              restart_window_s, label, schedule, auto_rollback,
+                              healthy_within_s)
             VALUES (:name, :kind, :resource_id, CAST(:conf AS jsonb), CAST(:args AS jsonb),
                     :spark_master, :max_restarts, :restart_window_s, :label,
-                    CAST(:schedule AS jsonb))
+                    CAST(:schedule AS jsonb), :auto_rollback, :healthy_within_s)
             ON CONFLICT (name) DO NOTHING
             RETURNING id
             """
@@ -400,6 +441,12 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             "restart_window_s": window,
             "label": spec.label,
             "schedule": json.dumps(dict(spec.schedule)) if spec.schedule else None,
+            "auto_rollback": spec.auto_rollback,
+            "healthy_within_s": (
+                DEFAULT_HEALTHY_WITHIN_S
+                if spec.healthy_within_s is None
+                else float(spec.healthy_within_s)
+            ),
         },
     ).scalar_one_or_none()
     if inserted is None:
@@ -807,6 +854,13 @@ _REVISE = sa.text(
                 AND d.state <> ALL(:at_rest)) AS roll
           FROM jobs j JOIN distribution d ON d.job_id = j.id
          WHERE j.id = :job_id
+    ), watch AS (
+        -- auto-rollback (scheduler/auto_rollback.py): a streaming job whose setting is
+        -- on is watched when the update rolls it; a rollback never is. Any earlier
+        -- watch ends: this revision supersedes the one it watched.
+        SELECT (:may_watch AND j.auto_rollback AND j.kind = 'streaming' AND old.roll) AS watching,
+               now() + make_interval(secs => j.healthy_within_s) AS until
+          FROM jobs j, old WHERE j.id = old.id
     )
     UPDATE jobs j
        SET resource_id = :resource_id,
@@ -823,11 +877,15 @@ _REVISE = sa.text(
                                       ELSE j.fires_checked_until END,
            revision = :revision,
            generation = j.generation + CASE WHEN old.roll THEN 1 ELSE 0 END,
+           watch_revision = CASE WHEN watch.watching THEN :revision END,
+           watch_fallback = CASE WHEN watch.watching THEN :previous END,
+           watch_since = CASE WHEN watch.watching THEN now() END,
+           watch_until = CASE WHEN watch.watching THEN watch.until END,
            updated_at = now()
-      FROM old
+      FROM old, watch
      WHERE j.id = old.id AND j.revision = :previous
     RETURNING j.generation, old.roll, old.kind, old.desired, old.state, old.owner,
-              old.run_generation, old.run_revision
+              old.run_generation, old.run_revision, j.watch_until
     """
 )
 
@@ -891,6 +949,7 @@ def _revise(
             "schedule": json.dumps(dict(target.schedule)) if target.schedule else None,
             "revision": revision,
             "previous": previous,
+            "may_watch": rollback_of is None,
         },
     ).one_or_none()
     if row is None:
@@ -914,6 +973,8 @@ def _revise(
     }
     if rollback_of is not None:
         detail["rollback_of"] = rollback_of
+    if row.watch_until is not None:
+        detail["watched_until"] = _iso(row.watch_until)
     if row.roll:
         # The generation the roll gave the job, as restart_requested records it: the
         # events alone then tell which generation each claim runs (the chaos checker).
@@ -925,7 +986,7 @@ def _revise(
         detail["next_fire"] = _iso(next_fire)
     _event(conn, job_id, name, EventKind.REVISED, detail, actor)
     notify.notify(conn, notify.JOBS_CHANNEL, name)
-    return Revised(revision, previous, tuple(changed), effect, row.run_revision)
+    return Revised(revision, previous, tuple(changed), effect, row.run_revision, row.watch_until)
 
 
 def update(
@@ -935,6 +996,8 @@ def update(
     *,
     restart: bool = False,
     actor: str | None = None,
+    auto_rollback: bool | None = None,
+    healthy_within_s: float | None = None,
 ) -> Revised:
     """Make the job's definition with ``change`` applied its next revision.
 
@@ -942,10 +1005,36 @@ def update(
     live streaming job rolls to the new revision (stop, then a claim from it; the same
     checkpoint); a live batch run keeps its revision unless ``restart``; a job at rest
     uses it at its next start. See :class:`Effect`.
+
+    ``auto_rollback`` and ``healthy_within_s`` (None: kept) set the job's auto-rollback
+    setting first (no revision by themselves), so the update they come with is watched
+    (``scheduler/auto_rollback.py``) when the setting is then on and the update rolls
+    the job.
     """
     job_id = _job_id(conn, name, lock=True)
     _, current = _current(conn, job_id)
+    _set_auto_rollback(conn, job_id, auto_rollback, healthy_within_s)
     return _revise(conn, job_id, name, change.applied_to(current), restart=restart, actor=actor)
+
+
+def _set_auto_rollback(
+    conn: sa.Connection, job_id: int, enabled: bool | None, healthy_within_s: float | None
+) -> None:
+    """Set the job's auto-rollback setting (the job row is locked by the caller); turning
+    it off also ends a watch in progress: nothing is rolled back after that."""
+    if enabled is None and healthy_within_s is None:
+        return
+    check_auto_rollback(_kind_and_schedule(conn, job_id).kind, enabled, healthy_within_s)
+    j = tables.jobs
+    values: dict[str, Any] = {}
+    if enabled is not None:
+        values["auto_rollback"] = enabled
+    if healthy_within_s is not None:
+        values["healthy_within_s"] = float(healthy_within_s)
+    if enabled is False:
+        values.update(watch_revision=None, watch_fallback=None, watch_since=None, watch_until=None)
+    if conn.execute(sa.update(j).where(j.c.id == job_id).values(**values)).rowcount != 1:
+        raise JobNotFound(f"no job with id {job_id}")
 
 
 def revise(
@@ -955,10 +1044,13 @@ def revise(
     *,
     restart: bool = False,
     actor: str | None = None,
+    auto_rollback: bool | None = None,
+    healthy_within_s: float | None = None,
 ) -> Revised:
     """Make ``definition``, as a whole, the job's next revision (``sparkring apply``);
-    applied as :func:`update` is."""
+    applied as :func:`update` is, auto-rollback setting included."""
     job_id = _job_id(conn, name, lock=True)
+    _set_auto_rollback(conn, job_id, auto_rollback, healthy_within_s)
     return _revise(conn, job_id, name, definition, restart=restart, actor=actor)
 
 
@@ -1153,7 +1245,9 @@ _SHOW = (
     + distribution.IN_WINDOW
     + """ AS crashes_in_window,
            d.pending_reason, d.last_error, d.started_at, d.updated_at, d.not_before,
-           j.schedule, j.schedule_active, j.next_fire_at,
+           j.schedule, j.schedule_active, j.next_fire_at, j.auto_rollback,
+           j.healthy_within_s, j.watch_revision, j.watch_fallback, j.watch_since,
+           j.watch_until,
            (SELECT jsonb_build_object('run_id', lr.run_id, 'state', lr.state,
                                       'exit_code', lr.exit_code, 'trigger', lr.trigger,
                                       'ended_at', lr.ended_at)
@@ -1227,6 +1321,21 @@ def _view(row: sa.Row) -> dict[str, Any]:
         ),
         # The newest run that was not skipped (batch jobs): its outcome.
         "last_run": row.last_run,
+        # The auto-rollback setting, and the update it watches now (None: none).
+        "auto_rollback": {
+            "enabled": row.auto_rollback,
+            "healthy_within_s": row.healthy_within_s,
+            "watch": (
+                None
+                if row.watch_revision is None
+                else {
+                    "revision": row.watch_revision,
+                    "fallback": row.watch_fallback,
+                    "since": _iso(row.watch_since),
+                    "until": _iso(row.watch_until),
+                }
+            ),
+        },
     }
 
 

@@ -40,6 +40,10 @@ SCHEDULE_FIRE_INTERVAL_S = 1.0
 # How often every server looks for due alert deliveries (server/alert_sender.py), s.
 ALERT_INTERVAL_S = 1.0
 
+# How often every server judges the auto-rollback watches (scheduler/auto_rollback.py),
+# seconds: a crash of a watched revision is rolled back within about this long.
+AUTO_ROLLBACK_INTERVAL_S = 2.0
+
 # Maximum concurrent drivers on one server, drivers.
 CAPACITY = 4
 ROLE = "both"

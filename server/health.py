@@ -17,15 +17,18 @@ unless the job opted in (``sparkring.health.restartOnStall``), in which case a s
 restarts the job (a new generation, as ``sparkring job restart``), at most once per run,
 with ``jobs.restart_run``: fenced by this incarnation and the run's epoch (a run that
 moved on is never restarted from here) and paid from the job's restart budget (a query
-that can never finish a batch within the timeout is restarted ``max_restarts`` times,
-then left running, flagged). The restart counts as asked only once its write committed.
+that can never finish a batch within the timeout is restarted ``max_restarts`` times;
+its next stall ends it FAILED, event ``failed`` with cause ``stalled``, as a crash past
+the budget does, and the monitor kills that driver: the one driver it ever touches).
+The restart counts as asked only once its write committed.
 
 Durations ("no batch for ...", "no cores for ...") are measured on the lease clock
 (``watchdog.lease_clock``, CLOCK_BOOTTIME), never on the wall clock: a clock step must
 not flag, let alone restart, every job of a host. Wall times are only shown and
 recorded (``run_health``, events).
 
-The monitor never touches a lease or a driver: it writes with its own connection, and
+Apart from that failed run's driver, the monitor never touches a lease or a driver: it
+writes with its own connection, and
 an error in one pass (PostgreSQL, a driver's UI) is logged and the next pass runs.
 """
 
@@ -485,14 +488,8 @@ class HealthMonitor:
             )
             return
         except jobs.RestartBudgetSpent as exc:
-            tracker.restart_asked = True
             metrics.REGISTRY.inc("sparkring_health_restarts_refused_total")
-            log.warning(
-                "job %s stalled, not restarted: %s; it keeps running, flagged",
-                tracker.name,
-                exc,
-                extra={"action": "restart_on_stall_refused", **facts},
-            )
+            self._fail(tracker, detail, str(exc), facts)
             return
         except (distribution.FencedError, jobs.JobError) as exc:
             tracker.restart_asked = True
@@ -518,3 +515,52 @@ class HealthMonitor:
                 **facts,
             },
         )
+
+    def _fail(
+        self, tracker: Tracker, detail: dict[str, Any], spent: str, facts: dict[str, Any]
+    ) -> None:
+        """A stall past the restart budget ends the job FAILED, as a crash past it does
+        (``distribution.record_crash`` without retry, cause ``stalled``: fenced by this
+        incarnation and the run's epoch), then kills the run's driver: its lease is
+        released, and a stalled query has no batch to finish. A failed write is asked
+        again at the next pass; a fenced one (the run moved on) is given up."""
+        assert tracker.owner is not None
+        error = (
+            f"stalled past its restart budget: no batch for {detail.get('no_batch_for_s')} s "
+            f"({spent.partition(': ')[2] or spent})"
+        )
+        try:
+            with self.engine.begin() as conn:
+                state = distribution.record_crash(
+                    conn, tracker.job_id, tracker.owner, tracker.epoch, error,
+                    retry=False, backoff_base=0.0, backoff_max=0.0, cause="stalled",
+                )  # fmt: skip
+        except sa.exc.DBAPIError as exc:
+            log.warning(
+                "job %s: failing it on stall not recorded, next pass asks again: %s",
+                tracker.name,
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                extra={"action": "fail_on_stall_retry", **facts},
+            )
+            return
+        except distribution.FencedError as exc:
+            tracker.restart_asked = True
+            log.warning(
+                "job %s: failing it on stall not done: %s",
+                tracker.name,
+                exc,
+                extra={"action": "fail_on_stall_fenced", **facts},
+            )
+            return
+        tracker.restart_asked = True
+        metrics.REGISTRY.inc("sparkring_health_failed_on_stall_total")
+        log.error(
+            "job %s %s: %s",
+            tracker.name,
+            state.value,
+            error,
+            extra={"action": "fail_on_stall", "state": state.value, **facts},
+        )
+        run = self._runs().get(tracker.job_id)
+        if run is not None and run.epoch == tracker.epoch and run.driver is not None:
+            run.driver.kill()

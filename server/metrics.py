@@ -48,6 +48,9 @@ COUNTERS = {
     "sparkring_alert_deliveries_failed_total": (
         "Alert deliveries this server failed for good (a final 4xx, or 24 h of retries)."
     ),
+    "sparkring_health_failed_on_stall_total": (
+        "Stalled jobs (opted in) ended FAILED: a stall past their restart budget."
+    ),
 }
 HISTOGRAMS = {
     "sparkring_claim_seconds": "Latency of one claim statement, seconds.",

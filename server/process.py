@@ -38,7 +38,7 @@ import sqlalchemy as sa
 
 from registry import connection, servers, session
 from resource_center import cache
-from scheduler import coordinator, fires, jobs, notify
+from scheduler import auto_rollback, coordinator, fires, jobs, notify
 from server import (
     alert_sender,
     clients,
@@ -133,6 +133,10 @@ class Server:
         # server's), with a small pool of its own.
         self.alert_sender: alert_sender.AlertSender | None = None
         self._alert_engine: sa.Engine | None = None
+        # Judges auto-rollback watches (any server may; a row lock makes each verdict one
+        # server's), with a one-connection pool of its own.
+        self.rollback_watch: auto_rollback.WatchLoop | None = None
+        self._watch_engine: sa.Engine | None = None
         # Whether the Spark masters we use answer (informational: never part of health).
         self.master_watch: master_watch.MasterWatch | None = None
         self.exit_code = exit_codes.ExitCode.OK
@@ -230,6 +234,7 @@ class Server:
         self._start_pruner(bucket)
         self._start_firer()
         self._start_alert_sender()
+        self._start_rollback_watch()
         self._start_master_watch()
         log.info(
             "server started",
@@ -368,6 +373,17 @@ class Server:
             verify=str(s.tls_ca) if s.tls_ca else True,
         )
         self.alert_sender.start()
+
+    def _start_rollback_watch(self) -> None:
+        """Judge auto-rollback watches on a side thread (scheduler/auto_rollback.py)."""
+        s = self.settings
+        self._watch_engine = database.create_engine(
+            s.database_url.get_secret_value(), pool_size=1, limits=clients.server_limits(s)
+        )
+        self.rollback_watch = auto_rollback.WatchLoop(
+            self._watch_engine, self.id, interval=defaults.AUTO_ROLLBACK_INTERVAL_S
+        )
+        self.rollback_watch.start()
 
     def _start_master_watch(self) -> None:
         """Probe our Spark masters on a side thread and publish what answers in our
@@ -611,6 +627,9 @@ class Server:
         sender = self.alert_sender
         if sender is not None and not self._stop.is_set() and not sender.is_alive():
             return "alert sender"
+        watch = self.rollback_watch
+        if watch is not None and not self._stop.is_set() and not watch.is_alive():
+            return "auto-rollback watch"
         return None
 
     def shutdown(self, hand_off: bool = True) -> None:
@@ -631,6 +650,8 @@ class Server:
             self.firer.stop()  # between two fires: each is one transaction
         if self.alert_sender is not None:
             self.alert_sender.stop()  # sends in flight end; their leases fence them
+        if self.rollback_watch is not None:
+            self.rollback_watch.stop()  # between two verdicts: each is one transaction
         if self.master_watch is not None:
             self.master_watch.stop()
         if self._handing_over and self.runner is not None:
@@ -661,6 +682,8 @@ class Server:
             self._firer_engine.dispose()
         if self._alert_engine is not None:
             self._alert_engine.dispose()
+        if self._watch_engine is not None:
+            self._watch_engine.dispose()
         if self.engine is not None:
             self.engine.dispose()
         if self._work_dir_lock is not None:

@@ -78,6 +78,7 @@ class EventKind(StrEnum):
     REVISED = "revised"  # job update/rollback made a new revision (operator)
     HEALTH_FLAGGED = "health_flagged"  # the owner's health monitor raised a HealthFlag
     HEALTH_CLEARED = "health_cleared"  # ... and the flag no longer holds
+    ROLLED_BACK = "rolled_back"  # an update watched by auto-rollback was undone
 
 
 class DeferCause(StrEnum):

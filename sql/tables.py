@@ -103,7 +103,24 @@ jobs = sa.Table(
     sa.Column("schedule_active", sa.Boolean, nullable=False, server_default=sa.text("false")),
     sa.Column("next_fire_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("fires_checked_until", sa.DateTime(timezone=True), nullable=True),
+    # The job's auto-rollback setting (scheduler/auto_rollback.py): every update that
+    # rolls a live streaming job is watched for this many seconds. Not in revisions.
+    sa.Column("auto_rollback", sa.Boolean, nullable=False, server_default=sa.text("false")),
+    sa.Column("healthy_within_s", sa.Float, nullable=False, server_default=sa.text("300.0")),
+    # The watched update: its revision, the one to go back to, and the watch's start and
+    # deadline (PostgreSQL's clock); all NULL when none is watched.
+    sa.Column("watch_revision", sa.Integer, nullable=True),
+    sa.Column("watch_fallback", sa.Integer, nullable=True),
+    sa.Column("watch_since", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("watch_until", sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint(_in("kind", JOB_KINDS), name="kind_known"),
+    sa.CheckConstraint("healthy_within_s > 0", name="healthy_within_positive"),
+    sa.CheckConstraint(
+        "watch_revision IS NULL AND watch_fallback IS NULL AND watch_since IS NULL "
+        "AND watch_until IS NULL OR watch_revision IS NOT NULL AND watch_fallback IS NOT NULL "
+        "AND watch_since IS NOT NULL AND watch_until IS NOT NULL",
+        name="watch_whole",
+    ),
     sa.CheckConstraint(_in("desired", DESIRED_STATES), name="desired_known"),
     sa.CheckConstraint("max_restarts >= 0", name="max_restarts_not_negative"),
     sa.CheckConstraint("restart_window_s >= 0", name="restart_window_not_negative"),
@@ -127,6 +144,10 @@ jobs = sa.Table(
 sa.Index("ix_jobs_label", jobs.c.label)
 # The firing loop's scan: active schedules by their next fire time.
 sa.Index("ix_jobs_next_fire_at", jobs.c.next_fire_at, postgresql_where=jobs.c.schedule_active)
+# Every server looks for watched updates every few seconds (scheduler/auto_rollback.py).
+sa.Index(
+    "ix_jobs_watch_until", jobs.c.watch_until, postgresql_where=jobs.c.watch_revision.is_not(None)
+)
 
 # Extra artifacts passed to spark-submit --py-files, in order. Rows (not a JSON list)
 # so that a foreign key protects each referenced version from deletion.

@@ -54,13 +54,14 @@ def test_each_event_kind_raises_its_alert_kind_for_alerts_listening(engine: sa.E
         (EventKind.HEALTH_FLAGGED, {"flag": "stalled"}, "stalled"),
         (EventKind.HEALTH_FLAGGED, {"flag": "waiting_for_resources"}, "waiting_for_resources"),
         (EventKind.HEALTH_CLEARED, {"flag": "stalled"}, "recovered"),
+        (EventKind.ROLLED_BACK, {"cause": "crashed"}, "rolled_back"),
     ]
     for i, (kind, detail, _) in enumerate(cases):
         _event(engine, f"j{i}", kind.value, detail)
     got = _deliveries(engine)
     assert sorted(k for a, k, _ in got if a == "everything") == sorted(c[2] for c in cases)
     assert sorted(k for a, k, _ in got if a == "defaults") == sorted(
-        ["failed", "stalled", "waiting_for_resources"]
+        ["failed", "stalled", "waiting_for_resources", "rolled_back"]
     )
 
 

@@ -316,6 +316,7 @@ def test_revisions_through_the_api(stack: ApiStack) -> None:
             "changed": ["conf", "args"],
             "effect": "at rest",
             "run_revision": None,
+            "watched_until": None,
         }
         same = http.post(f"{url}/revisions", json={"args": ["b"]}).json()
         assert (same["revision"], same["effect"]) == (2, "unchanged")
@@ -332,6 +333,35 @@ def test_revisions_through_the_api(stack: ApiStack) -> None:
     assert history[1]["created_by"] == "token:ops"
     with stack.client(stack.viewer) as http:
         _one_line_error(http.post(f"{url}/rollback", json={}), 403)
+
+
+def test_auto_rollback_through_the_api(stack: ApiStack) -> None:
+    """The job's setting on create and update, the watch an update starts (its deadline
+    in the answer, the watch in the job), and the refusals (batch, out of range)."""
+    name = _name()
+    stack.create_job(name, auto_rollback=True, healthy_within_s=600)
+    url = f"{API}/jobs/{name}"
+    with stack.client(stack.operator) as http:
+        shown = http.get(url).json()["auto_rollback"]
+        assert shown == {"enabled": True, "healthy_within_s": 600.0, "watch": None}
+        assert http.post(f"{url}/start").status_code == 200
+        revised = http.post(f"{url}/revisions", json={"args": ["b"]}).json()
+        assert revised["effect"] != "at rest" and revised["watched_until"] is not None
+        watch = http.get(url).json()["auto_rollback"]["watch"]
+        assert (watch["revision"], watch["fallback"]) == (2, 1)
+        off = http.post(f"{url}/revisions", json={"auto_rollback": False}).json()
+        assert (off["effect"], off["revision"]) == ("unchanged", 2)
+        assert http.get(url).json()["auto_rollback"]["watch"] is None
+        _one_line_error(
+            http.post(f"{url}/revisions", json={"healthy_within_s": 0}), 422, "healthy_within_s"
+        )
+        batch = _name()
+        reply = http.post(
+            f"{API}/jobs",
+            json={"name": batch, "resource": "heartbeat", "kind": "batch", "auto_rollback": True},
+        )
+        _one_line_error(reply, 400, "--auto-rollback is for streaming jobs")
+        http.post(f"{url}/stop")
 
 
 def test_schedules_runs_and_backfill_through_the_api(stack: ApiStack) -> None:

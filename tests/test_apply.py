@@ -323,3 +323,52 @@ def test_a_restart_window_in_a_spec_is_applied_revised_and_checked(
     assert "jobs.a.restart_window: duration 'soon' is not a number with a unit" in errors
     assert "jobs.b.restart_window: --restart-window is for streaming jobs" in errors
     assert 'jobs.c.restart_window: must be a duration such as "1h", or 0' in errors
+
+
+def test_auto_rollback_in_a_spec_is_applied_planned_and_checked(
+    engine: sa.Engine, bucket: store.Store, folder: Path
+) -> None:
+    watched = _write(folder, SPEC.format(max_restarts=2).replace(
+        "args = [", 'auto_rollback = true\n    healthy_within = "2m"\n    args = ['))  # fmt: skip
+    _apply(engine, bucket, watched)
+    with engine.connect() as conn:
+        setting = jobs.show(conn, "clicks")["auto_rollback"]
+    assert setting == {"enabled": True, "healthy_within_s": 120.0, "watch": None}
+    assert _plan(engine, watched) == ["unchanged clicks", "unchanged nightly"]
+    # A new main artifact: the revision rolls the running job, and is watched.
+    (folder / "clicks.py").write_text("print('clicks v2')\n")
+    _apply(engine, bucket, watched)
+    with engine.connect() as conn:
+        watch = jobs.show(conn, "clicks")["auto_rollback"]["watch"]
+    assert watch is not None and (watch["revision"], watch["fallback"]) == (2, 1)
+    # The file without it turns it off (and ends the watch): a setting, not a revision.
+    plain = _write(folder, SPEC.format(max_restarts=2))
+    assert _plan(engine, plain) == [
+        "update    clicks: auto_rollback on (healthy within 2m) -> off",
+        "unchanged nightly",
+    ]
+    _apply(engine, bucket, plain)
+    with engine.connect() as conn:
+        shown = jobs.show(conn, "clicks")
+    assert shown["auto_rollback"] == {"enabled": False, "healthy_within_s": 300.0, "watch": None}
+    assert shown["revision"] == 2
+    bad = _write(
+        folder,
+        """
+        [jobs.a]
+        kind = "batch"
+        resource = "lib:1"
+        auto_rollback = true
+
+        [jobs.b]
+        resource = "lib:1"
+        auto_rollback = "yes"
+        healthy_within = "soon"
+        """,
+    )
+    with pytest.raises(apply.SpecError) as caught:
+        apply.parse(bad)
+    errors = "\n".join(caught.value.errors)
+    assert "jobs.a.auto_rollback: --auto-rollback is for streaming jobs" in errors
+    assert "jobs.b.auto_rollback: must be true or false" in errors
+    assert "jobs.b.healthy_within: duration 'soon' is not a number with a unit" in errors

@@ -489,11 +489,15 @@ def test_a_restart_whose_write_failed_is_asked_again_at_the_next_pass(
     assert _generation(engine, "retried") == 2
 
 
-def test_restarts_on_stall_spend_the_restart_budget_then_the_job_is_left_flagged(
-    engine: sa.Engine, tmp_path: Path
+def test_restarts_on_stall_spend_the_restart_budget_then_the_job_ends_failed(
+    engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A query whose first batch takes longer than the stall timeout would be restarted
-    forever: the restarts are paid from the job's max_restarts, then it keeps running."""
+    forever: the restarts are paid from the job's max_restarts, and a stall past the
+    budget ends the job FAILED (event ``failed``, cause ``stalled``), like a crash past
+    it; its driver is killed (issue 26: a stall loop ends FAILED, not flagged forever)."""
+    killed: list[int] = []
+    monkeypatch.setattr(driver.Driver, "kill", lambda self: killed.append(self.pid))
     run = _running(engine, "slow", tmp_path, RESTART_ON_STALL, max_restarts=1)
     runs = {run.job_id: run}
     monitor = _monitor(engine, run, runs)
@@ -501,6 +505,7 @@ def test_restarts_on_stall_spend_the_restart_budget_then_the_job_is_left_flagged
     check(monitor, 0)
     check(monitor, 20)  # no batch yet, 20 s after the query started: restart 1 of 1
     assert _kinds(engine, "slow") == ["health_flagged", "restart_requested"]
+    assert killed == []
     # Its owner stops the old generation; the job is claimed again here.
     with engine.begin() as conn:
         distribution.begin_stop(conn, run.job_id, S1, run.epoch, "restart")
@@ -516,12 +521,35 @@ def test_restarts_on_stall_spend_the_restart_budget_then_the_job_is_left_flagged
     ]  # fmt: skip
     assert _generation(engine, "slow") == 2
     row = factories.row(engine, run.job_id)
-    assert (row.state, row.epoch, row.restarts) == ("running", again.epoch, 1)
+    assert (row.state, row.owner, row.epoch, row.restarts) == ("failed", None, again.epoch, 1)
+    assert "stalled" in row.last_error and "restart budget" in row.last_error
+    with engine.connect() as conn:
+        failed = [e for e in jobs.events(conn, "slow") if e["kind"] == "failed"]
+    assert [(e["epoch"], e["detail"]["cause"]) for e in failed] == [(again.epoch, "stalled")]
+    assert killed == [os.getpid()], "the failed run's driver was left running"
     assert monitor.trackers[(again.job_id, again.epoch)].restart_asked
-    # Its first batch completes at last: the flag clears, the run carries on.
-    _log(again, _progress_block(0, s(60)))
-    check(monitor, 62)
-    assert _kinds(engine, "slow")[-1] == "health_cleared"
+    check(monitor, 70)  # once: no second failure, no second kill
+    assert len(killed) == 1
+
+
+def test_a_stall_past_the_budget_of_a_run_no_longer_ours_fails_nothing(
+    engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    killed: list[int] = []
+    monkeypatch.setattr(driver.Driver, "kill", lambda self: killed.append(self.pid))
+    run = _running(engine, "spent", tmp_path, RESTART_ON_STALL, max_restarts=0)
+    monitor = _monitor(engine, run)
+    _log(run, "x INFO MicroBatchExecution: Starting new streaming query.\n")
+    check(monitor, 0)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE distribution SET epoch = 2 WHERE job_id = :j"), {"j": run.job_id}
+        )
+    check(monitor, 20)
+    assert factories.row(engine, run.job_id).state == "running"
+    with engine.connect() as conn:
+        assert "failed" not in [e["kind"] for e in jobs.events(conn, "spent")]
+    assert killed == []
 
 
 def test_a_report_of_an_older_epoch_never_overwrites_a_newer_one(engine: sa.Engine) -> None:

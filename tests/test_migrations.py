@@ -98,7 +98,7 @@ def test_event_kinds_are_declared_once_and_guarded(engine: sa.Engine) -> None:
 
     from sql import states
 
-    latest = importlib.import_module("sql.migrations.versions.0009_run_health")
+    latest = importlib.import_module("sql.migrations.versions.0014_auto_rollback")
     assert set(latest.KINDS) == {kind.value for kind in states.EventKind}
     with engine.begin() as connection:
         for kind in states.EventKind:
@@ -288,3 +288,34 @@ def test_tokens_made_before_expiry_keep_working_and_never_expire(engine: sa.Engi
     assert "audit_events" not in sa.inspect(engine).get_table_names()
     with engine.connect() as connection:
         assert connection.execute(sa.text("SELECT name FROM api_tokens")).scalar_one() == "old"
+
+
+def test_0014_round_trip_with_a_watch_and_a_rolled_back_event(engine: sa.Engine) -> None:
+    """Down to 0013 with a job under an auto-rollback watch and a rolled_back event:
+    the columns and the event go, the job stays; up again, it has the setting's
+    defaults (off, 300 s) and no watch."""
+    from tests import factories
+
+    job_id = factories.job(engine, "watched")
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "UPDATE jobs SET auto_rollback = true, watch_revision = 1, watch_fallback = 1, "
+                "watch_since = now(), watch_until = now() WHERE id = :j"
+            ),
+            {"j": job_id},
+        )
+        connection.execute(
+            sa.insert(tables.job_events).values(job_id=job_id, job_name="w", kind="rolled_back")
+        )
+    migrate.downgrade(engine, "0013")
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("jobs")}
+    assert "auto_rollback" not in columns and "watch_until" not in columns
+    migrate.upgrade(engine)
+    with engine.connect() as connection:
+        row = connection.execute(
+            sa.text("SELECT auto_rollback, healthy_within_s, watch_revision FROM jobs")
+        ).one()
+        kinds = connection.execute(sa.text("SELECT kind FROM job_events")).scalars().all()
+    assert tuple(row) == (False, 300.0, None)
+    assert "rolled_back" not in kinds

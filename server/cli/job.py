@@ -52,6 +52,15 @@ RESTART_WINDOW_OPTION = typer.Option(
     "Default: 1h.",
     show_default=False,
 )
+HEALTHY_WITHIN_OPTION = typer.Option(
+    None,
+    "--healthy-within",
+    metavar="DURATION",
+    help="Auto-rollback: how long an update is watched, e.g. 5m, 90s, 1h (default 5m; "
+    "stored with the setting). Healthy: by then the new revision's driver is running "
+    "and has completed a micro-batch.",
+    show_default=False,
+)
 CONCURRENCY_OPTION = typer.Option(
     None,
     "--concurrency",
@@ -102,6 +111,14 @@ def create(
         help="Restart the job when its streaming query is flagged stalled (no new batch "
         "for the stall timeout). Default: flag only (docs/drivers.md, 'Health').",
     ),
+    auto_rollback: bool = typer.Option(
+        False,
+        "--auto-rollback",
+        help="Streaming jobs: watch every later update that rolls the running job, and "
+        "roll it back to the revision before it if the new revision crashes, stalls or "
+        "is not healthy within --healthy-within (docs/jobs.md). Default: off.",
+    ),
+    healthy_within: str | None = HEALTHY_WITHIN_OPTION,
     schedule: str | None = SCHEDULE_OPTION,
     timezone: str | None = TIMEZONE_OPTION,
     misfire: str | None = MISFIRE_OPTION,
@@ -141,6 +158,8 @@ def create(
                 max_restarts=budget,
                 restart_window_s=_window(restart_window),
                 schedule=the_schedule,
+                auto_rollback=auto_rollback,
+                healthy_within_s=_healthy_within(healthy_within),
             ),
             actor=_actor(),
         )
@@ -208,6 +227,17 @@ def update(
     no_schedule: bool = typer.Option(
         False, "--no-schedule", help="Remove the schedule (switches it off)."
     ),
+    auto_rollback: bool | None = typer.Option(
+        None,
+        "--auto-rollback/--no-auto-rollback",
+        help="Streaming jobs: turn the job's auto-rollback setting on (this update and "
+        "every later one that rolls the running job is watched; back to the revision "
+        "before it if it crashes, stalls or is not healthy within --healthy-within) or "
+        "off (also ends a watch in progress). Makes no revision by itself. Default: "
+        "kept as it is.",
+        show_default=False,
+    ),
+    healthy_within: str | None = HEALTHY_WITHIN_OPTION,
 ) -> None:
     """Make a new revision of the job: the options given change it, the rest is kept.
 
@@ -257,18 +287,46 @@ def update(
         clear_schedule=no_schedule,
     )
     with engine.begin() as conn:
-        revised = jobs.update(conn, name, change, restart=restart, actor=_actor())
-    console.out.print(_revised_message(name, revised))
+        revised = jobs.update(
+            conn,
+            name,
+            change,
+            restart=restart,
+            actor=_actor(),
+            auto_rollback=auto_rollback,
+            healthy_within_s=_healthy_within(healthy_within),
+        )
+    setting = _setting_message(auto_rollback, healthy_within)
+    console.out.print(_revised_message(name, revised) + setting)
+
+
+def _setting_message(enabled: bool | None, healthy_within: str | None) -> str:
+    """What an update said of the auto-rollback setting, appended to its line."""
+    if enabled is False:
+        return "; auto-rollback off"
+    if enabled or healthy_within is not None:
+        return "; auto-rollback setting saved"
+    return ""
+
+
+def _healthy_within(text: str | None) -> float | None:
+    """``--healthy-within``: a duration (``5m``); None: not given."""
+    return _duration(text, "--healthy-within", jobs.parse_healthy_within)
 
 
 def _window(text: str | None) -> float | None:
     """``--restart-window``: a duration (``1h``), or 0 for none; None: not given."""
+    return _duration(text, "--restart-window", jobs.parse_window)
+
+
+def _duration(text: str | None, option: str, parse: Callable[[str], float]) -> float | None:
+    """An option's duration parsed (None: not given); a bad one fails by the option's name."""
     if text is None:
         return None
     try:
-        return jobs.parse_window(text)
+        return parse(text)
     except jobs.JobError as exc:
-        raise console.fail(f"--restart-window: {exc}") from None
+        raise console.fail(f"{option}: {exc}") from None
 
 
 @app.command()
@@ -306,6 +364,9 @@ def _revised_message(name: str, revised: jobs.Revised) -> str:
         "the next run uses the new one (--restart to restart it now)",
         jobs.Effect.AT_REST: f"used at the next 'sparkring job start {name}'",
     }[revised.effect]
+    if revised.watched_until is not None:
+        until = console.text(revised.watched_until)
+        effect += f"; auto-rollback watches it until {until} (back to {revised.previous})"
     return f"{head}; {effect}"
 
 
@@ -688,8 +749,21 @@ def show(
         for key, value in shown.items()
     }
     shown.pop("health")
+    shown["auto_rollback"] = _auto_rollback_text(job["auto_rollback"])
     shown.update(_health_fields(job))
     console.fields((key, _shown(key, value)) for key, value in shown.items())
+
+
+def _auto_rollback_text(setting: dict[str, Any]) -> str:
+    """The ``auto_rollback`` line of ``job show``: the setting, and the watch if any."""
+    within = jobs.window_text(setting["healthy_within_s"])
+    text = f"on (healthy within {within})" if setting["enabled"] else "off"
+    if (watch := setting["watch"]) is not None:
+        text += (
+            f"; watching revision {watch['revision']} until {watch['until']} "
+            f"(back to {watch['fallback']} if not healthy)"
+        )
+    return text
 
 
 def _flag(job: dict[str, Any]) -> str | None:

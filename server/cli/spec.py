@@ -48,6 +48,9 @@ JOB_KEYS = frozenset(
         "max_retries",
         # A streaming job's restart window: a duration ("1h") or 0 (docs/drivers.md).
         "restart_window",
+        # Streaming jobs: watch every update, roll it back if unhealthy (docs/jobs.md).
+        "auto_rollback",
+        "healthy_within",
         "desired",
         # A batch job's schedule (docs/schedules.md) and its policies.
         "schedule",
@@ -98,6 +101,8 @@ class JobEntry:
     restart_window_s: float = jobs.DEFAULT_RESTART_WINDOW_S
     desired: Desired = Desired.RUNNING
     schedule: Mapping[str, Any] | None = None  # schedule.Schedule.as_dict()
+    auto_rollback: bool = False
+    healthy_within_s: float = jobs.DEFAULT_HEALTHY_WITHIN_S
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,7 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
             problems.append(f"{at}: {exc}")
     window = _restart_window(body.get("restart_window"), at, kind, problems)
     the_schedule = _schedule(body, at, kind, problems)
+    auto_rollback, healthy_within = _auto_rollback(body, at, kind, problems)
     if len(problems) > before or resource is None:
         return None
     return JobEntry(
@@ -223,7 +229,36 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
         restart_window_s=window,
         desired=Desired(desired),
         schedule=the_schedule,
+        auto_rollback=auto_rollback,
+        healthy_within_s=healthy_within,
     )
+
+
+def _auto_rollback(
+    body: Mapping[str, Any], at: str, kind: str, problems: list[str]
+) -> tuple[bool, float]:
+    """``auto_rollback`` (a boolean, default false) and ``healthy_within`` (a duration,
+    default 5m): the job's auto-rollback setting, refused for a batch job."""
+    enabled = body.get("auto_rollback", False)
+    if not isinstance(enabled, bool):
+        problems.append(f"{at}.auto_rollback: must be true or false")
+        enabled = False
+    seconds = jobs.DEFAULT_HEALTHY_WITHIN_S
+    value = body.get("healthy_within")
+    if value is not None:
+        if not isinstance(value, str):
+            problems.append(f'{at}.healthy_within: must be a duration such as "5m"')
+        else:
+            try:
+                seconds = jobs.parse_healthy_within(value)
+            except jobs.JobError as exc:
+                problems.append(f"{at}.healthy_within: {exc}")
+    if kind in set(JobKind):
+        try:
+            jobs.check_auto_rollback(kind, enabled, None)
+        except jobs.JobError as exc:
+            problems.append(f"{at}.auto_rollback: {exc}")
+    return enabled, seconds
 
 
 def _restart_window(value: Any, at: str, kind: str, problems: list[str]) -> float:
@@ -415,6 +450,8 @@ def plan(conn: sa.Connection, spec: Spec, *, prune: bool) -> list[Step]:
             desired = Desired.RUNNING if current["schedule"]["active"] else Desired.STOPPED
         if desired != entry.desired:
             changes.append(f"desired {desired} -> {entry.desired}")
+        if (setting := _setting_change(current["auto_rollback"], entry)) is not None:
+            changes.append(setting)
         if current["label"] != spec.label:
             changes.append(f"label {current['label'] or '(none)'} -> {spec.label or '(none)'}")
         action = "update" if changes else "unchanged"
@@ -431,6 +468,18 @@ def plan(conn: sa.Connection, spec: Spec, *, prune: bool) -> list[Step]:
         ).scalars()
         steps.extend(Step("delete", name) for name in left if name not in named)
     return steps
+
+
+def _setting_text(enabled: bool, healthy_within_s: float) -> str:
+    return f"on (healthy within {jobs.window_text(healthy_within_s)})" if enabled else "off"
+
+
+def _setting_change(current: Mapping[str, Any], entry: JobEntry) -> str | None:
+    """The plan's line for a changed auto-rollback setting, None if it is the same."""
+    before = _setting_text(current["enabled"], current["healthy_within_s"])
+    after = _setting_text(entry.auto_rollback, entry.healthy_within_s)
+    # Off, the deadline is unused: a file that changes only it changes nothing shown.
+    return None if before == after else f"auto_rollback {before} -> {after}"
 
 
 def describe(step: Step) -> str:
@@ -517,11 +566,20 @@ def execute(
                         restart_window_s=definition.restart_window_s,
                         label=spec.label,
                         schedule=definition.schedule,
+                        auto_rollback=entry.auto_rollback,
+                        healthy_within_s=entry.healthy_within_s,
                     ),
                     actor=actor,
                 )
             else:
-                jobs.revise(conn, entry.name, definition, actor=actor)
+                jobs.revise(
+                    conn,
+                    entry.name,
+                    definition,
+                    actor=actor,
+                    auto_rollback=entry.auto_rollback,
+                    healthy_within_s=entry.healthy_within_s,
+                )
                 jobs.set_label(conn, entry.name, spec.label)
             # Only a desired state that differs is set: a finished batch job whose
             # definition changed is not run again by an apply that leaves it running.

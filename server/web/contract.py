@@ -85,6 +85,8 @@ Text = Annotated[str, Field(pattern=TEXT_PATTERN)]
 Budget = Annotated[int, Field(ge=0, le=INTEGER_MAX)]
 # A restart window in seconds (scheduler/jobs.py restart_window): 0 for none.
 Window = Annotated[float, Field(ge=0, le=jobs.MAX_RESTART_WINDOW_S)]
+# An auto-rollback deadline in seconds (scheduler/jobs.py check_auto_rollback).
+HealthyWithin = Annotated[float, Field(gt=0, le=jobs.MAX_HEALTHY_WITHIN_S)]
 # Spark conf: its keys are free text too (stated as propertyNames for the schema's readers).
 Conf = Annotated[
     dict[Text, Text], Field(json_schema_extra={"propertyNames": {"pattern": TEXT_PATTERN}})

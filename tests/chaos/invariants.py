@@ -37,6 +37,7 @@ there.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import math
 import re
@@ -469,8 +470,9 @@ def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]
     current = _since_restarts_reset(items)
     ends = [e for e in current if e["kind"] in ("crashed", "failed")]
     # A restart the run's owner asked (restart-on-stall: ``restart_run``, detail "by")
-    # spends one restart of the same budget, with no driver failure.
-    spent = sum(1 for e in current if e["kind"] == "restart_requested" and "by" in _detail(e))
+    # spends one restart of the same budget, with no driver failure; a stall past the
+    # budget ends the job (``failed``, cause "stalled": server/health.py) as a failure.
+    spent = sum(1 for e in current if _stall_spent(e))
     errors = [str(_detail(e).get("error") or "") for e in ends]
     # The runner says why it gave up (event detail "cause": driver | invalid).
     if any(_detail(e).get("cause") == "invalid" for e in ends):
@@ -487,7 +489,7 @@ def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]
             e["kind"] in ("crashed", "failed")
             and DRIVER_FAILURE.match(str(_detail(e).get("error") or ""))
         )
-        or (e["kind"] == "restart_requested" and "by" in _detail(e))
+        or _stall_spent(e)
     ]
     budget, window = int(job["max_restarts"]) + 1, restart_window(job)
     if window > 0 and len(times) == failures + spent and not any(map(math.isnan, times)):
@@ -500,6 +502,13 @@ def failed_with_cause(job: Mapping[str, Any], items: Sequence[Mapping[str, Any]]
     if failures + spent >= budget:
         return f"its driver failed {failures} times, restarted on a stall {spent} times"
     return None
+
+
+def _stall_spent(event: Mapping[str, Any]) -> bool:
+    """A stall that spent the budget: its restart on a stall, or its failure past it."""
+    if event["kind"] == "restart_requested":
+        return "by" in _detail(event)
+    return event["kind"] == "failed" and _detail(event).get("cause") == "stalled"
 
 
 def lost_jobs(
@@ -1385,4 +1394,76 @@ def undelivered_alerts(
             problems.append(f"{what} reached the receiver but is recorded {d['status']}")
     for did in sorted(accepted - known):
         problems.append(f"the receiver accepted {did}, which no delivery has")
+    return problems
+
+
+# ---------------------------------------------------------------- auto-rollback
+
+
+def _iso_to_s(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def auto_rollback_problems(
+    events: Iterable[Mapping[str, Any]],
+    now_s: float | None = None,
+    *,
+    never_healthy: Iterable[str] = (),
+    slack_s: float = 30.0,
+) -> list[str]:
+    """Updates that roll themselves back (scheduler/auto_rollback.py), from the events
+    of every job: a ``rolled_back`` event names a revision an update watched (its
+    ``revised`` event has ``watched_until``), once: never twice, never a rollback's
+    revision (a rollback is never watched: no loop), and the rollback it names
+    (``as_revision``, ``rollback_of`` = ``to``) is recorded. With ``now_s`` (the end of
+    the run, on the events' clock), the last watch of each job of ``never_healthy``
+    (its drivers complete no micro-batch, so no watch of it may end healthy, the one
+    verdict without an event) must have been judged (rolled back, or superseded by a
+    newer revision) unless its deadline is less than ``slack_s`` behind."""
+    problems = []
+    judged = set(never_healthy)
+    for job, items in sorted(_by_job(events).items()):
+        watched: dict[int, Mapping[str, Any]] = {}
+        rolled: dict[int, Mapping[str, Any]] = {}
+        revisions: dict[int, Mapping[str, Any]] = {}
+        latest = 0
+        for e in items:
+            detail = _detail(e)
+            if e["kind"] == "revised" and detail.get("revision") is not None:
+                revision = int(detail["revision"])
+                revisions[revision] = detail
+                latest = max(latest, revision)
+                if detail.get("watched_until") is not None:
+                    if detail.get("rollback_of") is not None:
+                        problems.append(f"{job}: revision {revision}, a rollback, was watched")
+                    watched[revision] = e
+            elif e["kind"] == "rolled_back":
+                revision = int(detail.get("revision", 0))
+                if revision not in watched:
+                    problems.append(
+                        f"{job}: revision {revision} rolled back (event {e['id']}) but it "
+                        "was not watched by an update (a rollback rolled back: a loop?)"
+                    )
+                elif revision in rolled:
+                    problems.append(
+                        f"{job}: revision {revision} rolled back twice (events "
+                        f"{rolled[revision]['id']} and {e['id']})"
+                    )
+                rolled[revision] = e
+                made = revisions.get(int(detail.get("as_revision", 0)))
+                if made is None or made.get("rollback_of") != detail.get("to"):
+                    problems.append(
+                        f"{job}: rolled_back (event {e['id']}) names no revision "
+                        f"{detail.get('as_revision')} rolling back to {detail.get('to')}"
+                    )
+        if now_s is None or job not in judged or latest not in watched or latest in rolled:
+            continue
+        until = _iso_to_s(_detail(watched[latest]).get("watched_until"))
+        if until is not None and until < now_s - slack_s:
+            problems.append(
+                f"{job}: the watch of revision {latest} (deadline "
+                f"{_detail(watched[latest]).get('watched_until')}) was never judged"
+            )
     return problems

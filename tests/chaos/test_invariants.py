@@ -1091,3 +1091,72 @@ def test_undelivered_alerts_sees_lost_unrecorded_and_made_up_deliveries() -> Non
         "delivery unrecorded (failed of j) reached the receiver but is recorded pending",
         "the receiver accepted ghost, which no delivery has",
     ]
+
+
+def test_a_stall_past_the_budget_is_a_legitimate_failed() -> None:
+    """A stall past the restart budget ends the job FAILED (server/health.py: event
+    ``failed`` with cause ``stalled``): with max_restarts 1, one restart on a stall and
+    the failing stall make it FAILED legitimately; the failing stall alone does not."""
+    stream = _failed_job("s", max_restarts=1)
+    stalled = "stalled past its restart budget: no batch for 7.0 s (1 of 1 restarts)"
+    events = [
+        _event(0, "start_requested", None, None, "s", generation=1),
+        _event(1, "claimed", "s1", 1, "s"),
+        _event(2, "restart_requested", "s1", 1, "s", generation=2, restarts=1, by="stalled"),
+        _event(3, "claimed", "s1", 2, "s"),
+        _event(4, "failed", "s1", 2, "s", error=stalled, cause="stalled"),
+    ]
+    assert _lost([stream], events) == []
+    assert len(_lost([stream], [events[0], events[1], events[4]])) == 1
+
+
+def _watched(i: int, revision: int, job: str = "r", **extra: object) -> dict:
+    until = "2026-11-26T10:00:00Z"
+    return _event(i, "revised", None, None, job, revision=revision, watched_until=until, **extra)
+
+
+def _rolled(i: int, revision: int, to: int, as_revision: int, job: str = "r") -> list[dict]:
+    by = "auto-rollback"
+    made = {"revision": as_revision, "rollback_of": to, "by": by}
+    verdict = {"cause": "crashed", "revision": revision, "to": to, "as_revision": as_revision}
+    return [
+        _event(i, "revised", None, None, job, **made),
+        _event(i + 1, "rolled_back", "s1", None, job, reason="crashed", by=by, **verdict),
+    ]
+
+
+def test_every_watched_update_is_rolled_back_once_or_superseded() -> None:
+    fine = [
+        _watched(1, 2),
+        *_rolled(2, revision=2, to=1, as_revision=3),
+        _watched(4, 4),
+        _watched(5, 5),  # superseded 4 before it was judged
+        *_rolled(6, revision=5, to=4, as_revision=6),
+    ]
+    assert invariants.auto_rollback_problems(fine) == []
+    twice = [*fine, _event(8, "rolled_back", "s2", None, "r", revision=5, to=4, as_revision=7)]
+    assert any("twice" in p for p in invariants.auto_rollback_problems(twice))
+    # A rollback's revision is never watched, so never rolled back in turn (no loop).
+    loop = [*fine, _event(8, "rolled_back", "s2", None, "r", revision=6, to=5, as_revision=7)]
+    assert any("not watched" in p for p in invariants.auto_rollback_problems(loop))
+    watched_rollback = [*fine, _watched(8, 7, rollback_of=6)]
+    assert any("rollback" in p for p in invariants.auto_rollback_problems(watched_rollback))
+    # Without the revision it names: no fenced roll behind the event.
+    bare = [_watched(1, 2), _event(2, "rolled_back", "s1", None, "r", revision=2, to=1,
+                                   as_revision=3)]  # fmt: skip
+    assert any("no revision 3" in p for p in invariants.auto_rollback_problems(bare))
+
+    # The last watch open at the end: judged by then unless its deadline is still ahead.
+    def at_end(now_s: float) -> list[str]:
+        return invariants.auto_rollback_problems([_watched(1, 2)], now_s, never_healthy={"r"})
+
+    assert any("never judged" in p for p in at_end(_deadline() + 60))
+    assert at_end(_deadline() - 1) == []
+    # A job that may end a watch healthy (no event) is not judged at the end.
+    assert invariants.auto_rollback_problems([_watched(1, 2)], _deadline() + 60) == []
+
+
+def _deadline() -> float:
+    import datetime
+
+    return datetime.datetime(2026, 11, 26, 10, tzinfo=datetime.UTC).timestamp()

@@ -65,7 +65,10 @@ Faults (one at a time; the command threads run throughout):
 The jobs: eight streaming heartbeats, four batch ones that run 2-6 s, two batch ones
 whose driver always fails (exit 3; ``--max-retries`` 0 and 1: they end FAILED, so the
 budget and FAILED-with-cause checks see real failures), a streaming one that opts in to
-restart-on-stall and always stalls (STALLING: the health monitor restarts it), and the
+restart-on-stall and always stalls (STALLING: the health monitor restarts it, and ends
+it FAILED at the stall past its budget), one with auto-rollback (ROLLBACKER: now and
+then updated to a revision that crashes at start or completes no micro-batch, which it
+must roll back by itself, once: ``invariants.auto_rollback_problems``), and the
 sentinels. The command
 threads send start, stop, restart, ``update`` (new args, a conf key, the other version
 of the artifact; for a batch job sometimes with ``--restart``) and ``rollback``, and now
@@ -137,6 +140,16 @@ CRASH_EVERY_S = 6.0
 WINDOW_S = 4.0
 # A command loop prunes the history instead of commanding a job with this probability.
 PRUNE_P = 0.03
+# A streaming job with auto-rollback on (issue 26), left out of the plain commands: a
+# command loop updates it instead, with this probability, to a revision whose driver
+# exits 3 half a second after its start (crashed) or to one that runs but completes no
+# micro-batch (not healthy within ROLLBACK_WITHIN_S): each must be rolled back by
+# itself, once. One update at a time and never during a watch, so that the revision
+# rolled back to is always a good one (a bad fallback is not rolled back: no loop).
+ROLLBACKER = "rollbacker"
+ROLLBACK_WITHIN_S = 15.0
+AUTO_ROLLBACK_P = 0.06
+CRASHING_P = 0.7
 CAPACITY = 6  # two servers hold every job while the third is down
 COMMAND_THREADS = 3
 # A duplicate's Python start-up alone took 16-19 s at load 6-20 (CHAOS_SEED=228100621:
@@ -267,6 +280,7 @@ class RandomChaos:
         self.masters: faults.SparkMasters | None = None
         self._fresh = 0
         self._stop_commands = threading.Event()
+        self._rollback_lock = threading.Lock()  # one ROLLBACKER update at a time
 
     # ------------------------------------------------------------------ cluster
 
@@ -391,6 +405,13 @@ class RandomChaos:
             restart_window_s=WINDOW_S,
         )  # fmt: skip
         t.wait_state(WINDOWED, "running", 120)  # left out of the commands: it crash-loops
+        t.create(ROLLBACKER)
+        with t.cluster.engine.begin() as conn:
+            jobs.update(
+                conn, ROLLBACKER, jobs.Change(), auto_rollback=True,
+                healthy_within_s=ROLLBACK_WITHIN_S,
+            )  # fmt: skip
+        t.wait_state(ROLLBACKER, "running", 120)  # updated by _auto_rollback_update only
         # A second version of the artifact (other bytes), for updates to switch between.
         assert t.resource is not None
         (self.root / "v2").mkdir(exist_ok=True)
@@ -803,6 +824,30 @@ class RandomChaos:
             self.log.note("command", action=action, job=name, result=result)
         return result
 
+    def _auto_rollback_update(self, rng: random.Random) -> None:
+        """``job update ROLLBACKER`` (auto-rollback on) to a crashing or a batch-less
+        revision, unless a watch is in progress (see ROLLBACKER)."""
+        assert self.commands is not None
+        crash = rng.random() < CRASHING_P
+        heartbeats = str(self.trial.cluster.heartbeats)
+        args = [heartbeats, "--run-for", "0.5", "--exit-code", "3"] if crash else [heartbeats]
+        draw = {"spark.sparkring.chaos.draw": str(rng.randrange(1000))}
+        with self._rollback_lock:
+            try:
+                with self.commands.begin() as conn:
+                    if jobs.show(conn, ROLLBACKER)["auto_rollback"]["watch"] is not None:
+                        result = "skipped: a watch in progress"
+                    else:
+                        change = jobs.Change(args=args, conf=draw)
+                        revised = jobs.update(conn, ROLLBACKER, change)
+                        result = (
+                            f"revision {revised.revision}: {revised.effect.value}, "
+                            f"watched until {revised.watched_until}"
+                        )
+            except (sa.exc.DBAPIError, jobs.JobError) as exc:
+                result = f"error {type(getattr(exc, 'orig', None) or exc).__name__}"
+        self.log.note("auto_rollback_update", crashing=crash, result=result)
+
     def _prune(self, rng: random.Random) -> None:
         """``sparkring events prune --older-than`` a drawn 10-60 s (Trial.prune_history)."""
         assert self.commands is not None
@@ -822,6 +867,9 @@ class RandomChaos:
         while not self._stop_commands.wait(rng.uniform(0.5, 4.0)):
             if rng.random() < PRUNE_P:
                 self._prune(rng)
+                continue
+            if rng.random() < AUTO_ROLLBACK_P:
+                self._auto_rollback_update(rng)
                 continue
             name = rng.choice(self.names)
             # Mostly starts and restarts: the end state keeps most jobs wanted running.
@@ -907,6 +955,12 @@ def test_randomized_faults_and_concurrent_commands(
         chaos.populate()
         chaos.run(minutes)
         outcome = trial.verify()
+        outcome.problems += [
+            f"auto-rollback {p}"
+            for p in invariants.auto_rollback_problems(
+                trial.events(), time.time(), never_healthy={ROLLBACKER}
+            )
+        ]
         # What kept the cluster from settling, looked at before the servers are stopped.
         unsettled = trial.unsettled() if outcome.recovery_s is None else []
         (tmp_path / "events.json").write_text(json.dumps(trial.events(), default=str, indent=1))

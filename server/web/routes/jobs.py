@@ -117,6 +117,17 @@ class JobCreate(ScheduleFields):
         "count against max_restarts; 0: every crash since the last start. Default: 3600 "
         "for streaming; a batch job takes none (400).",
     )
+    auto_rollback: bool = Field(
+        False,
+        description="Streaming jobs (a batch job: 400): watch every later update that rolls "
+        "the running job, and roll it back to the revision before it if it crashes, stalls "
+        "or is not healthy within healthy_within_s (docs/jobs.md).",
+    )
+    healthy_within_s: contract.HealthyWithin | None = Field(
+        None,
+        description="Auto-rollback: how long an update is watched, seconds (default 300). "
+        "Healthy: by then the new revision's driver runs and completed a micro-batch.",
+    )
 
 
 class JobUpdate(ScheduleFields):
@@ -143,6 +154,15 @@ class JobUpdate(ScheduleFields):
     restart: bool = Field(False, description="Also restart a running batch job now.")
     schedule: Spec | None = Field(None, description="A new SPEC (policies not given kept).")
     no_schedule: bool = Field(False, description="Remove the schedule (switches it off).")
+    auto_rollback: bool | None = Field(
+        None,
+        description="The job's auto-rollback setting: true watches this update (and every "
+        "later one that rolls the running job); false turns it off and ends a watch in "
+        "progress. Makes no revision by itself. Left out: kept.",
+    )
+    healthy_within_s: contract.HealthyWithin | None = Field(
+        None, description="Auto-rollback: how long an update is watched, seconds. Left out: kept."
+    )
 
 
 # The fire times a backfill may name: PostgreSQL's timestamptz holds them, and a year
@@ -306,6 +326,8 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
                         body.kind, body.max_restarts, body.max_retries
                     ),
                     restart_window_s=body.restart_window_s,
+                    auto_rollback=body.auto_rollback,
+                    healthy_within_s=body.healthy_within_s,
                     schedule=the_schedule,
                 ),
                 actor=principal.actor,
@@ -389,7 +411,8 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
         name: contract.JobName, body: JobUpdate, principal: auth.Caller = operator
     ) -> dict:
         """Make a new revision (``job update``). ``effect``: unchanged (no revision was
-        made), rolling, next claim, kept (a running batch run) or at rest."""
+        made), rolling, next claim, kept (a running batch run) or at rest.
+        ``watched_until``: the deadline of the auto-rollback watch it started, if any."""
         new_schedule = None
         given = any(p is not None for p in body.policies())
         if body.no_schedule and given:
@@ -414,7 +437,15 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             clear_schedule=body.no_schedule,
         )
         with backend.engine.begin() as conn:
-            revised = jobs.update(conn, name, change, restart=body.restart, actor=principal.actor)
+            revised = jobs.update(
+                conn,
+                name,
+                change,
+                restart=body.restart,
+                actor=principal.actor,
+                auto_rollback=body.auto_rollback,
+                healthy_within_s=body.healthy_within_s,
+            )
         return _revised(name, revised)
 
     @routes.post(f"{job}/rollback", responses=contract.errors(*contract.WRITE, 404, 409))
@@ -446,6 +477,8 @@ def _revised(name: str, revised: Any) -> dict[str, Any]:
         "changed": list(revised.changed),
         "effect": revised.effect.value,
         "run_revision": revised.run_revision,
+        # The deadline of the auto-rollback watch this update started (None: unwatched).
+        "watched_until": contract.plain(revised.watched_until),
     }
 
 
