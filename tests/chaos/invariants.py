@@ -1369,12 +1369,18 @@ def unraised_alerts(
     return problems
 
 
+# The status the harness gives a delivery that a prune deleted (sent or given up: which
+# one, only the receiver can tell).
+PRUNED = "pruned"
+
+
 def undelivered_alerts(
     deliveries: Iterable[Mapping[str, Any]],
     accepted_ids: Iterable[str],
     later_ids: Iterable[str] = (),
 ) -> list[str]:
-    """Deliveries the receiver never accepted, or not recorded delivered; and ids the
+    """Deliveries the receiver never accepted, or not recorded delivered (a delivery
+    pruned, :data:`PRUNED`, was sent or given up: the receiver says which); and ids the
     receiver accepted that no delivery has (a body made up or corrupted). ``later_ids``:
     deliveries written after the checked ones (still in flight: not checked, but
     known)."""
@@ -1390,7 +1396,7 @@ def undelivered_alerts(
                 f"{what} never reached the receiver: {d['status']} after {d['attempts']} "
                 f"attempts ({d.get('last_error')})"
             )
-        elif d["status"] != "delivered":
+        elif d["status"] not in ("delivered", PRUNED):
             problems.append(f"{what} reached the receiver but is recorded {d['status']}")
     for did in sorted(accepted - known):
         problems.append(f"the receiver accepted {did}, which no delivery has")

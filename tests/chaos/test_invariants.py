@@ -1084,6 +1084,11 @@ def test_undelivered_alerts_sees_lost_unrecorded_and_made_up_deliveries() -> Non
         _dl(3, "failed", did="unrecorded", status="pending"),
     ]
     assert invariants.undelivered_alerts(deliveries[:1], ["ok"]) == []
+    pruned = [_dl(4, "failed", did="gone", status=invariants.PRUNED)]
+    assert invariants.undelivered_alerts(pruned, ["gone"]) == []
+    assert invariants.undelivered_alerts(pruned, []) == [
+        "delivery gone (failed of j) never reached the receiver: pruned after 1 attempts (None)"
+    ]
     problems = invariants.undelivered_alerts(deliveries, ["ok", "unrecorded", "ghost"])
     assert problems == [
         "delivery lost (failed of j) never reached the receiver: pending after 4 attempts "

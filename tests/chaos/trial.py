@@ -34,6 +34,7 @@ from server import defaults, driver, retention, watchdog
 from sql.states import JobKind
 from tests import waiting
 from tests.chaos import faults, invariants
+from tests.chaos.invariants import PRUNED
 from tests.cluster import HEARTBEAT_JOB, Cluster
 from tests.webhook_receiver import Receiver
 
@@ -141,6 +142,8 @@ class Trial:
         # The same for ``runs`` rows (retention prunes ended runs too), by run id, each
         # with its job id: S6 reads every fire's row (``fire_problems``).
         self._pruned_runs: dict[int, tuple[int, dict[str, Any]]] = {}
+        # The same for alert deliveries (retention prunes those sent or given up).
+        self._pruned_deliveries: dict[str, dict[str, Any]] = {}
         self._prune_lock = threading.Lock()
         # One harness prune at a time (the command threads draw them concurrently): the
         # count of events deleted unseen is exact only when no other prune deletes the
@@ -630,9 +633,15 @@ class Trial:
                 r.run_id: (r.job_id, runs.view(r))
                 for r in conn.execute(self._RUNS_BEFORE, {"cutoff": cutoff})
             }
-        with self._prune_lock:
-            self._pruned.update(doomed)
-            self._pruned_runs.update(doomed_runs)
+            # Every delivery a prune may delete (sent or given up, written before the
+            # cutoff), whatever its status now: one pending now may be sent before the
+            # delete. A copy whose row the prune deleted is marked ``pruned``.
+            doomed_deliveries = {
+                str(r.id): dict(r._mapping)
+                for r in conn.execute(
+                    sa.text(f"{self._DELIVERIES} WHERE created_at < :cutoff"), {"cutoff": cutoff}
+                )
+            }
         pruned = retention.prune(conn, None, cutoff, batch_size=defaults.HISTORY_PRUNE_BATCH)
         with conn.begin():
             kept = set(
@@ -646,10 +655,29 @@ class Trial:
                     {"ids": list(doomed_runs)},
                 ).scalars()
             )
+            kept_deliveries = {
+                str(i)
+                for i in conn.execute(
+                    sa.text("SELECT id FROM alert_deliveries WHERE id = ANY(CAST(:ids AS uuid[]))"),
+                    {"ids": list(doomed_deliveries)},
+                ).scalars()
+            }
+        with self._prune_lock:
+            self._pruned.update(doomed)
+            self._pruned_runs.update(doomed_runs)
+            for did, row in doomed_deliveries.items():
+                if did not in kept_deliveries:
+                    self._pruned_deliveries[did] = {**row, "status": PRUNED}
         self.outcome.pruned += pruned.events
         for what, deleted, copied, left in (
             ("job events", pruned.events, len(doomed), len(kept)),
             ("runs rows", pruned.runs, len(doomed_runs), len(kept_runs)),
+            (
+                "alert deliveries",
+                pruned.deliveries,
+                len(doomed_deliveries),
+                len(kept_deliveries),
+            ),
         ):
             unseen = deleted - (copied - left)
             if unseen > 0:
@@ -745,14 +773,18 @@ class Trial:
             ).scalar_one()
         return self.receiver
 
+    _DELIVERIES = (
+        "SELECT id, alert_name, event_id, kind, job_name, status, attempts, last_error, "
+        "created_at FROM alert_deliveries"
+    )
+
     def deliveries(self) -> list[dict[str, Any]]:
-        return [
-            dict(r._mapping)
-            for r in self.cluster.sql(
-                "SELECT id, alert_name, event_id, kind, job_name, status, attempts, "
-                "last_error FROM alert_deliveries ORDER BY created_at"
-            )
-        ]
+        """Every alert delivery, oldest first: those in the table and those the
+        harness's prunes deleted (``prune_history``: status ``pruned``)."""
+        rows = {str(r.id): dict(r._mapping) for r in self.cluster.sql(self._DELIVERIES)}
+        with self._prune_lock:
+            merged = {**self._pruned_deliveries, **rows}
+        return sorted(merged.values(), key=lambda d: d["created_at"])
 
     def _alert_checks(self, events: Sequence[dict[str, Any]]) -> list[str]:
         """Wait (up to ALERT_DRAIN_S) until the deliveries of ``events`` (and the test
