@@ -6,18 +6,17 @@ no answer ever carries the secret or the webhook's path."""
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.api_helpers import API, ApiStack, api_stack
 from tests.waiting import wait_until
+from tests.webhook_receiver import Receiver
 
 SECRET = "s3cret-never-answered"
 # A Slack-like webhook: its path is a credential, never answered back.
@@ -31,28 +30,13 @@ def stack(
     yield from api_stack(postgres_url, stack_env, Path(tmp_path_factory.mktemp("alerts")))
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    bodies: ClassVar[list[dict[str, Any]]] = []
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("content-length", 0))
-        type(self).bodies.append(json.loads(self.rfile.read(length)))
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def receiver() -> Iterator[tuple[str, type[_Receiver]]]:
-    handler = type("Receiver", (_Receiver,), {"bodies": []})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_port}{HOOK_PATH}", handler
-    httpd.shutdown()
-    httpd.server_close()
+def receiver() -> Iterator[Receiver]:
+    """A real receiver (tests/webhook_receiver.py) at a Slack-like path: a credential
+    that no output may show."""
+    listening = Receiver(path=HOOK_PATH).start()
+    yield listening
+    listening.stop()
 
 
 def _name() -> str:
@@ -85,9 +69,9 @@ def _counts(stack: ApiStack) -> tuple[int, ...]:
 
 
 def test_create_show_list_test_and_delete_as_the_cli_does(
-    stack: ApiStack, receiver: tuple[str, type[_Receiver]]
+    stack: ApiStack, receiver: Receiver
 ) -> None:
-    url, handler = receiver
+    url = receiver.url
     name = _name()
     body = {"name": name, "webhook": url, "secret": SECRET, "format": "json", "on": ["failed"]}
     with stack.client(stack.operator) as http:
@@ -119,8 +103,8 @@ def test_create_show_list_test_and_delete_as_the_cli_does(
         assert shown is not None
         assert (shown["alert"], shown["kind"], shown["attempts"]) == (name, "test", 1)
         assert shown["last_status"] == 200 and shown["next_attempt_at"] is None
-        assert [b["id"] for b in handler.bodies] == [delivery]
-        assert handler.bodies[0]["detail"] == {"by": "token:ops"}
+        assert [b["id"] for b in receiver.bodies()] == [delivery]
+        assert receiver.bodies()[0]["detail"] == {"by": "token:ops"}
         assert (
             _clean(
                 http.get(f"{API}/alerts/deliveries", params={"status": "pending", "alert": name})

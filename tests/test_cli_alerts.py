@@ -9,16 +9,14 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 import sqlalchemy as sa
 
 from server import alert_sender
+from tests.webhook_receiver import Receiver
 
 SPARKRING = [sys.executable, "-m", "server"]
 SECRET = "s3cret-never-shown"
@@ -148,30 +146,13 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(run, engine: sa.Eng
     assert "'bogus' is not one of" in run("alert", "deliveries", "--status", "bogus").stderr
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    answer: ClassVar[int] = 204
-    bodies: ClassVar[list[dict]] = []
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("content-length", 0))
-        type(self).bodies.append(json.loads(self.rfile.read(length)))
-        self.send_response(type(self).answer)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def receiver() -> Iterator[tuple[str, type[_Receiver]]]:
-    handler = type("Receiver", (_Receiver,), {"bodies": []})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_port}{HOOK_PATH}", handler
-    httpd.shutdown()
-    httpd.server_close()
+def receiver() -> Iterator[Receiver]:
+    """A real receiver (tests/webhook_receiver.py) at a Slack-like path: a credential
+    that no output may show."""
+    listening = Receiver(path=HOOK_PATH).start()
+    yield listening
+    listening.stop()
 
 
 @pytest.fixture
@@ -185,15 +166,16 @@ def sender(engine: sa.Engine) -> Iterator[alert_sender.AlertSender]:
 
 
 def test_a_test_delivery_is_queued_waited_for_and_listed(run, receiver, sender) -> None:
-    url, handler = receiver
+    url = receiver.url
+    receiver.script = [204]
     _ok(run("alert", "create", "hook", "--webhook", url, "--secret", SECRET))
     done = _ok(run("alert", "test", "hook", "--wait", "--timeout", "20"))
     assert done.startswith("alert hook: test delivery ") and done.endswith(
         " delivered (HTTP 204, 1 attempt)"
     )
     delivery_id = done.split()[4]
-    assert [b["id"] for b in handler.bodies] == [delivery_id]
-    assert handler.bodies[0]["kind"] == "test"
+    assert [b["id"] for b in receiver.bodies()] == [delivery_id]
+    assert receiver.bodies()[0]["kind"] == "test"
     (listed,) = json.loads(_ok(run("alert", "deliveries", "--json")))
     assert (listed["id"], listed["alert"], listed["kind"]) == (delivery_id, "hook", "test")
     assert (listed["status"], listed["attempts"], listed["last_status"]) == ("delivered", 1, 204)
@@ -201,7 +183,7 @@ def test_a_test_delivery_is_queued_waited_for_and_listed(run, receiver, sender) 
     table = _ok(run("alert", "deliveries", "--alert", "hook"))
     assert delivery_id in table and "delivered" in table and "HTTP 204" in table
     # A final refusal (410) fails it: exit 1 with the receiver's answer.
-    handler.answer = 410
+    receiver.script = [410]
     line = _error(run("alert", "test", "hook", "--wait", "--timeout", "20"))
     assert line.endswith("failed after 1 attempt: HTTP 410 (final: not retried)"), line
     failed = json.loads(_ok(run("alert", "deliveries", "--status", "failed", "--json")))

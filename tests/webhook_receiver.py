@@ -33,10 +33,16 @@ class Received:
 
 class Receiver:
     def __init__(
-        self, *, secret: str | None = None, port: int = 0, host: str = "127.0.0.1"
+        self,
+        *,
+        secret: str | None = None,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        path: str = "/hook",
     ) -> None:
         self.secret = secret
         self.host = host
+        self.path = path  # of :attr:`url` (any path is answered)
         self.received: list[Received] = []
         self.script: list[int] = []  # statuses to answer, in order; then 200
         self.hold = threading.Event()  # cleared: requests wait until set (or 60 s)
@@ -91,7 +97,7 @@ class Receiver:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self._port}/hook"
+        return f"http://{self.host}:{self._port}{self.path}"
 
     # ---------------------------------------------------------------- answers
 
@@ -115,6 +121,10 @@ class Receiver:
         return status
 
     # ---------------------------------------------------------------- reading
+
+    def bodies(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r.body for r in self.received]
 
     def accepted_ids(self) -> list[str]:
         """Ids answered 2xx, each once (the receiver's de-duplication)."""
