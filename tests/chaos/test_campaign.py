@@ -841,10 +841,18 @@ def test_a_batch_failure_during_a_postgresql_outage_spends_the_budget_once(
     trial.wait_state("bf0", "failed", 120)
     outcome = trial.verify()
     _assert_safe(outcome)
-    started = [
-        e for e in trial.events() if e["job_name"] == "bf0" and e["kind"] == "driver_started"
+    events = [e for e in trial.events() if e["job_name"] == "bf0"]
+    # One failure of its own, and no driver after it. A first driver that had not yet
+    # exited when its lease ran out (a slow start on a loaded machine: CI at e1cdb47,
+    # killed by its watchdog 6 s after its start) failed nothing: its run again is legal.
+    own = [
+        e
+        for e in events
+        if e["kind"] in ("crashed", "failed")
+        and str((e["detail"] or {}).get("error", "")).startswith("driver exited with exit code 3")
     ]
-    assert len(started) == 1, started
+    assert len(own) == 1, own
+    assert not [e for e in events if e["kind"] == "driver_started" and e["id"] > own[0]["id"]]
 
 
 def test_alerts_through_a_kill_mid_delivery_and_a_postgresql_restart(
