@@ -293,5 +293,10 @@ class WatchLoop:
         while not self._stop.wait(self._interval):
             try:
                 check_all(self._engine, server=self._server)
-            except Exception:  # one bad pass (PostgreSQL away) must not end the loop
-                log.exception("auto-rollback pass failed; next in %.1f s", self._interval)
+            except Exception as exc:  # one bad pass (PostgreSQL away) must not end the loop
+                log.warning(
+                    "auto-rollback pass failed; next in %.1f s: %s",
+                    self._interval,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    extra={"action": "auto_rollback_pass_failed"},
+                )
