@@ -129,8 +129,7 @@ class AlertSender:
             )
         if not leased:
             return 0
-        for done in list(self._pool.map(self._attempt, leased)):
-            del done
+        list(self._pool.map(self._attempt, leased))  # every attempt ends (or raises) here
         return len(leased)
 
     def _attempt(self, due: alert_delivery.Due) -> None:
