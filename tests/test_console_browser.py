@@ -113,8 +113,15 @@ def _type(browser: webdriver.Chrome, element_id: str, text: str) -> None:
 
 
 def _text(browser: webdriver.Chrome, css: str) -> str:
-    found = browser.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    """The rendered text of the first element matching ``css``, or "" if none does.
+
+    Found and read in one script: the console re-renders every 2 s, and an element found
+    in one WebDriver call may be replaced before the next reads it (a stale element
+    failed the clean-clone CI of stop 38 this way)."""
+    text = browser.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css
+    )
+    return str(text)
 
 
 def _log_in(browser: webdriver.Chrome, stack: ApiStack, token: str) -> None:
