@@ -2,12 +2,15 @@
 # The README's test command: install what is missing, start the local stack (3-node
 # ZooKeeper ensemble, PostgreSQL, S3, Spark standalone), run the whole suite.
 #
-# Two pytest runs, and both must pass: every test but the chaos campaign, then the chaos
-# campaign (tests/chaos) alone, last, because it stops ZooKeeper and PostgreSQL. Each run
-# spreads its tests over workers (SUITE_WORKERS, CHAOS_WORKERS below).
+# Two pytest runs, at the same time, and both must pass: every test but the chaos
+# campaign on the main stack, and the chaos campaign (tests/chaos) beside it on stacks of
+# its own (it stops ZooKeeper and PostgreSQL, so it never shares the suite's). Each run
+# spreads its tests over workers (SUITE_WORKERS, CHAOS_WORKERS below); the campaign's
+# output is printed when the suite's is done. CHAOS_AFTER_SUITE=1 runs the campaign after
+# the suite instead (the order of stop 38 and before: for a loaded machine).
 # Durations (--durations=30) and JUnit XML (test-reports/, or TEST_REPORTS) are kept for
 # both runs; under CI=true (.ci/run) a missing service fails, never skips.
-# Extra arguments go to the first run (e.g. scripts/test.sh -k ring -x); the campaign
+# Extra arguments go to the suite run (e.g. scripts/test.sh -k ring -x); the campaign
 # runs when no argument was given or with CHAOS=1, and CHAOS=0 skips it.
 # CHAOS_ROUNDS=N makes it the long campaign; its randomized mode injects faults for
 # CHAOS_MINUTES (default 2) from CHAOS_SEED (printed; drawn when unset) (docs/chaos.md).
@@ -19,44 +22,56 @@ scripts/bootstrap.sh
 echo "test: set-up took $(( $(date +%s) - started )) s" >&2
 chaos="${CHAOS:-$([ $# -eq 0 ] && echo 1 || echo 0)}"
 
-# The campaign stops ZooKeeper and PostgreSQL, so each of its CHAOS_WORKERS workers
-# (default 1; 2 or more opt in) gets a stack of its own: the first the main one, each
-# other one started here, while the suite runs, beside the main one on its ports + 1000 x i
-# (ZooKeeper, PostgreSQL and S3 only: the campaign's Spark masters are its own).
+# Each of the campaign's CHAOS_WORKERS workers (default 1) gets a stack of its own,
+# started here beside the main one on its ports + 1000 x i (ZooKeeper ensemble,
+# PostgreSQL and S3 only: the campaign's Spark masters are its own).
 chaos_workers="${CHAOS_WORKERS:-1}"
 main_stack=$(.venv/bin/python scripts/stack.py env | sed -n 's/^export SPARKRING_STACK_DIR=//p')
-chaos_stacks="$main_stack"
-chaos_pids=()
-for i in $(seq 1 $(( chaos_workers - 1 ))); do
-    [ "$chaos" = "1" ] || break
-    chaos_stacks="$chaos_stacks,$main_stack-chaos$i"
+chaos_stacks=""
+for i in $(seq 1 "$chaos_workers"); do chaos_stacks="$chaos_stacks${chaos_stacks:+,}$main_stack-chaos$i"; done
+start_chaos_stack() {  # $1: its number; prints nothing, its log is $main_stack-chaos$1.log
     (
         eval "$(.venv/bin/python -c 'import json, sys
 for name, port in json.load(open(sys.argv[1] + "/ports.json")).items():
     print(f"export SPARKRING_STACK_{name.upper()}_PORT={port + 1000 * int(sys.argv[2])}")' \
-            "$main_stack" "$i")"
-        export SPARKRING_STACK_DIR="$main_stack-chaos$i"
+            "$main_stack" "$1")"
+        export SPARKRING_STACK_DIR="$main_stack-chaos$1"
         .venv/bin/python scripts/stack.py up --zk-nodes 3 --no-spark >/dev/null
-    ) > "$main_stack-chaos$i.log" 2>&1 &
-    chaos_pids+=($!)
-done
-wait_for_chaos_stacks() {
-    for pid in "${chaos_pids[@]}"; do
-        wait "$pid" || { echo "test: a chaos stack did not start (see $main_stack-chaos*.log)" >&2; exit 1; }
-    done
-    echo "test: chaos stacks up at $(( $(date +%s) - started )) s: $chaos_stacks" >&2
+    ) > "$main_stack-chaos$1.log" 2>&1
 }
 stop_chaos_stacks() {
     for dir in ${chaos_stacks//,/ }; do
-        if [ "$dir" != "$main_stack" ]; then
-            SPARKRING_STACK_DIR="$dir" .venv/bin/python scripts/stack.py down >/dev/null
-        fi
+        SPARKRING_STACK_DIR="$dir" .venv/bin/python scripts/stack.py down >/dev/null
     done
+}
+# The campaign: its stacks up, then every case, its summary last. Its exit code is the
+# script's (the caller reads it from wait).
+run_chaos() {
+    local pids=() pid i
+    for i in $(seq 1 "$chaos_workers"); do start_chaos_stack "$i" & pids+=($!); done
+    for pid in "${pids[@]}"; do
+        wait "$pid" || { echo "test: a chaos stack did not start (see $main_stack-chaos*.log)" >&2; return 1; }
+    done
+    echo "test: chaos stacks up at $(( $(date +%s) - started )) s: $chaos_stacks" >&2
+    local args=() rc
+    if [ "$chaos_workers" -gt 1 ]; then args=(-n "$chaos_workers" --dist load); fi
+    SPARKRING_CHAOS_STACKS="$chaos_stacks" .venv/bin/python -m pytest tests/chaos "${args[@]}" \
+        --durations=30 --junitxml="$reports/chaos.xml"
+    rc=$?
+    echo "test: chaos campaign done at $(( $(date +%s) - started )) s" >&2
+    stop_chaos_stacks
+    return $rc
 }
 # Every run leaves its evidence: the slowest tests and a JUnit XML per pytest run.
 reports="${TEST_REPORTS:-test-reports}"
 mkdir -p "$reports"
 set +e
+chaos_rc=0
+chaos_pid=""
+if [ "$chaos" = "1" ] && [ "${CHAOS_AFTER_SUITE:-0}" != "1" ]; then
+    run_chaos > "$reports/chaos.log" 2>&1 &
+    chaos_pid=$!
+fi
 # The suite on SUITE_WORKERS pytest-xdist workers (default 2; 0: one process): its tests
 # wait on leases and sessions more than they compute, and each has its own database,
 # ZooKeeper chroot and bucket. worksteal: an idle worker takes half a busy one's queue
@@ -65,16 +80,14 @@ set +e
     --durations=30 --junitxml="$reports/suite.xml" "$@"
 rc=$?
 echo "test: suite done at $(( $(date +%s) - started )) s" >&2
-chaos_rc=0
-if [ "$chaos" = "1" ]; then
-    wait_for_chaos_stacks
-    chaos_args=()
-    if [ "$chaos_workers" -gt 1 ]; then chaos_args=(-n "$chaos_workers" --dist load); fi
-    SPARKRING_CHAOS_STACKS="$chaos_stacks" .venv/bin/python -m pytest tests/chaos "${chaos_args[@]}" \
-        --durations=30 --junitxml="$reports/chaos.xml"
+if [ -n "$chaos_pid" ]; then
+    echo "test: the chaos campaign runs beside the suite; its output follows when it ends ($reports/chaos.log)" >&2
+    wait "$chaos_pid"
     chaos_rc=$?
-    echo "test: chaos campaign done at $(( $(date +%s) - started )) s" >&2
-    stop_chaos_stacks  # only the campaign uses them
+    cat "$reports/chaos.log"
+elif [ "$chaos" = "1" ]; then
+    run_chaos
+    chaos_rc=$?
 fi
 set -e
 if [ "${CI:-}" = "true" ]; then .venv/bin/python scripts/stack.py down; fi

@@ -66,6 +66,10 @@ def pytest_configure(config: pytest.Config) -> None:
         workers = getattr(config.option, "numprocesses", None) or 0
         if workers and _asked_for(config):
             _check_a_stack_per_worker(workers)
+        elif _asked_for(config) and _stacks():
+            # One process: the first stack named (scripts/test.sh runs the campaign on a
+            # stack of its own, beside the suite on the main one).
+            _use_the_stack_of("gw0")
         return
     # A pytest-xdist worker: the controller's seed, and a stack of the worker's own.
     config.stash[SEED] = int(workerinput["chaos_seed"])

@@ -1,0 +1,36 @@
+"""Which stack the chaos campaign runs on (``tests/chaos/conftest.py``).
+
+``scripts/test.sh`` runs the campaign beside the suite, on stacks of its own named by
+``SPARKRING_CHAOS_STACKS``: a campaign in one process must take the first one named, never
+the main stack the suite runs on (it stops ZooKeeper and PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _collect(stacks: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPARKRING_CHAOS_STACKS": stacks, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+         "tests/chaos/test_invariants.py"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_campaign_in_one_process_takes_the_first_stack_named(tmp_path: Path) -> None:
+    missing = _collect(f"{tmp_path / 'none'},{tmp_path / 'other'}")
+    assert missing.returncode == 4, missing.stdout + missing.stderr
+    assert f"{tmp_path / 'none' / 'env.json'} is missing" in missing.stdout + missing.stderr
+
+    stack = tmp_path / "stack"
+    stack.mkdir()
+    (stack / "env.json").write_text(json.dumps({"SPARKRING_STACK_DIR": str(stack)}))
+    found = _collect(str(stack))
+    assert found.returncode == 0, found.stdout + found.stderr
