@@ -147,7 +147,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # tests/ must not run it in the middle of other tests.
     alone = pytest.mark.skip(
         reason="the chaos campaign stops shared services: run it alone, "
-        "'pytest tests/chaos' (scripts/test.sh does, after the other tests)"
+        "'pytest tests/chaos' (scripts/test.sh does, on a stack of its own)"
     )
     asked = _asked_for(config)
     for item in items:
