@@ -210,6 +210,14 @@ def test_sigstop_past_the_session_timeout_then_sigcont(trial: Trial) -> None:
     finally:
         c.signal(victim, signal.SIGCONT)
         trial.paused.discard(victim)
+    # The resumed zombie notices its lost leases (and writes nothing over the new owners:
+    # the stale-write and double-run checks below).
+    waiting.wait_until(
+        lambda: "lease" in c.log(victim) or "no longer ours" in c.log(victim),
+        30,
+        interval=0.2,
+        message="the resumed server noticed it lost its jobs",
+    )
     # Recovery is timed from the SIGSTOP: failover happens while the fault lasts.
     outcome = trial.verify()
     _assert_safe(outcome)

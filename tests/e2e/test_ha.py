@@ -14,7 +14,6 @@ import json
 import time
 import urllib.request
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,36 +50,6 @@ def _assert_single_drivers(c: Cluster) -> None:
 
 def _kinds(c: Cluster, name: str) -> list[str]:
     return [e["kind"] for e in c.events(name)]
-
-
-def test_sigstop_past_the_session_timeout_never_runs_two_drivers(cluster: Cluster) -> None:
-    """(c) the zombie: paused past the session timeout, then resumed."""
-    helpers.start_cluster(cluster)
-    helpers.heartbeat_job(cluster, "zombie")
-    cluster.cli("job", "start", "zombie")
-    first = cluster.wait_job("zombie", helpers.running, 60, "job running")
-    victim = first["owner"]
-    pid = cluster.servers[victim].pid
-    cluster_module.sigstop(pid)
-    try:
-        moved = cluster.wait_job(
-            "zombie",
-            lambda j: helpers.running(j) and j["owner"] != victim,
-            60,
-            "job running on another server while the owner is paused",
-        )
-    finally:
-        cluster_module.sigcont(pid)
-    assert moved["epoch"] > first["epoch"]
-    # The resumed zombie notices its lost lease and never writes over the new owner.
-    waiting.wait_until(
-        lambda: "lease" in cluster.log(victim) or "no longer ours" in cluster.log(victim),
-        30,
-        message="the resumed server noticed it lost the job",
-    )
-    after = cluster.job("zombie")
-    assert (after["owner"], after["epoch"]) == (moved["owner"], moved["epoch"])
-    _assert_single_drivers(cluster)
 
 
 def test_sigterm_hands_jobs_off_and_none_fail(cluster: Cluster) -> None:
@@ -181,26 +150,6 @@ def test_crash_looping_job_ends_failed_after_max_restarts(cluster: Cluster) -> N
     assert kinds.count("claimed") == 3 and kinds[-1] == "failed", kinds
 
 
-def test_duplicate_concurrent_starts_run_one_driver(cluster: Cluster) -> None:
-    """(g) a double click (or eight): one generation, one claim, one driver."""
-    helpers.start_cluster(cluster)
-    helpers.heartbeat_job(cluster, "clicked")
-    with ThreadPoolExecutor(8) as pool:
-        outcomes = list(pool.map(lambda _: cluster.cli("job", "start", "clicked").stdout, range(8)))
-    assert sum("started" in o for o in outcomes) == 1
-    cluster.wait_job("clicked", helpers.running, 60, "job running")
-    assert _kinds(cluster, "clicked").count("claimed") == 1
-    assert cluster.job("clicked")["generation"] == 1
-
-    def starts() -> list[dict[str, object]]:
-        return [r for r in cluster.driver_records() if r["event"] == "started"]
-
-    # 'running' is recorded once the watchdog is spawned; the watchdog writes its
-    # lifetime record a moment later, when it has spawned the driver.
-    waiting.wait_until(starts, 30, message="no driver start was recorded")
-    assert len(starts()) == 1
-
-
 @pytest.mark.spark
 def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
     cluster: Cluster, stack_env: dict[str, str]
@@ -267,19 +216,4 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
         and a["name"] in ("streaming_counter", "sparkring-stream")
     ]
     assert len(ours) >= 2, "both drivers should have run executors on the standalone cluster"
-    _assert_single_drivers(cluster)
-
-
-def test_sigkill_of_a_server_leaves_no_orphan_driver(cluster: Cluster) -> None:
-    """(1) owner killed: its driver dies by its watchdog, the job runs elsewhere once."""
-    helpers.start_cluster(cluster)
-    helpers.heartbeat_job(cluster, "orphan")
-    cluster.cli("job", "start", "orphan")
-    first = cluster.wait_job("orphan", helpers.running, 60, "job running")
-    cluster.kill(first["owner"])
-    cluster.wait_job(
-        "orphan", lambda j: helpers.running(j) and j["owner"] != first["owner"], 60, "job moved"
-    )
-    old = [r for r in cluster.driver_records() if r["epoch"] == first["epoch"]]
-    assert any(r["event"] == "ended" for r in old), "the old driver outlived its lease"
     _assert_single_drivers(cluster)
