@@ -2,12 +2,13 @@
 # The README's test command: install what is missing, start the local stack (3-node
 # ZooKeeper ensemble, PostgreSQL, S3, Spark standalone), run the whole suite.
 #
-# Two pytest runs, at the same time, and both must pass: every test but the chaos
-# campaign on the main stack, and the chaos campaign (tests/chaos) beside it on stacks of
-# its own (it stops ZooKeeper and PostgreSQL, so it never shares the suite's). Each run
-# spreads its tests over workers (SUITE_WORKERS, CHAOS_WORKERS below); the campaign's
-# output is printed when the suite's is done. CHAOS_AFTER_SUITE=1 runs the campaign after
-# the suite instead (the order of stop 38 and before: for a loaded machine).
+# Two pytest runs, and both must pass: every test but the chaos campaign on the main
+# stack, then the chaos campaign (tests/chaos) on a stack of its own (it stops ZooKeeper
+# and PostgreSQL, so it never shares the suite's), started while the suite runs. Each run
+# spreads its tests over workers (SUITE_WORKERS, CHAOS_WORKERS below).
+# CHAOS_BESIDE_SUITE=1 runs the campaign at the same time as the suite (its output printed
+# when the suite's is done): faster, but on a loaded 2-core machine the campaign's
+# timing-bound cases fail (docs/chaos.md), so it is opt-in.
 # Durations (--durations=30) and JUnit XML (test-reports/, or TEST_REPORTS) are kept for
 # both runs; under CI=true (.ci/run) a missing service fails, never skips.
 # Extra arguments go to the suite run (e.g. scripts/test.sh -k ring -x); the campaign
@@ -44,13 +45,18 @@ stop_chaos_stacks() {
         SPARKRING_STACK_DIR="$dir" .venv/bin/python scripts/stack.py down >/dev/null
     done
 }
-# The campaign: its stacks up, then every case, its summary last. Its exit code is the
-# script's (the caller reads it from wait).
+# The campaign's stacks start in the background (while the suite runs); the campaign
+# waits for them, runs every case, prints its summary last, and stops them. Its exit
+# code is the campaign's.
+chaos_stack_pids=()
+launch_chaos_stacks() {
+    local i
+    for i in $(seq 1 "$chaos_workers"); do start_chaos_stack "$i" & chaos_stack_pids+=($!); done
+}
 run_chaos() {
-    local pids=() pid i
-    for i in $(seq 1 "$chaos_workers"); do start_chaos_stack "$i" & pids+=($!); done
-    for pid in "${pids[@]}"; do
-        wait "$pid" || { echo "test: a chaos stack did not start (see $main_stack-chaos*.log)" >&2; return 1; }
+    local pid
+    for pid in "${chaos_stack_pids[@]}"; do
+        wait "$pid" || { echo "test: a chaos stack did not start (see $main_stack-chaos*.log)" >&2; stop_chaos_stacks; return 1; }
     done
     echo "test: chaos stacks up at $(( $(date +%s) - started )) s: $chaos_stacks" >&2
     local args=() rc
@@ -68,9 +74,11 @@ mkdir -p "$reports"
 set +e
 chaos_rc=0
 chaos_pid=""
-if [ "$chaos" = "1" ] && [ "${CHAOS_AFTER_SUITE:-0}" != "1" ]; then
-    run_chaos > "$reports/chaos.log" 2>&1 &
+if [ "$chaos" = "1" ] && [ "${CHAOS_BESIDE_SUITE:-0}" = "1" ]; then
+    (launch_chaos_stacks; run_chaos) > "$reports/chaos.log" 2>&1 &
     chaos_pid=$!
+elif [ "$chaos" = "1" ]; then
+    launch_chaos_stacks
 fi
 # The suite on SUITE_WORKERS pytest-xdist workers (default 2; 0: one process): its tests
 # wait on leases and sessions more than they compute, and each has its own database,
@@ -80,14 +88,14 @@ fi
     --durations=30 --junitxml="$reports/suite.xml" "$@"
 rc=$?
 echo "test: suite done at $(( $(date +%s) - started )) s" >&2
-if [ -n "$chaos_pid" ]; then
+if [ "$chaos" = "1" ] && [ -z "$chaos_pid" ]; then
+    run_chaos
+    chaos_rc=$?
+elif [ -n "$chaos_pid" ]; then
     echo "test: the chaos campaign runs beside the suite; its output follows when it ends ($reports/chaos.log)" >&2
     wait "$chaos_pid"
     chaos_rc=$?
     cat "$reports/chaos.log"
-elif [ "$chaos" = "1" ]; then
-    run_chaos
-    chaos_rc=$?
 fi
 set -e
 if [ "${CI:-}" = "true" ]; then .venv/bin/python scripts/stack.py down; fi
