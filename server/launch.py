@@ -76,6 +76,7 @@ def start(the_runner: runner.Runner, run: runs.Run) -> None:
         return  # deferred: no Spark master answers
     handle, master = launched
     with the_runner._lock:
+        the_runner._start_deferrals.pop(run.job_id, None)
         run.driver = handle
         run.master = master
         runs.confirm(run, run.deadline)

@@ -162,14 +162,23 @@ def after_failure(
 
 
 def defer(the_runner: runner.Runner, run: runs.Run, error: str) -> None:
+    """The driver could not be started for a reason that may pass: the job waits, with
+    no restart counted, ``backoff_base`` doubling with each consecutive deferral on this
+    server, up to ``backoff_max`` (a cause that does not pass must not make a server
+    claim the job again every second, an epoch and events each time)."""
     cfg = the_runner.config
-    log.warning(error, extra={"action": "deferred", "job": run.name, "epoch": run.epoch})
+    with the_runner._lock:
+        streak = the_runner._start_deferrals.get(run.job_id, 0)
+        the_runner._start_deferrals[run.job_id] = streak + 1
+    delay = spark_master.wait_before_retry(streak, cfg.backoff_base, cfg.backoff_max)
+    log.warning(
+        error,
+        extra={"action": "deferred", "job": run.name, "epoch": run.epoch, "retry_in_s": delay},
+    )
     end(
         the_runner,
         run,
-        lambda conn: distribution.defer(
-            conn, run.job_id, run.owner, run.epoch, error, cfg.backoff_base
-        ),
+        lambda conn: distribution.defer(conn, run.job_id, run.owner, run.epoch, error, delay),
     )
 
 

@@ -143,6 +143,9 @@ class Runner:
         self._orphans: set[reconcile.OrphanKey] = set()
         # Job id -> consecutive deferrals because no Spark master answered (the backoff).
         self._master_deferrals: dict[int, int] = {}
+        # Job id -> consecutive deferrals of its start for any other passing reason (the
+        # backoff: outcomes.defer); forgotten when a driver of the job starts.
+        self._start_deferrals: dict[int, int] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()

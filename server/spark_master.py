@@ -118,7 +118,8 @@ def lost_to_outage(
 
 def wait_before_retry(deferrals: int, base: float, cap: float) -> float:
     """Seconds to wait before the ``deferrals``-th consecutive look at a master that did
-    not answer (0: the first deferral): ``base`` doubling, at most ``cap``."""
+    not answer (0: the first deferral): ``base`` doubling, at most ``cap``. The same
+    doubling paces a start deferred for any other passing reason (``outcomes.defer``)."""
     if deferrals < 0 or base < 0 or cap < 0:
         raise ValueError("deferrals, base and cap must not be negative")
     return min(cap, base * 2 ** min(deferrals, 32))

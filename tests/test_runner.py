@@ -1711,3 +1711,50 @@ def test_an_unregistered_exit_the_server_records_is_a_deferral_while_no_master_a
         return
     assert (now.state, now.restarts, last["kind"]) == ("backoff", 0, "deferred"), now
     assert last["detail"]["cause"] == "spark-master-unreachable", last
+
+
+def test_a_start_that_keeps_failing_for_a_passing_reason_waits_longer_each_time(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A driver that cannot be started for a reason that may pass (here spark-submit is
+    missing; in the clean-clone CI of stop 38 the driver user could not reach a closed
+    folder) is deferred with no restart counted, and each consecutive deferral waits
+    twice as long as the one before, up to the restart backoff's cap. Before, every
+    deferral waited the base backoff: one server claimed the job again every 0.5 s, 290
+    claims in three minutes, each an epoch and events of its own."""
+    monkeypatch.setattr(driver_module, "default_spark_submit", lambda: tmp_path / "no-spark")
+    config = dataclasses.replace(_config(tmp_path, 3.0), backoff_base=0.25, backoff_max=2.0)
+    the_runner = runner.Runner(
+        engine, bucket, cache.Cache(root=tmp_path / "cache", max_bytes=1 << 30), config
+    )
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    the_runner.start()
+    the_runner.registered(settle=0.0)
+    try:
+        waiting.wait_until(
+            lambda: _kinds(database_url).count("deferred") >= 5,
+            60,
+            message="five deferrals",
+        )
+    finally:
+        the_runner.stop()
+    with engine.connect() as conn:
+        waits = conn.execute(
+            sa.text(
+                "SELECT extract(epoch FROM d.not_before - e.at) AS wait FROM job_events e "
+                "JOIN distribution d ON d.job_id = e.job_id "
+                "WHERE e.job_id = :job AND e.kind = 'deferred' ORDER BY e.id DESC LIMIT 1"
+            ),
+            {"job": job_id},
+        ).scalar_one()
+    deferred = [e for e in _events(database_url) if e["kind"] == "deferred"]
+    assert all("spark-submit not found" in e["detail"]["error"] for e in deferred), deferred
+    # The last one's wait: 0.25 s doubled once per deferral before it, at most 2 s.
+    assert float(waits) == pytest.approx(min(2.0, 0.25 * 2 ** (len(deferred) - 1)), abs=0.01)
+    assert factories.row(engine, job_id).restarts == 0
+    assert not (stage / "starts").exists()
