@@ -32,9 +32,10 @@ def pytest_configure(config: pytest.Config) -> None:
     (``tests.cluster.open_to_drivers`` opens the rest). Not under pytest's
     ``/tmp/pytest-of-<user>``: every pytest session that starts resets that folder to
     0700, which locked the drivers of a session already running out of their artifacts
-    ("Permission denied", "the driver user cannot reach ..."). An explicit
-    ``--basetemp`` is left alone."""
-    if config.option.basetemp is not None or not os.environ.get("SPARKRING_DRIVER_USER"):
+    ("Permission denied", "the driver user cannot reach ..."). The driver user is the
+    stack's (its env file, or the environment): ``scripts/test.sh``, and so CI, exports
+    nothing. An explicit ``--basetemp`` is left alone."""
+    if config.option.basetemp is not None or not services.stack_env().get("SPARKRING_DRIVER_USER"):
         return
     parent = Path(tempfile.gettempdir()) / f"sparkring-pytest-{os.geteuid()}"
     parent.mkdir(mode=0o711, exist_ok=True)
