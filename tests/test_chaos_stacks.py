@@ -1,8 +1,9 @@
 """Which stack the chaos campaign runs on (``tests/chaos/conftest.py``).
 
-``scripts/test.sh`` runs the campaign beside the suite, on stacks of its own named by
-``SPARKRING_CHAOS_STACKS``: a campaign in one process must take the first one named, never
-the main stack the suite runs on (it stops ZooKeeper and PostgreSQL)."""
+``scripts/test.sh`` runs the campaign on stacks of its own named by
+``SPARKRING_CHAOS_STACKS`` (after the suite, or beside it with ``CHAOS_BESIDE_SUITE=1``):
+a campaign in one process must take the first one named, never the main stack the suite
+runs on (it stops ZooKeeper and PostgreSQL)."""
 
 from __future__ import annotations
 

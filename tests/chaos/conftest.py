@@ -68,7 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
             _check_a_stack_per_worker(workers)
         elif _asked_for(config) and _stacks():
             # One process: the first stack named (scripts/test.sh runs the campaign on a
-            # stack of its own, beside the suite on the main one).
+            # stack of its own, never the main one the suite runs on).
             _use_the_stack_of("gw0")
         return
     # A pytest-xdist worker: the controller's seed, and a stack of the worker's own.
