@@ -99,6 +99,16 @@ class Row:
     # The job's current revision and the one its run was claimed with.
     job_revision: int | None = None
     revision: int | None = None
+    # The run's attempt (a claim makes it attempt + 1, with epoch + 1).
+    attempt: int = 0
+    # Warm hand-off (docs/distribution.md): the epoch whose owner offered its target a
+    # warm hand-off as it began a planned stop, and the epoch whose hand-off the
+    # target's warm driver is ready for (its SparkSession is built). Each names an
+    # epoch, so a claim (epoch + 1) makes both stale without a write.
+    handoff_epoch: int | None = None
+    warm_ready_epoch: int | None = None
+    # The job's conf does not opt out (sparkring.handoff.warm=false).
+    warm_allowed: bool = True
 
 
 def _event_cte(kind: str) -> str:
