@@ -588,6 +588,7 @@ def supervise(
     job_id: int | None = None,
     user: driver_user.DriverUser | None = None,
     nice: int = 0,
+    go_file: Path | None = None,
 ) -> Driver:
     """Run ``command`` under a new watchdog in its own session; see :func:`launch`.
 
@@ -596,10 +597,11 @@ def supervise(
     records the driver's own exit in PostgreSQL itself. ``user``: the watchdog (this
     process's user) starts ``command`` as that user. ``nice``: ``command`` runs that many
     nice steps below the watchdog, so that a busy host still schedules the watchdog in
-    time to kill it (``Settings.driver_nice``).
+    time to kill it (``Settings.driver_nice``). ``go_file``: a warm driver's (see
+    ``server/warm.py``): the run is the job's only once that file exists.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (rundir.RESULT_FILE, rundir.STOP_FILE, rundir.STATE_FILE):
+    for stale in (rundir.RESULT_FILE, rundir.STOP_FILE, rundir.STATE_FILE, rundir.GO_FILE):
         (run_dir / stale).unlink(missing_ok=True)
     # The lease file exists before the watchdog does: it never starts unconfirmed.
     rundir.write_lease(run_dir / rundir.LEASE_FILE, lease_deadline)
@@ -636,6 +638,8 @@ def supervise(
         argv += ["--records", str(records)]
     if term_only is not None:
         argv += ["--term-only", term_only]
+    if go_file is not None:
+        argv += ["--go-file", str(go_file)]
     report_fd = None
     if report is not None:
         # The report waits in the pipe's buffer (far below its 64 KiB) for the watchdog
