@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server import driver_user, rundir, watchdog
+from server import driver_user, rundir, warm_entry, watchdog
 
 log = logging.getLogger("sparkring.driver")
 
@@ -49,6 +49,8 @@ Reason = watchdog.Reason
 
 # Generated launcher for a .zip/.egg main: spark-submit only runs a .py as a Python main.
 ZIP_LAUNCHER_FILE = "sparkring_main.py"
+# A warm driver's entry point (server/warm_entry.py, copied into its run directory).
+WARM_ENTRY_FILE = "sparkring_warm.py"
 
 KINDS = ("streaming", "batch")
 PYTHON_SUFFIXES = (".py", ".zip", ".egg")
@@ -111,6 +113,14 @@ class DriverSpec:
     run_id: str = ""
     # A scheduled run's fire time, ISO-8601 UTC with Z (SPARKRING_SCHEDULED_TIME).
     scheduled_time: str | None = None
+    # A warm driver (server/warm.py): spark-submit runs the warm entry point, which
+    # builds the SparkSession and waits this long for go.json before the job's main
+    # runs. None: the job's main runs at once (a cold start).
+    warm_go_timeout: float | None = None
+
+    @property
+    def warm(self) -> bool:
+        return self.warm_go_timeout is not None
 
 
 @dataclass(frozen=True)
@@ -252,7 +262,18 @@ def build_argv(spec: DriverSpec) -> list[str]:
         main = str(spec.run_dir / ZIP_LAUNCHER_FILE)
     if py_files:
         argv += ["--py-files", ",".join(py_files)]
+    if spec.warm:
+        if _is_jar(spec):
+            raise SpecError(f"job {spec.job}: a .jar main has no warm start")
+        main = str(spec.run_dir / WARM_ENTRY_FILE)  # it runs the main of warm.json
     return [*argv, main, *spec.args]
+
+
+def job_python_file(spec: DriverSpec) -> Path:
+    """The Python file that runs the job: its .py main, or the launcher of its archive."""
+    if spec.main.suffix.lower() == ".py":
+        return spec.main
+    return spec.run_dir / ZIP_LAUNCHER_FILE
 
 
 def without_secrets(base: Mapping[str, str]) -> dict[str, str]:
@@ -708,6 +729,15 @@ def launch(
         launcher = spec.run_dir / ZIP_LAUNCHER_FILE
         launcher.write_text(_zip_launcher(spec.main))
         launcher.chmod(0o644)  # read by the driver, whatever the umask
+    if spec.warm:
+        entry = spec.run_dir / WARM_ENTRY_FILE
+        entry.write_text(Path(warm_entry.__file__).read_text())
+        entry.chmod(0o644)
+        settings = spec.run_dir / rundir.WARM_FILE
+        rundir.write_json_atomically(
+            settings, {"main": str(job_python_file(spec)), "go_timeout": spec.warm_go_timeout}
+        )
+        settings.chmod(0o644)
     if spec.checkpoint_dir is not None and spec.kind == "streaming":
         spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         if spec.user is not None:
@@ -741,6 +771,7 @@ def launch(
         job_id=spec.job_id,
         user=spec.user,
         nice=spec.nice,
+        go_file=spec.run_dir / rundir.GO_FILE if spec.warm else None,
     )
 
 
