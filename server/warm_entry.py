@@ -5,7 +5,10 @@ a warm hand-off (docs/drivers.md, "Warm hand-off"); it imports nothing of sparkr
 so the driver's user needs nothing but its run directory. It:
 
 1. builds the SparkSession with the job's conf (spark-submit's ``--conf``): the JVM
-   starts, the application registers with its master;
+   starts, the application registers with its master; then runs one tiny job of its own
+   (:func:`warm_up`), writing only below its working directory, so that task
+   scheduling, code generation and the file output path are loaded before the job's
+   first batch needs them;
 2. prints :data:`READY_LINE` to the driver log, where its server looks for it;
 3. waits for ``go.json`` in the run directory (``SPARKRING_RUN_DIR``), which its server
    writes only once the old driver is gone and its claim committed (the epoch is its);
@@ -44,12 +47,21 @@ def _wait_for_go(go_file: Path, timeout: float) -> bool:
     return True
 
 
+def warm_up(spark: object) -> None:
+    """A tiny job of the warm session's own (a failure only means a colder start)."""
+    try:
+        frame = spark.range(16).selectExpr("id", "CAST(id AS STRING) AS s")  # type: ignore[attr-defined]
+        frame.write.mode("overwrite").json(os.path.join(os.getcwd(), ".sparkring-warm-up"))
+    except Exception as exc:
+        print(f"sparkring-warm: warm-up job failed: {exc}", flush=True)
+
+
 def main() -> int:
     run_dir = Path(os.environ["SPARKRING_RUN_DIR"])
     settings = json.loads((run_dir / "warm.json").read_text())
     from pyspark.sql import SparkSession
 
-    SparkSession.builder.getOrCreate()
+    warm_up(SparkSession.builder.getOrCreate())
     print(READY_LINE, flush=True)
     if not _wait_for_go(run_dir / "go.json", float(settings["go_timeout"])):
         print("sparkring-warm: no go signal in time; exiting", flush=True)
