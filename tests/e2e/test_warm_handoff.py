@@ -16,6 +16,7 @@ from tests import sink, waiting
 from tests.cluster import EXAMPLES, Cluster
 from tests.e2e import helpers
 
+
 def _claims(cluster: Cluster, name: str) -> list[dict[str, Any]]:
     return [e for e in cluster.events(name) if e["kind"] == "claimed"]
 
