@@ -218,6 +218,11 @@ def take(the_runner: runner.Runner, run: runs.Run) -> tuple[driver.Driver, str] 
         why = "not built yet" if handle is None else "not the claim it waited for, or ended"
         _kill(the_runner, warm, why)
         return None
+    if spark_master.unreachable(warm.master):
+        # Probed between the claim and the start, as every start is: the cold path
+        # defers the run until a master answers (S9), never counting it a crash.
+        _kill(the_runner, warm, "no Spark master answers")
+        return None
     link = rundir.run_dir(the_runner.config.work_dir, run.job_id, run.epoch)
     with the_runner._lock:
         deadline = run.deadline
