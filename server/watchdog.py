@@ -533,7 +533,7 @@ class Watchdog:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child, signal.SIGKILL)
             if first:
-                if not exited:
+                if not exited and self.went:  # a warm driver before its go ran nothing
                     self._record("killed", time.time(), lease_clock())
                 first = False
             else:

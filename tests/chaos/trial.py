@@ -835,7 +835,8 @@ class Trial:
         kinds = {r["name"]: r["kind"] for r in rows}
         checks = {
             "S1": invariants.double_runs(heartbeats, lifetimes, freezes=self.freezes),
-            "early": invariants.early_handoffs(events, lifetimes, self.freezes),
+            "early": invariants.early_handoffs(events, lifetimes, self.freezes)
+            + invariants.runs_before_claim(events, lifetimes),
             "S2": invariants.stale_writes(events) + probe_stale_writes(c.engine, events),
             "S3": invariants.lost_jobs(
                 [r for r in rows if r["name"] not in scheduled],
