@@ -58,8 +58,8 @@ def await_warm(the_runner: runner.Runner, run: runs.Run) -> reconcile.WarmWait:
     until = started + the_runner.config.warm_ready_wait
     outcome = reconcile.WarmWait.GIVE_UP
     while watchdog.lease_clock() < until and not the_runner._stop.is_set():
-        if run.driver is not None and run.driver.ended():
-            break
+        if the_runner._shutting_down.is_set() or (run.driver is not None and run.driver.ended()):
+            break  # a shutdown hands off at once; a driver that ended has nothing to wait for
         try:
             with the_runner.engine.connect() as conn:
                 rows = distribution.poll(conn, run.owner, [run.job_id])
