@@ -285,6 +285,9 @@ def warm_discard_reason(row: distribution.Row | None, me: str, epoch: int) -> st
         return "the job is wanted stopped"
     if row.epoch == epoch and row.owner is not None and row.owner != me:
         return f"claimed at epoch {epoch} by {row.owner}"
+    if row.epoch == epoch and row.owner is None:
+        # Our own claim takes its warm driver before anything could end it.
+        return f"epoch {epoch} was claimed and has ended"
     if row.epoch not in (epoch - 1, epoch):
         return f"the job is at epoch {row.epoch}"
     if row.target != me and row.epoch == epoch - 1:

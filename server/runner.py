@@ -165,8 +165,11 @@ class Runner:
         # the old session expired and gives them back once we are a member again.
         self._registered = threading.Event()
         self._migrate_after = math.inf
+        # Per driver slot: its start or stop, its outcome's record, and a warm hand-off's
+        # waits (the old owner's, up to warm_ready_wait; the target's, until its warm
+        # driver is ready): a wait must never hold back a record or a claim's start.
         self._tasks = ThreadPoolExecutor(
-            max_workers=max(4, 2 * config.capacity), thread_name_prefix="runner-task"
+            max_workers=max(8, 4 * config.capacity), thread_name_prefix="runner-task"
         )
         self._threads = [
             threading.Thread(target=self._poll_loop, name="runner-poll", daemon=True),

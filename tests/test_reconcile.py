@@ -500,6 +500,10 @@ def test_a_warm_driver_is_kept_while_its_hand_off_may_still_reach_it(
         ([handing_off(desired="stopped")], "the job is wanted stopped"),
         ([handing_off(epoch=4, owner="s3", owner_incarnation="y")], "claimed at epoch 4 by s3"),
         ([handing_off(epoch=5)], "the job is at epoch 5"),
+        (
+            [handing_off(epoch=4, owner=None, owner_incarnation=None, state=RunState.PENDING)],
+            "epoch 4 was claimed and has ended",
+        ),
     ],
 )
 def test_a_warm_driver_whose_hand_off_went_elsewhere_is_discarded(
