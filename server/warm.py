@@ -26,7 +26,7 @@ the job after its stop, or its lease expired and its watchdog killed it), the cl
 takes epoch + 1, and the job's main runs only after the claim. Before go.json the warm
 driver touches neither the checkpoint nor the output.
 
-A warm run's directory is ``jobs/<id>/<epoch>.warm-<n>``, and ``jobs/<id>/<epoch>`` a
+A warm run's directory is ``jobs/<id>/<epoch>.warm-<pid>-<n>``, and ``jobs/<id>/<epoch>`` a
 link to it once it is taken: a warm driver that was discarded can never be confused
 with the cold run of the same epoch, and a server restarted later finds a taken run
 where it looks for its epoch (``rundir.run_trace``).
@@ -94,7 +94,9 @@ def begin(the_runner: runner.Runner, row: distribution.Row) -> None:
         epoch=epoch,
         attempt=row.attempt + 1,
         revision=row.job_revision,
-        run_dir=rundir.job_dir(cfg.work_dir, row.job_id) / f"{epoch}.warm-{next(_serial)}",
+        # Unique per process too: a warm driver of an earlier process may still live.
+        run_dir=rundir.job_dir(cfg.work_dir, row.job_id)
+        / f"{epoch}.warm-{os.getpid()}-{next(_serial)}",
     )
     with the_runner._lock:
         the_runner._warm[row.job_id] = warm
