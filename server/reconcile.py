@@ -33,7 +33,13 @@ The decisions, per job, in order:
   :class:`HandleOrphan` (adopt it, record its outcome, release it, or leave it to
   expire: see the runner), once;
 - a row targeted here that is free (unowned and claimable, or its lease expired) while
-  this server is registered, claiming and below capacity: :class:`Claim`.
+  this server is registered, claiming and below capacity: :class:`Claim`;
+- a warm hand-off (docs/drivers.md): a running run stopped for a planned move of a
+  streaming job offers one (``Stop.warm``, :func:`offers_warm`); a row targeted here
+  whose live owner offers one gets a warm driver, room permitting (:class:`PreStart`,
+  :func:`warm_wanted`); a warm driver whose claim can no longer be this server's is
+  killed (:class:`Discard`, :func:`warm_discard_reason`); the old owner's bounded wait
+  is :func:`warm_wait`'s.
 
 How a driver's end is recorded is decided by :func:`ending`, the same for both kinds:
 a driver that exited nonzero is a *crash* of the job's own code, whose budget
