@@ -12,7 +12,7 @@ and per trial two planned moves:
 
 - ``roll``: ``job update`` to a new artifact version (the same server rolls it);
 - ``drain``: ``server drain`` of its owner (the job moves to the other server), then
-  ``server drain --undo``.
+  ``server drain --undo`` (with a residency past the run: the job does not move back).
 
 The output gap of a move is the time between the last committed file written by the
 old driver and the first written by the new one (``tests/sink.output_gap``). Each move
@@ -38,6 +38,9 @@ from tests.cluster import EXAMPLES, Cluster
 SERVERS = ("s1", "s2")
 COUNTER = EXAMPLES / "streaming_counter.py"
 MOVE_TIMEOUT_S = 300.0
+# A drained server that is undone is a joiner for the job it lost: a residency far
+# past the run keeps the job where the drain put it (one move per measurement).
+SERVER_ENV = {"SPARKRING_MIN_RESIDENCY": "36000"}
 
 
 def _running_after(cluster: Cluster, name: str, epoch: int) -> dict[str, Any]:
@@ -123,7 +126,7 @@ def main() -> None:
     started = time.monotonic()
     raw: dict[str, list[float]] = {}
     with failover.environment() as t, tempfile.TemporaryDirectory() as scratch:
-        failover.start_servers(t, SERVERS, {})
+        failover.start_servers(t, SERVERS, SERVER_ENV)
         t.cluster.cli("resource", "upload", "counter", str(COUNTER))
         for mode in modes:
             for key, values in measure(t.cluster, mode, args.trials, Path(scratch)).items():
