@@ -412,8 +412,9 @@ _MARK_WARM_READY = sa.text(
 
 def mark_warm_ready(conn: sa.Connection, job_id: int, server: str, epoch: int) -> None:
     """The target's warm driver for the hand-off of the run at ``epoch`` has built its
-    SparkSession: its old owner may stop now. Only the target of a standing offer may
-    say so; it changes no lease and no state (the old owner still holds the epoch)."""
+    SparkSession, or will not (it could not be launched): its old owner may stop now.
+    Only the target of a standing offer may say so; it changes no lease and no state
+    (the old owner still holds the epoch)."""
     if conn.execute(_MARK_WARM_READY, {"job_id": job_id, "server": server, "epoch": epoch}).first():
         return
     raise FencedError(f"job {job_id}: no warm hand-off of epoch {epoch} offered to {server}")

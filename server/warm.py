@@ -13,6 +13,10 @@ side; the decisions are ``server/reconcile.py``'s)::
                  lease file of its own that kills it after warm_go_timeout
     building  -> ready: its log says READY_LINE; :func:`prestart` records it
                  (distribution.mark_warm_ready): the old owner stops its driver
+              -> failed: it could not be launched (no Spark master answers, an
+                 artifact or spec error): recorded the same way, so that the old
+                 owner stops now; kept driverless until the hand-off moves on, so the
+                 offer is not tried again at every poll, and the claim starts cold
     waiting   -> taken: this server claimed the job at the epoch it was built for;
                  :func:`take` (the claim's start task) links the run directory,
                  confirms the claim's lease to its watchdog, then writes go.json
@@ -119,10 +123,11 @@ def prestart(the_runner: runner.Runner, warm: WarmRun, offered_epoch: int) -> No
             exc,
             extra={"action": "warm_failed", "job": warm.name, "error": type(exc).__name__},
         )
-        _forget(the_runner, warm)
-        return
+        handle = None
     if handle is None:
-        _forget(the_runner, warm)
+        # Kept, driverless, until the hand-off moves on (the offer is not pre-started
+        # again at every poll), and the old owner told to stop now: the claim is cold.
+        _mark_ready(the_runner, warm, offered_epoch)
         return
     with the_runner._lock:
         warm.driver = handle
@@ -140,6 +145,10 @@ def _launch(the_runner: runner.Runner, warm: WarmRun) -> driver.Driver | None:
         job = job_catalog.run_definition(conn, warm.job_id, warm.revision)
     master = job["spark_master"] or cfg.spark_master
     if spark_master.unreachable(master):
+        log.info(
+            "no warm driver: no Spark master answers",
+            extra={"action": "warm_failed", "job": warm.name, "epoch": warm.epoch},
+        )
         return None  # a cold start, deferred as usual, will wait for the master
     warm.master = master
     # The run as the claim will make it: its identity is what the driver's environment
@@ -291,13 +300,6 @@ def kill_all(the_runner: runner.Runner) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-
-
-def _forget(the_runner: runner.Runner, warm: WarmRun) -> None:
-    with the_runner._lock:
-        if the_runner._warm.get(warm.job_id) is warm:
-            del the_runner._warm[warm.job_id]
-        warm.discarded = True
 
 
 def _kill(the_runner: runner.Runner, warm: WarmRun, why: str) -> None:
