@@ -40,7 +40,8 @@ COUNTER = EXAMPLES / "streaming_counter.py"
 MOVE_TIMEOUT_S = 300.0
 # A drained server that is undone is a joiner for the job it lost: a residency far
 # past the run keeps the job where the drain put it (one move per measurement).
-SERVER_ENV = {"SPARKRING_MIN_RESIDENCY": "36000"}
+# The product's default ready wait (90 s), not the harness's shorter one.
+SERVER_ENV = {"SPARKRING_MIN_RESIDENCY": "36000", "SPARKRING_WARM_READY_WAIT": "90"}
 
 
 def _running_after(cluster: Cluster, name: str, epoch: int) -> dict[str, Any]:
