@@ -99,6 +99,16 @@ class Row:
     # The job's current revision and the one its run was claimed with.
     job_revision: int | None = None
     revision: int | None = None
+    # The run's attempt (a claim makes it attempt + 1, with epoch + 1).
+    attempt: int = 0
+    # Warm hand-off (docs/distribution.md): the epoch whose owner offered its target a
+    # warm hand-off as it began a planned stop, and the epoch whose hand-off the
+    # target's warm driver is ready for (its SparkSession is built). Each names an
+    # epoch, so a claim (epoch + 1) makes both stale without a write.
+    handoff_epoch: int | None = None
+    warm_ready_epoch: int | None = None
+    # The job's conf does not opt out (sparkring.handoff.warm=false).
+    warm_allowed: bool = True
 
 
 def _event_cte(kind: str) -> str:
@@ -150,6 +160,10 @@ _CLAIM = sa.text(
                   -- alert's failed_over, migration 0013). Informative only.
                   || CASE WHEN o.prior_owner <> :server
                           THEN jsonb_build_object('taken_over_from', o.prior_owner)
+                          ELSE '{}'::jsonb END
+                  -- A warm driver takes the run (docs/drivers.md, "Warm hand-off").
+                  || CASE WHEN CAST(:warm AS boolean)
+                          THEN jsonb_build_object('warm', true)
                           ELSE '{}'::jsonb END AS detail
     )
     """
@@ -159,7 +173,13 @@ _CLAIM = sa.text(
 
 
 def claim(
-    conn: sa.Connection, job_id: int, owner: Owner, ttl: float, *, hold: float = 0.0
+    conn: sa.Connection,
+    job_id: int,
+    owner: Owner,
+    ttl: float,
+    *,
+    hold: float = 0.0,
+    warm: bool = False,
 ) -> Claim:
     """Take the job: ``epoch + 1`` and a lease from PostgreSQL's clock.
 
@@ -172,6 +192,8 @@ def claim(
     ``hold`` seconds, for the reason :func:`reap` waits: right after an outage of
     PostgreSQL every lease has expired, and its live owner may hold the only record of
     how its driver ended.
+
+    ``warm``: a warm driver waits here for this claim; said in the ``claimed`` event.
     """
     row = conn.execute(
         _CLAIM,
@@ -180,6 +202,7 @@ def claim(
             **owner.params(),
             "ttl": ttl,
             "hold": hold,
+            "warm": warm,
             "sources": list(states.sources(RunState.STARTING)),
             "claimable": sorted(states.CLAIMABLE),
         },
@@ -347,15 +370,54 @@ def mark_running(conn: sa.Connection, job_id: int, owner: Owner, epoch: int, pid
 _BEGIN_STOP = _transition(
     EventKind.STOPPING,
     RunState.STOPPING,
-    "",
+    "handoff_epoch = CASE WHEN CAST(:warm AS boolean) THEN d.epoch ELSE NULL END,",
     release=False,
-    detail="jsonb_build_object('reason', CAST(:reason AS text))",
+    detail="jsonb_build_object('reason', CAST(:reason AS text))"
+    " || CASE WHEN CAST(:warm AS boolean) THEN jsonb_build_object('warm', true)"
+    " ELSE '{}'::jsonb END",
 )
 
 
-def begin_stop(conn: sa.Connection, job_id: int, owner: Owner, epoch: int, reason: str) -> None:
-    """The owner starts stopping its driver (migration, stop or restart command)."""
-    _fenced(conn, _BEGIN_STOP, RunState.STOPPING, job_id, owner.params(), epoch, reason=reason)
+def begin_stop(
+    conn: sa.Connection, job_id: int, owner: Owner, epoch: int, reason: str, *, warm: bool = False
+) -> None:
+    """The owner starts stopping its driver (migration, stop or restart command).
+    ``warm``: a planned move that offers its target a warm hand-off at this epoch
+    (``handoff_epoch``; docs/drivers.md, "Warm hand-off")."""
+    _fenced(
+        conn,
+        _BEGIN_STOP,
+        RunState.STOPPING,
+        job_id,
+        owner.params(),
+        epoch,
+        reason=reason,
+        warm=warm,
+    )
+
+
+_MARK_WARM_READY = sa.text(
+    """
+    UPDATE distribution
+       SET warm_ready_epoch = epoch, updated_at = now()
+     WHERE job_id = :job_id
+       AND target = :server
+       AND epoch = :epoch
+       AND handoff_epoch = :epoch
+       AND state = 'stopping'
+    RETURNING job_id
+    """
+)
+
+
+def mark_warm_ready(conn: sa.Connection, job_id: int, server: str, epoch: int) -> None:
+    """The target's warm driver for the hand-off of the run at ``epoch`` has built its
+    SparkSession, or will not (it could not be launched): its old owner may stop now.
+    Only the target of a standing offer may say so; it changes no lease and no state
+    (the old owner still holds the epoch)."""
+    if conn.execute(_MARK_WARM_READY, {"job_id": job_id, "server": server, "epoch": epoch}).first():
+        return
+    raise FencedError(f"job {job_id}: no warm hand-off of epoch {epoch} offered to {server}")
 
 
 _RELEASE = _transition(
@@ -787,7 +849,8 @@ _POLL = sa.text(
     SELECT d.job_id, j.name, j.kind, j.desired, j.generation AS job_generation,
            j.max_restarts, d.target, d.owner, d.owner_incarnation, d.epoch, d.state,
            d.generation, j.revision AS job_revision, d.revision,
-           d.restarts,
+           d.restarts, d.attempt, d.handoff_epoch, d.warm_ready_epoch,
+           COALESCE(j.conf ->> 'sparkring.handoff.warm', 'true') <> 'false' AS warm_allowed,
            (d.lease_until IS NOT NULL AND d.lease_until < now()) AS lease_expired,
            (d.not_before IS NULL OR d.not_before <= now()) AS claimable_now,
            CAST(EXTRACT(EPOCH FROM CASE
@@ -829,6 +892,10 @@ def poll(conn: sa.Connection, owner: Owner, also: Iterable[int] = ()) -> list[Ro
             due_in=r.due_in,
             job_revision=r.job_revision,
             revision=r.revision,
+            attempt=r.attempt,
+            handoff_epoch=r.handoff_epoch,
+            warm_ready_epoch=r.warm_ready_epoch,
+            warm_allowed=r.warm_allowed,
         )
         for r in conn.execute(_POLL, {**owner.params(), "also": sorted(also)})
     ]

@@ -192,7 +192,12 @@ def claim(the_runner: runner.Runner, row: distribution.Row) -> None:
     try:
         with the_runner.engine.begin() as conn:
             claim = distribution.claim(
-                conn, row.job_id, the_runner.owner, cfg.lease_ttl, hold=cfg.takeover_hold
+                conn,
+                row.job_id,
+                the_runner.owner,
+                cfg.lease_ttl,
+                hold=cfg.takeover_hold,
+                warm=row.job_id in the_runner._warm,
             )
     except distribution.NotClaimable:
         return

@@ -119,6 +119,17 @@ SPARK_MASTER_WAIT_MAX_S = 15.0
 SPARK_MASTER_PROBE_INTERVAL_S = 15.0
 SPARK_MASTER_PROBE_TIMEOUT_S = 1.0
 MAX_RESTARTS = 3
+# Warm hand-off of a planned move of a streaming job (docs/drivers.md, "Warm hand-off"):
+# how long the old owner waits for its target's warm driver to be ready before it stops
+# its own driver anyway (the cold path), seconds: the slowest Spark cold start measured
+# here (90 s, on a loaded 2-core host; 10-50 s idle). Past it the target's claim still
+# takes the warm driver if it runs, only a colder one.
+WARM_READY_WAIT_S = 90.0
+# How long a warm driver lives without its go signal (the move cancelled, the claim
+# lost), seconds: its watchdog's deadline. Covers the ready wait, the old driver's stop
+# grace and the claim, with room.
+WARM_GO_SLACK_S = 40.0
+WARM_GO_TIMEOUT_S = WARM_READY_WAIT_S + STOP_GRACE_S + WARM_GO_SLACK_S
 # Bounded-load placement slack: a server takes at most ceil((1 + eps) * average) jobs.
 PLACEMENT_EPSILON = 0.05
 # Settle window of placement, seconds: a server that joined is given streaming jobs

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server import driver_user, rundir, watchdog
+from server import driver_user, rundir, warm_entry, watchdog
 
 log = logging.getLogger("sparkring.driver")
 
@@ -49,6 +49,8 @@ Reason = watchdog.Reason
 
 # Generated launcher for a .zip/.egg main: spark-submit only runs a .py as a Python main.
 ZIP_LAUNCHER_FILE = "sparkring_main.py"
+# A warm driver's entry point (server/warm_entry.py, copied into its run directory).
+WARM_ENTRY_FILE = "sparkring_warm.py"
 
 KINDS = ("streaming", "batch")
 PYTHON_SUFFIXES = (".py", ".zip", ".egg")
@@ -111,6 +113,14 @@ class DriverSpec:
     run_id: str = ""
     # A scheduled run's fire time, ISO-8601 UTC with Z (SPARKRING_SCHEDULED_TIME).
     scheduled_time: str | None = None
+    # A warm driver (server/warm.py): spark-submit runs the warm entry point, which
+    # builds the SparkSession and waits this long for go.json before the job's main
+    # runs. None: the job's main runs at once (a cold start).
+    warm_go_timeout: float | None = None
+
+    @property
+    def warm(self) -> bool:
+        return self.warm_go_timeout is not None
 
 
 @dataclass(frozen=True)
@@ -252,7 +262,18 @@ def build_argv(spec: DriverSpec) -> list[str]:
         main = str(spec.run_dir / ZIP_LAUNCHER_FILE)
     if py_files:
         argv += ["--py-files", ",".join(py_files)]
+    if spec.warm:
+        if _is_jar(spec):
+            raise SpecError(f"job {spec.job}: a .jar main has no warm start")
+        main = str(spec.run_dir / WARM_ENTRY_FILE)  # it runs the main of warm.json
     return [*argv, main, *spec.args]
+
+
+def job_python_file(spec: DriverSpec) -> Path:
+    """The Python file that runs the job: its .py main, or the launcher of its archive."""
+    if spec.main.suffix.lower() == ".py":
+        return spec.main
+    return spec.run_dir / ZIP_LAUNCHER_FILE
 
 
 def without_secrets(base: Mapping[str, str]) -> dict[str, str]:
@@ -588,6 +609,7 @@ def supervise(
     job_id: int | None = None,
     user: driver_user.DriverUser | None = None,
     nice: int = 0,
+    go_file: Path | None = None,
 ) -> Driver:
     """Run ``command`` under a new watchdog in its own session; see :func:`launch`.
 
@@ -596,10 +618,11 @@ def supervise(
     records the driver's own exit in PostgreSQL itself. ``user``: the watchdog (this
     process's user) starts ``command`` as that user. ``nice``: ``command`` runs that many
     nice steps below the watchdog, so that a busy host still schedules the watchdog in
-    time to kill it (``Settings.driver_nice``).
+    time to kill it (``Settings.driver_nice``). ``go_file``: a warm driver's (see
+    ``server/warm.py``): the run is the job's only once that file exists.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (rundir.RESULT_FILE, rundir.STOP_FILE, rundir.STATE_FILE):
+    for stale in (rundir.RESULT_FILE, rundir.STOP_FILE, rundir.STATE_FILE, rundir.GO_FILE):
         (run_dir / stale).unlink(missing_ok=True)
     # The lease file exists before the watchdog does: it never starts unconfirmed.
     rundir.write_lease(run_dir / rundir.LEASE_FILE, lease_deadline)
@@ -636,6 +659,8 @@ def supervise(
         argv += ["--records", str(records)]
     if term_only is not None:
         argv += ["--term-only", term_only]
+    if go_file is not None:
+        argv += ["--go-file", str(go_file)]
     report_fd = None
     if report is not None:
         # The report waits in the pipe's buffer (far below its 64 KiB) for the watchdog
@@ -704,6 +729,15 @@ def launch(
         launcher = spec.run_dir / ZIP_LAUNCHER_FILE
         launcher.write_text(_zip_launcher(spec.main))
         launcher.chmod(0o644)  # read by the driver, whatever the umask
+    if spec.warm:
+        entry = spec.run_dir / WARM_ENTRY_FILE
+        entry.write_text(Path(warm_entry.__file__).read_text())
+        entry.chmod(0o644)
+        settings = spec.run_dir / rundir.WARM_FILE
+        rundir.write_json_atomically(
+            settings, {"main": str(job_python_file(spec)), "go_timeout": spec.warm_go_timeout}
+        )
+        settings.chmod(0o644)
     if spec.checkpoint_dir is not None and spec.kind == "streaming":
         spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         if spec.user is not None:
@@ -737,6 +771,7 @@ def launch(
         job_id=spec.job_id,
         user=spec.user,
         nice=spec.nice,
+        go_file=spec.run_dir / rundir.GO_FILE if spec.warm else None,
     )
 
 

@@ -30,6 +30,7 @@ from server import (
     rundir,
     runs,
     spark_master,
+    warm,
     watchdog,
 )
 from sql import states
@@ -96,8 +97,11 @@ def start(the_runner: runner.Runner, run: runs.Run) -> None:
 def _launch(the_runner: runner.Runner, run: runs.Run) -> tuple[driver.Driver, str] | None:
     """Definition -> spec -> files -> process: the launched driver and its Spark master,
     or None when the run was deferred because no master answers. Raises what
-    :func:`start` turns into the run's end."""
+    :func:`start` turns into the run's end. A warm driver built for this claim takes the
+    run instead (``server/warm.py``)."""
     cfg = the_runner.config
+    if (taken := warm.take(the_runner, run)) is not None:
+        return taken
     with the_runner.engine.connect() as conn:
         # The revision the claim pinned: a newer one rolls the job anew.
         job = job_catalog.run_definition(conn, run.job_id, run.revision)
@@ -112,27 +116,33 @@ def _launch(the_runner: runner.Runner, run: runs.Run) -> tuple[driver.Driver, st
         outcomes.defer_for_master(the_runner, run, master)
         return None
     the_runner._master_deferrals.pop(run.job_id, None)
-    spec = _spec(the_runner, run, job, master)
+    spec = build_spec(the_runner, run, job, master)
     with the_runner._lock:
         deadline = run.deadline
     if watchdog.lease_clock() >= deadline:
         raise driver.DriverError("lease deadline passed while preparing the driver")
-    report = _report(the_runner, run, spec, master)
+    report = finish_report(the_runner, run, spec, master)
     return driver.launch(spec, deadline, records=cfg.records, report=report), master
 
 
-def _spec(
-    the_runner: runner.Runner, run: runs.Run, job: dict[str, Any], master: str
+def build_spec(
+    the_runner: runner.Runner,
+    run: runs.Run,
+    job: dict[str, Any],
+    master: str,
+    *,
+    run_dir: Path | None = None,
+    warm_go_timeout: float | None = None,
 ) -> driver.DriverSpec:
     """The run's driver spec: its artifacts fetched, verified and pinned in its run
-    directory, its streaming checkpoint prepared."""
+    directory (``run_dir``, default its epoch's), its streaming checkpoint prepared.
+    ``warm_go_timeout``: a warm driver's (``server/warm.py``)."""
     cfg = the_runner.config
+    run_dir = run_dir or rundir.run_dir(cfg.work_dir, run.job_id, run.epoch)
     artifacts = [job["resource"], *job["py_files"]]
     fetched = [(_fetch(the_runner, item["id"]), item["filename"]) for item in artifacts]
     # The run's own links, under the original names: the cache may evict them.
-    main, *py_files = driver.pin_artifacts(
-        rundir.run_dir(cfg.work_dir, run.job_id, run.epoch), fetched
-    )
+    main, *py_files = driver.pin_artifacts(run_dir, fetched)
     return driver.DriverSpec(
         job=run.name,
         kind=job["kind"],
@@ -149,17 +159,18 @@ def _spec(
             if job["kind"] == states.JobKind.STREAMING
             else None
         ),
-        run_dir=rundir.run_dir(cfg.work_dir, run.job_id, run.epoch),
+        run_dir=run_dir,
         revision=run.revision,
         job_id=run.job_id,
         user=cfg.run_as,
         nice=cfg.driver_nice,
         run_id=str(job["run"]["run_id"]) if job.get("run") else "",
         scheduled_time=job["run"]["scheduled_time"] if job.get("run") else None,
+        warm_go_timeout=warm_go_timeout,
     )
 
 
-def _report(
+def finish_report(
     the_runner: runner.Runner, run: runs.Run, spec: driver.DriverSpec, master: str
 ) -> driver.FinishReport:
     """What the run's watchdog needs to record its driver's own exit. It does so for

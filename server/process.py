@@ -187,6 +187,9 @@ class Server:
                 run_as=run_as,
                 driver_nice=s.driver_nice,
                 takeover_hold=s.lease_lapse_grace,
+                warm_ready_wait=s.warm_ready_wait,
+                # A warm driver outlives the longest hand-off: the wait, the stop, a claim.
+                warm_go_timeout=s.warm_ready_wait + s.stop_grace + defaults.WARM_GO_SLACK_S,
             ),
             may_claim=self._may_claim,
         )

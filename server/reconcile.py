@@ -33,7 +33,13 @@ The decisions, per job, in order:
   :class:`HandleOrphan` (adopt it, record its outcome, release it, or leave it to
   expire: see the runner), once;
 - a row targeted here that is free (unowned and claimable, or its lease expired) while
-  this server is registered, claiming and below capacity: :class:`Claim`.
+  this server is registered, claiming and below capacity: :class:`Claim`;
+- a warm hand-off (docs/drivers.md): a running run stopped for a planned move of a
+  streaming job offers one (``Stop.warm``, :func:`offers_warm`); a row targeted here
+  whose live owner offers one gets a warm driver, room permitting (:class:`PreStart`,
+  :func:`warm_wanted`); a warm driver whose claim can no longer be this server's is
+  killed (:class:`Discard`, :func:`warm_discard_reason`); the old owner's bounded wait
+  is :func:`warm_wait`'s.
 
 How a driver's end is recorded is decided by :func:`ending`, the same for both kinds:
 a driver that exited nonzero is a *crash* of the job's own code, whose budget
@@ -113,6 +119,9 @@ class Drop:
 class Stop:
     job_id: int
     reason: str
+    # A planned move of a streaming job: offer the target a warm hand-off, and wait
+    # (bounded) for its warm driver before stopping this one (:func:`offers_warm`).
+    warm: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,31 @@ class Claim:
     job_id: int
 
 
-Action = Record | Drop | Stop | MarkRunning | HandleOrphan | Claim
+@dataclass(frozen=True)
+class PreStart:
+    """Start a warm driver for the run the next claim makes (at ``epoch``)."""
+
+    job_id: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Kill a warm driver whose hand-off will not reach this server."""
+
+    job_id: int
+    why: str
+
+
+Action = Record | Drop | Stop | MarkRunning | HandleOrphan | Claim | PreStart | Discard
+
+
+class WarmWait(StrEnum):
+    """What the old owner of a warm hand-off does next (:func:`warm_wait`)."""
+
+    READY = "ready"  # the target's warm driver is ready: stop ours now
+    WAIT = "wait"  # the offer stands and nobody is ready yet: wait (bounded)
+    GIVE_UP = "give_up"  # the offer no longer stands: stop ours now (the cold path)
 
 
 class Ending(StrEnum):
@@ -212,6 +245,76 @@ def stop_reason(row: distribution.Row, me: str, may_migrate: bool) -> str | None
     return None
 
 
+def planned_move(row: distribution.Row, me: str, may_migrate: bool) -> bool:
+    """The running driver of this row stops for a planned move: a roll to a new
+    revision, or a migration to another server (a drain, a join's rebalance, ``ring
+    rebalance``). Not a stop, a restart, or a move to no server."""
+    if row.desired != states.Desired.RUNNING:
+        return False
+    if row.job_generation != row.generation:  # a roll is a new generation, with a revision
+        return row.job_revision is not None and row.job_revision != row.revision
+    return may_migrate and row.target is not None and row.target != me
+
+
+def offers_warm(row: distribution.Row, me: str, may_migrate: bool) -> bool:
+    """Stop this row's driver through a warm hand-off: a planned move of a streaming
+    job that does not opt out (``sparkring.handoff.warm=false``)."""
+    return (
+        row.kind == states.JobKind.STREAMING
+        and row.warm_allowed
+        and planned_move(row, me, may_migrate)
+    )
+
+
+def warm_wanted(row: distribution.Row, me: str) -> bool:
+    """Its owner offered a warm hand-off to this server: a live lease, stopping for a
+    planned move with the offer at its epoch. A lost owner (expired lease) offers
+    nothing: a fault keeps the cold path."""
+    return (
+        row.target == me
+        and row.desired == states.Desired.RUNNING
+        and row.kind == states.JobKind.STREAMING
+        and row.warm_allowed
+        and row.owner is not None
+        and row.lease_expired is False
+        and row.state == states.RunState.STOPPING
+        and row.handoff_epoch == row.epoch
+    )
+
+
+def warm_discard_reason(row: distribution.Row | None, me: str, epoch: int) -> str | None:
+    """Why a warm driver waiting for the claim of ``epoch`` will never be used, or None
+    while that claim may still be this server's."""
+    if row is None:
+        return "the job is gone"
+    if row.desired != states.Desired.RUNNING:
+        return "the job is wanted stopped"
+    if row.epoch == epoch and row.owner is not None and row.owner != me:
+        return f"claimed at epoch {epoch} by {row.owner}"
+    if row.epoch == epoch and row.owner is None:
+        # Our own claim takes its warm driver before anything could end it.
+        return f"epoch {epoch} was claimed and has ended"
+    if row.epoch not in (epoch - 1, epoch):
+        return f"the job is at epoch {row.epoch}"
+    if row.target != me and row.epoch == epoch - 1:
+        return f"the job moved to {row.target or 'no server'}"
+    return None
+
+
+def warm_wait(row: distribution.Row | None, me: distribution.Owner, epoch: int) -> WarmWait:
+    """The old owner's wait for the target's warm driver, its run at ``epoch``: ready,
+    wait, or give up (the offer no longer stands: stopped, moved to no server, or the
+    run is no longer ours). A restart asked meanwhile changes nothing: the next claim
+    starts the new generation either way."""
+    if row is None or not holds(row, me, epoch):
+        return WarmWait.GIVE_UP
+    if row.warm_ready_epoch == epoch:
+        return WarmWait.READY
+    if row.handoff_epoch != epoch or row.target is None or row.desired != states.Desired.RUNNING:
+        return WarmWait.GIVE_UP
+    return WarmWait.WAIT
+
+
 def claimable(row: distribution.Row, me: str) -> bool:
     """The row is targeted here, wanted running and free to claim now."""
     if row.target != me or row.desired != states.Desired.RUNNING:
@@ -238,9 +341,12 @@ def decide(
     runs: Mapping[int, LocalRun],
     conditions: Conditions,
     handled_orphans: Iterable[OrphanKey] = (),
+    warm: Mapping[int, int] | None = None,
 ) -> list[Action]:
-    """The actions for one poll (see the module docstring), in a stable order."""
+    """The actions for one poll (see the module docstring), in a stable order.
+    ``warm``: this server's warm drivers, job id -> the epoch of the claim each waits for."""
     me = conditions.me.server
+    warm = warm or {}
     actions: list[Action] = []
     for job_id in sorted(runs):
         run, row = runs[job_id], rows.get(job_id)
@@ -253,7 +359,7 @@ def decide(
         elif row is None or not holds(row, run.owner, run.epoch):
             actions.append(Drop(job_id, "the job is no longer ours"))
         elif reason := stop_reason(row, me, conditions.may_migrate):
-            actions.append(Stop(job_id, reason))
+            actions.append(Stop(job_id, reason, offers_warm(row, me, conditions.may_migrate)))
         elif row.state == states.RunState.STARTING:
             actions.append(MarkRunning(job_id))
     handled = set(handled_orphans)
@@ -273,6 +379,33 @@ def decide(
         ):
             actions.append(Claim(job_id))
             room -= 1
+    actions += _warm_actions(rows, runs, conditions, warm)
+    return actions
+
+
+def _warm_actions(
+    rows: Mapping[int, distribution.Row],
+    runs: Mapping[int, LocalRun],
+    conditions: Conditions,
+    warm: Mapping[int, int],
+) -> list[Action]:
+    """Warm drivers to start (an offered hand-off to this server, with room: a warm
+    driver is a driver) and to discard (their hand-off went elsewhere)."""
+    me = conditions.me.server
+    actions: list[Action] = []
+    for job_id in sorted(warm):
+        if why := warm_discard_reason(rows.get(job_id), me, warm[job_id]):
+            actions.append(Discard(job_id, why))
+    busy = len(runs) + len(warm)
+    for job_id in sorted(rows):
+        row = rows[job_id]
+        if job_id in warm or job_id in conditions.dying or not warm_wanted(row, me):
+            continue
+        # A roll: the stopping run's slot is its successor's.
+        room = conditions.capacity - busy + (1 if job_id in runs else 0)
+        if conditions.may_claim and room > 0:
+            actions.append(PreStart(job_id, row.epoch + 1))
+            busy += 1
     return actions
 
 

@@ -18,6 +18,12 @@ Files of one run, and who writes them:
   run's identity; written by the watchdog, read by the server to adopt or sweep a run;
 - ``result.json`` (:data:`RESULT_FILE`): why and when the driver ended; written by the
   watchdog once everything is dead, read by the server (``driver.Driver.outcome_of``);
+- ``go.json`` (:data:`GO_FILE`): a warm driver's go signal (docs/drivers.md, "Warm
+  hand-off"): ``{"t": wall clock, "mono": lease clock}`` when its server wrote it, after
+  its claim committed; written by the server (:func:`write_go`), read by the warm
+  entry point (``server/warm_entry.py``) and the watchdog (``--go-file``);
+- ``warm.json`` (:data:`WARM_FILE`): the warm entry point's settings (the job's main,
+  how long to wait for the go signal); written by the server before the launch;
 - ``cwd/`` (:data:`WORKING_DIR`): the driver's working directory, so that nothing it
   writes there can touch the files above; ``artifacts/`` (:data:`ARTIFACTS_DIR`): the
   run's own links to its verified artifacts.
@@ -44,6 +50,8 @@ LEASE_FILE = "lease.json"
 STATE_FILE = "watchdog.json"
 STOP_FILE = "stop.json"
 RESULT_FILE = "result.json"
+GO_FILE = "go.json"  # a warm driver may run the job's main
+WARM_FILE = "warm.json"  # the warm entry point's settings
 WORKING_DIR = "cwd"  # the driver's working directory, below the run directory
 ARTIFACTS_DIR = "artifacts"  # the run's own links to its verified artifacts
 
@@ -123,6 +131,29 @@ def read_grace(path: Path) -> float | None:
     if isinstance(grace, int | float) and not isinstance(grace, bool) and grace >= 0:
         return float(grace)
     return None
+
+
+def write_go(path: Path) -> float:
+    """Tell a warm driver to run the job's main; returns the wall-clock time written
+    (the run's start in its lifetime records: taken before the file exists)."""
+    # time and the lease clock are read here, not imported from the watchdog: this
+    # module imports nothing of ours.
+    import time
+
+    went_at = time.time()
+    write_json_atomically(path, {"t": went_at, "mono": time.clock_gettime(time.CLOCK_BOOTTIME)})
+    return went_at
+
+
+def read_go(path: Path) -> tuple[float, float] | None:
+    """The (wall clock, lease clock) times of a go signal, or None if there is none."""
+    payload = read_json(path)
+    if payload is None:
+        return None
+    t, mono = payload.get("t"), payload.get("mono")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (t, mono)):
+        return None
+    return float(t), float(mono)  # type: ignore[arg-type]
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:

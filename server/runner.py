@@ -76,6 +76,7 @@ from server import (
     reconcile,
     runs,
     stops,
+    warm,
     watchdog,
 )
 
@@ -117,6 +118,10 @@ class RunnerConfig:
     # Another server's expired lease is claimed over only once PostgreSQL has been up
     # this long (distribution.claim): after its outage, the owner's word first.
     takeover_hold: float = 0.0
+    # Warm hand-off (server/warm.py): the old owner's wait for the target's warm driver,
+    # and a warm driver's life without its go signal, seconds.
+    warm_ready_wait: float = defaults.WARM_READY_WAIT_S
+    warm_go_timeout: float = defaults.WARM_GO_TIMEOUT_S
 
 
 class Runner:
@@ -136,6 +141,8 @@ class Runner:
         self._may_claim = may_claim
         self.owner = distribution.Owner(config.server, config.incarnation)
         self._runs: dict[int, runs.Run] = {}
+        # Warm drivers waiting for a claim here (server/warm.py), by job id. Under the lock.
+        self._warm: dict[int, warm.WarmRun] = {}
         # Jobs whose lost run's kill is still under way (claims.renew): not claimed here
         # until it is over. Under the lock.
         self._dying: set[int] = set()
@@ -161,8 +168,11 @@ class Runner:
         # the old session expired and gives them back once we are a member again.
         self._registered = threading.Event()
         self._migrate_after = math.inf
+        # Per driver slot: its start or stop, its outcome's record, and a warm hand-off's
+        # waits (the old owner's, up to warm_ready_wait; the target's, until its warm
+        # driver is ready): a wait must never hold back a record or a claim's start.
         self._tasks = ThreadPoolExecutor(
-            max_workers=max(4, 2 * config.capacity), thread_name_prefix="runner-task"
+            max_workers=max(8, 4 * config.capacity), thread_name_prefix="runner-task"
         )
         self._threads = [
             threading.Thread(target=self._poll_loop, name="runner-poll", daemon=True),
@@ -248,6 +258,7 @@ class Runner:
         running are left to their watchdogs."""
         self.stop_loops()
         self._tasks.shutdown(wait=True, cancel_futures=True)
+        warm.kill_all(self)  # they ran no job code: nothing to hand on
 
     # ------------------------------------------------------------------ renew
 
@@ -287,6 +298,7 @@ class Runner:
         claimable, or sooner while an outcome waits to be recorded."""
         cfg = self.config
         outcomes.reap_ended(self)  # first: a driver's end is noticed even with PostgreSQL away
+        warm.reap_ended(self)
         # The local runs before the rows: a task adds a run only once its write has
         # committed (an adoption), so every run listed here is already in the rows read
         # next. Listed after, a run adopted in between would meet its row as the previous
@@ -308,15 +320,16 @@ class Runner:
             for job_id, run in local_runs.items()
         }
         wait = cfg.poll_interval
-        for action in reconcile.decide(rows, local, conditions, self._orphans):
+        warm_epochs = warm.warm_epochs(self)
+        for action in reconcile.decide(rows, local, conditions, self._orphans, warm_epochs):
             match action:
                 case reconcile.Record(job_id):
                     self._tasks.submit(outcomes.record, self, local_runs[job_id])
                     wait = min(wait, RECORD_RETRY_S)
                 case reconcile.Drop(job_id, why):
                     outcomes.drop_lost(self, local_runs[job_id], why)
-                case reconcile.Stop(job_id, reason):
-                    stops.begin_stop(self, local_runs[job_id], reason)
+                case reconcile.Stop(job_id, reason, offer):
+                    stops.begin_stop(self, local_runs[job_id], reason, warm=offer)
                 case reconcile.MarkRunning(job_id):
                     self._tasks.submit(launch.mark_running, self, local_runs[job_id])
                 case reconcile.HandleOrphan(job_id):
@@ -324,6 +337,10 @@ class Runner:
                     self._tasks.submit(self._clean_orphan, rows[job_id])
                 case reconcile.Claim(job_id):
                     claims.claim(self, rows[job_id])
+                case reconcile.PreStart(job_id):
+                    warm.begin(self, rows[job_id])
+                case reconcile.Discard(job_id, why):
+                    warm.discard(self, job_id, why)
         self._orphans &= reconcile.live_orphans(rows.values(), cfg.server)
         return reconcile.next_look(rows.values(), cfg.server, wait) + DUE_SLACK_S
 

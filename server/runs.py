@@ -19,6 +19,8 @@ field, and under which guard:
   cleared by the thread that recorded it.
 - ``recording``: the one thread recording ``unrecorded`` (``outcomes.record``), under
   the runner's lock.
+- ``warm_offered``: whoever begins the run's stop (``stops.begin_stop``), before it
+  submits the stop task that reads it;
 - ``marking``, ``marked``: the one thread recording ``running``
   (``launch.mark_running``); ``marking`` under the runner's lock, ``marked`` only by
   the thread that holds ``marking``.
@@ -73,6 +75,9 @@ class Run:
     recording: bool = False  # a thread is writing ``unrecorded`` now
     marking: bool = False  # a thread is recording ``running`` now
     marked: bool = False  # ``running`` is recorded in PostgreSQL
+    # Its stop offered the target a warm hand-off (server/warm.py): the stop waits,
+    # bounded, for the target's warm driver before it stops this one.
+    warm_offered: bool = False
 
     def __setattr__(self, field: str, value: Any) -> None:
         # Another thread may hold this run by its identity (a task, the renewals): it

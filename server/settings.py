@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     db_idle_in_transaction_timeout: float = Field(defaults.DB_IDLE_IN_TRANSACTION_TIMEOUT_S, gt=0)
     db_statement_timeout: float = Field(defaults.DB_STATEMENT_TIMEOUT_S, gt=0)
     stop_grace: float = Field(defaults.STOP_GRACE_S, ge=0)
+    # Warm hand-off: the old owner's longest wait for the target's warm driver, seconds
+    # (docs/drivers.md, "Warm hand-off"); 0: no wait (a claim still takes a warm driver).
+    warm_ready_wait: float = Field(defaults.WARM_READY_WAIT_S, ge=0)
     restart_backoff_base: float = Field(defaults.RESTART_BACKOFF_BASE_S, ge=0)
     restart_backoff_max: float = Field(defaults.RESTART_BACKOFF_MAX_S, ge=0)
     max_artifact_bytes: int = Field(defaults.MAX_ARTIFACT_BYTES, gt=0)

@@ -4,6 +4,11 @@
 ``stopping``, records it (fenced) and submits :func:`stop_driver`, a task: SIGTERM, the
 grace, SIGKILL, then the run's end (``server/outcomes.py``): a release, or the outcome
 of a driver that ended on its own before the stop reached it.
+
+A planned move of a streaming job offers its target a warm hand-off (``warm``;
+``server/warm.py``): the stop task first waits until the target's warm driver is ready,
+the offer no longer stands, or ``warm_ready_wait`` passed (:func:`await_warm`), then
+stops as above. The driver keeps running, under its renewed lease, while it waits.
 """
 
 from __future__ import annotations
@@ -22,15 +27,21 @@ if TYPE_CHECKING:
 # The runner's log: its parts log as the runner did before they had modules of their own.
 log = logging.getLogger("server.runner")
 
+# How often the old owner of a warm hand-off looks whether the target is ready, seconds.
+WARM_LOOK_S = 0.25
 
-def begin_stop(the_runner: runner.Runner, run: runs.Run, reason: str) -> None:
+
+def begin_stop(
+    the_runner: runner.Runner, run: runs.Run, reason: str, *, warm: bool = False
+) -> None:
     with the_runner._lock:
         if run.phase is not reconcile.Phase.RUNNING:
             return
         run.phase = reconcile.Phase.STOPPING
     try:
         with the_runner.engine.begin() as conn:
-            distribution.begin_stop(conn, run.job_id, run.owner, run.epoch, reason)
+            distribution.begin_stop(conn, run.job_id, run.owner, run.epoch, reason, warm=warm)
+        run.warm_offered = warm
     except distribution.FencedError:
         outcomes.drop_lost(the_runner, run, "the job is no longer ours")
         return
@@ -40,7 +51,39 @@ def begin_stop(the_runner: runner.Runner, run: runs.Run, reason: str) -> None:
     the_runner._tasks.submit(the_runner._stop_driver, run)
 
 
+def await_warm(the_runner: runner.Runner, run: runs.Run) -> reconcile.WarmWait:
+    """Wait, at most ``warm_ready_wait`` seconds, until the target's warm driver is
+    ready or the offer no longer stands (``reconcile.warm_wait``); GIVE_UP on timeout."""
+    started = watchdog.lease_clock()
+    until = started + the_runner.config.warm_ready_wait
+    outcome = reconcile.WarmWait.GIVE_UP
+    while watchdog.lease_clock() < until and not the_runner._stop.is_set():
+        if the_runner._shutting_down.is_set() or (run.driver is not None and run.driver.ended()):
+            break  # a shutdown hands off at once; a driver that ended has nothing to wait for
+        try:
+            with the_runner.engine.connect() as conn:
+                rows = distribution.poll(conn, run.owner, [run.job_id])
+        except DBAPIError:
+            rows = None  # PostgreSQL away: keep waiting within the bound
+        if rows is not None:
+            row = next((r for r in rows if r.job_id == run.job_id), None)
+            outcome = reconcile.warm_wait(row, run.owner, run.epoch)
+            if outcome is not reconcile.WarmWait.WAIT:
+                break
+        outcome = reconcile.WarmWait.GIVE_UP  # unless the next look says otherwise
+        the_runner._stop.wait(WARM_LOOK_S)
+    log.info(
+        "warm hand-off: stopping the old driver (%s after %.1f s)",
+        outcome,
+        watchdog.lease_clock() - started,
+        extra={"action": "warm_wait", "job": run.name, "epoch": run.epoch},
+    )
+    return outcome
+
+
 def stop_driver(the_runner: runner.Runner, run: runs.Run) -> None:
+    if run.warm_offered:
+        await_warm(the_runner, run)
     started = watchdog.lease_clock()
     try:
         outcome = run.driver.stop(the_runner.config.stop_grace) if run.driver is not None else None

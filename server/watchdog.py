@@ -50,6 +50,12 @@ signal to the server's process group nor a SIGSTOP of the server reaches it. It 
 - optional **lifetime records** (``--records``): one JSON line when the driver started
   (time taken before the spawn) and one when it ended (time taken after every
   descendant was reaped), so that runs of one job can be proven not to overlap.
+- the **go signal** of a warm driver (``--go-file``, docs/drivers.md "Warm hand-off"):
+  the driver builds its SparkSession and runs no job code until its server writes the
+  go file, after its claim committed. Until then it is no run of the job's: its start is
+  the time in the go file (the ``started`` record is written when the file is seen),
+  and an end before the file exists is neither recorded in PostgreSQL nor in the
+  lifetime records (``"went": false`` in the result).
 
 Run reasons (``Reason``) and the watchdog's exit code for each:
 ``exited`` (OK or DRIVER_FAILED), ``lease_expired`` (LEASE_EXPIRED), ``stopped``
@@ -236,6 +242,8 @@ class Watchdog:
         self.driver: subprocess.Popen[bytes] | None = None
         self.driver_status: int | None = None
         self.started_at: float | None = None
+        # A warm driver (--go-file) is the job's run only once its go file exists.
+        self.went = args.go_file is None
 
     # signals arrive through the wake-up pipe; the handler only records the request
     def _on_stop_signal(self, signum: int, frame: object) -> None:
@@ -297,6 +305,15 @@ class Watchdog:
             },
         )
 
+    def _see_go(self) -> None:
+        """A warm driver's go signal, once: its start is the time its server wrote."""
+        if self.went or (went := rundir.read_go(self.args.go_file)) is None:
+            return
+        self.went = True
+        self.started_at = went[0]
+        self._record("started", went[0], went[1])
+        log.info("go signal: the driver runs the job's main")
+
     def _stopping(self) -> bool:
         """A stop was requested: a SIGTERM (its server's stop, or a service manager's), or
         the stop file its server writes just before it."""
@@ -322,8 +339,10 @@ class Watchdog:
         until shortly after the lease deadline (by then the server, or nobody, records
         it). False when nothing was recorded here: not the watchdog's to record, not
         possible, or the run is no longer its owner's."""
-        if self.report is None or reason is not Reason.EXITED:
-            return False  # the only endings watchdog_ending records (spares the imports)
+        if self.report is None or reason is not Reason.EXITED or not self.went:
+            # The only endings watchdog_ending records (spares the imports); a warm
+            # driver that never got its go signal ran nothing of the job's.
+            return False
         try:
             # Imported here: a watchdog that records nothing never loads a database driver.
             from scheduler import distribution
@@ -443,6 +462,7 @@ class Watchdog:
                 "watchdog_exit": int(code),
                 "recorded": recorded,
                 "stopping": stopping,
+                "went": self.went,
             },
         )
         log.info("driver ended: reason=%s exit_code=%s", reason, exit_code)
@@ -513,7 +533,7 @@ class Watchdog:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child, signal.SIGKILL)
             if first:
-                if not exited:
+                if not exited and self.went:  # a warm driver before its go ran nothing
                     self._record("killed", time.time(), lease_clock())
                 first = False
             else:
@@ -598,7 +618,8 @@ class Watchdog:
             log.error("cannot start driver %r: %s", self.command[0], exc)
             return self._finish(Reason.SPAWN_FAILED, None, time.time())
         self._write_state()
-        self._record("started", self.started_at, started_mono)
+        if self.went:
+            self._record("started", self.started_at, started_mono)
         log.info("driver started: pid=%s", self.driver.pid)
 
         reason = self._supervise(os.pidfd_open(self.driver.pid), wake_read)
@@ -607,6 +628,9 @@ class Watchdog:
         ended_at, ended_mono = time.time(), lease_clock()
         # Said in the record too: an exit during a stop is no failure of the job's.
         stopping = self._was_stopping(reason, self.driver_status)
+        self._see_go()  # written just before the end: the job's main may have run
+        if not self.went:
+            return self._finish(reason, self.driver_status, ended_at, stopping)
         self._record(
             "ended",
             ended_at,
@@ -628,6 +652,7 @@ class Watchdog:
         while True:
             faulthandler.dump_traceback_later(STALL_DUMP_S)
             self._read_deadline()
+            self._see_go()
             now = lease_clock()
             if self.kill_requested:
                 log.warning("kill requested: killing the driver group and its descendants")
@@ -723,6 +748,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FD",
         help="read a JSON FinishReport (server/driver.py) from FD at start-up and record "
         "the driver's own exit in PostgreSQL with it",
+    )
+    parser.add_argument(
+        "--go-file",
+        type=Path,
+        default=None,
+        help="a warm driver: the run is the job's only once this file exists (its time "
+        "starts the lifetime record; an end before it is recorded nowhere)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
     return parser

@@ -265,6 +265,11 @@ distribution = sa.Table(
     sa.Column("not_before", sa.DateTime(timezone=True), nullable=True),
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
     _timestamp("updated_at"),
+    # Warm hand-off (migration 0015): the epoch whose owner offered a warm hand-off as it
+    # began a planned stop, and the epoch whose hand-off the target's warm driver is
+    # ready for. A claim (epoch + 1) makes both stale.
+    sa.Column("handoff_epoch", sa.BigInteger, nullable=True),
+    sa.Column("warm_ready_epoch", sa.BigInteger, nullable=True),
     sa.CheckConstraint(_in("state", RUN_STATES), name="state_known"),
     sa.CheckConstraint("(owner IS NULL) = (lease_until IS NULL)", name="lease_needs_owner"),
     sa.CheckConstraint(

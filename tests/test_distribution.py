@@ -374,3 +374,71 @@ def test_a_crash_recorded_by_a_watchdog_is_counted_once(engine: sa.Engine) -> No
     with engine.connect() as conn:
         kinds = [e["kind"] for e in jobs.events(conn, "crashy")]
     assert kinds.count("crashed") == 1 and kinds.count("failed") == 1, kinds
+
+
+def _running_on(engine: sa.Engine, name: str, server: str, **spec: object) -> int:
+    job_id = factories.job(engine, name, **spec)
+    factories.target(engine, job_id, server)
+    claim = _claim(engine, job_id, server)
+    with engine.begin() as conn:
+        distribution.mark_running(conn, job_id, owner(server), claim.epoch, 1234)
+    return job_id
+
+
+def _polled(engine: sa.Engine, server: str, job_id: int) -> distribution.Row:
+    with engine.connect() as conn:
+        return next(r for r in distribution.poll(conn, owner(server)) if r.job_id == job_id)
+
+
+def test_a_warm_hand_off_is_offered_at_the_epoch_of_the_stopping_run(engine: sa.Engine) -> None:
+    job_id = _running_on(engine, "a", "s1")
+    factories.target(engine, job_id, "s2")
+    with engine.begin() as conn:
+        distribution.begin_stop(conn, job_id, owner("s1"), 1, "migrating to s2", warm=True)
+    seen = _polled(engine, "s2", job_id)
+    assert (seen.state, seen.handoff_epoch, seen.warm_ready_epoch) == ("stopping", 1, None)
+    assert (seen.attempt, seen.warm_allowed) == (1, True)
+    cold = _running_on(engine, "b", "s1")
+    with engine.begin() as conn:
+        distribution.begin_stop(conn, cold, owner("s1"), 1, "stop requested")
+    assert _polled(engine, "s1", cold).handoff_epoch is None
+
+
+def test_only_the_target_of_an_offered_hand_off_may_say_it_is_warm(engine: sa.Engine) -> None:
+    job_id = _running_on(engine, "a", "s1")
+    factories.target(engine, job_id, "s2")
+    with engine.begin() as conn:
+        with pytest.raises(distribution.FencedError):  # nothing offered yet
+            distribution.mark_warm_ready(conn, job_id, "s2", 1)
+    with engine.begin() as conn:
+        distribution.begin_stop(conn, job_id, owner("s1"), 1, "migrating to s2", warm=True)
+    for server, epoch in (("s3", 1), ("s2", 0)):  # not the target; not the offer's epoch
+        with engine.begin() as conn, pytest.raises(distribution.FencedError):
+            distribution.mark_warm_ready(conn, job_id, server, epoch)
+    with engine.begin() as conn:
+        distribution.mark_warm_ready(conn, job_id, "s2", 1)
+    assert _polled(engine, "s1", job_id).warm_ready_epoch == 1
+
+
+def test_a_claim_that_takes_a_warm_driver_says_so_in_its_event(engine: sa.Engine) -> None:
+    job_id = _running_on(engine, "a", "s1")
+    factories.target(engine, job_id, "s2")
+    with engine.begin() as conn:
+        distribution.begin_stop(conn, job_id, owner("s1"), 1, "migrating to s2", warm=True)
+        distribution.release(conn, job_id, owner("s1"), 1)
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, owner("s2"), TTL, warm=True)
+        detail = conn.execute(
+            sa.text(
+                "SELECT detail FROM job_events WHERE job_id = :j AND kind = 'claimed' "
+                "ORDER BY id DESC LIMIT 1"
+            ),
+            {"j": job_id},
+        ).scalar_one()
+    assert claim.epoch == 2 and detail["warm"] is True
+
+
+def test_a_job_opts_out_of_the_warm_hand_off_in_its_conf(engine: sa.Engine) -> None:
+    job_id = factories.job(engine, "own-context", conf={"sparkring.handoff.warm": "false"})
+    factories.target(engine, job_id, "s1")
+    assert _polled(engine, "s1", job_id).warm_allowed is False

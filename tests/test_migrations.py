@@ -319,3 +319,29 @@ def test_0014_round_trip_with_a_watch_and_a_rolled_back_event(engine: sa.Engine)
         kinds = connection.execute(sa.text("SELECT kind FROM job_events")).scalars().all()
     assert tuple(row) == (False, 300.0, None)
     assert "rolled_back" not in kinds
+
+
+def test_0015_round_trip_with_a_warm_hand_off_offered(engine: sa.Engine) -> None:
+    """Down to 0014 with a warm hand-off offered and marked ready: the two columns go,
+    the row stays; up again, neither is set (the move is cold, as a server of 0014's
+    release would have made it)."""
+    from tests import factories
+
+    job_id = factories.job(engine, "warm")
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "UPDATE distribution SET handoff_epoch = 1, warm_ready_epoch = 1 WHERE job_id = :j"
+            ),
+            {"j": job_id},
+        )
+    migrate.downgrade(engine, "0014")
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("distribution")}
+    assert "handoff_epoch" not in columns and "warm_ready_epoch" not in columns
+    migrate.upgrade(engine)
+    with engine.connect() as connection:
+        row = connection.execute(
+            sa.text("SELECT handoff_epoch, warm_ready_epoch FROM distribution WHERE job_id = :j"),
+            {"j": job_id},
+        ).one()
+    assert tuple(row) == (None, None)

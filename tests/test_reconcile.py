@@ -120,7 +120,8 @@ def test_a_running_run_whose_row_moved_on_is_dropped() -> None:
 def test_a_running_run_is_stopped_for_stop_restart_or_migration(
     changes: dict[str, object], reason: str
 ) -> None:
-    assert decide([mine(**changes)], [run()]) == [reconcile.Stop(1, reason)]
+    warm = reason == "migrating to s2"  # a planned move of a streaming job
+    assert decide([mine(**changes)], [run()]) == [reconcile.Stop(1, reason, warm)]
 
 
 def test_no_migration_before_the_settle_time_but_stops_still_apply() -> None:
@@ -382,3 +383,153 @@ def test_a_watchdog_records_only_what_its_server_would_record(
         if exit_code != 0:
             # Not during a stop: a service manager's SIGTERM reaches the watchdog too.
             assert not stopping
+
+
+# ------------------------------------------------------------------ warm hand-off
+
+
+def decide_warm(
+    rows: list[distribution.Row],
+    runs: list[reconcile.LocalRun] = (),  # type: ignore[assignment]
+    *,
+    warm: dict[int, int] | None = None,
+    capacity: int = 4,
+    may_claim: bool = True,
+) -> list[reconcile.Action]:
+    return reconcile.decide(
+        {r.job_id: r for r in rows},
+        {r.job_id: r for r in runs},
+        reconcile.Conditions(ME, capacity, may_claim=may_claim, may_migrate=True),
+        warm=warm or {},
+    )
+
+
+def handing_off(job_id: int = 1, epoch: int = 3, **changes: object) -> distribution.Row:
+    """A row of s2's run, stopping for a planned move to s1 with a warm hand-off offered."""
+    values = {
+        "owner": "s2",
+        "owner_incarnation": "x",
+        "epoch": epoch,
+        "state": RunState.STOPPING,
+        "handoff_epoch": epoch,
+        **changes,
+    }
+    return row(job_id, **values)
+
+
+@pytest.mark.parametrize(
+    ("changes", "warm"),
+    [
+        ({"target": "s2"}, True),  # a drain, a join's rebalance, ring rebalance
+        ({"job_generation": 2, "job_revision": 2, "revision": 1}, True),  # job update's roll
+        ({"target": None}, False),  # no server to go to: nothing to pre-start
+        ({"desired": "stopped"}, False),
+        ({"job_generation": 2}, False),  # job restart: a restart is cold
+        ({"target": "s2", "kind": "batch"}, False),  # a batch run is never moved
+        ({"target": "s2", "warm_allowed": False}, False),  # sparkring.handoff.warm=false
+    ],
+)
+def test_only_a_planned_move_of_a_streaming_job_offers_a_warm_hand_off(
+    changes: dict[str, object], warm: bool
+) -> None:
+    actions = decide([mine(**changes)], [run()])
+    assert len(actions) == 1 and isinstance(actions[0], reconcile.Stop)
+    assert actions[0].warm is warm
+
+
+def test_the_target_of_an_offered_hand_off_pre_starts_a_warm_driver() -> None:
+    assert decide_warm([handing_off()]) == [reconcile.PreStart(1, epoch=4)]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"handoff_epoch": None},  # a stop without an offer: a fault or a cold move
+        {"handoff_epoch": 2},  # an offer of an earlier run
+        {"state": RunState.RUNNING},  # not stopping (yet)
+        {"lease_expired": True},  # the owner is lost: a fault keeps the cold path
+        {"target": "s3"},  # another server's to pre-start
+        {"desired": "stopped"},
+        {"kind": "batch"},
+        {"warm_allowed": False},
+    ],
+)
+def test_no_warm_driver_without_a_live_offer_of_a_planned_move(changes: dict[str, object]) -> None:
+    decided = decide_warm([handing_off(**changes)])
+    assert not any(isinstance(action, reconcile.PreStart) for action in decided)
+
+
+def test_a_warm_driver_is_started_once_and_only_with_room_and_claims_allowed() -> None:
+    assert decide_warm([handing_off()], warm={1: 4}) == []
+    assert decide_warm([handing_off()], may_claim=False) == []
+    full = [run(job_id) for job_id in (7, 8)]
+    assert decide_warm([handing_off(), *(mine(j) for j in (7, 8))], full, capacity=2) == []
+    other = handing_off(9, epoch=0, handoff_epoch=None)  # its warm driver is kept
+    assert decide_warm([handing_off(), other], warm={9: 1}, capacity=1) == []
+
+
+def test_a_roll_pre_starts_its_next_driver_beside_its_own_stopping_run() -> None:
+    """The server rolls its own run: the stopping run's slot is the warm driver's."""
+    rolling = mine(
+        state=RunState.STOPPING, handoff_epoch=3, job_generation=2, job_revision=2, revision=1
+    )
+    stopping = run(phase=Phase.STOPPING)
+    assert decide_warm([rolling], [stopping], capacity=1) == [reconcile.PreStart(1, epoch=4)]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},  # the old owner still stopping
+        {"state": RunState.PENDING, "owner": None, "owner_incarnation": None},  # released
+        {"epoch": 4, "state": RunState.STARTING, "owner": "s1", "owner_incarnation": "now"},
+    ],
+)
+def test_a_warm_driver_is_kept_while_its_hand_off_may_still_reach_it(
+    changes: dict[str, object],
+) -> None:
+    decided = decide_warm([handing_off(**changes)], warm={1: 4})
+    assert not any(isinstance(a, reconcile.Discard | reconcile.PreStart) for a in decided)
+
+
+@pytest.mark.parametrize(
+    ("rows", "why"),
+    [
+        ([], "the job is gone"),
+        ([handing_off(target="s3")], "the job moved to s3"),
+        ([handing_off(desired="stopped")], "the job is wanted stopped"),
+        ([handing_off(epoch=4, owner="s3", owner_incarnation="y")], "claimed at epoch 4 by s3"),
+        ([handing_off(epoch=5)], "the job is at epoch 5"),
+        (
+            [handing_off(epoch=4, owner=None, owner_incarnation=None, state=RunState.PENDING)],
+            "epoch 4 was claimed and has ended",
+        ),
+    ],
+)
+def test_a_warm_driver_whose_hand_off_went_elsewhere_is_discarded(
+    rows: list[distribution.Row], why: str
+) -> None:
+    assert reconcile.Discard(1, why) in decide_warm(rows, warm={1: 4})
+
+
+@pytest.mark.parametrize(
+    ("changes", "wait"),
+    [
+        ({"warm_ready_epoch": 3}, reconcile.WarmWait.READY),
+        ({}, reconcile.WarmWait.WAIT),
+        ({"target": "s3"}, reconcile.WarmWait.WAIT),  # retargeted: s3 may go warm too
+        ({"target": None}, reconcile.WarmWait.GIVE_UP),
+        ({"desired": "stopped"}, reconcile.WarmWait.GIVE_UP),
+        ({"job_generation": 2}, reconcile.WarmWait.WAIT),  # a roll is a new generation
+        ({"owner": "s3"}, reconcile.WarmWait.GIVE_UP),
+        ({"epoch": 4}, reconcile.WarmWait.GIVE_UP),
+        ({"handoff_epoch": None}, reconcile.WarmWait.GIVE_UP),
+        ({"warm_ready_epoch": 2}, reconcile.WarmWait.WAIT),  # an earlier hand-off's
+    ],
+)
+def test_the_old_owner_waits_for_a_warm_driver_only_while_its_offer_stands(
+    changes: dict[str, object], wait: reconcile.WarmWait
+) -> None:
+    offered = handing_off(**{"owner": "s1", "owner_incarnation": "now", "target": "s2", **changes})
+    assert reconcile.warm_wait(offered, ME, 3) is wait
+    assert reconcile.warm_wait(None, ME, 3) is reconcile.WarmWait.GIVE_UP

@@ -685,3 +685,46 @@ def test_a_watchdog_that_records_loads_its_database_client_before_its_driver_sta
     # Loaded already at the spawn, without waiting: it came first.
     assert "sqlalchemy" in Path(f"/proc/{handle.pid}/maps").read_text()
     handle.kill()
+
+
+def test_a_warm_driver_that_ends_before_its_go_signal_leaves_no_lifetime_record(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    """A warm driver (docs/drivers.md, "Warm hand-off") runs no job code until its
+    server writes the go file: an end before it is no run of the job's (nothing to
+    record, no lifetime to overlap another driver's)."""
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path), "exit-3"],
+        watchdog.lease_clock() + 60,
+        go_file=tmp_path / "run" / rundir.GO_FILE,
+    )
+    outcome = handle.wait(10)
+    assert outcome is not None and outcome.exit_code == 3
+    assert records(tmp_path) == []
+    assert rundir.read_json(tmp_path / "run" / rundir.RESULT_FILE)["went"] is False
+
+
+def test_a_warm_driver_s_lifetime_starts_at_its_go_signal(
+    tmp_path: Path, child: Path, started: list[driver.Driver]
+) -> None:
+    go_file = tmp_path / "run" / rundir.GO_FILE
+    handle = supervise(
+        started,
+        tmp_path,
+        [sys.executable, str(child), str(tmp_path), "sleep"],
+        watchdog.lease_clock() + 60,
+        go_file=go_file,
+    )
+    wait_ready(tmp_path)
+    time.sleep(0.3)
+    assert records(tmp_path) == []  # warm, not yet a run of the job
+    went_at = rundir.write_go(go_file)
+    waiting.wait_until(lambda: records(tmp_path), 5, message="no started record after go")
+    [first] = records(tmp_path)
+    assert first["event"] == "started" and first["t"] == went_at
+    outcome = handle.stop(1.0)
+    assert outcome.reason == driver.Reason.STOPPED
+    assert [r["event"] for r in records(tmp_path)] == ["started", "ended"]
+    assert rundir.read_json(tmp_path / "run" / rundir.RESULT_FILE)["went"] is True

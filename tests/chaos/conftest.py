@@ -237,7 +237,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     header = (
         f"{'fault':<52} {'rnd':>3} {'inj':>3} {'jobs':>4} {'double':>6} {'early':>5} {'stale':>5} "
         f"{'lost':>4} {'resur':>5} {'corrupt':>7} {'batch':>5} {'budget':>6} {'restarts':>8} "
-        f"{'2nd':>3} {'master':>6} {'fires':>5} {'alerts':>6} {'adopt':>5} "
+        f"{'2nd':>3} {'master':>6} {'fires':>5} {'alerts':>6} {'adopt':>5} {'warm':>4} "
         f"{'recovery s':>10}  result"
     )
     tr.write_line(header)
@@ -249,7 +249,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"{o.stale_writes:>5} {o.lost:>4} {o.resurrected:>5} {o.corrupt_starts:>7} "
             f"{o.batch:>5} {o.budget:>6} "
             f"{o.restarts:>8} {o.double_restarts:>3} {o.master:>6} {o.fires:>5} {o.alerts:>6} "
-            f"{o.adoptions:>5} "
+            f"{o.adoptions:>5} {o.warm_claims:>4} "
             f"{_fmt(o.recovery_s):>10}  {o.verdict}"
         )
         for problem in o.problems[:12]:
@@ -279,6 +279,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         "alert_deliveries": sum(o.deliveries for o in ran),
         "alerts_sent_again": sum(o.resent for o in ran),
         "adoptions": sum(o.adoptions for o in ran),
+        "warm_claims": sum(o.warm_claims for o in ran),
         "events_pruned": sum(o.pruned for o in ran),
         "worst_recovery_s": max(recoveries) if recoveries else None,
     }

@@ -674,6 +674,33 @@ def early_handoffs(
     return problems
 
 
+def runs_before_claim(
+    events: Iterable[Mapping[str, Any]],
+    lifetimes: Iterable[Mapping[str, Any]],
+    boot_to_wall: float | None = None,
+) -> list[str]:
+    """A driver ran the job's code before its server claimed its epoch: its lifetime
+    (``started`` record: for a warm driver, its go signal; docs/drivers.md "Warm
+    hand-off") began before every ``claimed`` event of its job, epoch and server, or
+    no such claim exists. The warm hand-off starts the next driver's JVM while the old
+    one runs; only its go, written after the claim committed, lets it touch the
+    checkpoint. The claim's ``at_s`` is its transaction's ``now()``, taken before the
+    commit, so a correct start is never earlier: no tolerance."""
+    claims: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+    for e in events:
+        if e["kind"] == "claimed" and e.get("at_s") is not None and e.get("epoch") is not None:
+            claims[(e["job_name"], int(e["epoch"]), str(e["server"]))].append(float(e["at_s"]))
+    problems = []
+    for life in _lives(lifetimes, clock="wall", boot_to_wall=boot_to_wall):
+        times = claims.get((life.job, life.epoch, life.server), [])
+        if not any(t <= life.start for t in times):
+            problems.append(
+                f"{life.job}: driver of epoch {life.epoch} on {life.server} ({life.label}) ran "
+                f"before its claim (claims of that epoch there: {sorted(times) or 'none'})"
+            )
+    return problems
+
+
 # Events after which a generation has ended for good: finished, failed, or released as
 # stopped (detail.state, scheduler/distribution.py's release).
 def _terminal(event: Mapping[str, Any]) -> bool:

@@ -188,6 +188,44 @@ def test_kill_9_of_a_watchdog(trial: Trial) -> None:
     _assert_safe(outcome)
 
 
+def test_the_target_of_a_warm_hand_off_killed_while_its_driver_warms(trial: Trial) -> None:
+    """A drain moves a streaming job with a warm hand-off (docs/drivers.md): its target
+    pre-starts the next driver while the old one runs, and is SIGKILLed before that
+    driver got its go signal. Its warm driver ran no job code (nothing recorded, no
+    lifetime), the old owner's wait is bounded, and the job runs again exactly once on
+    the third server: one restart for the fault."""
+    c = trial.start(SERVERS)
+    trial.populate()
+    name = trial.live_jobs[0]
+    owner = c.job(name)["owner"]
+    offset = {server: len(c.log(server)) for server in SERVERS}
+    mark = trial._max_event_id()
+    c.cli("server", "drain", owner)
+    waiting.wait_until(
+        lambda: any(
+            e["kind"] == "stopping" and (e["detail"] or {}).get("warm") for e in c.events(name)
+        ),
+        60,
+        interval=0.2,
+        message=f"{name}'s owner offered a warm hand-off",
+    )
+    target = c.job(name)["target"]
+    assert target not in (None, owner)
+    waiting.wait_until(
+        lambda: _logged_since(trial, target, offset[target], "warm_start") >= 1,
+        60,
+        interval=0.1,
+        message=f"{target} pre-started a warm driver",
+    )
+    trial.inject(lambda: c.kill(target))
+    outcome = trial.verify()
+    _assert_safe(outcome)
+    job = c.job(name)
+    assert job["owner"] not in (owner, target), job
+    claims = _events_after(trial, mark, "claimed", [name])
+    assert [e["server"] for e in claims] == [job["owner"]], claims  # once, on the third
+
+
 def test_sigstop_past_the_session_timeout_then_sigcont(trial: Trial) -> None:
     """The zombie: paused until its jobs run elsewhere, then resumed. It must not write
     over the new owners and no second driver may appear."""

@@ -1165,3 +1165,28 @@ def _deadline() -> float:
     import datetime
 
     return datetime.datetime(2026, 11, 26, 10, tzinfo=datetime.UTC).timestamp()
+
+
+def test_a_driver_that_runs_the_job_s_code_before_its_claim_is_flagged() -> None:
+    """The warm hand-off pre-starts the next driver while the old one runs; its job code
+    (its lifetime's start: the go signal) must come after the claim of its epoch, by its
+    server. A go written before the claim (or by another server than the claimer) is a
+    second writer of the checkpoint in the making."""
+
+    def at(event: dict, t: float) -> dict:
+        return {**event, "at_s": t}
+
+    events = [
+        at(_event(1, "claimed", "s1", 1), 0),
+        at(_event(2, "released", "s1", 1, state="pending"), 5),
+        at(_event(3, "claimed", "s2", 2, warm=True), 6),
+    ]
+    gone_after_claim = _life("a", 1, "s1", 0.5, 4.5) + _life("a", 2, "s2", 6.2, None)
+    assert invariants.runs_before_claim(events, gone_after_claim) == []
+    went_early = _life("a", 1, "s1", 0.5, 4.5) + _life("a", 2, "s2", 5.5, None)
+    [problem] = invariants.runs_before_claim(events, went_early)
+    assert "a: driver of epoch 2 on s2" in problem and "before its claim" in problem
+    never_claimed = _life("a", 3, "s2", 9, None)
+    assert len(invariants.runs_before_claim(events, never_claimed)) == 1
+    elsewhere = _life("a", 2, "s3", 7, None)  # s2 claimed epoch 2, s3 ran it
+    assert len(invariants.runs_before_claim(events, elsewhere)) == 1

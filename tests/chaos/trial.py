@@ -80,6 +80,7 @@ class Outcome:
     deliveries: int = 0  # alert deliveries checked (``watch_alerts``), and sent again
     resent: int = 0
     adoptions: int = 0  # ``adopted`` events after the fault: drivers a restart took over
+    warm_claims: int = 0  # claims after the fault that took a warm driver (a warm hand-off)
     pruned: int = 0  # job events the harness pruned (kept in its own snapshot first)
     recovery_s: float | None = None
     problems: list[str] = dataclasses.field(default_factory=list)
@@ -835,7 +836,8 @@ class Trial:
         kinds = {r["name"]: r["kind"] for r in rows}
         checks = {
             "S1": invariants.double_runs(heartbeats, lifetimes, freezes=self.freezes),
-            "early": invariants.early_handoffs(events, lifetimes, self.freezes),
+            "early": invariants.early_handoffs(events, lifetimes, self.freezes)
+            + invariants.runs_before_claim(events, lifetimes),
             "S2": invariants.stale_writes(events) + probe_stale_writes(c.engine, events),
             "S3": invariants.lost_jobs(
                 [r for r in rows if r["name"] not in scheduled],
@@ -879,6 +881,9 @@ class Trial:
             1 for e in since if e["kind"] == "claimed" and e["job_name"] not in scheduled
         )
         o.adoptions = sum(1 for e in since if e["kind"] == "adopted")
+        o.warm_claims = sum(
+            1 for e in since if e["kind"] == "claimed" and (e.get("detail") or {}).get("warm")
+        )
         o.problems = [f"{k} {p}" for k, items in checks.items() for p in items]
         return o
 

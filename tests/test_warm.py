@@ -1,0 +1,67 @@
+"""The target's side of a warm hand-off (server/warm.py) on the real PostgreSQL, with a
+stand-in runner: a warm start that cannot be launched is not tried again and tells the
+old owner to stop now."""
+
+from __future__ import annotations
+
+import threading
+import types
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from scheduler import distribution
+from server import reconcile, warm
+from tests import factories
+from tests.factories import owner
+
+S1, S2 = owner("s1"), owner("s2")
+NO_MASTER = "spark://127.0.0.1:1"  # nothing listens: a master that does not answer
+
+
+def _offered_to_s2(engine: sa.Engine) -> distribution.Row:
+    job_id = factories.job(engine, "stream", spark_master=NO_MASTER)
+    factories.target(engine, job_id, "s1")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, S1, 30.0)
+        distribution.mark_running(conn, job_id, S1, claim.epoch, 1)
+    factories.target(engine, job_id, "s2")
+    with engine.begin() as conn:
+        distribution.begin_stop(conn, job_id, S1, claim.epoch, "migrating to s2", warm=True)
+    with engine.connect() as conn:
+        return next(r for r in distribution.poll(conn, S2) if r.job_id == job_id)
+
+
+def test_a_warm_start_that_fails_is_kept_and_lets_the_old_owner_stop(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    row = _offered_to_s2(engine)
+    assert reconcile.warm_wanted(row, "s2")
+    submitted: list[tuple] = []
+    the_runner = types.SimpleNamespace(
+        engine=engine,
+        owner=S2,
+        config=types.SimpleNamespace(
+            work_dir=tmp_path / "work", spark_master="local[1]", warm_go_timeout=60.0
+        ),
+        _lock=threading.RLock(),
+        _warm={},
+        _stop=threading.Event(),
+        _tasks=types.SimpleNamespace(submit=lambda *call: submitted.append(call)),
+    )
+    warm.begin(the_runner, row)  # type: ignore[arg-type]
+    [(task, *args)] = submitted
+    task(*args)  # the prestart: no master answers
+    assert warm.warm_epochs(the_runner) == {row.job_id: row.epoch + 1}  # type: ignore[arg-type]
+    with engine.connect() as conn:
+        seen = next(r for r in distribution.poll(conn, S1) if r.job_id == row.job_id)
+    assert seen.warm_ready_epoch == row.epoch  # the old owner stops now
+    assert reconcile.warm_wait(seen, S1, row.epoch) is reconcile.WarmWait.READY
+    # Kept: the next poll pre-starts nothing again for this offer.
+    decided = reconcile.decide(
+        {row.job_id: row},
+        {},
+        reconcile.Conditions(S2, 4, may_claim=True, may_migrate=True),
+        warm=warm.warm_epochs(the_runner),  # type: ignore[arg-type]
+    )
+    assert not any(isinstance(a, reconcile.PreStart) for a in decided)
