@@ -974,26 +974,38 @@ class Drain:
     """An operator's drain of ``server`` (``sparkring server drain``), asked at
     ``start`` and undone (``--undo``) at ``undone`` (None: not undone), on the wall
     clock of the events' ``at_s``; ``undone`` may be taken just before the undo is
-    sent. The drain's own moves say so in their events (``drained``); the undo makes the
-    server a joiner again (docs/distribution.md), and the streaming jobs its join moves
-    to it (``joined``) are the operator's moves too, until the server is next lost (a
-    ``retargeted`` away from it in :data:`LOST_MOVES`): a move back to a server that
-    returned after a fault is a fault's second restart, which the checker must see."""
+    sent. The drain's own moves say so in their events (``drained``), but a job the
+    drain stops for want of room elsewhere is retargeted to no server (``waiting``) and
+    claimed when room comes: only the drain's time tells that one apart. The undo
+    makes the server a joiner again (docs/distribution.md), and the streaming jobs its
+    join moves to it (``joined``) are the operator's moves too, until the server is
+    next lost (a ``retargeted`` away from it in :data:`LOST_MOVES`): a move back to a
+    server that returned after a fault is a fault's second restart, which the checker
+    must see."""
 
     server: str
     start: float
     undone: float | None = None
 
 
-def _planned_joins(events: Sequence[Mapping[str, Any]], drains: Sequence[Drain]) -> set[int]:
-    """Ids of the ``retargeted`` events (``joined``) that move a job to a server whose
-    drain was undone before them, with no loss of that server in between."""
+def _planned_moves(events: Sequence[Mapping[str, Any]], drains: Sequence[Drain]) -> set[int]:
+    """Ids of the ``retargeted`` events a drain made: away from a server while it was
+    drained (to another server, ``drained``, or to none: ``waiting``, when no other
+    server had room), and, after its undo, the join's (``joined``) moves to it with no
+    loss of that server in between."""
     retargets = sorted(
         (e for e in events if e["kind"] == "retargeted"), key=lambda e: (float(e["at_s"]), e["id"])
     )
     planned = set()
     for e in retargets:
         detail, t = _detail(e), float(e["at_s"])
+        if any(
+            d.server == detail.get("from")
+            and d.start <= t <= (math.inf if d.undone is None else d.undone)
+            for d in drains
+        ):
+            planned.add(e["id"])
+            continue
         if detail.get("why") != "joined":
             continue
         server = detail.get("to")
@@ -1028,10 +1040,11 @@ def fault_restarts(
     """job -> its claims after event ``since_id`` that restarted a driver for no reason
     of its own: the job's previous claim had started a driver (a ``driver_started`` at
     that epoch), and nothing in :data:`NOT_A_FAULTS_RESTART` happened since, nor a
-    planned move: a ``retargeted`` for a drain (:data:`PLANNED_MOVES`) or for the join
-    of a server whose drain was undone (:class:`Drain`)."""
+    planned move: a ``retargeted`` for a drain (:data:`PLANNED_MOVES`, or away from a
+    server while it was drained) or for the join of a server whose drain was undone
+    (:class:`Drain`)."""
     events = list(events)
-    joins = _planned_joins(events, drains) if drains else set()
+    planned = _planned_moves(events, drains) if drains else set()
     out: dict[str, list[Mapping[str, Any]]] = {}
     for job, items in sorted(_by_job(events).items()):
         epoch, had_driver, excused = None, False, False
@@ -1045,7 +1058,7 @@ def fault_restarts(
             elif e["kind"] in NOT_A_FAULTS_RESTART:
                 excused = True
             elif e["kind"] == "retargeted" and (
-                _detail(e).get("why") in PLANNED_MOVES or e["id"] in joins
+                _detail(e).get("why") in PLANNED_MOVES or e["id"] in planned
             ):
                 excused = True
     return out

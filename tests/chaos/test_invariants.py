@@ -726,7 +726,7 @@ def test_a_failover_then_a_move_back_is_two_restarts_for_one_fault() -> None:
     )
 
 
-def _moved(i: int, t: float, old: str, new: str, why: str, job: str = "a") -> dict:
+def _moved(i: int, t: float, old: str | None, new: str | None, why: str, job: str = "a") -> dict:
     return _timed(i, t, "retargeted", "s1", None, job=job, **{"from": old, "to": new, "why": why})
 
 
@@ -756,6 +756,35 @@ def test_a_drains_move_is_planned_not_a_faults_restart() -> None:
     lost = [_moved(7, 150.0, "s2", "s3", "orphaned"), *drain[1:]]
     problems = invariants.restarts_per_fault(RUNNING_BEFORE + failover + lost, [KILL_S1], 3)
     assert len(problems) == 1 and "(event 10)" in problems[0]
+
+
+DRAIN_S3 = invariants.Drain("s3", start=0.0, undone=None)
+
+
+def test_a_job_a_drain_leaves_waiting_for_room_is_a_planned_move() -> None:
+    """CHAOS_SEED=24132: s2 was drained while s3, just killed, was starting again; s1
+    alone had no room, so the drain stopped s2's jobs with no target (``waiting``) and
+    s1 claimed them when room came. The event says ``waiting``, not ``drained``: the
+    drain's time (``invariants.Drain``) tells it from a fault's move."""
+    history = [
+        *RUNNING_BEFORE,
+        _moved(4, 21.0, "s1", None, "waiting"),
+        _timed(5, 22.0, "stopping", "s1", 1),
+        _timed(6, 24.0, "released", "s1", 1, state="pending"),
+        _moved(7, 40.0, None, "s3", "placed"),
+        _timed(8, 41.0, "claimed", "s3", 2),
+        _timed(9, 42.0, "driver_started", "s3", 2),
+    ]
+    drain = invariants.Drain("s1", start=20.0, undone=30.0)
+    assert invariants.restarts_per_fault(history, [], 3, drains=[drain]) == []
+    assert invariants.restarts_per_fault(history, [], 3, drains=[drain, DRAIN_S3]) == []
+    # The same move before the drain was asked, or after its undo, or off another server.
+    for other in (
+        invariants.Drain("s1", start=21.5, undone=30.0),
+        invariants.Drain("s1", start=10.0, undone=20.5),
+        DRAIN_S3,
+    ):
+        assert len(invariants.restarts_per_fault(history, [], 3, drains=[other])) == 1
 
 
 def test_the_join_of_an_undrained_server_is_planned_until_it_is_lost() -> None:
