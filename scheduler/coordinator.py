@@ -161,10 +161,15 @@ def active_jobs(rows: Iterable[sa.Row]) -> list[str]:
     return [r.name for r in rows if r.desired == "running" and r.state not in done]
 
 
+def drained(conn: sa.Connection) -> set[str]:
+    """The servers an operator asked to drain (``sparkring server drain``, until undone)."""
+    return set(conn.execute(sa.text("SELECT server FROM drains")).scalars())
+
+
 def placeable(conn: sa.Connection, servers: Mapping[str, int]) -> dict[str, int]:
     """The live servers that may take jobs: capacity above zero and not being drained."""
-    drained = set(conn.execute(sa.text("SELECT server FROM drains")).scalars())
-    return {sid: cap for sid, cap in servers.items() if cap > 0 and sid not in drained}
+    draining = drained(conn)
+    return {sid: cap for sid, cap in servers.items() if cap > 0 and sid not in draining}
 
 
 def current(row: sa.Row, usable: Mapping[str, int]) -> str | None:
@@ -499,6 +504,18 @@ def plan(
     )
     if not result.deferred:
         join_due = None
+    # A job placed again because its *live* server is drained moves by an operator's
+    # decision, not because a server was lost: its ``retargeted`` event and ``ring
+    # explain`` say ``drained``. A drained server that is gone too (not in ``servers``)
+    # lost its jobs: ``orphaned``, the new owner claims over an expired lease.
+    draining = drained(conn) & set(servers)
+    off = {
+        name: placement.Why.DRAINED
+        for name, why in result.why.items()
+        if why == placement.Why.ORPHANED and jobs[name].current in draining
+    }
+    if off:
+        result = dataclasses.replace(result, why={**result.why, **off})
     return Plan(rows, result, keep, lapsed_at, frozenset(failing), stuck, join_due)
 
 

@@ -236,7 +236,11 @@ class Why(StrEnum):
     JOINED = "joined"  # a streaming job handed to a server that joined (its ideal target)
     REBALANCED = "rebalanced"  # moved by the operator's explicit full rebalance
     PLACED = "placed"  # a new job placed by bounded loads
-    ORPHANED = "orphaned"  # its server left, drains or has capacity 0: placed again
+    ORPHANED = "orphaned"  # its server left or has capacity 0: placed again
+    # Its live server is drained by an operator (``sparkring server drain``): placed
+    # again like an orphan, but a planned move (its owner hands it off). Set by the
+    # coordinator, which knows the drains (``coordinator.plan``); never by :func:`stick`.
+    DRAINED = "drained"
     AVOIDED = "avoided"  # its server is avoided for it (Job.avoid): placed elsewhere
     SHED = "shed"  # its server's capacity fell below its jobs: placed again
     WAITING = "waiting"  # no target: cluster full (FIFO by start request) or settling

@@ -88,6 +88,29 @@ def test_drained_servers_get_no_jobs(engine: sa.Engine) -> None:
     assert "b" not in set(_targets(engine).values())
 
 
+def test_a_drain_retargets_its_jobs_as_drained_and_a_lost_server_as_orphaned(
+    engine: sa.Engine,
+) -> None:
+    """A drain's move is an operator's planned move, not a lost server's: its
+    ``retargeted`` event says ``drained`` (the chaos checker's one-fault-one-restart
+    tells them apart by it); a drained server that is gone too lost its jobs."""
+    for i in range(9):
+        factories.job(engine, f"j{i}")
+    _become(engine, 1)
+    _rebalance(engine, 1)
+    on = {server: {n for n, (t, _) in _by_name(engine).items() if t == server} for server in "bc"}
+    assert on["b"] and on["c"]
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO drains (server) VALUES ('b'), ('c')"))
+    seen = len(_retargets(engine))
+    # b is drained and live; c is drained and gone (not among the live servers).
+    _rebalance(engine, 1, {"a": 10, "b": 10})
+    moved = _retargets(engine)[seen:]
+    whys = {(e["from"], e["why"]) for e in moved}
+    assert whys == {("b", "drained"), ("c", "orphaned")}, moved
+    assert len(moved) == len(on["b"]) + len(on["c"])
+
+
 def test_rebalance_after_a_crash_mid_transaction_resumes_to_the_same_answer(
     engine: sa.Engine,
 ) -> None:

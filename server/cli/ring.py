@@ -93,8 +93,14 @@ def _decision(why: placement.Why, row, result: placement.Sticky, ideal: str | No
         return text
     if why == placement.Why.ORPHANED:
         return (
-            f"moves to {target}: {where} left, is drained or has capacity 0, so the job is "
+            f"moves to {target}: {where} left or has capacity 0, so the job is "
             "placed again by bounded loads (the nearest server on the ring with room)"
+        )
+    if why == placement.Why.DRAINED:
+        return (
+            f"moves to {target}: {where} is drained by an operator, so the job is placed "
+            "again by bounded loads (the nearest server on the ring with room); its owner "
+            "hands it off (a planned move: warm for a streaming job)"
         )
     if why == placement.Why.AVOIDED:
         return (

@@ -960,6 +960,70 @@ NOT_A_FAULTS_RESTART = frozenset(
 )
 
 
+# A ``retargeted`` event's ``why`` for a move an operator planned, not a fault: a drain
+# of the job's live server (``sparkring server drain``; scheduler/coordinator.py). Its
+# claim is a planned move (warm for a streaming job), never a fault's restart.
+PLANNED_MOVES = frozenset({"drained"})
+# A ``retargeted`` event's ``why`` when the job's server was lost (left ZooKeeper, or
+# kept a live registration but let its lease lapse): the server went away.
+LOST_MOVES = frozenset({"orphaned", "avoided"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Drain:
+    """An operator's drain of ``server`` (``sparkring server drain``), asked at
+    ``start`` and undone (``--undo``) at ``undone`` (None: not undone), on the wall
+    clock of the events' ``at_s``; ``undone`` may be taken just before the undo is
+    sent. The drain's own moves say so in their events (``drained``), but a job the
+    drain stops for want of room elsewhere is retargeted to no server (``waiting``) and
+    claimed when room comes: only the drain's time tells that one apart. The undo
+    makes the server a joiner again (docs/distribution.md), and the streaming jobs its
+    join moves to it (``joined``) are the operator's moves too, until the server is
+    next lost (a ``retargeted`` away from it in :data:`LOST_MOVES`): a move back to a
+    server that returned after a fault is a fault's second restart, which the checker
+    must see."""
+
+    server: str
+    start: float
+    undone: float | None = None
+
+
+def _planned_moves(events: Sequence[Mapping[str, Any]], drains: Sequence[Drain]) -> set[int]:
+    """Ids of the ``retargeted`` events a drain made: away from a server while it was
+    drained (to another server, ``drained``, or to none: ``waiting``, when no other
+    server had room), and, after its undo, the join's (``joined``) moves to it with no
+    loss of that server in between."""
+    retargets = sorted(
+        (e for e in events if e["kind"] == "retargeted"), key=lambda e: (float(e["at_s"]), e["id"])
+    )
+    planned = set()
+    for e in retargets:
+        detail, t = _detail(e), float(e["at_s"])
+        if any(
+            d.server == detail.get("from")
+            and d.start <= t <= (math.inf if d.undone is None else d.undone)
+            for d in drains
+        ):
+            planned.add(e["id"])
+            continue
+        if detail.get("why") != "joined":
+            continue
+        server = detail.get("to")
+        undos = [d.undone for d in drains if d.server == server and d.undone is not None]
+        undone = max((u for u in undos if u <= t), default=None)
+        if undone is None:
+            continue
+        lost = any(
+            _detail(x).get("from") == server
+            and _detail(x).get("why") in LOST_MOVES
+            and undone < float(x["at_s"]) <= t
+            for x in retargets
+        )
+        if not lost:
+            planned.add(e["id"])
+    return planned
+
+
 @dataclasses.dataclass(frozen=True)
 class FaultWindow:
     """When a fault may have made a job restart: from its injection (``start``) to its
@@ -971,11 +1035,16 @@ class FaultWindow:
 
 
 def fault_restarts(
-    events: Iterable[Mapping[str, Any]], since_id: int = 0
+    events: Iterable[Mapping[str, Any]], since_id: int = 0, drains: Sequence[Drain] = ()
 ) -> dict[str, list[Mapping[str, Any]]]:
     """job -> its claims after event ``since_id`` that restarted a driver for no reason
     of its own: the job's previous claim had started a driver (a ``driver_started`` at
-    that epoch), and nothing in :data:`NOT_A_FAULTS_RESTART` happened since."""
+    that epoch), and nothing in :data:`NOT_A_FAULTS_RESTART` happened since, nor a
+    planned move: a ``retargeted`` for a drain (:data:`PLANNED_MOVES`, or away from a
+    server while it was drained) or for the join of a server whose drain was undone
+    (:class:`Drain`)."""
+    events = list(events)
+    planned = _planned_moves(events, drains) if drains else set()
     out: dict[str, list[Mapping[str, Any]]] = {}
     for job, items in sorted(_by_job(events).items()):
         epoch, had_driver, excused = None, False, False
@@ -988,11 +1057,18 @@ def fault_restarts(
                 had_driver = True
             elif e["kind"] in NOT_A_FAULTS_RESTART:
                 excused = True
+            elif e["kind"] == "retargeted" and (
+                _detail(e).get("why") in PLANNED_MOVES or e["id"] in planned
+            ):
+                excused = True
     return out
 
 
 def restarts_per_fault(
-    events: Iterable[Mapping[str, Any]], faults: Sequence[FaultWindow], since_id: int = 0
+    events: Iterable[Mapping[str, Any]],
+    faults: Sequence[FaultWindow],
+    since_id: int = 0,
+    drains: Sequence[Drain] = (),
 ) -> list[str]:
     """One fault, one restart (DESIGN.md): each fault costs each affected job at most one
     restart. Every restart a fault may have caused (:func:`fault_restarts`) must be
@@ -1000,10 +1076,11 @@ def restarts_per_fault(
     other restart of the same job was matched to. Restarts are matched in time order,
     each to the open window that ends first (optimal for points and intervals), so a
     problem means no assignment exists: some fault cost the job two restarts, such as a
-    failover and then a move back to the server that returned."""
+    failover and then a move back to the server that returned. A drain's moves, and
+    the moves of the join its undo starts (``drains``), are planned, not restarts."""
     problems = []
     windows = sorted(faults, key=lambda w: (w.start, w.end))
-    for job, restarts in fault_restarts(events, since_id).items():
+    for job, restarts in fault_restarts(events, since_id, drains).items():
         used: set[int] = set()
         for e in sorted(restarts, key=lambda e: (float(e["at_s"]), e["id"])):
             t = float(e["at_s"])
@@ -1107,15 +1184,16 @@ def master_fault_restarts(
     others: Sequence[FaultWindow] = (),
     bound: float = 0.0,
     since_id: int = 0,
+    drains: Sequence[Drain] = (),
 ) -> list[str]:
     """A job whose driver was running when its master went down (a standby takes over,
     or the only master is away for minutes) keeps that driver: Spark's running
     applications do not need the master, and sparkring must not touch them. Every claim
     that replaced a running driver (:func:`fault_restarts`: nothing of the job's or an
-    operator's in between) from the fault to ``bound`` after the master was back is
-    reported, unless another fault's window holds it."""
+    operator's in between, no drain's move) from the fault to ``bound`` after the master
+    was back is reported, unless another fault's window holds it."""
     problems = []
-    for job, restarts in fault_restarts(events, since_id).items():
+    for job, restarts in fault_restarts(events, since_id, drains).items():
         for e in restarts:
             t = float(e["at_s"])
             outage = _hit(job, t, outages, masters, bound)

@@ -726,6 +726,118 @@ def test_a_failover_then_a_move_back_is_two_restarts_for_one_fault() -> None:
     )
 
 
+def _moved(i: int, t: float, old: str | None, new: str | None, why: str, job: str = "a") -> dict:
+    return _timed(i, t, "retargeted", "s1", None, job=job, **{"from": old, "to": new, "why": why})
+
+
+def test_a_drains_move_is_planned_not_a_faults_restart() -> None:
+    """s1 is killed and the job fails over to s2 (the fault's restart); then an operator
+    drains s2 and the job moves to s3 with a warm hand-off: a planned move, not a second
+    restart for the fault, nor a restart outside every fault window (the old checker
+    reported both: a drain's move was ``orphaned``, like a lost server's)."""
+    failover = [
+        _moved(4, 105.0, "s1", "s2", "orphaned"),
+        _timed(5, 110.0, "claimed", "s2", 2),
+        _timed(6, 111.0, "driver_started", "s2", 2),
+    ]
+    drain = [
+        _moved(7, 150.0, "s2", "s3", "drained"),
+        _timed(8, 150.5, "stopping", "s2", 2, warm=True),
+        _timed(9, 158.0, "released", "s2", 2, state="pending"),
+        _timed(10, 158.5, "claimed", "s3", 3, warm=True),
+        _timed(11, 158.6, "driver_started", "s3", 3),
+    ]
+    history = RUNNING_BEFORE + failover + drain
+    assert invariants.restarts_per_fault(history, [KILL_S1], 3) == []
+    # The same drain long after the fault: outside every window, still no restart.
+    late = [{**e, "at_s": e["at_s"] + 200.0} for e in drain]
+    assert invariants.restarts_per_fault(RUNNING_BEFORE + failover + late, [KILL_S1], 3) == []
+    # A move of a lost server's job after the failover is a second restart, as before.
+    lost = [_moved(7, 150.0, "s2", "s3", "orphaned"), *drain[1:]]
+    problems = invariants.restarts_per_fault(RUNNING_BEFORE + failover + lost, [KILL_S1], 3)
+    assert len(problems) == 1 and "(event 10)" in problems[0]
+
+
+DRAIN_S3 = invariants.Drain("s3", start=0.0, undone=None)
+
+
+def test_a_job_a_drain_leaves_waiting_for_room_is_a_planned_move() -> None:
+    """CHAOS_SEED=24132: s2 was drained while s3, just killed, was starting again; s1
+    alone had no room, so the drain stopped s2's jobs with no target (``waiting``) and
+    s1 claimed them when room came. The event says ``waiting``, not ``drained``: the
+    drain's time (``invariants.Drain``) tells it from a fault's move."""
+    history = [
+        *RUNNING_BEFORE,
+        _moved(4, 21.0, "s1", None, "waiting"),
+        _timed(5, 22.0, "stopping", "s1", 1),
+        _timed(6, 24.0, "released", "s1", 1, state="pending"),
+        _moved(7, 40.0, None, "s3", "placed"),
+        _timed(8, 41.0, "claimed", "s3", 2),
+        _timed(9, 42.0, "driver_started", "s3", 2),
+    ]
+    drain = invariants.Drain("s1", start=20.0, undone=30.0)
+    assert invariants.restarts_per_fault(history, [], 3, drains=[drain]) == []
+    assert invariants.restarts_per_fault(history, [], 3, drains=[drain, DRAIN_S3]) == []
+    # The same move before the drain was asked, or after its undo, or off another server.
+    for other in (
+        invariants.Drain("s1", start=21.5, undone=30.0),
+        invariants.Drain("s1", start=10.0, undone=20.5),
+        DRAIN_S3,
+    ):
+        assert len(invariants.restarts_per_fault(history, [], 3, drains=[other])) == 1
+
+
+def test_the_join_of_an_undrained_server_is_planned_until_it_is_lost() -> None:
+    """An undone drain makes the server a joiner again (docs/distribution.md): the
+    streaming jobs its join moves to it are the operator's moves. Once it is lost after
+    the undo, a move to it is a move back to a returning server: counted again."""
+    drain = invariants.Drain("s1", start=20.0, undone=40.0)
+    drained = [
+        _moved(4, 21.0, "s1", "s2", "drained"),
+        _timed(5, 25.0, "claimed", "s2", 2),
+        _timed(6, 26.0, "driver_started", "s2", 2),
+    ]
+    joined = [
+        _moved(7, 60.0, "s2", "s1", "joined"),
+        _timed(8, 65.0, "claimed", "s1", 3),
+        _timed(9, 66.0, "driver_started", "s1", 3),
+    ]
+    history = RUNNING_BEFORE + drained + joined
+    assert invariants.restarts_per_fault(history, [], 3, drains=[drain]) == []
+    # Without the undo the join is a move no fault window holds.
+    assert len(invariants.restarts_per_fault(history, [], 3)) == 1
+    # A join to a server whose drain was never undone, or undone after the move: no
+    # operator made that join.
+    for undone in (None, 61.0):
+        other = invariants.Drain("s1", start=20.0, undone=undone)
+        assert len(invariants.restarts_per_fault(history, [], 3, drains=[other])) == 1
+    # s1 is killed after the undo (another job of its fails over), returns, and the job
+    # is moved to it: the returning server took a job, counted against the fault.
+    kill = invariants.FaultWindow(start=50.0, end=150.0)
+    lost = _moved(10, 52.0, "s1", "s3", "orphaned", job="b")
+    problems = invariants.restarts_per_fault([*history, lost], [], 3, drains=[drain])
+    assert len(problems) == 1 and "(event 8)" in problems[0]
+    assert invariants.restarts_per_fault([*history, lost], [kill], 3, drains=[drain]) == []
+
+
+def test_a_failover_then_a_move_back_is_two_restarts_even_after_a_drain() -> None:
+    """The double move of issue 24 with drains in the run: s1 was drained and undone
+    before it was killed; the job fails over to s2 and moves back to the returning s1.
+    The earlier undo does not excuse the move back: two restarts for one fault."""
+    drain = invariants.Drain("s1", start=20.0, undone=40.0)
+    history = [
+        *RUNNING_BEFORE,
+        _moved(4, 105.0, "s1", "s2", "orphaned"),
+        _timed(5, 110.0, "claimed", "s2", 2),
+        _timed(6, 111.0, "driver_started", "s2", 2),
+        _moved(7, 127.0, "s2", "s1", "joined"),
+        _timed(8, 131.0, "claimed", "s1", 3),
+        _timed(9, 132.0, "driver_started", "s1", 3),
+    ]
+    problems = invariants.restarts_per_fault(history, [KILL_S1], 3, drains=[drain])
+    assert len(problems) == 1 and "restarted again at epoch 3 by s1 (event 8)" in problems[0]
+
+
 def test_restarts_the_job_or_an_operator_caused_are_not_charged_to_the_fault() -> None:
     after = [
         _timed(4, 110.0, "claimed", "s2", 2),  # the fault's restart

@@ -61,6 +61,11 @@ Faults (one at a time; the command threads run throughout):
 - ``spark_master_outage``: master 0, the only master of the batch jobs, down for
   10-40 s, then started again (their starts meanwhile are deferred, S9). The fixed case
   keeps the only master down for 2 minutes.
+- ``drain``: no fault but an operator's planned move: ``sparkring server drain`` of a
+  live server (the CLI), undone (``--undo``) 10-30 s later by a thread of its own, so
+  that the faults drawn meanwhile meet it; one drained server at a time. Its streaming
+  jobs move with a warm hand-off, and the undo makes it a joiner again. The checker
+  tells these moves from a fault's restarts (``invariants.Drain``).
 
 The jobs: eight streaming heartbeats, four batch ones that run 2-6 s, two batch ones
 whose driver always fails (exit 3; ``--max-retries`` 0 and 1: they end FAILED, so the
@@ -100,7 +105,7 @@ from scheduler import jobs
 from server import watchdog
 from sql import database
 from sql.states import JobKind
-from tests import conftest
+from tests import conftest, waiting
 from tests.chaos import faults, invariants
 from tests.chaos.trial import HEARTBEAT_JOB, Trial
 
@@ -152,6 +157,10 @@ AUTO_ROLLBACK_P = 0.06
 CRASHING_P = 0.7
 CAPACITY = 6  # two servers hold every job while the third is down
 COMMAND_THREADS = 3
+# A drain is undone this many seconds later (drawn), by a thread of its own; the undo
+# is tried again until it took (PostgreSQL may be down), for at most UNDRAIN_RETRY_S.
+UNDRAIN_S = (10.0, 30.0)
+UNDRAIN_RETRY_S = 120.0
 # A duplicate's Python start-up alone took 16-19 s at load 6-20 (CHAOS_SEED=228100621:
 # first log line 16.6 s after the spawn, refused at 25.7 s, gone after 30 s).
 DUPLICATE_REFUSAL_S = 60.0
@@ -174,6 +183,7 @@ FAULTS = (
     "clock_step",
     "spark_master_kill9",
     "spark_master_outage",
+    "drain",
 )
 # Faults of the trial's own Spark masters (two, one active, one standing by): when one
 # is drawn, the streams run on both (``spark://m0,m1``) and the batch jobs on m0 alone.
@@ -281,6 +291,12 @@ class RandomChaos:
         self._fresh = 0
         self._stop_commands = threading.Event()
         self._rollback_lock = threading.Lock()  # one ROLLBACKER update at a time
+        # The server drained now (one at a time) and the thread that undoes it; the
+        # heal tells the thread to leave its undo to the heal.
+        self._drained: str | None = None
+        self._undrain: threading.Thread | None = None
+        self._drain_lock = threading.Lock()
+        self._healing = threading.Event()
 
     # ------------------------------------------------------------------ cluster
 
@@ -431,6 +447,18 @@ class RandomChaos:
         special["env"] = {**special.get("env", {}), "SPARKRING_WORK_DIR": str(work_dir)}
         self.trial.cluster.start_server(sid, capacity=CAPACITY, **special)
         self.work_dirs[sid] = work_dir
+
+    def _registered(self) -> list[str]:
+        """The servers whose current process runs and holds its id in ZooKeeper (it
+        finished starting: its signal handlers are installed, its node names it)."""
+        servers = self.trial.cluster.servers
+        return [
+            sid
+            for sid in SERVERS
+            if sid in servers
+            and servers[sid].poll() is None
+            and self.trial.member_pid(sid) == servers[sid].pid
+        ]
 
     def _disk(self, work_dir: Path) -> faults.SmallDisk | None:
         return next((d for d in self.trial.disks if d.folder == work_dir), None)
@@ -681,14 +709,7 @@ class RandomChaos:
         # node names this process. A SIGTERM that comes before its signal handler is
         # installed (after 15-25 s of imports on a loaded machine) kills it like any
         # process (exit -15, a crash to its supervisor), which is no planned restart.
-        servers = self.trial.cluster.servers
-        alive = [
-            sid
-            for sid in SERVERS
-            if sid in servers
-            and servers[sid].poll() is None
-            and self.trial.member_pid(sid) == servers[sid].pid
-        ]
+        alive = self._registered()
         victim = self.rng.choice(alive or SERVERS)
         down = round(self.rng.uniform(0.0, HANDOVER_S + 5.0), 1)
         if not alive:
@@ -718,14 +739,7 @@ class RandomChaos:
         # duplicate but a rival, and either may rightly win the id (CHAOS_SEED=81000001:
         # a duplicate started 1.3 s after same_id_fresh_dir's restart registered first,
         # the restart waited, and the harness called the winner "not refused").
-        servers = self.trial.cluster.servers
-        alive = [
-            sid
-            for sid in SERVERS
-            if sid in servers
-            and servers[sid].poll() is None
-            and self.trial.member_pid(sid) == servers[sid].pid
-        ]
+        alive = self._registered()
         victim = self.rng.choice(alive or SERVERS)
         if not alive:
             self.log.note("duplicate_skipped", reason="no server process holds its id")
@@ -776,6 +790,61 @@ class RandomChaos:
                 pool.map(lambda a, r: self._command(a, name, r, quiet=True), actions, draws)
             )
         self.log.note("command_storm_done", job=name, results=results)
+
+    def drain(self) -> None:
+        # An operator's drain, through the CLI as an operator runs it: the server's jobs
+        # move off it (planned moves: warm for a streaming job) while it keeps running.
+        # Undone after a drawn delay by a thread of its own, so that the faults drawn
+        # meanwhile meet the drain (a kill of the drained server mid hand-off, of the
+        # warm target, a PostgreSQL outage); one drained server at a time, so that the
+        # others always have room. Not a fault: no fault window (invariants.Drain).
+        alive = self._registered()
+        victim = self.rng.choice(alive or SERVERS)
+        after = round(self.rng.uniform(*UNDRAIN_S), 1)
+        with self._drain_lock:
+            drained = self._drained
+        if drained is not None:
+            self.log.note("drain_skipped", reason=f"{drained} is still drained")
+            return
+        if not alive:
+            self.log.note("drain_skipped", reason="no registered server process")
+            return
+        self.log.note("drain", server=victim, undo_after_s=after)
+        self.trial.outcome.injected += 1
+        with self._drain_lock:
+            self._drained = victim
+        result = self.trial.drain(victim)
+        self.log.note(
+            "drained", server=victim, exit_code=result.returncode, output=_cli_output(result)
+        )
+        self._undrain = threading.Thread(
+            target=self._undrain_later, args=(victim, after), name="undrain", daemon=True
+        )
+        self._undrain.start()
+
+    def _undrain_later(self, server: str, after: float) -> None:
+        if not self._healing.wait(after):  # healing: the heal undoes it
+            self._undo_drain(server)
+
+    def _undo_drain(self, server: str) -> None:
+        """``server drain --undo`` until it took: exit 0, or the server is no longer
+        drained (an attempt that committed and then failed, or a drain that never
+        took). A run that cannot undo it fails: its end state would be a drained
+        server, not the cluster the checks expect."""
+
+        def undone() -> bool:
+            result = self.trial.undrain(server)
+            took = result.returncode == 0 or "is not drained" in result.stderr
+            what = "drain_undone" if took else "drain_undo_failed"
+            self.log.note(what, server=server, exit_code=result.returncode,
+                          output=_cli_output(result))  # fmt: skip
+            return took
+
+        if not waiting.poll_until(undone, UNDRAIN_RETRY_S, interval=1.0):
+            self.problems.append(f"drain of {server}: not undone in {UNDRAIN_RETRY_S:g} s")
+            return
+        with self._drain_lock:
+            self._drained = None
 
     # ------------------------------------------------------------------ commands
 
@@ -907,6 +976,15 @@ class RandomChaos:
         self.stack.restore()
         if self.partition is not None:
             self.partition.heal()
+        # A drain still on is undone now (PostgreSQL is up again), by its thread if it
+        # is undoing it already, else here.
+        self._healing.set()
+        if self._undrain is not None:
+            self._undrain.join(timeout=UNDRAIN_RETRY_S + 130)
+        with self._drain_lock:
+            drained = self._drained
+        if drained is not None:
+            self._undo_drain(drained)
         c = self.trial.cluster
         for sid in SERVERS:
             proc = c.servers.get(sid)
@@ -933,6 +1011,10 @@ class RandomChaos:
             self.partition.close()
         if self.commands is not None:
             self.commands.dispose()
+
+
+def _cli_output(result: subprocess.CompletedProcess[str]) -> str:
+    return (result.stdout.strip() or result.stderr.strip())[-300:]
 
 
 def test_randomized_faults_and_concurrent_commands(

@@ -18,6 +18,7 @@ import dataclasses
 import datetime
 import json
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -155,6 +156,10 @@ class Trial:
         # [injected, over] of each fault on the wall clock (over None: still on), for the
         # one-fault-one-restart check (invariants.restarts_per_fault).
         self._fault_spans: list[list[float | None]] = []
+        # Operators' drains (``drain``/``undrain``): [server, asked, undone] on the wall
+        # clock (undone None: still drained). Not faults: their moves are planned, and
+        # the checker tells them from a fault's restarts (invariants.Drain).
+        self._drain_spans: list[list[Any]] = []
         self.resource: catalog.Resource | None = None
         # Spark masters of the trial's own (``use_masters``), the ``spark://`` URL of
         # every job created on them, and each master fault: [masters, killed, back]
@@ -759,6 +764,27 @@ class Trial:
             if start is not None
         ]
 
+    def drain(self, server: str) -> subprocess.CompletedProcess[str]:
+        """``sparkring server drain SERVER`` through the CLI (an operator's planned
+        move of every job off it), noted first; the CLI's outcome is returned."""
+        self._drain_spans.append([server, time.time(), None])
+        return self.cluster.cli("server", "drain", server, check=False)
+
+    def undrain(self, server: str) -> subprocess.CompletedProcess[str]:
+        """``sparkring server drain SERVER --undo`` through the CLI. The undo is noted
+        before it is sent, once (a retry keeps the first time: an attempt may have
+        committed before it failed), so that it precedes every move of the join it
+        starts."""
+        for span in self._drain_spans:
+            if span[0] == server and span[2] is None:
+                span[2] = time.time()
+        return self.cluster.cli("server", "drain", server, "--undo", check=False)
+
+    def drains(self) -> list[invariants.Drain]:
+        return [
+            invariants.Drain(server, asked, undone) for server, asked, undone in self._drain_spans
+        ]
+
     # ------------------------------------------------------------------ alerts
 
     def watch_alerts(self, host: str = "127.0.0.1") -> Receiver:
@@ -856,7 +882,7 @@ class Trial:
             "batch": invariants.batch_generations(kinds, lifetimes, events, self.freezes),
             "budget": invariants.budget_overruns(rows, lifetimes, events),
             "restarts": invariants.restarts_per_fault(
-                events, self.fault_windows(bound), self._event_mark
+                events, self.fault_windows(bound), self._event_mark, self.drains()
             ),
             "master": self._master_checks(events, bound),
             "S6": self.fire_problems(bound),
@@ -899,7 +925,9 @@ class Trial:
         mark = self._event_mark
         return (
             invariants.master_fault_costs(events, outages, on, others, bound, mark)
-            + invariants.master_fault_restarts(events, outages, on, others, bound, mark)
+            + invariants.master_fault_restarts(
+                events, outages, on, others, bound, mark, self.drains()
+            )
             + invariants.started_without_master(events, outages, on, since_id=mark)
         )
 
