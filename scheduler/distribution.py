@@ -514,6 +514,9 @@ def _defer_statement(*, by_watchdog: bool) -> sa.TextClause:
         release=True,
         detail="jsonb_strip_nulls(jsonb_build_object("
         "'error', CAST(:error AS text), 'cause', CAST(:cause AS text)))",
+        # A stop asked while the start was prepared wins: backoff would wait to run a
+        # job nobody wants running, unowned and never claimed again, for ever.
+        state=_STOP_WINS + "ELSE 'backoff' END",
         by_watchdog=by_watchdog,
     )
 

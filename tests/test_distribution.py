@@ -442,3 +442,36 @@ def test_a_job_opts_out_of_the_warm_hand_off_in_its_conf(engine: sa.Engine) -> N
     job_id = factories.job(engine, "own-context", conf={"sparkring.handoff.warm": "false"})
     factories.target(engine, job_id, "s1")
     assert _polled(engine, "s1", job_id).warm_allowed is False
+
+
+@pytest.mark.parametrize("by_watchdog", [False, True])
+def test_a_start_deferred_after_a_stop_was_asked_ends_stopped_not_in_backoff(
+    engine: sa.Engine, by_watchdog: bool
+) -> None:
+    """A stop asked while the claim's start is prepared (the chaos run of CHAOS_SEED=
+    552069408: ``stop_requested`` between ``claimed`` and ``deferred`` for want of a Spark
+    master), then the start deferred: the job ends ``stopped``. Before, the deferral wrote
+    ``backoff`` whatever the job wanted, and a job wanted stopped stayed there for ever,
+    unowned and never claimed again."""
+    job_id = factories.job(engine, "a")
+    factories.target(engine, job_id, "s1")
+    claim = _claim(engine, job_id, "s1")
+    with engine.begin() as conn:
+        jobs.stop(conn, "a")
+    with engine.begin() as conn:
+        if by_watchdog:
+            distribution.defer_by_watchdog(
+                conn, job_id, "s1", claim.epoch, "no master", 5.0, cause="spark-master-unreachable"
+            )
+        else:
+            distribution.defer(conn, job_id, owner("s1"), claim.epoch, "no master", 5.0)
+    row = factories.row(engine, job_id)
+    assert (row.state, row.owner) == ("stopped", None)
+    # A job still wanted running is deferred as before.
+    with engine.begin() as conn:
+        jobs.start(conn, "a")
+    factories.target(engine, job_id, "s1")
+    again = _claim(engine, job_id, "s1")
+    with engine.begin() as conn:
+        distribution.defer(conn, job_id, owner("s1"), again.epoch, "no master", 5.0)
+    assert factories.row(engine, job_id).state == "backoff"
