@@ -123,3 +123,19 @@ def crash(engine: sa.Engine, job_id: int, server: str = "s1") -> RunState:
             conn, job_id, owner(server), claim.epoch, "exit 3: boom",
             retry=True, backoff_base=10, backoff_max=600,
         )  # fmt: skip
+
+
+def warm_offer(engine: sa.Engine, name: str = "stream", **job_fields: object) -> tuple[int, int]:
+    """A streaming job running on s1 and stopping for a move to s2, a warm hand-off
+    offered at its epoch (``distribution.begin_stop(warm=True)``): its id and that epoch."""
+    job_id = job(engine, name, **job_fields)  # type: ignore[arg-type]
+    target(engine, job_id, "s1")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, owner("s1"), 30.0)
+        distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, 1)
+    target(engine, job_id, "s2")
+    with engine.begin() as conn:
+        distribution.begin_stop(
+            conn, job_id, owner("s1"), claim.epoch, "migrating to s2", warm=True
+        )
+    return job_id, claim.epoch

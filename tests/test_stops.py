@@ -20,16 +20,9 @@ S1 = owner("s1")
 
 def _offering(engine: sa.Engine) -> runs.Run:
     """A run of s1 stopping for a move to s2, a warm hand-off offered at its epoch."""
-    job_id = factories.job(engine, "stream")
-    factories.target(engine, job_id, "s1")
-    with engine.begin() as conn:
-        claim = distribution.claim(conn, job_id, S1, 30.0)
-        distribution.mark_running(conn, job_id, S1, claim.epoch, 1)
-    factories.target(engine, job_id, "s2")
-    with engine.begin() as conn:
-        distribution.begin_stop(conn, job_id, S1, claim.epoch, "migrating to s2", warm=True)
+    job_id, epoch = factories.warm_offer(engine)
     now = watchdog.lease_clock()
-    return runs.Run(job_id, "stream", "streaming", claim.epoch, 1, now, now + 20, S1)
+    return runs.Run(job_id, "stream", "streaming", epoch, 1, now, now + 20, S1)
 
 
 def _runner(engine: sa.Engine, wait: float) -> types.SimpleNamespace:

@@ -20,14 +20,7 @@ NO_MASTER = "spark://127.0.0.1:1"  # nothing listens: a master that does not ans
 
 
 def _offered_to_s2(engine: sa.Engine) -> distribution.Row:
-    job_id = factories.job(engine, "stream", spark_master=NO_MASTER)
-    factories.target(engine, job_id, "s1")
-    with engine.begin() as conn:
-        claim = distribution.claim(conn, job_id, S1, 30.0)
-        distribution.mark_running(conn, job_id, S1, claim.epoch, 1)
-    factories.target(engine, job_id, "s2")
-    with engine.begin() as conn:
-        distribution.begin_stop(conn, job_id, S1, claim.epoch, "migrating to s2", warm=True)
+    job_id, _ = factories.warm_offer(engine, spark_master=NO_MASTER)
     with engine.connect() as conn:
         return next(r for r in distribution.poll(conn, S2) if r.job_id == job_id)
 
