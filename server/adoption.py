@@ -10,6 +10,7 @@ is provably dead, and otherwise leaves the lease to expire (S1).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,11 @@ if TYPE_CHECKING:
 
 # The runner's log: its parts log as the runner did before they had modules of their own.
 log = logging.getLogger("server.runner")
+
+# How far ahead the watchdog's deadline must be for its run to be adopted: the
+# adoption's statement and its confirmation (a file write) must land before it, and on
+# a loaded machine a commit can take most of a second.
+ADOPT_SLACK_S = 1.0
 
 
 def clean_orphan(the_runner: runner.Runner, row: distribution.Row) -> None:
@@ -113,9 +119,21 @@ def _adopt(
     its live lease to this incarnation (fenced on the previous one, the epoch and
     the lease not expired) and supervise the driver as if we had started it. No
     driver restart, no gap. False when the lease is not provably ours (expired or
-    taken): the caller kills the run."""
+    taken), or when the watchdog's deadline is too close for the confirmation to reach
+    it (``ADOPT_SLACK_S``): the caller kills the run and releases the job."""
     cfg = the_runner.config
     t_sent = watchdog.lease_clock()
+    deadline_now = rundir.read_lease(old.lease_file)
+    left = (-math.inf if deadline_now is None else deadline_now) - t_sent
+    if left < ADOPT_SLACK_S:
+        # PostgreSQL's lease outlives the watchdog's deadline by its margin: in that
+        # window the statement below would succeed and the watchdog, which never sees
+        # the confirmation in time, kill the driver after all (adopted, then lost).
+        log.warning(
+            "the previous incarnation's watchdog is at its deadline: not adopted",
+            extra={"action": "adopt_refused", "job": row.name, "epoch": row.epoch, "left_s": left},
+        )
+        return False
     try:
         with the_runner.engine.begin() as conn:
             state = distribution.adopt(

@@ -697,6 +697,23 @@ def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
     assert kinds.count("claimed") == 1 and kinds.count("finished") == 1, kinds
 
 
+def _started_by_a_first_incarnation(
+    engine: sa.Engine, bucket: store.Store, first: runner.Runner, stage: Path, tmp_path: Path
+) -> int:
+    """A gated batch job claimed by ``first`` (a stepped runner), whose driver has
+    started. ``first`` renews while spark-submit starts (beyond 27 s on a loaded
+    machine); a successor takes over only from then on. The job's id."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    first.poll_once()
+    waiting.wait_until(
+        lambda: first.renew_once() and (stage / "starts").exists(),
+        SPARK_START_S,
+        interval=0.5,
+        message="the driver did not start",
+    )
+    return job_id
+
+
 def test_an_adoption_committed_while_a_poll_reads_its_rows_kills_nothing(
     engine: sa.Engine,
     bucket: store.Store,
@@ -712,16 +729,7 @@ def test_an_adoption_committed_while_a_poll_reads_its_rows_kills_nothing(
     job ``running`` with no driver and a lease renewed for ever (a lost job; found by
     `benchmarks/adoption.py`'s rolling restart: `the job is no longer ours; killing the
     driver` 0 ms after `adopted a running driver of the previous incarnation`)."""
-    job_id = _batch_job(engine, bucket, stage, tmp_path)
-    long_lease_runner.poll_once()  # the first incarnation claims; the driver starts
-    # It renews while spark-submit starts (beyond 27 s on a loaded machine); it is gone
-    # only from then on.
-    waiting.wait_until(
-        lambda: long_lease_runner.renew_once() and (stage / "starts").exists(),
-        SPARK_START_S,
-        interval=0.5,
-        message="the driver did not start",
-    )
+    job_id = _started_by_a_first_incarnation(engine, bucket, long_lease_runner, stage, tmp_path)
     # The first incarnation is gone (its loops never ran); the next one, same id and
     # work dir, adopts. Its adoption commits between the poll's read and its run list.
     config = dataclasses.replace(_config(tmp_path, 3.0), lease_ttl=30.0)
@@ -771,6 +779,52 @@ def _adopt_during_a_poll(
         message="the adopted run did not finish",
     )
     assert (stage / "starts").read_text().split() == ["1"]
+
+
+def test_a_driver_whose_watchdog_deadline_is_about_to_pass_is_not_adopted(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    long_lease_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restarted server finds its previous incarnation's watchdog alive and the lease
+    live in PostgreSQL, but the watchdog's own deadline (the lease less its margin) is
+    about to pass. Adopting it moved the lease to the successor and then the watchdog
+    killed the driver at its old deadline, before the confirmation reached it: the job
+    was adopted, then lost its driver and was claimed again (CI's chaos case
+    test_handover_during_a_zookeeper_outage[past-the-start-timeout]: job3-0 adopted and
+    claimed). Such a run is ended and released instead: one claim, no adoption."""
+    job_id = _started_by_a_first_incarnation(engine, bucket, long_lease_runner, stage, tmp_path)
+    (run,) = long_lease_runner.runs().values()
+    assert run.driver is not None
+    # Its last confirmation gave the watchdog half a second more; the lease itself
+    # (30 s in PostgreSQL) is live.
+    rundir.write_lease(run.driver.lease_file, watchdog.lease_clock() + 0.5)
+    config = dataclasses.replace(_config(tmp_path, 3.0), lease_ttl=30.0)
+    stepped = _stepped(engine, bucket, config, tmp_path)
+    successor = next(stepped)
+    adopt = distribution.adopt
+
+    def slow_adopt(*args: object, **kwargs: object) -> object:
+        # A loaded machine: the adoption commits after the watchdog's deadline.
+        late = watchdog.lease_clock() + 1.5
+        while watchdog.lease_clock() < late:
+            threading.Event().wait(0.05)
+        return adopt(*args, **kwargs)
+
+    monkeypatch.setattr(distribution, "adopt", slow_adopt)
+    try:
+        with engine.connect() as conn:
+            (row,) = [r for r in distribution.poll(conn, successor.owner) if r.job_id == job_id]
+        successor._clean_orphan(row)
+        kinds = _kinds(database_url)
+        assert "adopted" not in kinds, f"a dying driver was adopted: {kinds}"
+        assert factories.row(engine, job_id).owner is None, "the dying run's lease was kept"
+    finally:
+        next(stepped, None)
 
 
 def test_a_driver_starts_from_the_revision_its_claim_pinned(

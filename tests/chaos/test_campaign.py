@@ -83,9 +83,14 @@ def _logged_since(trial: Trial, server: str, offset: int, action: str) -> int:
     return trial.cluster.log(server)[offset:].count(f"action={action}")
 
 
-def _events_after(trial: Trial, mark: int, kind: str, jobs: Sequence[str]) -> list[dict]:
+def _events_after(
+    trial: Trial, mark: int, kind: str, jobs: Sequence[str], *, any_kind: bool = False
+) -> list[dict]:
+    """The events of ``jobs`` past the event id ``mark``: those of ``kind``, or all."""
     return [
-        e for e in trial.events() if e["id"] > mark and e["kind"] == kind and e["job_name"] in jobs
+        e
+        for e in trial.events()
+        if e["id"] > mark and (any_kind or e["kind"] == kind) and e["job_name"] in jobs
     ]
 
 
@@ -675,7 +680,12 @@ def test_server_clocks_stepped_while_a_schedule_fires(trial: Trial) -> None:
     if reason:
         conftest.unavailable(reason)
     clocks = {sid: faults.SteppableClock(trial.cluster_root / "clocks" / sid) for sid in SERVERS}
-    trial.start(SERVERS, special={sid: {"env": clock.env} for sid, clock in clocks.items()})
+    trial.start(
+        SERVERS,
+        special={
+            sid: {"env": clock.env, "wrapper": clock.wrapper} for sid, clock in clocks.items()
+        },
+    )
     trial.populate()
     trial.schedule_job("ticker")
     trial.wait_fires_ran("ticker", 2)
@@ -811,7 +821,11 @@ def test_handover_during_a_zookeeper_outage(trial: Trial, stack: faults.Stack, o
         claimed = [e["job_name"] for e in _events_after(trial, mark, "claimed", owned)]
         again = {e["job_name"] for e in _events_after(trial, restarted, "adopted", owned)}
         for name in owned:
-            assert claimed.count(name) == int(name not in again), (name, claimed, again)
+            history = [
+                (e["id"], e["kind"], e["server"], e["epoch"], e["detail"])
+                for e in _events_after(trial, mark, "", [name], any_kind=True)
+            ]
+            assert claimed.count(name) == int(name not in again), (name, restarted, history)
     _assert_safe(outcome)
 
 
