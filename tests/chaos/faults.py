@@ -560,6 +560,13 @@ class SteppableClock:
             "FAKETIME_SKIP_CMDS": "java",
         }
 
+    @property
+    def wrapper(self) -> list[str]:
+        """The argv prefix of a process started on this clock (a server: with
+        ``start_server(wrapper=..., env=self.env)``): ``faketime_shared.py``, which
+        opens the library's state to the drivers' user before the process runs."""
+        return [sys.executable, str(Path(__file__).with_name("faketime_shared.py"))]
+
     def step(self, seconds: float) -> None:
         """Set the clock ``seconds`` away from the host's (0: back to it). Processes
         see it within a second (the library's cache)."""

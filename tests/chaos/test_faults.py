@@ -9,10 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from server import watchdog
-from tests.chaos import faults
+import pytest
+
+from server import driver_user, watchdog
+from tests.chaos import faketime_shared, faults
 from tests.conftest import unavailable
 from tests.waiting import wait_until
+
+DRIVER_USER = "sparkring-driver"
 
 # Prints, every 0.1 s (through time.sleep, which Debian's libfaketime 0.9.10 breaks),
 # the wall clock's and BOOTTIME's offsets from the values it started with.
@@ -54,6 +58,62 @@ def test_a_stepped_clock_moves_the_wall_clock_of_a_running_process_only(tmp_path
         probe.kill()
         probe.wait(timeout=10)
         probe.stdout.close()
+
+
+# Run as the drivers' user under a process on the clock: which libfaketime state it uses.
+_SHARED_PROBE = "import os; print(os.getpid(), os.environ.get('FAKETIME_SHARED', ''))"
+
+
+def test_a_driver_under_its_own_user_shares_the_clock_state_of_its_server(
+    tmp_path: Path,
+) -> None:
+    """libfaketime's first process on the clock (the server, root here) creates its
+    semaphore and shared memory mode 0600 and names them in FAKETIME_SHARED. A driver
+    run as another user could not open them, so it made its own, named after its pid;
+    where a killed process of the same pid had left its files (SIGKILL skips the
+    library's clean-up), that failed and the driver exited 1 before its first line, a
+    crash that burnt its job's restart budget in CI. Under the clock's wrapper the
+    driver opens its server's."""
+    try:
+        driver_user.resolve(DRIVER_USER)
+    except driver_user.DriverUserError as exc:
+        unavailable(f"{exc}: run scripts/bootstrap.sh")
+    if driver_user.missing_capabilities():
+        unavailable("switching users needs root or CAP_SETUID/CAP_SETGID")
+    for folder in (tmp_path.parent.parent, tmp_path.parent, tmp_path):
+        folder.chmod(folder.stat().st_mode | 0o711)
+    clock = faults.SteppableClock(tmp_path / "clock")
+    clock.file.chmod(0o644)
+    done = subprocess.run(
+        [
+            *clock.wrapper,
+            "runuser",
+            "-u",
+            DRIVER_USER,
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            _SHARED_PROBE,
+        ],
+        env={**clock.env, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    pid, sem, _shm = done.stdout.split()
+    assert sem.startswith("/faketime_sem_"), done.stdout
+    assert sem != f"/faketime_sem_{pid}", "the driver could not open its server's clock state"
+
+
+def test_the_shared_wrapper_names_the_files_behind_faketime_shared() -> None:
+    assert faketime_shared.shared_files("/faketime_sem_12 /faketime_shm_12") == [
+        Path("/dev/shm/sem.faketime_sem_12"),
+        Path("/dev/shm/faketime_shm_12"),
+    ]
+    for bad in ("", "/a", "a b", "/a /b /c", "/ /b"):
+        with pytest.raises(ValueError, match="FAKETIME_SHARED"):
+            faketime_shared.shared_files(bad)
 
 
 def test_two_partitions_drawn_the_same_number_get_namespaces_of_their_own() -> None:

@@ -367,6 +367,7 @@ class RandomChaos:
                 self.clocks[sid] = clock
                 entry = self.special.setdefault(sid, {})
                 entry["env"] = {**entry.get("env", {}), **clock.env}
+                entry["wrapper"] = [*entry.get("wrapper", []), *clock.wrapper]
         if MASTER_FAULTS & set(self.faults):
             # Spawned now, so that their JVMs start beside the servers. Where s3 lives in
             # a namespace, they listen on the veth's host end, which both sides reach.
