@@ -1,4 +1,5 @@
-"""Shared steps of the end-to-end tests: a cluster of servers, light heartbeat jobs."""
+"""Shared steps of the end-to-end tests: a cluster of servers, light heartbeat jobs, and
+a real Structured Streaming job (examples/jobs/streaming_counter.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from tests import sink, waiting
-from tests.cluster import HEARTBEAT_JOB, Cluster
+from tests.cluster import EXAMPLES, HEARTBEAT_JOB, Cluster
+
+STREAMING_COUNTER = EXAMPLES / "streaming_counter.py"
 
 SERVERS = ("s1", "s2", "s3")
 
@@ -49,6 +52,35 @@ def start_running(c: Cluster, names: list[str], timeout: float = 120) -> dict[st
         heartbeat_job(c, name)
         c.cli("job", "start", name)
     return {name: c.wait_job(name, running, timeout, f"{name} running") for name in names}
+
+
+def start_streaming_counter(c: Cluster, *create: str) -> tuple[Path, dict[str, Any]]:
+    """Upload examples/jobs/streaming_counter.py as resource ``counter``, create the
+    streaming job ``stream`` from it (local[1], one shuffle partition, ``create``'s extra
+    ``job create`` arguments), start it and wait for three committed micro-batches.
+    Returns its output folder and its row once running."""
+    output = c.root / "stream-out"
+    c.cli("resource", "upload", "counter", str(STREAMING_COUNTER))
+    c.cli(
+        "job", "create", "stream", "--resource", "counter", "--master", "local[1]",
+        "--conf", "spark.sql.shuffle.partitions=1", f"--arg={output}", *create,
+    )  # fmt: skip
+    c.cli("job", "start", "stream")
+    first = c.wait_job("stream", running, 120, "streaming job running")
+    waiting.wait_until(
+        lambda: sink.committed_batches(output) >= 3, 180, interval=0.5,
+        message="three micro-batches committed",
+    )  # fmt: skip
+    return output, first
+
+
+def upload_counter_version(c: Cluster, folder: Path, edit: Any = lambda text: text) -> None:
+    """Upload a new version of resource ``counter``: streaming_counter.py through
+    ``edit`` (text -> text), written under ``folder``."""
+    folder.mkdir()
+    version = folder / STREAMING_COUNTER.name
+    version.write_text(edit(STREAMING_COUNTER.read_text()))
+    c.cli("resource", "upload", "counter", str(version))
 
 
 def stop_after_more_batches_exactly_once(

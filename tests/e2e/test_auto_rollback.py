@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests import cluster as cluster_module
-from tests import sink, waiting
-from tests.cluster import EXAMPLES, Cluster
+from tests import waiting
+from tests.cluster import Cluster
 from tests.e2e import helpers
 
 
@@ -57,28 +57,16 @@ def test_a_streaming_query_updated_to_a_version_that_raises_rolls_back_exactly_o
     raises at start: the job returns to v1 by itself, from the same checkpoint, and the
     committed output still has every value exactly once."""
     helpers.start_cluster(cluster, servers=("s1",))
-    output = cluster.root / "stream-out"
-    counter = EXAMPLES / "streaming_counter.py"
-    cluster.cli("resource", "upload", "counter", str(counter))
-    cluster.cli(
-        "job", "create", "stream", "--resource", "counter", "--master", "local[1]",
-        "--conf", "spark.sql.shuffle.partitions=1", f"--arg={output}",
-        "--auto-rollback", "--healthy-within", "5m",
-    )  # fmt: skip
-    cluster.cli("job", "start", "stream")
-    first = cluster.wait_job("stream", helpers.running, 120, "streaming job running")
-    waiting.wait_until(
-        lambda: sink.committed_batches(output) >= 3, 180, interval=0.5,
-        message="three micro-batches committed",
-    )  # fmt: skip
-    broken = tmp_path / "v2" / "streaming_counter.py"
-    broken.parent.mkdir()
-    broken.write_text(
-        counter.read_text().replace(
-            "import argparse\n", "import argparse\n\nraise RuntimeError('v2 raises at start')\n", 1
-        )
+    output, first = helpers.start_streaming_counter(
+        cluster, "--auto-rollback", "--healthy-within", "5m"
     )
-    cluster.cli("resource", "upload", "counter", str(broken))
+    helpers.upload_counter_version(
+        cluster,
+        tmp_path / "v2",
+        lambda text: text.replace(
+            "import argparse\n", "import argparse\n\nraise RuntimeError('v2 raises at start')\n", 1
+        ),
+    )
     cluster.cli("job", "update", "stream", "--resource", "counter")
     back = cluster.wait_job(
         "stream",

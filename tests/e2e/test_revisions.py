@@ -1,17 +1,17 @@
 """Shipping a new revision of running jobs, through the CLI, on real servers: a
 streaming job rolls to it with one stop-then-start, a batch run keeps its revision.
-Light drivers (tests/jobs/heartbeat.py) record their epoch, revision and pid."""
+Light drivers (tests/jobs/heartbeat.py) record their epoch, revision and pid. A real
+Structured Streaming query's roll, from the same checkpoint and exactly once, is
+tests/e2e/test_warm_handoff.py's (the roll is a warm hand-off there)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
-
 from tests import cluster as cluster_module
-from tests import sink, waiting
-from tests.cluster import EXAMPLES, HEARTBEAT_JOB, Cluster
+from tests import waiting
+from tests.cluster import HEARTBEAT_JOB, Cluster
 from tests.e2e import helpers
 
 
@@ -124,41 +124,3 @@ def test_apply_creates_rolls_and_prunes_a_running_job(cluster: Cluster, tmp_path
     assert cluster_module.overlaps(cluster.driver_records()) == []
     kinds = [e["kind"] for e in cluster.events("beat")]
     assert kinds.count("claimed") == 2 and kinds[-1] == "deleted", kinds
-
-
-@pytest.mark.spark
-def test_a_streaming_query_rolled_to_a_new_version_resumes_exactly_once(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """A real Structured Streaming job (examples/jobs/streaming_counter.py) updated to a
-    new artifact version while it runs: the new driver resumes from the same checkpoint,
-    and the committed output has every value exactly once."""
-    helpers.start_cluster(cluster, servers=("s1",))
-    output = cluster.root / "stream-out"
-    counter = EXAMPLES / "streaming_counter.py"
-    cluster.cli("resource", "upload", "counter", str(counter))
-    cluster.cli(
-        "job", "create", "stream", "--resource", "counter", "--master", "local[1]",
-        "--conf", "spark.sql.shuffle.partitions=1", f"--arg={output}",
-    )  # fmt: skip
-    cluster.cli("job", "start", "stream")
-    first = cluster.wait_job("stream", helpers.running, 120, "streaming job running")
-    waiting.wait_until(
-        lambda: sink.committed_batches(output) >= 3, 180, interval=0.5,
-        message="three micro-batches committed",
-    )  # fmt: skip
-    version_2 = tmp_path / "v2" / "streaming_counter.py"
-    version_2.parent.mkdir()
-    version_2.write_text(counter.read_text() + "\n# version 2\n")
-    cluster.cli("resource", "upload", "counter", str(version_2))
-    cluster.cli("job", "update", "stream", "--resource", "counter")
-    second = cluster.wait_job(
-        "stream",
-        lambda j: helpers.running(j) and j["run_revision"] == 2,
-        120,
-        "stream running revision 2",
-    )
-    assert second["epoch"] == first["epoch"] + 1
-    assert second["resource"]["version"] == 2
-    helpers.stop_after_more_batches_exactly_once(cluster, "stream", output, 180, "the new version")
-    assert cluster_module.overlaps(cluster.driver_records()) == []

@@ -32,27 +32,12 @@ def test_an_update_roll_and_a_drain_of_a_stream_are_warm_and_exactly_once(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     helpers.start_cluster(cluster, servers=("s1", "s2"))
-    output = cluster.root / "stream-out"
-    counter = EXAMPLES / "streaming_counter.py"
-    cluster.cli("resource", "upload", "counter", str(counter))
-    cluster.cli(
-        "job", "create", "stream", "--resource", "counter", "--master", "local[1]",
-        "--conf", "spark.sql.shuffle.partitions=1", f"--arg={output}",
-    )  # fmt: skip
-    cluster.cli("job", "start", "stream")
-    first = cluster.wait_job("stream", helpers.running, 120, "streaming job running")
-    waiting.wait_until(
-        lambda: sink.committed_batches(output) >= 3, 180, interval=0.5,
-        message="three micro-batches committed",
-    )  # fmt: skip
-
-    version_2 = tmp_path / "v2" / "streaming_counter.py"
-    version_2.parent.mkdir()
-    version_2.write_text(counter.read_text() + "\n# version 2\n")
-    cluster.cli("resource", "upload", "counter", str(version_2))
+    output, first = helpers.start_streaming_counter(cluster)
+    helpers.upload_counter_version(cluster, tmp_path / "v2", lambda text: text + "\n# version 2\n")
     cluster.cli("job", "update", "stream", "--resource", "counter")
     rolled = _moved(cluster, "stream", first, lambda j: j["run_revision"] == 2, "rolled")
     assert rolled["epoch"] == first["epoch"] + 1 and rolled["owner"] == first["owner"]
+    assert rolled["resource"]["version"] == 2
     waiting.wait_until(
         lambda: rolled["epoch"] in sink.written_by_epoch(output), 120, interval=0.5,
         message="the rolled driver committed",
