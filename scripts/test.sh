@@ -28,6 +28,15 @@ chaos="${CHAOS:-$([ $# -eq 0 ] && echo 1 || echo 0)}"
 # PostgreSQL and S3 only: the campaign's Spark masters are its own).
 chaos_workers="${CHAOS_WORKERS:-1}"
 main_stack=$(.venv/bin/python scripts/stack.py env | sed -n 's/^export SPARKRING_STACK_DIR=//p')
+# The drivers' JVMs (spark-submit, which every test driver runs, light ones included)
+# start with C1 only, the serial GC and a class-data archive of Spark's classpath, made
+# once per stack: about 2 CPU-seconds per start instead of 5 on this 2-core machine
+# (docs/index.md "Tests"). The product's defaults are untouched; a SPARK_SUBMIT_OPTS of
+# the caller's (even empty) wins.
+if [ -z "${SPARK_SUBMIT_OPTS+set}" ]; then
+    spark_submit_opts=$(scripts/spark-submit-opts.sh "$main_stack")
+    export SPARK_SUBMIT_OPTS="$spark_submit_opts"
+fi
 chaos_stacks=""
 for i in $(seq 1 "$chaos_workers"); do chaos_stacks="$chaos_stacks${chaos_stacks:+,}$main_stack-chaos$i"; done
 start_chaos_stack() {  # $1: its number; prints nothing, its log is $main_stack-chaos$1.log
