@@ -556,16 +556,25 @@ def spark_master_argv(i: int, spark_class: str) -> list[str]:
     ]
 
 
+# Cores an application gets when it sets no spark.cores.max: one, as in the compose
+# deployment (docs/deployment.md), so that a stream that sets nothing cannot take the
+# worker's every core and starve the batch jobs beside it (and its own warm successor).
+SPARK_DEFAULT_CORES = 1
+
+
 def spark_master_env(masters: int, env: dict[str, str]) -> dict[str, str]:
-    """A master's environment: with standbys, Spark's ZooKeeper recovery mode on the
-    stack's ZooKeeper (an election picks the active master; the others wait)."""
-    if masters == 1:
-        return dict(env)
-    options = {
-        "spark.deploy.recoveryMode": "ZOOKEEPER",
-        "spark.deploy.zookeeper.url": zk_hosts(),
-        "spark.deploy.zookeeper.dir": SPARK_ZK_DIR,
-    }
+    """A master's environment: ``spark.deploy.defaultCores`` (:data:`SPARK_DEFAULT_CORES`),
+    and with standbys, Spark's ZooKeeper recovery mode on the stack's ZooKeeper (an
+    election picks the active master; the others wait)."""
+    options = {"spark.deploy.defaultCores": str(SPARK_DEFAULT_CORES)}
+    if masters > 1:
+        options.update(
+            {
+                "spark.deploy.recoveryMode": "ZOOKEEPER",
+                "spark.deploy.zookeeper.url": zk_hosts(),
+                "spark.deploy.zookeeper.dir": SPARK_ZK_DIR,
+            }
+        )
     return {**env, "SPARK_DAEMON_JAVA_OPTS": " ".join(f"-D{k}={v}" for k, v in options.items())}
 
 

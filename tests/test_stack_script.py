@@ -138,7 +138,10 @@ def test_one_spark_master_by_default_without_recovery(stack: ModuleType) -> None
     assert argv[:2] == ["spark-class", "org.apache.spark.deploy.master.Master"]
     assert argv[argv.index("--port") + 1] == "17077"
     assert argv[argv.index("--webui-port") + 1] == "18080"
-    assert "SPARK_DAEMON_JAVA_OPTS" not in stack.spark_master_env(1, {"SPARK_HOME": "/spark"})
+    # An application that sets no spark.cores.max gets one core, as in compose.
+    assert _java_options(stack.spark_master_env(1, {"SPARK_HOME": "/spark"})) == {
+        "spark.deploy.defaultCores": "1"
+    }
 
 
 def test_two_spark_masters_stand_by_through_the_stack_zookeeper(
@@ -157,6 +160,7 @@ def test_two_spark_masters_stand_by_through_the_stack_zookeeper(
         env = stack.spark_master_env(2, {"SPARK_HOME": "/spark"})
         assert env["SPARK_HOME"] == "/spark"
         assert _java_options(env) == {
+            "spark.deploy.defaultCores": "1",
             "spark.deploy.recoveryMode": "ZOOKEEPER",
             "spark.deploy.zookeeper.url": "127.0.0.1:22181,127.0.0.1:22182,127.0.0.1:22183",
             "spark.deploy.zookeeper.dir": "/spark-ha",
