@@ -141,6 +141,7 @@ _CLAIM = sa.text(
                    ELSE j.revision END,
                started_at = now(),
                not_before = NULL,
+               reaped_from = NULL,
                updated_at = now()
           FROM j, (SELECT owner AS prior_owner FROM distribution WHERE job_id = :job_id) o
          WHERE d.job_id = j.id
@@ -289,15 +290,27 @@ def _transition(
     guard: str = "",
     state: str | None = None,
     by_watchdog: bool = False,
+    after_reap: bool = False,
 ) -> sa.TextClause:
     """One fenced owner write: ``owner``, ``owner_incarnation`` and ``epoch`` must match
     (with ``by_watchdog``: ``owner`` and ``epoch``, the run; :func:`finish_by_watchdog`).
+
+    ``after_reap``: also taken from the owner the coordinator reaped the row from, at
+    the same epoch, while nobody has claimed it since (``reaped_from``, migration 0016;
+    a claim clears it and bumps the epoch): the outcome of a run whose record its
+    owner could not write before its lease expired (:func:`finish`).
 
     ``state``: an SQL expression for the new state when it depends on the job row
     (default: ``target``). The job row is locked first (see the module docstring)."""
     owner_reset = "owner = NULL, owner_incarnation = NULL, lease_until = NULL," if release else ""
     new_state = state or f"'{target.value}'"
     incarnation = "" if by_watchdog else "AND d.owner_incarnation = :incarnation"
+    fence = f"d.owner = :server {incarnation} AND d.state = ANY(:sources)"
+    if after_reap:
+        fence = (
+            f"(({fence}) OR (d.owner IS NULL AND d.reaped_from = :server"
+            " AND d.state IN ('pending', 'stopped')))"
+        )
     return sa.text(
         f"""
         WITH j AS (
@@ -311,10 +324,8 @@ def _transition(
                    updated_at = now()
               FROM j
              WHERE d.job_id = j.id
-               AND d.owner = :server
-               {incarnation}
                AND d.epoch = :epoch
-               AND d.state = ANY(:sources)
+               AND {fence}
                {guard}
             RETURNING d.job_id, j.name, d.epoch, d.state, d.restarts, {detail} AS detail
         )
@@ -590,6 +601,7 @@ def _finish_statement(*, by_watchdog: bool) -> sa.TextClause:
         state=_RESTART_WINS + "ELSE 'finished' END",
         detail="jsonb_build_object('exit_code', 0)",
         by_watchdog=by_watchdog,
+        after_reap=True,
     )
 
 
@@ -804,6 +816,7 @@ _REAP = sa.text(
            SET owner = NULL,
                owner_incarnation = NULL,
                lease_until = NULL,
+               reaped_from = lost.owner,
                state = CASE WHEN j.desired = 'running' THEN 'pending' ELSE 'stopped' END,
                updated_at = now()
           FROM j, lost

@@ -270,6 +270,9 @@ distribution = sa.Table(
     # ready for. A claim (epoch + 1) makes both stale.
     sa.Column("handoff_epoch", sa.BigInteger, nullable=True),
     sa.Column("warm_ready_epoch", sa.BigInteger, nullable=True),
+    # The owner the coordinator reaped the row from (migration 0016), until the next
+    # claim: its outcome at the same epoch is still taken (distribution.finish).
+    sa.Column("reaped_from", sa.Text, nullable=True),
     sa.CheckConstraint(_in("state", RUN_STATES), name="state_known"),
     sa.CheckConstraint("(owner IS NULL) = (lease_until IS NULL)", name="lease_needs_owner"),
     sa.CheckConstraint(

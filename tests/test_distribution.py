@@ -180,6 +180,49 @@ def test_finished_job_is_never_claimed_again(engine: sa.Engine) -> None:
     assert factories.row(engine, job_id).state == "finished"
 
 
+@pytest.mark.parametrize("by_watchdog", [False, True])
+def test_a_batch_exit_0_recorded_after_its_reap_is_finished_until_another_claim(
+    engine: sa.Engine, by_watchdog: bool
+) -> None:
+    """A batch driver exited 0 while its server was cut off from PostgreSQL; its lease
+    expired and the coordinator reaped it (owner cleared, ``pending``). The cut heals
+    before anybody claims the job: the old owner's ``finished`` at the same epoch is
+    the truth and is taken (the epoch is the fence: no newer driver can have started),
+    or the generation runs twice (CHAOS_SEED=390332867: b1's generation 4). Once
+    another server has claimed it, the late record is refused as before."""
+    job_id, first = _running_on_s1_with_its_lease_expired(engine)
+
+    def late_finish(epoch: int) -> RunState:
+        with engine.begin() as conn:
+            if by_watchdog:
+                return distribution.finish_by_watchdog(conn, job_id, "s1", epoch)
+            return distribution.finish(conn, job_id, owner("s1"), epoch)
+
+    with engine.begin() as conn:
+        assert distribution.reap(conn, live=["s2"], server="coord") == [(job_id, "s1", 1)]
+    assert late_finish(first.epoch) == RunState.FINISHED
+    row = factories.row(engine, job_id)
+    assert (row.owner, row.state, row.epoch) == (None, "finished", first.epoch)
+    with pytest.raises(distribution.NotClaimable):
+        _claim(engine, job_id, "s1")
+
+    # Reaped, then claimed elsewhere: the old epoch's record comes too late.
+    second_id = factories.job(engine, "b2", kind=JobKind.BATCH)
+    factories.target(engine, second_id, "s1")
+    old = _claim(engine, second_id, "s1")
+    factories.expire_lease(engine, second_id)
+    with engine.begin() as conn:
+        distribution.reap(conn, live=["s2"], server="coord")
+    factories.target(engine, second_id, "s2")
+    _claim(engine, second_id, "s2")
+    with pytest.raises(distribution.FencedError), engine.begin() as conn:
+        if by_watchdog:
+            distribution.finish_by_watchdog(conn, second_id, "s1", old.epoch)
+        else:
+            distribution.finish(conn, second_id, owner("s1"), old.epoch)
+    assert factories.row(engine, second_id).state == "starting"
+
+
 def test_crash_backs_off_then_fails_after_max_restarts(engine: sa.Engine) -> None:
     job_id = factories.job(engine, "crashy", max_restarts=2)
     factories.target(engine, job_id, "s1")

@@ -345,3 +345,24 @@ def test_0015_round_trip_with_a_warm_hand_off_offered(engine: sa.Engine) -> None
             {"j": job_id},
         ).one()
     assert tuple(row) == (None, None)
+
+
+def test_0016_round_trip_with_a_reaped_row(engine: sa.Engine) -> None:
+    """Down to 0015 with a row reaped from s1: the column goes, the row stays; up again
+    it is empty (a late outcome is refused, as a server of 0015's release did)."""
+    from tests import factories
+
+    job_id = factories.job(engine, "reaped")
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text("UPDATE distribution SET reaped_from = 's1' WHERE job_id = :j"), {"j": job_id}
+        )
+    migrate.downgrade(engine, "0015")
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("distribution")}
+    assert "reaped_from" not in columns
+    migrate.upgrade(engine)
+    with engine.connect() as connection:
+        value = connection.execute(
+            sa.text("SELECT reaped_from FROM distribution WHERE job_id = :j"), {"j": job_id}
+        ).scalar_one()
+    assert value is None
