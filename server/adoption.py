@@ -10,7 +10,6 @@ is provably dead, and otherwise leaves the lease to expire (S1).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -123,9 +122,9 @@ def _adopt(
     it (``ADOPT_SLACK_S``): the caller kills the run and releases the job."""
     cfg = the_runner.config
     t_sent = watchdog.lease_clock()
-    deadline_now = rundir.read_lease(old.lease_file)
-    left = (-math.inf if deadline_now is None else deadline_now) - t_sent
-    if left < ADOPT_SLACK_S:
+    watchdog_deadline = rundir.read_lease(old.lease_file)
+    left = None if watchdog_deadline is None else round(watchdog_deadline - t_sent, 3)
+    if left is None or left < ADOPT_SLACK_S:
         # PostgreSQL's lease outlives the watchdog's deadline by its margin: in that
         # window the statement below would succeed and the watchdog, which never sees
         # the confirmation in time, kill the driver after all (adopted, then lost).
