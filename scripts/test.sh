@@ -23,10 +23,12 @@ scripts/bootstrap.sh
 echo "test: set-up took $(( $(date +%s) - started )) s" >&2
 chaos="${CHAOS:-$([ $# -eq 0 ] && echo 1 || echo 0)}"
 
-# Each of the campaign's CHAOS_WORKERS workers (default 1) gets a stack of its own,
+# Each of the campaign's CHAOS_WORKERS workers (default 2: the campaign's cases wait on
+# leases and sessions more than they compute; 964 s instead of 1459 s for 93 items,
+# docs/benchmarks.md) gets a stack of its own,
 # started here beside the main one on its ports + 1000 x i (ZooKeeper ensemble,
 # PostgreSQL and S3 only: the campaign's Spark masters are its own).
-chaos_workers="${CHAOS_WORKERS:-1}"
+chaos_workers="${CHAOS_WORKERS:-2}"
 main_stack=$(.venv/bin/python scripts/stack.py env | sed -n 's/^export SPARKRING_STACK_DIR=//p')
 # The drivers' JVMs (spark-submit, which every test driver runs, light ones included)
 # start with C1 only, the serial GC and a class-data archive of Spark's classpath, made
