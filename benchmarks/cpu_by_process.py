@@ -120,7 +120,9 @@ def kind(command: str) -> str:
         return "CLI: " + " ".join(part for part in match.groups() if part)
     if "xdist" in command or "exec(eval(sys.stdin.readline()))" in command:
         return "pytest worker"
-    if "pytest" in command:
+    # "pytest" in a path is not enough: the tests' files live under sparkring-pytest-N.
+    script = os.path.basename(argv[1]) if len(argv) > 1 else ""
+    if "-m pytest" in command or "pytest" in (program, script):
         return "pytest"
     if "schemathesis" in command:
         return "schemathesis"

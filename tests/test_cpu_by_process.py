@@ -48,6 +48,9 @@ SP = "/repo/.venv/lib/python3.11/site-packages/pyspark"
             "/repo/.venv/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))",
             "pytest worker",
         ),
+        ("/repo/.venv/bin/python -m pytest -q tests/chaos", "pytest"),
+        ("/repo/.venv/bin/python /repo/.venv/bin/pytest -q", "pytest"),
+        ("/repo/.venv/bin/python /tmp/sparkring-pytest-0/s-1/t/run/main.py", "other Python"),
     ],
 )
 def test_each_kind_of_process_is_named(command: str, expected: str) -> None:
