@@ -42,13 +42,12 @@ class Seen:
     """One process, as the samples saw it."""
 
     command: str
-    first_cpu: float
+    baseline: float  # its CPU seconds when the command started (0 if it started later)
     last_cpu: float
-    preexisting: bool
 
     @property
     def cpu(self) -> float:
-        return self.last_cpu - self.first_cpu if self.preexisting else self.last_cpu
+        return self.last_cpu - self.baseline
 
 
 @dataclass
@@ -75,7 +74,7 @@ class Sampler:
                         command = f.read().replace(b"\0", b" ").decode(errors="replace")
                     if not command:  # a kernel thread, or a process already gone
                         continue
-                    self.seen[key] = Seen(command, cpu, cpu, preexisting)
+                    self.seen[key] = Seen(command, cpu if preexisting else 0.0, cpu)
                 else:
                     known.last_cpu = cpu
             except (OSError, ValueError, IndexError):
@@ -165,13 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     thread = threading.Thread(target=sampler.run, daemon=True)
     started = time.monotonic()
     thread.start()
-    code = subprocess.run(command).returncode
+    try:
+        code = subprocess.run(command).returncode
+    except OSError as exc:  # not found, not executable
+        sampler.stop()
+        parser.error(f"cannot run {command[0]!r}: {exc.strerror}")
     wall = time.monotonic() - started
     sampler.stop()
     thread.join()
     sampler.sample()
     rows = group(sampler.seen, args.cli_detail)
-    total = sum(cpu for _, cpu in rows.values())
+    total = sum(cpu for _, cpu in rows.values()) or 1e-9  # a command that used none
     if args.json:
         print(
             json.dumps(

@@ -59,9 +59,9 @@ def test_each_kind_of_process_is_named(command: str, expected: str) -> None:
 
 def test_cli_commands_are_one_row_unless_detailed() -> None:
     seen = {
-        (1, 1): cpu_by_process.Seen("python -m server job list", 0.0, 0.9, False),
-        (2, 1): cpu_by_process.Seen("python -m server job show x", 0.0, 0.8, False),
-        (3, 1): cpu_by_process.Seen("postgres: main", 5.0, 5.5, True),  # only what it used
+        (1, 1): cpu_by_process.Seen("python -m server job list", 0.0, 0.9),
+        (2, 1): cpu_by_process.Seen("python -m server job show x", 0.0, 0.8),
+        (3, 1): cpu_by_process.Seen("postgres: main", 5.0, 5.5),  # only what it used
     }
     assert cpu_by_process.group(seen, cli_detail=False) == {
         "CLI commands": (2, pytest.approx(1.7)),
@@ -88,3 +88,12 @@ def test_no_command_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
         cpu_by_process.main(["--json"])
     assert exit_info.value.code == 2
     assert "no command given" in capsys.readouterr().err
+
+
+def test_a_command_that_cannot_run_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cpu_by_process.main(["--", "/nonexistent/benchmark-command"])
+    assert exit_info.value.code == 2
+    assert "cannot run '/nonexistent/benchmark-command'" in capsys.readouterr().err
