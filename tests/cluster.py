@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from scheduler import jobs
 from server import driver
 from sql import database
-from tests import waiting
+from tests import cli_runner, waiting
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "jobs"
@@ -178,12 +178,9 @@ class Cluster:
     # ------------------------------------------------------------------ CLI + jobs
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [sys.executable, "-m", "server", *args],
-            env={**self.env, "SPARKRING_WORK_DIR": str(self.root / "cli")},
-            capture_output=True,
-            text=True,
-            timeout=120,
+        """``sparkring ARGS`` in a process of its own (forked warm: tests/cli_runner.py)."""
+        result = cli_runner.run(
+            args, env={**self.env, "SPARKRING_WORK_DIR": str(self.root / "cli")}, timeout=120
         )
         if check and result.returncode != 0:
             raise AssertionError(f"sparkring {' '.join(args)} failed: {result.stderr}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +15,9 @@ import pytest
 import sqlalchemy as sa
 
 from server import alert_sender
+from tests import cli_runner
 from tests.webhook_receiver import Receiver
 
-SPARKRING = [sys.executable, "-m", "server"]
 SECRET = "s3cret-never-shown"
 # A Slack-like webhook: its path is a credential, never shown.
 HOOK_PATH = "/services/T000/B000/XXXXtoken"
@@ -30,9 +29,7 @@ def run(stack_env: dict[str, str], database_url: str):
     env = {**base, **stack_env, "SPARKRING_DATABASE_URL": database_url}
 
     def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [*SPARKRING, *args], env=env, capture_output=True, text=True, timeout=60, input=stdin
-        )
+        result = cli_runner.run(args, env=env, timeout=60, input=stdin)
         shown = result.stdout + result.stderr
         assert SECRET not in shown and HOOK_PATH not in shown and "XXXXtoken" not in shown
         return result

@@ -6,15 +6,11 @@ import os
 import subprocess
 import sys
 
-from tests import services
-
-SPARKRING = [sys.executable, "-m", "server"]
+from tests import cli_runner, services
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SPARKRING, *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
-    )
+    return cli_runner.run(args, env={**os.environ, **env}, timeout=60)
 
 
 def test_upgrade_downgrade_base_upgrade(stack_env: dict[str, str], database_url: str) -> None:
@@ -40,9 +36,7 @@ def test_unreachable_database_is_one_clear_line(stack_env: dict[str, str]) -> No
 def test_missing_setting_is_named(stack_env: dict[str, str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKRING_")}
     env.update({k: v for k, v in stack_env.items() if k != "SPARKRING_DATABASE_URL"})
-    result = subprocess.run(
-        [*SPARKRING, "db", "current"], env=env, capture_output=True, text=True, timeout=60
-    )
+    result = cli_runner.run(["db", "current"], env=env, timeout=60)
     assert result.returncode == 78  # a settings error: EX_CONFIG (docs/operations.md)
     assert "SPARKRING_DATABASE_URL is not set" in result.stderr
 

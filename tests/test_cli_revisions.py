@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from scheduler import jobs
-from tests import factories
-
-SPARKRING = [sys.executable, "-m", "server"]
+from tests import cli_runner, factories
 
 
 @pytest.fixture
@@ -23,9 +20,7 @@ def run(stack_env: dict[str, str], database_url: str):
     env = {**base, **stack_env, "SPARKRING_DATABASE_URL": database_url}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*SPARKRING, *args], env=env, capture_output=True, text=True, timeout=60
-        )
+        return cli_runner.run(args, env=env, timeout=60)
 
     return cli
 

@@ -7,14 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import sqlalchemy as sa
 
-from tests import factories
-
-SPARKRING = [sys.executable, "-m", "server"]
+from tests import cli_runner, factories
 
 
 @pytest.fixture
@@ -25,9 +22,7 @@ def run(stack_env: dict[str, str], database_url: str, engine: sa.Engine):
         factories.resource(conn, "app")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*SPARKRING, *args], env=env, capture_output=True, text=True, timeout=60
-        )
+        return cli_runner.run(args, env=env, timeout=60)
 
     return cli
 

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from server import clients, log_shipping
 from server import settings as settings_module
 from sql.states import JobKind
-from tests import factories, waiting
+from tests import cli_runner, factories, waiting
 
 SPARKRING = [sys.executable, "-m", "server"]
 SERVICE_ENV = (
@@ -34,9 +34,7 @@ CONFIG_ERROR = 78
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI with exactly ``env`` as its SPARKRING_* settings (none inherited)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("SPARKRING_")}
-    return subprocess.run(
-        [*SPARKRING, *args], env={**base, **env}, capture_output=True, text=True, timeout=60
-    )
+    return cli_runner.run(args, env={**base, **env}, timeout=60)
 
 
 def _one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:

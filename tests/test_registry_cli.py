@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -13,10 +12,9 @@ import sqlalchemy as sa
 
 from registry import servers
 from server.cli import servers as cli_server
+from tests import cli_runner
 from tests import test_registry as helpers
 from tests.waiting import wait_until
-
-SPARKRING = [sys.executable, "-m", "server"]
 
 
 @pytest.fixture
@@ -25,9 +23,7 @@ def make(zk_hosts: str, zk_root: str) -> Iterator[helpers.Factory]:
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SPARKRING, *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
-    )
+    return cli_runner.run(args, env={**os.environ, **env}, timeout=60)
 
 
 def test_server_list_shows_live_servers(

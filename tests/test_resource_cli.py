@@ -5,16 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from sql import tables
-from tests import services
-
-SPARKRING = [sys.executable, "-m", "server"]
+from tests import cli_runner, services
 
 
 @pytest.fixture
@@ -29,13 +26,8 @@ def env(stack_env: dict[str, str], database_url: str, s3_bucket: str, tmp_path: 
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SPARKRING, "resource", *args],
-        env={**os.environ, **env},
-        cwd=services.REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    return cli_runner.run(
+        ["resource", *args], env={**os.environ, **env}, cwd=services.REPO, timeout=60
     )
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,9 +20,8 @@ from server import clients, log_shipping, retention
 from server import settings as settings_module
 from sql import database
 from sql.states import JobKind
-from tests import factories, services, waiting
+from tests import cli_runner, factories, services, waiting
 
-SPARKRING = [sys.executable, "-m", "server"]
 DAY = 86400.0
 GONE_JOB_ID = 987654  # events outlive their job: no jobs row has this id
 
@@ -284,9 +282,7 @@ def test_which_logs_may_go_when_a_name_was_reused() -> None:
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SPARKRING_")}
-    return subprocess.run(
-        [*SPARKRING, *args], env={**base, **env}, capture_output=True, text=True, timeout=60
-    )
+    return cli_runner.run(args, env={**base, **env}, timeout=60)
 
 
 @pytest.fixture
