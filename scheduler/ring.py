@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Iterable, Iterator
 
@@ -63,9 +64,17 @@ def position(name: str) -> int:
 
 
 def build(servers: Iterable[str], vnodes: int = DEFAULT_VNODES) -> Ring:
-    """The ring over ``servers`` (a set: order and duplicates do not matter)."""
+    """The ring over ``servers`` (a set: order and duplicates do not matter).
+
+    Rings are immutable and a pure function of their servers: the last few are kept, so
+    a coordinator's cycle over an unchanged membership does not hash 160 points per
+    server again (about a seventh of an idle server's CPU before)."""
     _check_vnodes(vnodes)
-    names = name_set(servers, "server")
+    return _build(name_set(servers, "server"), vnodes)
+
+
+@functools.lru_cache(maxsize=16)
+def _build(names: tuple[str, ...], vnodes: int) -> Ring:
     nodes = {name: {"vnodes": vnodes, "weight": 1} for name in names}
     hash_ring = uhashring.HashRing(nodes=nodes, hash_fn=position, vnodes=vnodes)
     points = hash_ring.get_points()  # [(point, server)], ascending by point

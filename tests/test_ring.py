@@ -147,3 +147,11 @@ def test_walk_visits_each_server_once_in_ring_order() -> None:
 def test_bad_input_is_a_clear_error(call: object, message: str) -> None:
     with pytest.raises(ring.RingError, match=message):
         call()  # type: ignore[operator]
+
+
+def test_a_ring_over_the_same_servers_is_built_once() -> None:
+    """A coordinator cycle over an unchanged membership reuses the ring (it is immutable)."""
+    first = ring.build(["s2", "s1"], 160)
+    assert ring.build(("s1", "s2", "s1"), 160) is first
+    assert ring.build(["s1", "s2", "s3"], 160) is not first
+    assert ring.build(["s1", "s2"], 8) is not first
