@@ -34,6 +34,9 @@ CHROMEDRIVER = shutil.which("chromedriver")
 # Seconds: the console refreshes every 2 s; a server's death shows after its ZooKeeper
 # session expires (4 s in the test cluster).
 WAIT_S = 15
+# A server's start or death until its row shows it: a Python start-up and a registration
+# (took over 15 s on this 2-core machine beside the chaos campaign), or a session's expiry.
+SERVER_CHANGE_S = 90
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,12 @@ def browser() -> Iterator[webdriver.Chrome]:
     driver.quit()
 
 
-def _until(browser: webdriver.Chrome, condition: Callable[[], object], what: str) -> object:
+def _until(
+    browser: webdriver.Chrome,
+    condition: Callable[[], object],
+    what: str,
+    timeout: float = WAIT_S,
+) -> object:
     """Poll ``condition`` until truthy (stale elements from a refresh count as not yet)."""
 
     def check(_driver: object) -> object:
@@ -76,7 +84,7 @@ def _until(browser: webdriver.Chrome, condition: Callable[[], object], what: str
             return False
 
     try:
-        return WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(check)
+        return WebDriverWait(browser, timeout, poll_frequency=0.1).until(check)
     except TimeoutException:
         seen = {
             "url": browser.current_url,
@@ -86,7 +94,7 @@ def _until(browser: webdriver.Chrome, condition: Callable[[], object], what: str
             "state": _text(browser, "dd[data-field='state']"),
             "updated": _text(browser, "#updated"),
         }
-        raise AssertionError(f"{what}: not seen within {WAIT_S} s; page: {seen}") from None
+        raise AssertionError(f"{what}: not seen within {timeout:g} s; page: {seen}") from None
 
 
 def _act(browser: webdriver.Chrome, action: Callable[[], None], what: str) -> None:
@@ -250,10 +258,23 @@ def test_servers_page_shows_a_server_join_and_its_death(
     )
     try:
         _until(
-            browser, lambda: browser.find_elements(By.CSS_SELECTOR, "tr[data-server='s2']"), "s2"
+            browser,
+            lambda: browser.find_elements(By.CSS_SELECTOR, "tr[data-server='s2']"),
+            "s2",
+            SERVER_CHANGE_S,
         )
-        _until(browser, lambda: "healthy" in _text(browser, "tr[data-server='s2']"), "s2 healthy")
-        _until(browser, lambda: "0/1 up" in _text(browser, "tr[data-server='s2']"), "s2 masters")
+        _until(
+            browser,
+            lambda: "healthy" in _text(browser, "tr[data-server='s2']"),
+            "s2 healthy",
+            SERVER_CHANGE_S,
+        )
+        _until(
+            browser,
+            lambda: "0/1 up" in _text(browser, "tr[data-server='s2']"),
+            "s2 masters",
+            SERVER_CHANGE_S,
+        )
         _until(
             browser,
             lambda: (
@@ -270,6 +291,7 @@ def test_servers_page_shows_a_server_join_and_its_death(
             browser,
             lambda: not browser.find_elements(By.CSS_SELECTOR, "tr[data-server='s2']"),
             "s2 gone after its death",
+            SERVER_CHANGE_S,
         )
     finally:
         if "s2" in stack.cluster.servers:

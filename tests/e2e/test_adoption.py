@@ -137,6 +137,9 @@ def _wait_adopted(
 
 
 def test_a_server_restarted_after_kill_9_adopts_its_running_drivers(cluster: Cluster) -> None:
+    # The restart must adopt inside the lease guard: room for a start-up under load, as
+    # in the supervised case below (this one failed with the 8 s lease at load 16).
+    cluster.env["SPARKRING_LEASE_TTL"] = "20"
     _adopt_after(cluster, _kill_and_start)
 
 
