@@ -113,29 +113,6 @@ def test_a_joining_server_moves_only_retargeted_jobs_stop_then_start(cluster: Cl
     _assert_single_drivers(cluster)
 
 
-def test_finished_batch_is_not_rerun_by_failover_or_full_restart(cluster: Cluster) -> None:
-    """(e) S4: FINISHED stays finished across a kill -9 and a full cluster restart."""
-    helpers.start_cluster(cluster)
-    helpers.heartbeat_job(cluster, "once", kind="batch", extra=["--run-for", "1"])
-    cluster.cli("job", "start", "once")
-    done = cluster.wait_job("once", lambda j: j["state"] == "finished", 90, "batch finished")
-    ran_on = [e["server"] for e in cluster.events("once") if e["kind"] == "finished"]
-    cluster.kill(ran_on[0])
-    for sid in list(cluster.servers):
-        cluster.kill(sid)
-    helpers.start_cluster(cluster)
-    # Give the new cluster a full coordinator pass and poll round: it must do nothing.
-    waiting.wait_until(
-        lambda: cluster.sql("SELECT ring_generation FROM coordinator")[0][0] >= 1,
-        30,
-        message="the restarted cluster's coordinator ran",
-    )
-    time.sleep(3)  # a quiet period: nothing is expected to happen, so nothing to poll for
-    after = cluster.job("once")
-    assert (after["state"], after["attempt"], after["epoch"]) == ("finished", 1, done["epoch"])
-    assert _kinds(cluster, "once").count("claimed") == 1
-
-
 def test_crash_looping_job_ends_failed_after_max_restarts(cluster: Cluster) -> None:
     """(f) a driver that keeps crashing: FAILED with its error after max_restarts."""
     helpers.start_cluster(cluster, servers=("s1", "s2"))
