@@ -140,7 +140,7 @@ def job_rows(conn: sa.Connection) -> list[sa.Row]:
         sa.text(
             """
             SELECT d.job_id, j.name, j.kind, j.desired, d.state, d.target, d.owner,
-                   d.pending_reason,
+                   d.epoch, d.pending_reason,
                    CAST(EXTRACT(EPOCH FROM d.lease_until - now()) AS double precision)
                        AS lease_left,
                    CAST(EXTRACT(EPOCH FROM j.updated_at) AS double precision) AS queued_at,
@@ -407,14 +407,23 @@ class Rebalance:
     join_due: float | None = None  # seconds until the first deferred move's job matures
 
 
+# A target is written only on the row the plan was made from: a claim, a release or a
+# reap that committed since the read (servers write the table concurrently; the read is
+# not a lock) leaves the row as it is, and the next cycle plans from it. Without the
+# guard a plan made just before a claim moved the job right after it started: two
+# starts for one fault.
 _UPDATE_TARGETS = sa.text(
     """
     UPDATE distribution d
        SET target = v.target, pending_reason = v.reason, ring_generation = :generation,
            updated_at = now()
       FROM unnest(CAST(:job_ids AS bigint[]), CAST(:targets AS text[]),
-                  CAST(:reasons AS text[])) AS v(job_id, target, reason)
-     WHERE d.job_id = v.job_id
+                  CAST(:reasons AS text[]), CAST(:epochs AS bigint[]),
+                  CAST(:states AS text[]), CAST(:owners AS text[]))
+           AS v(job_id, target, reason, epoch, state, owner)
+     WHERE d.job_id = v.job_id AND d.epoch = v.epoch AND d.state = v.state
+       AND d.owner IS NOT DISTINCT FROM v.owner
+    RETURNING d.job_id
     """
 )
 _RETARGET_EVENTS = sa.text(
@@ -591,7 +600,6 @@ def rebalance(
     if full:
         conn.execute(sa.text("UPDATE coordinator SET rebalance_requested_at = NULL WHERE id = 1"))
     generation = None
-    moved = [(r, t) for r, t, _ in changes if t != r.target]
     if changes:
         generation = conn.execute(
             sa.text(
@@ -599,15 +607,23 @@ def rebalance(
                 "updated_at = now() WHERE id = 1 RETURNING ring_generation"
             )
         ).scalar_one()
-        conn.execute(
-            _UPDATE_TARGETS,
-            {
-                "generation": generation,
-                "job_ids": [r.job_id for r, _, _ in changes],
-                "targets": [t for _, t, _ in changes],
-                "reasons": [reason for _, _, reason in changes],
-            },
+        written = set(
+            conn.execute(
+                _UPDATE_TARGETS,
+                {
+                    "generation": generation,
+                    "job_ids": [r.job_id for r, _, _ in changes],
+                    "targets": [t for _, t, _ in changes],
+                    "reasons": [reason for _, _, reason in changes],
+                    "epochs": [r.epoch for r, _, _ in changes],
+                    "states": [r.state for r, _, _ in changes],
+                    "owners": [r.owner for r, _, _ in changes],
+                },
+            ).scalars()
         )
+        changes = [c for c in changes if c[0].job_id in written]
+    moved = [(r, t) for r, t, _ in changes if t != r.target]
+    if changes:
         if moved:
             conn.execute(
                 _RETARGET_EVENTS,

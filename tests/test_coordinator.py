@@ -734,3 +734,34 @@ def test_a_joins_young_jobs_keep_it_open_and_unhealthy_ones_do_not(engine: sa.En
         )
     result = _gentle(engine, bigger)
     assert result.moved == 0 and _settled(engine, "d")
+
+
+def test_a_claim_between_the_plan_and_its_write_is_not_undone(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator writes a target only on the row it planned from: a claim that
+    commits between its read and its write (a server that came back from a PostgreSQL
+    outage, claiming on the target it had) keeps its target, and no retarget event is
+    written for it. Before: the plan, made from the row before the claim, moved the
+    job just after it started, and the job started twice for one fault (the campaign's
+    PostgreSQL-past-the-lease case under load, stop 43)."""
+    from scheduler import distribution
+
+    job_id = factories.job(engine, "j")
+    _become(engine, 1)
+    _rebalance(engine, 1, {"b": 10})
+    assert _targets(engine) == {job_id: "b"}
+    read = coordinator.job_rows
+
+    def read_then_claimed(conn: sa.Connection) -> list[sa.Row]:
+        rows = read(conn)
+        with engine.begin() as other:  # b's claim commits while the coordinator plans
+            distribution.claim(other, job_id, distribution.Owner("b", "b-1"), 30.0)
+        return rows
+
+    monkeypatch.setattr(coordinator, "job_rows", read_then_claimed)
+    seen = len(_retargets(engine))
+    result = _rebalance(engine, 1, {"a": 10})  # b missing from this view: the plan moves j
+    assert _targets(engine) == {job_id: "b"}
+    assert _retargets(engine)[seen:] == []
+    assert result.changed == 0
