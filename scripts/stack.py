@@ -607,7 +607,7 @@ def _spark_workers_alive() -> bool:
         try:
             with urllib.request.urlopen(url, timeout=1) as response:
                 state = json.load(response)
-        except OSError:
+        except (OSError, ValueError):  # not answering yet, or not with its JSON yet
             continue
         if any(w.get("state") == "ALIVE" for w in state.get("workers", [])):
             return True

@@ -180,3 +180,35 @@ def test_up_takes_spark_masters_1_or_2(
     with pytest.raises(SystemExit):
         stack.main(["up", "--spark-masters", "3"])
     assert "invalid choice: 3" in capsys.readouterr().err
+
+
+def test_a_master_ui_that_answers_without_json_yet_is_not_yet_up(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A master whose UI answers before its JSON is ready (an empty body) is waited for,
+    not a crash of ``spark start`` (CI, stop 43: JSONDecodeError out of wait_for)."""
+    import http.server
+    import threading
+
+    bodies = [b"", b'{"workers": [{"state": "ALIVE"}]}']
+
+    class Master(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = bodies.pop(0) if len(bodies) > 1 else bodies[0]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Master)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("SPARKRING_STACK_SPARK_UI_PORT", str(server.server_address[1]))
+        assert stack._spark_workers_alive() is False
+        assert stack._spark_workers_alive() is True
+    finally:
+        server.shutdown()
+        server.server_close()
