@@ -601,17 +601,16 @@ def rebalance(
         conn.execute(sa.text("UPDATE coordinator SET rebalance_requested_at = NULL WHERE id = 1"))
     generation = None
     if changes:
-        generation = conn.execute(
-            sa.text(
-                "UPDATE coordinator SET ring_generation = ring_generation + 1, "
-                "updated_at = now() WHERE id = 1 RETURNING ring_generation"
-            )
+        # The next generation, taken under the row's lock and written only if a target
+        # is: a plan whose rows all changed under it leaves the ring as it was.
+        next_generation = conn.execute(
+            sa.text("SELECT ring_generation + 1 FROM coordinator WHERE id = 1 FOR UPDATE")
         ).scalar_one()
         written = set(
             conn.execute(
                 _UPDATE_TARGETS,
                 {
-                    "generation": generation,
+                    "generation": next_generation,
                     "job_ids": [r.job_id for r, _, _ in changes],
                     "targets": [t for _, t, _ in changes],
                     "reasons": [reason for _, _, reason in changes],
@@ -624,6 +623,14 @@ def rebalance(
         changes = [c for c in changes if c[0].job_id in written]
     moved = [(r, t) for r, t, _ in changes if t != r.target]
     if changes:
+        generation = next_generation
+        conn.execute(
+            sa.text(
+                "UPDATE coordinator SET ring_generation = :generation, updated_at = now() "
+                "WHERE id = 1"
+            ),
+            {"generation": generation},
+        )
         if moved:
             conn.execute(
                 _RETARGET_EVENTS,

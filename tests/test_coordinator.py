@@ -761,7 +761,18 @@ def test_a_claim_between_the_plan_and_its_write_is_not_undone(
 
     monkeypatch.setattr(coordinator, "job_rows", read_then_claimed)
     seen = len(_retargets(engine))
+    generation = _ring_generation(engine)
     result = _rebalance(engine, 1, {"a": 10})  # b missing from this view: the plan moves j
     assert _targets(engine) == {job_id: "b"}
     assert _retargets(engine)[seen:] == []
     assert result.changed == 0
+    # Nothing written, nothing announced: the ring's generation stays.
+    assert result.ring_generation is None
+    assert _ring_generation(engine) == generation
+
+
+def _ring_generation(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.text("SELECT ring_generation FROM coordinator WHERE id = 1")
+        ).scalar_one()

@@ -440,6 +440,7 @@ class Trial:
         ``master``, if given), each server the target of at least one, and the
         sentinels; wait until the live jobs run, the batch sentinel finished and the
         streaming one was stopped."""
+        self.wait_ring_members(60)
         servers = sorted(self.live_servers())
         names = covering_names(prefix, servers, live or len(servers), sentinels)
         for name in names:
@@ -457,6 +458,26 @@ class Trial:
             self.sentinels = {name: self.cluster.job(name) for name in SENTINELS}
         self.wait_settled(60)
         return names
+
+    def wait_ring_members(self, timeout: float) -> None:
+        """Wait until every live server is a settled member of the ring (its join done).
+        The coordinator's view of the members can lag the registry: jobs placed before a
+        server entered it go to the others, and move to it only after their residency,
+        so a case that needs each server to own a job waits for the joins first (CI,
+        stop 43: the cut-off server of a partition case owned none after populate)."""
+
+        def settled() -> set[str]:
+            rows = self.cluster.sql(
+                "SELECT server FROM ring_members WHERE settled AND left_at IS NULL"
+            )
+            return {r[0] for r in rows}
+
+        waiting.wait_until(
+            lambda: self.live_servers() <= settled(),
+            timeout,
+            interval=0.2,
+            message=f"settled ring members {sorted(self.live_servers())}",
+        )
 
     def job_rows(self) -> list[dict[str, Any]]:
         rows = self.cluster.sql(
