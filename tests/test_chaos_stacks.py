@@ -16,11 +16,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _collect(stacks: str) -> subprocess.CompletedProcess[str]:
+def _collect(
+    stacks: str, path: str = "tests/chaos/test_invariants.py"
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SPARKRING_CHAOS_STACKS": stacks, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
-         "tests/chaos/test_invariants.py"],
+         path],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 
@@ -35,3 +37,18 @@ def test_a_campaign_in_one_process_takes_the_first_stack_named(tmp_path: Path) -
     (stack / "env.json").write_text(json.dumps({"SPARKRING_STACK_DIR": str(stack)}))
     found = _collect(str(stack))
     assert found.returncode == 0, found.stdout + found.stderr
+
+
+def test_the_campaign_gives_out_its_long_cases_first(tmp_path: Path) -> None:
+    """Collected last, the randomized mode (CHAOS_MINUTES and more) would run alone on
+    one worker while the others had nothing left; the cases marked ``long`` come first."""
+    stack = tmp_path / "stack"
+    stack.mkdir()
+    (stack / "env.json").write_text(json.dumps({"SPARKRING_STACK_DIR": str(stack)}))
+    found = _collect(str(stack), "tests/chaos")
+    assert found.returncode == 0, found.stdout + found.stderr
+    ids = [line for line in found.stdout.splitlines() if "::" in line]
+    randomized = next(i for i, t in enumerate(ids) if "test_randomized_faults" in t)
+    two_minutes = next(i for i, t in enumerate(ids) if "spark_master_down_for_two_minutes" in t)
+    kill_9 = next(i for i, t in enumerate(ids) if "test_kill_9_of_a_server[" in t)
+    assert max(randomized, two_minutes) < kill_9, ids

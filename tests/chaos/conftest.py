@@ -150,6 +150,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "'pytest tests/chaos' (scripts/test.sh does, on a stack of its own)"
     )
     asked = _asked_for(config)
+    # The long cases first (a stable sort: the rest keep their order). Given out last,
+    # one would run alone on its worker while the others had nothing left to do: the
+    # randomized mode alone takes CHAOS_MINUTES and more.
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.chaos)

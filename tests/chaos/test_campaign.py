@@ -680,6 +680,7 @@ CLOCK_STEP_S = 300.0
 CLOCK_HOLD_S = 15.0
 
 
+@pytest.mark.long
 def test_server_clocks_stepped_while_a_schedule_fires(trial: Trial) -> None:
     """Every server's wall clock (and its watchdogs' and drivers') stepped 5 min ahead,
     then 5 min behind, then back, while a job fires ``@every 5s``: fire times come from
@@ -781,7 +782,9 @@ def test_zookeeper_down(trial: Trial, stack: faults.Stack, down_s: float) -> Non
     _assert_safe(trial.verify())
 
 
-@pytest.mark.parametrize("outage", ["short", "past-the-start-timeout"])
+@pytest.mark.parametrize(
+    "outage", ["short", pytest.param("past-the-start-timeout", marks=pytest.mark.long)]
+)
 def test_handover_during_a_zookeeper_outage(trial: Trial, stack: faults.Stack, outage: str) -> None:
     """Every ZooKeeper node stopped, a planned restart of one server meanwhile and its
     successor started while ZooKeeper is still down. Hand-over and adoption need
@@ -865,6 +868,7 @@ def test_postgresql_down(trial: Trial, stack: faults.Stack, down_s: float) -> No
 OWNER_PAUSED_AFTER_OUTAGE_S = 9.0
 
 
+@pytest.mark.long
 def test_a_batch_failure_during_a_postgresql_outage_spends_the_budget_once(
     trial: Trial, stack: faults.Stack
 ) -> None:
@@ -924,6 +928,7 @@ def test_a_batch_failure_during_a_postgresql_outage_spends_the_budget_once(
     assert not [e for e in events if e["kind"] == "driver_started" and e["id"] > own[0]["id"]]
 
 
+@pytest.mark.long
 def test_alerts_through_a_kill_mid_delivery_and_a_postgresql_restart(
     trial: Trial, stack: faults.Stack
 ) -> None:
@@ -1024,6 +1029,7 @@ def _untouched(trial: Trial, names: Sequence[str], mark: int) -> None:
         assert trial.cluster.job(name)["restarts"] == 0, trial.cluster.job(name)
 
 
+@pytest.mark.long
 def test_the_active_spark_master_killed_with_a_standby(trial: Trial) -> None:
     """kill -9 of the active master while a standby waits (Spark's ZooKeeper recovery
     mode): the standby takes over once the dead master's ZooKeeper session expires.
@@ -1045,6 +1051,7 @@ def test_the_active_spark_master_killed_with_a_standby(trial: Trial) -> None:
     assert kinds.count("driver_started") == 1 and "crashed" not in kinds, kinds
 
 
+@pytest.mark.long
 def test_the_only_spark_master_down_for_two_minutes(trial: Trial) -> None:
     """The only master SIGKILLed, and started again MASTER_OUTAGE_S later. The streams
     running on it keep their drivers; a batch job and a streaming job started during
