@@ -35,7 +35,7 @@ chaos="${CHAOS:-$([ $# -eq 0 ] && echo 1 || echo 0)}"
 # docs/benchmarks.md) gets a stack of its own,
 # started here beside the main one on its ports + 1000 x i (ZooKeeper ensemble,
 # PostgreSQL and S3 only: the campaign's Spark masters are its own).
-chaos_workers="${CHAOS_WORKERS:-2}"
+chaos_workers="${CHAOS_WORKERS:-3}"
 main_stack=$(.venv/bin/python scripts/stack.py env | sed -n 's/^export SPARKRING_STACK_DIR=//p')
 # The drivers' JVMs (spark-submit, which every test driver runs, light ones included)
 # start with C1 only, the serial GC and a class-data archive of Spark's classpath, made
@@ -78,7 +78,10 @@ run_chaos() {
     done
     echo "test: chaos stacks up at $(( $(date +%s) - started )) s: $chaos_stacks" >&2
     local args=() rc
-    if [ "$chaos_workers" -gt 1 ]; then args=(-n "$chaos_workers" --dist load); fi
+    # worksteal, as the suite: an idle worker takes half a busy one's queue. With 'load'
+    # the first quarter of the cases, the long ones among them, was dealt round-robin
+    # up front, and each worker kept two cases queued to the end while others idled.
+    if [ "$chaos_workers" -gt 1 ]; then args=(-n "$chaos_workers" --dist worksteal); fi
     SPARKRING_CHAOS_STACKS="$chaos_stacks" .venv/bin/python -m pytest tests/chaos "${args[@]}" \
         --durations=30 --junitxml="$reports/chaos.xml"
     rc=$?
@@ -102,7 +105,7 @@ fi
 # wait on leases and sessions more than they compute, and each has its own database,
 # ZooKeeper chroot and bucket. worksteal: an idle worker takes half a busy one's queue
 # (the slow end-to-end tests are collected first, together).
-.venv/bin/python -m pytest --ignore=tests/chaos -n "${SUITE_WORKERS:-2}" --dist worksteal \
+.venv/bin/python -m pytest --ignore=tests/chaos -n "${SUITE_WORKERS:-3}" --dist worksteal \
     --durations=30 --junitxml="$reports/suite.xml" "$@"
 rc=$?
 echo "test: suite done at $(( $(date +%s) - started )) s" >&2
