@@ -193,6 +193,7 @@ def test_kill_9_of_a_watchdog(trial: Trial) -> None:
     _assert_safe(outcome)
 
 
+@pytest.mark.long(55)
 def test_the_target_of_a_warm_hand_off_killed_while_its_driver_warms(trial: Trial) -> None:
     """A drain moves a streaming job with a warm hand-off (docs/drivers.md): its target
     pre-starts the next driver while the old one runs, and is SIGKILLed before that
@@ -266,6 +267,7 @@ def test_sigstop_past_the_session_timeout_then_sigcont(trial: Trial) -> None:
     _assert_safe(outcome)
 
 
+@pytest.mark.long(60)
 def test_server_cut_off_from_zookeeper_but_not_postgresql(
     trial: Trial, stack_env: dict[str, str]
 ) -> None:
@@ -310,6 +312,7 @@ def test_server_cut_off_from_zookeeper_but_not_postgresql(
     _assert_safe(outcome)
 
 
+@pytest.mark.long(50)
 def test_server_cut_off_from_postgresql_but_not_zookeeper(
     trial: Trial, stack_env: dict[str, str]
 ) -> None:
@@ -474,6 +477,7 @@ def test_full_cluster_restart(trial: Trial) -> None:
     _assert_safe(trial.verify())
 
 
+@pytest.mark.long(45)
 def test_handover_and_the_successor_never_comes(trial: Trial) -> None:
     """A planned restart (SIGTERM with a hand-over window) whose successor never starts:
     the handed-over leases keep the jobs where they are for the whole window (nobody
@@ -680,7 +684,7 @@ CLOCK_STEP_S = 300.0
 CLOCK_HOLD_S = 15.0
 
 
-@pytest.mark.long
+@pytest.mark.long(90)
 def test_server_clocks_stepped_while_a_schedule_fires(trial: Trial) -> None:
     """Every server's wall clock (and its watchdogs' and drivers') stepped 5 min ahead,
     then 5 min behind, then back, while a job fires ``@every 5s``: fire times come from
@@ -783,7 +787,7 @@ def test_zookeeper_down(trial: Trial, stack: faults.Stack, down_s: float) -> Non
 
 
 @pytest.mark.parametrize(
-    "outage", ["short", pytest.param("past-the-start-timeout", marks=pytest.mark.long)]
+    "outage", ["short", pytest.param("past-the-start-timeout", marks=pytest.mark.long(60))]
 )
 def test_handover_during_a_zookeeper_outage(trial: Trial, stack: faults.Stack, outage: str) -> None:
     """Every ZooKeeper node stopped, a planned restart of one server meanwhile and its
@@ -868,7 +872,7 @@ def test_postgresql_down(trial: Trial, stack: faults.Stack, down_s: float) -> No
 OWNER_PAUSED_AFTER_OUTAGE_S = 9.0
 
 
-@pytest.mark.long
+@pytest.mark.long(50)
 def test_a_batch_failure_during_a_postgresql_outage_spends_the_budget_once(
     trial: Trial, stack: faults.Stack
 ) -> None:
@@ -928,7 +932,7 @@ def test_a_batch_failure_during_a_postgresql_outage_spends_the_budget_once(
     assert not [e for e in events if e["kind"] == "driver_started" and e["id"] > own[0]["id"]]
 
 
-@pytest.mark.long
+@pytest.mark.long(60)
 def test_alerts_through_a_kill_mid_delivery_and_a_postgresql_restart(
     trial: Trial, stack: faults.Stack
 ) -> None:
@@ -1029,7 +1033,7 @@ def _untouched(trial: Trial, names: Sequence[str], mark: int) -> None:
         assert trial.cluster.job(name)["restarts"] == 0, trial.cluster.job(name)
 
 
-@pytest.mark.long
+@pytest.mark.long(80)
 def test_the_active_spark_master_killed_with_a_standby(trial: Trial) -> None:
     """kill -9 of the active master while a standby waits (Spark's ZooKeeper recovery
     mode): the standby takes over once the dead master's ZooKeeper session expires.
@@ -1051,7 +1055,7 @@ def test_the_active_spark_master_killed_with_a_standby(trial: Trial) -> None:
     assert kinds.count("driver_started") == 1 and "crashed" not in kinds, kinds
 
 
-@pytest.mark.long
+@pytest.mark.long(160)
 def test_the_only_spark_master_down_for_two_minutes(trial: Trial) -> None:
     """The only master SIGKILLed, and started again MASTER_OUTAGE_S later. The streams
     running on it keep their drivers; a batch job and a streaming job started during

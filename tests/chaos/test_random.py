@@ -1018,7 +1018,7 @@ def _cli_output(result: subprocess.CompletedProcess[str]) -> str:
     return (result.stdout.strip() or result.stderr.strip())[-300:]
 
 
-@pytest.mark.long
+@pytest.mark.long(200)
 def test_randomized_faults_and_concurrent_commands(
     trial: Trial, stack: faults.Stack, chaos_round: int, chaos_seed: int, tmp_path: Path
 ) -> None:
