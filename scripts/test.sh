@@ -7,9 +7,10 @@
 # and PostgreSQL, so it never shares the suite's), started while the suite runs. Each run
 # spreads its tests over workers (SUITE_WORKERS, CHAOS_WORKERS below).
 # CHAOS_BESIDE_SUITE=1 runs the campaign at the same time as the suite (its output printed
-# when the suite's is done): 23-24 min instead of ~35 here, but under that load a
-# real-Spark test timed out and the campaign found a product race (fixed), so it is
-# opt-in until it passes more than once (docs/chaos.md).
+# when the suite's is done): 24 min on two workers each where one after the other took
+# 31 (24 on three, the default since stop 44), but under that load a real-Spark test
+# timed out and the campaign found a product race (fixed), so it is opt-in until it
+# passes more than once (docs/chaos.md).
 # Durations (--durations=30) and JUnit XML (test-reports/, or TEST_REPORTS) are kept for
 # both runs; under CI=true (.ci/run) a missing service fails, never skips.
 # Extra arguments go to the suite run (e.g. scripts/test.sh -k ring -x); the campaign
