@@ -599,38 +599,9 @@ def rebalance(
         )
     if full:
         conn.execute(sa.text("UPDATE coordinator SET rebalance_requested_at = NULL WHERE id = 1"))
-    generation = None
-    if changes:
-        # The next generation, taken under the row's lock and written only if a target
-        # is: a plan whose rows all changed under it leaves the ring as it was.
-        next_generation = conn.execute(
-            sa.text("SELECT ring_generation + 1 FROM coordinator WHERE id = 1 FOR UPDATE")
-        ).scalar_one()
-        written = set(
-            conn.execute(
-                _UPDATE_TARGETS,
-                {
-                    "generation": next_generation,
-                    "job_ids": [r.job_id for r, _, _ in changes],
-                    "targets": [t for _, t, _ in changes],
-                    "reasons": [reason for _, _, reason in changes],
-                    "epochs": [r.epoch for r, _, _ in changes],
-                    "states": [r.state for r, _, _ in changes],
-                    "owners": [r.owner for r, _, _ in changes],
-                },
-            ).scalars()
-        )
-        changes = [c for c in changes if c[0].job_id in written]
+    generation, changes = _write_targets(conn, changes) if changes else (None, [])
     moved = [(r, t) for r, t, _ in changes if t != r.target]
     if changes:
-        generation = next_generation
-        conn.execute(
-            sa.text(
-                "UPDATE coordinator SET ring_generation = :generation, updated_at = now() "
-                "WHERE id = 1"
-            ),
-            {"generation": generation},
-        )
         if moved:
             conn.execute(
                 _RETARGET_EVENTS,
@@ -659,6 +630,42 @@ def rebalance(
         deferred=sum(result.deferred.values()),
         join_due=planned.join_due,
     )
+
+
+def _write_targets(
+    conn: sa.Connection, changes: list[tuple[sa.Row, str | None, str | None]]
+) -> tuple[int | None, list[tuple[sa.Row, str | None, str | None]]]:
+    """Write the planned ``(row, target, reason)`` changes under the next ring generation;
+    return it and the changes written (:data:`_UPDATE_TARGETS` skips a row that changed
+    since the plan's read). The generation is taken under the coordinator row's lock
+    and kept only if a target was written: a plan whose rows all changed under it
+    leaves the ring as it was (None, [])."""
+    generation = conn.execute(
+        sa.text("SELECT ring_generation + 1 FROM coordinator WHERE id = 1 FOR UPDATE")
+    ).scalar_one()
+    written = set(
+        conn.execute(
+            _UPDATE_TARGETS,
+            {
+                "generation": generation,
+                "job_ids": [r.job_id for r, _, _ in changes],
+                "targets": [t for _, t, _ in changes],
+                "reasons": [reason for _, _, reason in changes],
+                "epochs": [r.epoch for r, _, _ in changes],
+                "states": [r.state for r, _, _ in changes],
+                "owners": [r.owner for r, _, _ in changes],
+            },
+        ).scalars()
+    )
+    if not written:
+        return None, []
+    conn.execute(
+        sa.text(
+            "UPDATE coordinator SET ring_generation = :generation, updated_at = now() WHERE id = 1"
+        ),
+        {"generation": generation},
+    )
+    return generation, [c for c in changes if c[0].job_id in written]
 
 
 def request_rebalance(conn: sa.Connection) -> None:
