@@ -1,9 +1,12 @@
-"""HTTP requests written on a raw socket, to time how soon a server refuses one.
+"""HTTP requests written on a raw socket, to see whether a server refuses one before
+it reads the body.
 
 httpx and curl send a whole body before they read the answer (or stop at an early
 close with an error); these helpers send the head, then feed the body from a side
-thread while the main thread waits for the status line, so a refusal that comes before
-the body is read is seen, and timed, as such.
+thread while the main thread waits for the status line, and count the body bytes sent
+by the time it came. A server that reads the body first cannot answer before all of it
+is sent (or, when none is sent, cannot answer at all): the count tells the two apart
+without a clock, however loaded the machine.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ class Answer:
     status: int | None  # None: no status line before the timeout
     seconds: float  # from the head sent to the status line (or to the timeout)
     body: bytes
+    body_sent: int  # body bytes written to the socket when the status line came
 
     def error(self) -> str:
         return json.loads(self.body)["error"]
@@ -56,8 +60,9 @@ def post(
     with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
         started = time.monotonic()
+        sent = [0]
         feeder = threading.Thread(
-            target=_feed, args=(sock, prefix, body_bytes, chunked), daemon=True
+            target=_feed, args=(sock, prefix, body_bytes, chunked, sent), daemon=True
         )
         feeder.start()
         received = b""
@@ -68,13 +73,14 @@ def post(
                     break
                 received += data
         except TimeoutError:
-            return Answer(None, time.monotonic() - started, b"")
+            return Answer(None, time.monotonic() - started, b"", sent[0])
         except ConnectionResetError:
             pass
         seconds = time.monotonic() - started
+        body_sent = sent[0]
         status_line, _, rest = received.partition(b"\r\n")
         if not status_line:
-            return Answer(None, seconds, b"")
+            return Answer(None, seconds, b"", body_sent)
         head_block, _, body = rest.partition(b"\r\n\r\n")
         length = _content_length(head_block)
         try:
@@ -90,7 +96,7 @@ def post(
         except OSError:
             pass
     feeder.join(timeout)
-    return Answer(int(status_line.split()[1]), seconds, body)
+    return Answer(int(status_line.split()[1]), seconds, body, body_sent)
 
 
 def _content_length(head_block: bytes) -> int | None:
@@ -101,19 +107,21 @@ def _content_length(head_block: bytes) -> int | None:
     return None
 
 
-def _feed(sock: socket.socket, prefix: bytes, body_bytes: int, chunked: bool) -> None:
+def _feed(
+    sock: socket.socket, prefix: bytes, body_bytes: int, chunked: bool, sent: list[int]
+) -> None:
+    """Send the body in pieces; ``sent[0]`` counts the bytes the socket took."""
     block = bytes(CHUNK)
-    sent = 0
     try:
-        while sent < body_bytes:
-            piece = block[: min(CHUNK, body_bytes - sent)]
-            if sent == 0 and prefix:
+        while sent[0] < body_bytes:
+            piece = block[: min(CHUNK, body_bytes - sent[0])]
+            if sent[0] == 0 and prefix:
                 piece = prefix + piece[len(prefix) :]
             if chunked:
                 sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
             else:
                 sock.sendall(piece)
-            sent += len(piece)
+            sent[0] += len(piece)
         if chunked:
             sock.sendall(b"0\r\n\r\n")
     except OSError:  # the server answered and closed: the rest is not wanted

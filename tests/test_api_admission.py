@@ -1,7 +1,10 @@
 """The API refuses a write before it reads the body (issue 23, item 2): the token and
 the declared length are checked first, and a body sent without a length is cut at the
 cap while it is read. A real server; the requests are written on a raw socket
-(``tests/rawhttp.py``) so that a refusal given before the body is read shows as one."""
+(``tests/rawhttp.py``) so that a refusal given before the body is read shows as one: an
+answer to a body announced and never sent, or one that comes while most of a 64 MiB body
+is still unsent. No clock: a loaded machine cannot make them fail, nor pass
+(``tests/test_rawhttp.py`` shows the client sees a server that reads the body first)."""
 
 from __future__ import annotations
 
@@ -53,21 +56,18 @@ def _rss_bytes(pid: int) -> int:
 def test_a_write_is_refused_on_its_token_before_the_body_arrives(
     stack: ApiStack, token: str | None, status: int, fragment: str
 ) -> None:
-    """64 MiB are announced and none sent: the answer cannot wait for the body."""
+    """64 MiB are announced and none sent: any answer is one given without the body."""
     headers = {"Content-Type": "application/json"}
     if token is not None:
         headers = _auth(stack.viewer if token == "viewer" else token)
-    answer = rawhttp.post(stack.url, f"{API}/jobs", headers=headers, declared=64 * MIB, timeout=5)
+    answer = rawhttp.post(stack.url, f"{API}/jobs", headers=headers, declared=64 * MIB)
     assert answer.status == status, answer
-    assert answer.seconds < 1.0 and fragment in answer.error()
+    assert fragment in answer.error()
 
 
 def test_an_oversized_json_body_is_refused_on_its_declared_length(stack: ApiStack) -> None:
-    answer = rawhttp.post(
-        stack.url, f"{API}/jobs", headers=_auth(stack.operator), declared=2 * MIB, timeout=5
-    )
+    answer = rawhttp.post(stack.url, f"{API}/jobs", headers=_auth(stack.operator), declared=2 * MIB)
     assert answer.status == 413, answer
-    assert answer.seconds < 1.0
     assert (
         answer.error() == f"the request body of {2 * MIB} bytes is above the limit of {MIB} bytes"
     )
@@ -88,11 +88,8 @@ def test_an_upload_above_the_artifact_limit_is_refused_on_its_declared_length(
         "Authorization": f"Bearer {stack.operator}",
         "Content-Type": "multipart/form-data; boundary=x",
     }
-    answer = rawhttp.post(
-        stack.url, f"{API}/resources/big", headers=headers, declared=64 * MIB, timeout=5
-    )
+    answer = rawhttp.post(stack.url, f"{API}/resources/big", headers=headers, declared=64 * MIB)
     assert answer.status == 413, answer
-    assert answer.seconds < 1.0
     assert "SPARKRING_MAX_ARTIFACT_BYTES" in answer.error()
 
 
@@ -123,7 +120,7 @@ def test_a_64_mib_body_without_a_token_leaves_the_servers_memory_flat(stack: Api
     for _ in range(3):
         answer = rawhttp.post(stack.url, f"{API}/jobs", headers={}, body_bytes=64 * MIB)
         assert answer.status == 401, answer
-        assert answer.seconds < 1.0
+        assert answer.body_sent < 64 * MIB, answer
     growth = _rss_bytes(pid) - before
     assert growth < 10 * MIB, f"RSS grew {growth / MIB:.1f} MiB"
 
