@@ -95,6 +95,28 @@ FREEZE_THAW_BOUND_S = 1.0
 # twice"). Excused only when that exit was never recorded and the freeze began within
 # this bound after it.
 FREEZE_RECORD_BOUND_S = 5.0
+# A batch driver that exits 0 while its server is cut off from PostgreSQL (a partition,
+# or a link dropping most packets): neither its watchdog nor its server can record the
+# exit; the lease lapses, another server reaps and claims the job, and once claimed the
+# old owner's record is refused (docs/distribution.md: the reap keeps who it reaped, so
+# a record that lands before the claim still counts). A claim made before the cut healed
+# runs the generation again: the outcome was unknowable to it. Excused only when the exit
+# was never recorded, came within the cut or this bound before it (the record's import,
+# connect and commit), and the generation's next driver started before the heal or within
+# this bound after it (the owner, back on PostgreSQL, records at its next poll; the next
+# driver starts a moment after its claim).
+CUT_RECORD_BOUND_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """One cut of ``server`` from PostgreSQL, from ``start`` (just before it) to ``end``
+    (just after the heal), on ``clock`` (``t`` or ``mono``), as :class:`Freeze`."""
+
+    server: str
+    start: float
+    end: float
+    clock: str = "t"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -746,6 +768,7 @@ def batch_generations(
     lifetimes: Iterable[Mapping[str, Any]],
     events: Iterable[Mapping[str, Any]],
     freezes: Sequence[Freeze] = (),
+    cuts: Sequence[Cut] = (),
 ) -> list[str]:
     """S1/S4 for batch jobs (``kinds``: job -> kind), from lifetime records and claims:
     in each generation at most one driver ran to its end (exit 0), no driver of a
@@ -754,11 +777,14 @@ def batch_generations(
     failed and was retried, or its owner was lost and its watchdog killed it), and a
     generation recorded ``finished``
     had a driver that ran to its end. A host freeze excuses what :func:`_frozen_through`
-    says (the earlier driver frozen with its server, ended just after the thaw)."""
+    says (the earlier driver frozen with its server, ended just after the thaw); a freeze
+    or a cut from PostgreSQL that kept an exit 0 from being recorded excuses the run
+    after it (:func:`_exit_lost_to_a_freeze`, :func:`_exit_lost_to_a_cut`)."""
     by_job = _by_job(events)
     lifetimes = list(lifetimes)
     clock = records_clock(lifetimes)
     frozen = [f for f in freezes if f.clock == clock]
+    cut_off = [c for c in cuts if c.clock == clock]
     lives_of: dict[str, list[_Life]] = defaultdict(list)
     for life in _lives(lifetimes, clock):
         lives_of[life.job].append(life)
@@ -786,6 +812,7 @@ def batch_generations(
                 id(a)
                 for a, b in itertools.pairwise(lives)
                 if _exit_lost_to_a_freeze(a, b.start, recorded, frozen)
+                or _exit_lost_to_a_cut(a, b.start, recorded, cut_off)
             }
             done = [life for life in lives if life.ran_to_its_end and id(life) not in lost]
             if len(done) > 1:
@@ -834,6 +861,23 @@ def _exit_lost_to_a_freeze(
         and life.end <= f.start <= life.end + FREEZE_RECORD_BOUND_S
         and f.start <= next_start
         for f in freezes
+    )
+
+
+def _exit_lost_to_a_cut(
+    life: _Life, next_start: float, recorded: set[int], cuts: Sequence[Cut]
+) -> bool:
+    """``life`` exited 0, no ``finished`` was ever recorded at its epoch, the exit came
+    while its server was cut off from PostgreSQL (or CUT_RECORD_BOUND_S before the cut),
+    and the generation's next driver started before the cut healed or within the bound
+    after: the exit could not be recorded before another server claimed the job."""
+    if not life.ran_to_its_end or life.epoch in recorded or life.end is None:
+        return False
+    return any(
+        c.server == life.server
+        and c.start - CUT_RECORD_BOUND_S <= life.end <= c.end
+        and next_start <= c.end + CUT_RECORD_BOUND_S
+        for c in cuts
     )
 
 

@@ -685,6 +685,38 @@ def test_a_host_frozen_as_its_watchdog_records_an_exit_0_may_run_it_again() -> N
     assert len(invariants.batch_generations(kinds, before, events, freezes=[freeze])) >= 1
 
 
+def test_a_server_cut_off_from_postgresql_as_its_batch_driver_exits_0_may_run_it_again() -> None:
+    """CHAOS_SEED=83850194 (pg_partition of s3 for 11.2 s): b1's driver exited 0 0.72 s
+    into the cut; neither its watchdog nor its server could record ``finished``; the lease
+    lapsed, s1 reaped it and claimed the job 0.3 s before the cut healed, and ran the
+    generation again. The outcome was unknowable at that claim (docs/distribution.md):
+    excused only when the exit was never recorded, it came within the cut (or
+    CUT_RECORD_BOUND_S before it), and the next driver started before the cut healed or
+    within the bound after (an owner back on PostgreSQL records at its next poll)."""
+    bound = invariants.CUT_RECORD_BOUND_S
+    kinds = {"b": "batch"}
+    cut = invariants.Cut(server="s1", start=5.0, end=16.0)
+    events = [*_claims((1, 1)), _event(9, "claimed", "s2", 2, "b")]
+    twice = _life("b", 1, "s1", 0, 5.7) + _life("b", 2, "s2", 17.3, 23)
+    assert len(invariants.batch_generations(kinds, twice, events)) == 2
+    assert invariants.batch_generations(kinds, twice, events, cuts=[cut]) == []
+    # The exit 0 was recorded: a claim after it is a re-run whatever was cut.
+    recorded = [*events[:2], _event(5, "finished", "s1", 1, "b"), events[2]]
+    assert len(invariants.batch_generations(kinds, twice, recorded, cuts=[cut])) == 2
+    # The cut healed long before the next driver: the owner had time to record its exit.
+    healed = invariants.Cut(server="s1", start=5.0, end=17.3 - bound - 0.5)
+    assert len(invariants.batch_generations(kinds, twice, events, cuts=[healed])) == 2
+    # The cut began long after the exit: the watchdog had all the time it needs.
+    late = invariants.Cut(server="s1", start=5.7 + bound + 0.5, end=16.0)
+    assert len(invariants.batch_generations(kinds, twice, events, cuts=[late])) == 2
+    # Another server was cut: nothing excuses the first driver's lost record.
+    other = invariants.Cut(server="s3", start=5.0, end=16.0)
+    assert len(invariants.batch_generations(kinds, twice, events, cuts=[other])) == 2
+    # A cut on the other clock says nothing about these records.
+    mono = invariants.Cut(server="s1", start=5.0, end=16.0, clock="mono")
+    assert len(invariants.batch_generations(kinds, twice, events, cuts=[mono])) == 2
+
+
 # ---------------------------------------------------------------- one fault, one restart
 
 

@@ -83,6 +83,7 @@ copies the events first, so the checker still reads the whole history).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -92,7 +93,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
@@ -511,12 +512,27 @@ class RandomChaos:
         cut = round(self.rng.uniform(5.0, 20.0), 1)
         self.log.note("pg_partition", server=PARTITIONED, cut_s=cut)
         partition = self.partition
-        self.trial.inject(lambda: partition.cut([self.stack.pg_port]))
-        try:
-            time.sleep(cut)  # the partition is the fault
-        finally:
-            partition.heal()
+        with self._cut_from_postgresql(PARTITIONED):
+            self.trial.inject(lambda: partition.cut([self.stack.pg_port]))
+            try:
+                time.sleep(cut)  # the partition is the fault
+            finally:
+                partition.heal()
         self.log.note("healed", server=PARTITIONED)
+
+    @contextlib.contextmanager
+    def _cut_from_postgresql(self, server: str) -> Iterator[None]:
+        """Record the window, on both clocks, for the batch check: an exit 0 in it may
+        not be recorded before another server claims the job (invariants.Cut)."""
+        start_t, start_mono = time.time(), watchdog.lease_clock()
+        try:
+            yield
+        finally:
+            end_t, end_mono = time.time(), watchdog.lease_clock()
+            self.trial.pg_cuts += [
+                invariants.Cut(server, start_t, end_t, clock="t"),
+                invariants.Cut(server, start_mono, end_mono, clock="mono"),
+            ]
 
     def packet_drop(self) -> None:
         # A lossy link rather than a cut: each packet the namespaced server sends to
@@ -531,11 +547,15 @@ class RandomChaos:
             "packet_drop", server=PARTITIONED, to=target, probability=probability, lossy_s=lossy
         )
         partition = self.partition
-        self.trial.inject(lambda: partition.lossy(ports, probability))
-        try:
-            time.sleep(lossy)  # the loss is the fault
-        finally:
-            partition.heal()
+        lossy_to_postgresql = (
+            self._cut_from_postgresql(PARTITIONED) if target == "pg" else contextlib.nullcontext()
+        )
+        with lossy_to_postgresql:
+            self.trial.inject(lambda: partition.lossy(ports, probability))
+            try:
+                time.sleep(lossy)  # the loss is the fault
+            finally:
+                partition.heal()
         self.log.note("healed", server=PARTITIONED)
 
     def conn_drop(self) -> None:

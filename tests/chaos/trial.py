@@ -132,6 +132,9 @@ class Trial:
         # Freezes of a whole host (server, watchdogs, drivers), on both clocks: the
         # checker excuses their bounded overlap (invariants.FREEZE_THAW_BOUND_S).
         self.freezes: list[invariants.Freeze] = []
+        # Cuts of one server from PostgreSQL, on both clocks: a batch exit 0 they kept
+        # from being recorded may run again (invariants.CUT_RECORD_BOUND_S).
+        self.pg_cuts: list[invariants.Cut] = []
         # Small disks under a server's work dir: unmounted after the cluster's teardown
         # (its processes keep files open there until then).
         self.disks: list[faults.SmallDisk] = []
@@ -900,7 +903,9 @@ class Trial:
             )
             + invariants.terminal_resurrections(events),
             "S5": invariants.corrupt_starts(self.broken_artifacts, lifetimes, events),
-            "batch": invariants.batch_generations(kinds, lifetimes, events, self.freezes),
+            "batch": invariants.batch_generations(
+                kinds, lifetimes, events, self.freezes, self.pg_cuts
+            ),
             "budget": invariants.budget_overruns(rows, lifetimes, events),
             "restarts": invariants.restarts_per_fault(
                 events, self.fault_windows(bound), self._event_mark, self.drains()
