@@ -19,10 +19,19 @@ import sqlalchemy as sa
 from server import driver
 from server import settings as settings_module
 from sql import database
-from tests import services
+from tests import dealing, services
 
 # Kept of the folders of earlier sessions (pytest's own default is 3).
 KEPT_SESSIONS = 3
+
+
+@pytest.hookimpl(trylast=True)  # after tests/chaos/conftest.py marks its cases skipped or not
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``long(seconds)`` at the front of every worker's share
+    (``tests/dealing.py``): collected together (the end-to-end tests come first, the
+    campaign's longest cases too), worksteal gave them all to one worker, and the last
+    of them ran there while the other workers had nothing left to do."""
+    dealing.deal_items(config, items)
 
 
 @pytest.hookimpl(tryfirst=True)

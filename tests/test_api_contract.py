@@ -94,7 +94,13 @@ def schemathesis(stack: ApiStack, token: str, folder: Path) -> subprocess.Comple
     )
 
 
-@pytest.mark.parametrize("role", ["operator", "viewer"])
+@pytest.mark.parametrize(
+    "role",
+    [
+        pytest.param("operator", marks=pytest.mark.long(95)),
+        pytest.param("viewer", marks=pytest.mark.long(60)),
+    ],
+)
 def test_schemathesis_finds_no_failure(stack: ApiStack, role: str, tmp_path: Path) -> None:
     token = stack.operator if role == "operator" else stack.viewer
     run = schemathesis(stack, token, tmp_path)

@@ -1,4 +1,5 @@
-"""Which stack the chaos campaign runs on (``tests/chaos/conftest.py``).
+"""Which stack the chaos campaign runs on (``tests/chaos/conftest.py``), and the order the
+campaign and the suite give out their long tests in (``tests/dealing.py``).
 
 ``scripts/test.sh`` runs the campaign on stacks of its own named by
 ``SPARKRING_CHAOS_STACKS`` (after the suite, or beside it with ``CHAOS_BESIDE_SUITE=1``):
@@ -52,3 +53,16 @@ def test_the_campaign_gives_out_its_long_cases_first(tmp_path: Path) -> None:
     two_minutes = next(i for i, t in enumerate(ids) if "spark_master_down_for_two_minutes" in t)
     kill_9 = next(i for i, t in enumerate(ids) if "test_kill_9_of_a_server[" in t)
     assert max(randomized, two_minutes) < kill_9, ids
+
+
+def test_the_suite_gives_out_its_long_tests_first(tmp_path: Path) -> None:
+    """The end-to-end tests are collected first and together: without the deal, one
+    worker ran the last long ones while the others had nothing left to do. In one
+    process the tests marked ``long`` come first, longest first."""
+    found = _collect(str(tmp_path / "unused"), "tests/e2e")
+    assert found.returncode == 0, found.stdout + found.stderr
+    ids = [line for line in found.stdout.splitlines() if "::" in line]
+    master_failover = next(i for i, t in enumerate(ids) if "test_spark_master_failover.py" in t)
+    sandbox_pi = next(i for i, t in enumerate(ids) if "sparks_own_pi_example" in t)
+    short = next(i for i, t in enumerate(ids) if "test_a_second_server_with_a_live_id" in t)
+    assert master_failover == 0 and sandbox_pi < short, ids

@@ -320,6 +320,7 @@ def test_batch_sum_runs_to_exit_0_with_the_job_variables(tmp_path: Path) -> None
 
 
 @pytest.mark.spark
+@pytest.mark.long(30)
 def test_streaming_counter_resumes_exactly_once_after_sigkill(tmp_path: Path) -> None:
     output, heartbeats = tmp_path / "out", tmp_path / "heartbeats.jsonl"
     records = tmp_path / "records.jsonl"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos import dealing, faults
+from tests.chaos import faults
 from tests.chaos.trial import Outcome, Trial
 
 RESULTS = pytest.StashKey[list[Outcome]]()
@@ -150,30 +150,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "'pytest tests/chaos' (scripts/test.sh does, on a stack of its own)"
     )
     asked = _asked_for(config)
-    if asked:
-        # The long cases at the front of every worker's share (tests/chaos/dealing.py):
-        # given out last, or all to one worker, they ran one after another while the
-        # other workers had nothing left to do.
-        seconds = [
-            float(mark.args[0]) if (mark := item.get_closest_marker("long")) else None
-            for item in items
-        ]
-        items[:] = [items[i] for i in dealing.deal(seconds, _workers(config))]
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.chaos)
             if not asked:
                 item.add_marker(alone)
-
-
-def _workers(config: pytest.Config) -> int:
-    """How many pytest-xdist workers share the cases (1 without xdist). The deal that
-    counts is the workers' own collection: the controller schedules by it."""
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None:
-        return int(workerinput["workercount"])
-    workers = getattr(config.option, "numprocesses", None)
-    return workers if isinstance(workers, int) and workers > 0 else 1
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from tests import waiting
 from tests.cluster import Cluster
 from tests.e2e.helpers import start_cluster, start_running
@@ -175,6 +177,7 @@ def test_a_second_process_on_a_live_server_s_work_dir_is_refused(cluster: Cluste
     assert (after["state"], after["owner"], after["epoch"]) == ("running", "s1", before["epoch"])
 
 
+@pytest.mark.long(30)
 def test_a_restart_that_cannot_reach_zookeeper_leaves_its_adopted_drivers_running(
     cluster: Cluster,
 ) -> None:

@@ -19,6 +19,7 @@ def _rolled_back(c: Cluster, job: str) -> list[dict]:
     return [e for e in c.events(job) if e["kind"] == "rolled_back"]
 
 
+@pytest.mark.long(30)
 def test_an_update_that_crashes_at_start_rolls_back_by_itself(cluster: Cluster) -> None:
     helpers.start_cluster(cluster, servers=("s1", "s2"))
     helpers.heartbeat_job(cluster, "beat")
@@ -50,6 +51,7 @@ def test_an_update_that_crashes_at_start_rolls_back_by_itself(cluster: Cluster) 
 
 
 @pytest.mark.spark
+@pytest.mark.long(65)
 def test_a_streaming_query_updated_to_a_version_that_raises_rolls_back_exactly_once(
     cluster: Cluster, tmp_path: Path
 ) -> None:

@@ -70,6 +70,7 @@ def test_sigterm_hands_jobs_off_and_none_fail(cluster: Cluster) -> None:
     _assert_single_drivers(cluster)
 
 
+@pytest.mark.long(55)
 def test_a_joining_server_moves_only_retargeted_jobs_stop_then_start(cluster: Cluster) -> None:
     """(b) expansion: jobs whose target did not change keep their driver and epoch."""
     helpers.start_cluster(cluster, capacity=3)
@@ -128,6 +129,7 @@ def test_crash_looping_job_ends_failed_after_max_restarts(cluster: Cluster) -> N
 
 
 @pytest.mark.spark
+@pytest.mark.long(70)
 def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
     cluster: Cluster, stack_env: dict[str, str]
 ) -> None:

@@ -57,6 +57,7 @@ def _at(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(str(text))
 
 
+@pytest.mark.long(50)
 def test_waiting_for_resources_and_stalled_flags_on_a_standalone_cluster(
     cluster: Cluster, master: str, tmp_path: Path
 ) -> None:

@@ -24,6 +24,7 @@ def _health_url(c: Cluster, server_id: str) -> str:
     return next(s["health_url"] for s in servers if s["id"] == server_id)
 
 
+@pytest.mark.long(65)
 def test_drain_moves_every_job_off_a_server_and_undo_lets_it_take_jobs(cluster: Cluster) -> None:
     helpers.start_cluster(cluster, servers=("s1", "s2"))
     names = [f"d{i}" for i in range(4)]

@@ -11,6 +11,8 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 from scheduler import jobs as job_catalog
 from tests import waiting
 from tests.cluster import Cluster
@@ -52,6 +54,7 @@ def test_starting_and_stopping_other_jobs_never_moves_a_running_job(cluster: Clu
         assert len(kinds) == claims_before[name], f"{name} was moved: {kinds}"
 
 
+@pytest.mark.long(70)
 def test_a_fourth_server_takes_about_a_quarter_and_nothing_moves_between_the_first_three(
     cluster: Cluster,
 ) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests import cluster as cluster_module
 from tests import waiting
 from tests.cluster import HEARTBEAT_JOB, Cluster
@@ -19,6 +21,7 @@ def _beats(c: Cluster, job: str) -> list[dict]:
     return [r for r in c.heartbeat_records() if r["job"] == job]
 
 
+@pytest.mark.long(30)
 def test_a_running_streaming_job_rolls_once_and_a_running_batch_job_keeps_its_revision(
     cluster: Cluster,
 ) -> None:
@@ -87,6 +90,7 @@ def test_a_running_streaming_job_rolls_once_and_a_running_batch_job_keeps_its_re
     assert "conf spark.e2e.marker='2' added" in history
 
 
+@pytest.mark.long(25)
 def test_apply_creates_rolls_and_prunes_a_running_job(cluster: Cluster, tmp_path: Path) -> None:
     """A spec file through real servers: the job it creates runs; the same file again
     changes nothing; new content of its artifact rolls it to revision 2 (one upload);

@@ -100,6 +100,7 @@ def test_a_job_reads_no_server_secret_and_cannot_touch_its_control_files(
 
 
 @pytest.mark.spark
+@pytest.mark.long(25)
 def test_sparks_own_pi_example_runs_as_the_driver_user(sandboxed: Cluster) -> None:
     c = sandboxed
     helpers.start_cluster(c, servers=("s1",))

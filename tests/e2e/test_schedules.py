@@ -27,6 +27,7 @@ def _runs(cluster: Cluster, name: str) -> list[dict]:
     return json.loads(cluster.cli("job", "runs", name, "--json", "--limit", "1000").stdout)
 
 
+@pytest.mark.long(65)
 def test_every_5s_for_a_minute_through_a_coordinator_kill_fires_each_time_once(
     cluster: Cluster,
 ) -> None:
@@ -92,6 +93,7 @@ def _pi_example() -> Path:
 
 
 @pytest.mark.spark
+@pytest.mark.long(65)
 def test_sparks_pi_on_a_schedule_on_the_standalone_cluster_lists_its_runs(
     cluster: Cluster, stack_env: dict[str, str]
 ) -> None:

@@ -16,6 +16,7 @@ from benchmarks import spark_master_failover
 
 
 @pytest.mark.spark
+@pytest.mark.long(130)
 def test_a_job_started_right_after_the_active_master_dies_runs_and_a_stream_keeps_its_driver() -> (
     None
 ):

@@ -77,6 +77,7 @@ def private_master(tmp_path: Path) -> Iterator[PrivateMaster]:
 
 
 @pytest.mark.spark
+@pytest.mark.long(80)
 def test_a_batch_job_started_while_its_master_is_down_finishes_with_its_budget_untouched(
     cluster: Cluster, private_master: PrivateMaster
 ) -> None:

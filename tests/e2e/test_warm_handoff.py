@@ -28,6 +28,7 @@ def _moved(cluster: Cluster, name: str, before: dict[str, Any], check: Any, what
 
 
 @pytest.mark.spark
+@pytest.mark.long(65)
 def test_an_update_roll_and_a_drain_of_a_stream_are_warm_and_exactly_once(
     cluster: Cluster, tmp_path: Path
 ) -> None:

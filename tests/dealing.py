@@ -1,5 +1,6 @@
-"""The order the campaign's cases are collected in, so that pytest-xdist's ``worksteal``
-gives every worker its share of the long cases, first.
+"""The order tests are collected in, so that pytest-xdist's ``worksteal`` gives every
+worker its share of the long ones, first: the suite's and the campaign's tests marked
+``long(seconds)`` (``tests/conftest.py`` deals them).
 
 ``worksteal`` deals the collection once, in contiguous chunks (worker k gets the next
 ``left // (workers - k)`` items); each worker runs its chunk from the front, and an idle
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+
+import pytest
 
 
 def chunk_sizes(count: int, workers: int) -> list[int]:
@@ -47,3 +50,26 @@ def deal(seconds: Sequence[float | None], workers: int) -> list[int]:
         order += itertools.islice(others, max(0, size - len(heads[k])))
     order += others
     return order
+
+
+def workers(config: pytest.Config) -> int:
+    """How many pytest-xdist workers share the tests (1 without xdist). The deal that
+    counts is the workers' own collection: the controller schedules by it."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return int(workerinput["workercount"])
+    count = getattr(config.option, "numprocesses", None)
+    return count if isinstance(count, int) and count > 0 else 1
+
+
+def deal_items(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Reorder ``items`` in place: the ones marked ``long(seconds)`` dealt first (not
+    those marked to be skipped: the campaign's cases in a run of the whole tests/)."""
+    seconds = [
+        float(mark.args[0])
+        if (mark := item.get_closest_marker("long")) and not item.get_closest_marker("skip")
+        else None
+        for item in items
+    ]
+    if any(s is not None for s in seconds):
+        items[:] = [items[i] for i in deal(seconds, workers(config))]

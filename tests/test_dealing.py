@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.chaos import dealing
+from tests import dealing
 
 
 def _chunks(order: list[int], workers: int) -> list[list[int]]:
