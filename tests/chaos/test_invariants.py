@@ -3,6 +3,9 @@ history (no services needed)."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from tests.chaos import invariants
 
 
@@ -657,6 +660,16 @@ def test_a_freeze_excuses_a_batch_driver_ended_just_after_the_thaw() -> None:
     assert len(invariants.batch_generations(kinds, early, events, freezes=[freeze])) == 1
 
 
+# b's generation 1 claimed by s1 (epoch 1), then by s2 (epoch 2): a second run, unless
+# something kept s1's exit 0 from being recorded; with it recorded, a re-run whatever.
+RERUN = [*_claims((1, 1)), _event(9, "claimed", "s2", 2, "b")]
+RERUN_RECORDED = [*RERUN[:2], _event(5, "finished", "s1", 1, "b"), RERUN[2]]
+
+
+def _batch_reports(lifetimes: list[dict], events: list[dict] = RERUN, **excuses: Any) -> int:
+    return len(invariants.batch_generations({"b": "batch"}, lifetimes, events, **excuses))
+
+
 def test_a_host_frozen_as_its_watchdog_records_an_exit_0_may_run_it_again() -> None:
     """CHAOS_SEED=593937537 (freeze of s3): b2's driver exited 0 0.85 s before its host
     froze for 13.3 s; its watchdog, still importing what it records with, was frozen
@@ -665,24 +678,20 @@ def test_a_host_frozen_as_its_watchdog_records_an_exit_0_may_run_it_again() -> N
     record is outside the model (docs/drivers.md): excused only when the exit was never
     recorded and the freeze began within FREEZE_RECORD_BOUND_S of it."""
     bound = invariants.FREEZE_RECORD_BOUND_S
-    kinds = {"b": "batch"}
     freeze = invariants.Freeze(server="s1", start=5.0, end=18.0)
-    events = [*_claims((1, 1)), _event(9, "claimed", "s2", 2, "b")]
     twice = _life("b", 1, "s1", 0, 4.2) + _life("b", 2, "s2", 14, 20)
-    assert len(invariants.batch_generations(kinds, twice, events)) == 2
-    assert invariants.batch_generations(kinds, twice, events, freezes=[freeze]) == []
+    assert _batch_reports(twice) == 2
+    assert _batch_reports(twice, freezes=[freeze]) == 0
     # The exit 0 was recorded: a claim after it is a re-run whatever froze.
-    recorded = [*events[:2], _event(5, "finished", "s1", 1, "b"), events[2]]
-    assert len(invariants.batch_generations(kinds, twice, recorded, freezes=[freeze])) == 2
+    assert _batch_reports(twice, RERUN_RECORDED, freezes=[freeze]) == 2
     # The host froze long after the exit: its watchdog had all the time it needs.
     late = invariants.Freeze(server="s1", start=4.2 + bound + 0.5, end=18.0)
-    assert len(invariants.batch_generations(kinds, twice, events, freezes=[late])) == 2
+    assert _batch_reports(twice, freezes=[late]) == 2
     # Another server froze: nothing excuses the first driver's lost record.
-    other = invariants.Freeze(server="s3", start=5.0, end=18.0)
-    assert len(invariants.batch_generations(kinds, twice, events, freezes=[other])) == 2
+    assert _batch_reports(twice, freezes=[dataclasses.replace(freeze, server="s3")]) == 2
     # The next driver started before the freeze: the lease had not lapsed through it.
     before = _life("b", 1, "s1", 0, 4.2) + _life("b", 2, "s2", 4.5, 20)
-    assert len(invariants.batch_generations(kinds, before, events, freezes=[freeze])) >= 1
+    assert _batch_reports(before, freezes=[freeze]) >= 1
 
 
 def test_a_server_cut_off_from_postgresql_as_its_batch_driver_exits_0_may_run_it_again() -> None:
@@ -694,27 +703,20 @@ def test_a_server_cut_off_from_postgresql_as_its_batch_driver_exits_0_may_run_it
     CUT_RECORD_BOUND_S before it), and the next driver started before the cut healed or
     within the bound after (an owner back on PostgreSQL records at its next poll)."""
     bound = invariants.CUT_RECORD_BOUND_S
-    kinds = {"b": "batch"}
     cut = invariants.Cut(server="s1", start=5.0, end=16.0)
-    events = [*_claims((1, 1)), _event(9, "claimed", "s2", 2, "b")]
     twice = _life("b", 1, "s1", 0, 5.7) + _life("b", 2, "s2", 17.3, 23)
-    assert len(invariants.batch_generations(kinds, twice, events)) == 2
-    assert invariants.batch_generations(kinds, twice, events, cuts=[cut]) == []
+    assert _batch_reports(twice) == 2
+    assert _batch_reports(twice, cuts=[cut]) == 0
     # The exit 0 was recorded: a claim after it is a re-run whatever was cut.
-    recorded = [*events[:2], _event(5, "finished", "s1", 1, "b"), events[2]]
-    assert len(invariants.batch_generations(kinds, twice, recorded, cuts=[cut])) == 2
+    assert _batch_reports(twice, RERUN_RECORDED, cuts=[cut]) == 2
     # The cut healed long before the next driver: the owner had time to record its exit.
-    healed = invariants.Cut(server="s1", start=5.0, end=17.3 - bound - 0.5)
-    assert len(invariants.batch_generations(kinds, twice, events, cuts=[healed])) == 2
+    healed = dataclasses.replace(cut, end=17.3 - bound - 0.5)
     # The cut began long after the exit: the watchdog had all the time it needs.
-    late = invariants.Cut(server="s1", start=5.7 + bound + 0.5, end=16.0)
-    assert len(invariants.batch_generations(kinds, twice, events, cuts=[late])) == 2
-    # Another server was cut: nothing excuses the first driver's lost record.
-    other = invariants.Cut(server="s3", start=5.0, end=16.0)
-    assert len(invariants.batch_generations(kinds, twice, events, cuts=[other])) == 2
-    # A cut on the other clock says nothing about these records.
-    mono = invariants.Cut(server="s1", start=5.0, end=16.0, clock="mono")
-    assert len(invariants.batch_generations(kinds, twice, events, cuts=[mono])) == 2
+    late = dataclasses.replace(cut, start=5.7 + bound + 0.5)
+    # Another server was cut; a cut on the other clock says nothing about these records.
+    other, mono = dataclasses.replace(cut, server="s3"), dataclasses.replace(cut, clock="mono")
+    for miss in (healed, late, other, mono):
+        assert _batch_reports(twice, cuts=[miss]) == 2, miss
 
 
 # ---------------------------------------------------------------- one fault, one restart
