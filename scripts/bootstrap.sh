@@ -5,8 +5,15 @@
 # virtualenv in .venv with the project and its test extras, and the OS user drivers run as
 # (sparkring-driver: SPARKRING_DRIVER_USER, docs/drivers.md).
 # Idempotent: each step is skipped when its result is already there.
+# `bootstrap.sh os` does the OS part alone (packages, the driver user): scripts/test.sh
+# starts ZooKeeper and PostgreSQL after it, while the venv is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+part="${1:-all}"
+case "$part" in
+  all|os) ;;
+  *) echo "usage: scripts/bootstrap.sh [os]" >&2; exit 2 ;;
+esac
 
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 need_apt=()
@@ -38,6 +45,8 @@ if ! id -u sparkring-driver >/dev/null 2>&1; then
   $SUDO useradd --system --user-group --create-home --home-dir /var/lib/sparkring-driver \
     --shell /usr/sbin/nologin --comment "sparkring drivers" sparkring-driver
 fi
+
+[ "$part" = "os" ] && exit 0
 
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then

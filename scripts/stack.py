@@ -7,6 +7,7 @@ For development, the demo and the tests on machines without a Docker engine
 stopped by PID. Standard library only, so it runs before the project is installed.
 
     python3 scripts/stack.py up [--zk-nodes 3] [--spark-masters 2]  # idempotent
+    python3 scripts/stack.py up --only zookeeper,postgresql  # these alone
     python3 scripts/stack.py status [--json]
     python3 scripts/stack.py env                 # SPARKRING_* exports for a shell
     python3 scripts/stack.py down                # leaves no process behind
@@ -709,7 +710,17 @@ def status() -> dict[str, object]:
     }
 
 
-def up(zk_nodes: int, spark: bool, spark_masters: int | None = None) -> None:
+SERVICES = ("zookeeper", "postgresql", "s3", "spark")
+
+
+def up(
+    zk_nodes: int,
+    spark: bool,
+    spark_masters: int | None = None,
+    only: frozenset[str] = frozenset(SERVICES),
+) -> None:
+    """Start the services named in ``only`` (in their order in SERVICES) that are not
+    running; ``spark`` False leaves Spark out whatever ``only`` says."""
     root = stack_dir()
     check_ports()
     record_ports()  # before any service starts: a failed first `up` still knows them
@@ -719,6 +730,8 @@ def up(zk_nodes: int, spark: bool, spark_masters: int | None = None) -> None:
     if spark:
         steps.append(("spark", lambda: spark_up(spark_masters)))
     for name, step in steps:
+        if name not in only:
+            continue
         started = time.monotonic()
         step()
         print(f"  {name:<11} up ({time.monotonic() - started:.1f} s)", file=sys.stderr)
@@ -740,6 +753,17 @@ def down() -> None:
         kill_pidfile(pidfile)
 
 
+def _services(text: str) -> frozenset[str]:
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(names - set(SERVICES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown service {', '.join(unknown) or '(none given)'}: "
+            f"choose from {', '.join(SERVICES)}"
+        )
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -752,6 +776,14 @@ def main(argv: list[str] | None = None) -> int:
         help="ZooKeeper nodes (default: as configured already, else 1)",
     )
     p_up.add_argument("--no-spark", action="store_true", help="skip the Spark standalone cluster")
+    p_up.add_argument(
+        "--only",
+        type=_services,
+        default=frozenset(SERVICES),
+        metavar="SERVICE[,SERVICE...]",
+        help="start only these of " + ", ".join(SERVICES) + " (ZooKeeper and PostgreSQL "
+        "need nothing from the venv: scripts/test.sh starts them while pip installs)",
+    )
     p_up.add_argument(
         "--spark-masters",
         type=int,
@@ -776,6 +808,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.zk_nodes or zk_nodes_configured() or 1,
                 spark=not args.no_spark,
                 spark_masters=args.spark_masters,
+                only=args.only,
             )
             print("".join(f"export {k}={v}\n" for k, v in settings_env().items()), end="")
         elif args.command == "down":

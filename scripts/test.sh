@@ -20,6 +20,38 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
+chaos="${CHAOS:-$([ $# -eq 0 ] && echo 1 || echo 0)}"
+# Each of the campaign's CHAOS_WORKERS workers (default 3: the campaign's cases wait on
+# leases and sessions more than they compute; quiet, 93 items took 1459 s in one process,
+# 964 s on two workers, 729 s on three, docs/benchmarks.md) gets a stack of its own,
+# beside the main one on its ports + 1000 x i (ZooKeeper ensemble, PostgreSQL and S3
+# only: the campaign's Spark masters are its own).
+chaos_workers="${CHAOS_WORKERS:-3}"
+scripts/bootstrap.sh os
+main_stack=$(python3 scripts/stack.py env | sed -n 's/^export SPARKRING_STACK_DIR=//p')
+chaos_stacks=""
+for i in $(seq 1 "$chaos_workers"); do chaos_stacks="$chaos_stacks${chaos_stacks:+,}$main_stack-chaos$i"; done
+start_chaos_stack() {  # $1: its number, $2: stack.py up --only; its log is $main_stack-chaos$1.log
+    (
+        eval "$(python3 -c 'import json, sys
+for name, port in json.load(open(sys.argv[1] + "/ports.json")).items():
+    print(f"export SPARKRING_STACK_{name.upper()}_PORT={port + 1000 * int(sys.argv[2])}")' \
+            "$main_stack" "$1")"
+        export SPARKRING_STACK_DIR="$main_stack-chaos$1"
+        python3 scripts/stack.py up --zk-nodes 3 --no-spark --only "$2" >/dev/null
+    ) >> "$main_stack-chaos$1.log" 2>&1
+}
+# pip fills the venv on one core (about a minute from nothing). ZooKeeper and PostgreSQL
+# need nothing from it (scripts/stack.py is standard library only): those of the main
+# stack and of every chaos stack start meanwhile on the other core, instead of during
+# the suite (docs/benchmarks.md).
+(
+    python3 scripts/stack.py up --zk-nodes 3 --only zookeeper,postgresql >/dev/null
+    if [ "$chaos" = "1" ]; then
+        for i in $(seq 1 "$chaos_workers"); do start_chaos_stack "$i" zookeeper,postgresql; done
+    fi
+) > "$main_stack-early.log" 2>&1 &
+early_pid=$!
 scripts/bootstrap.sh
 # The project is installed editable, so its modules are compiled on import; where
 # PYTHONDONTWRITEBYTECODE is set (this machine's shell), every one of the run's server,
@@ -27,50 +59,39 @@ scripts/bootstrap.sh
 # of imports). Compiled once here; a source changed later is compiled as usual.
 .venv/bin/python -m compileall -q -j 0 registry resource_center scheduler server sql tests \
     benchmarks >/dev/null
-.venv/bin/python scripts/stack.py up --zk-nodes 3 >/dev/null
-echo "test: set-up took $(( $(date +%s) - started )) s" >&2
-chaos="${CHAOS:-$([ $# -eq 0 ] && echo 1 || echo 0)}"
-
-# Each of the campaign's CHAOS_WORKERS workers (default 3: the campaign's cases wait on
-# leases and sessions more than they compute; quiet, 93 items took 1459 s in one process,
-# 964 s on two workers, 729 s on three, docs/benchmarks.md) gets a stack of its own,
-# started here beside the main one on its ports + 1000 x i (ZooKeeper ensemble,
-# PostgreSQL and S3 only: the campaign's Spark masters are its own).
-chaos_workers="${CHAOS_WORKERS:-3}"
-main_stack=$(.venv/bin/python scripts/stack.py env | sed -n 's/^export SPARKRING_STACK_DIR=//p')
+if ! wait "$early_pid"; then
+    echo "test: ZooKeeper or PostgreSQL did not start (see $main_stack-early.log)" >&2
+    exit 1
+fi
 # The drivers' JVMs (spark-submit, which every test driver runs, light ones included)
 # start with C1 only, the serial GC and a class-data archive of Spark's classpath, made
-# once per stack: about 2 CPU-seconds per start instead of 5 on this 2-core machine
-# (docs/index.md "Tests"). The product's defaults are untouched; a SPARK_SUBMIT_OPTS of
-# the caller's (even empty) wins.
+# once per stack (by a spark-submit, beside the S3 server's and Spark's start): about 2
+# CPU-seconds per start instead of 5 on this 2-core machine (docs/index.md "Tests"). The
+# product's defaults are untouched; a SPARK_SUBMIT_OPTS of the caller's (even empty) wins.
 if [ -z "${SPARK_SUBMIT_OPTS+set}" ]; then
-    spark_submit_opts=$(scripts/spark-submit-opts.sh "$main_stack")
+    scripts/spark-submit-opts.sh "$main_stack" > "$main_stack/spark-submit-opts" &
+    opts_pid=$!
+fi
+.venv/bin/python scripts/stack.py up --zk-nodes 3 >/dev/null
+if [ -z "${SPARK_SUBMIT_OPTS+set}" ]; then
+    wait "$opts_pid"
+    spark_submit_opts=$(cat "$main_stack/spark-submit-opts")
     export SPARK_SUBMIT_OPTS="$spark_submit_opts"
 fi
-chaos_stacks=""
-for i in $(seq 1 "$chaos_workers"); do chaos_stacks="$chaos_stacks${chaos_stacks:+,}$main_stack-chaos$i"; done
-start_chaos_stack() {  # $1: its number; prints nothing, its log is $main_stack-chaos$1.log
-    (
-        eval "$(.venv/bin/python -c 'import json, sys
-for name, port in json.load(open(sys.argv[1] + "/ports.json")).items():
-    print(f"export SPARKRING_STACK_{name.upper()}_PORT={port + 1000 * int(sys.argv[2])}")' \
-            "$main_stack" "$1")"
-        export SPARKRING_STACK_DIR="$main_stack-chaos$1"
-        .venv/bin/python scripts/stack.py up --zk-nodes 3 --no-spark >/dev/null
-    ) > "$main_stack-chaos$1.log" 2>&1
-}
+echo "test: set-up took $(( $(date +%s) - started )) s" >&2
+
 stop_chaos_stacks() {
     for dir in ${chaos_stacks//,/ }; do
         SPARKRING_STACK_DIR="$dir" .venv/bin/python scripts/stack.py down >/dev/null
     done
 }
-# The campaign's stacks start in the background (while the suite runs); the campaign
-# waits for them, runs every case, prints its summary last, and stops them. Its exit
+# The campaign's stacks' S3 servers start in the background (while the suite runs: their
+# ZooKeeper and PostgreSQL are up since the set-up); the campaign waits for them, runs every case, prints its summary last, and stops them. Its exit
 # code is the campaign's.
 chaos_stack_pids=()
 launch_chaos_stacks() {
     local i
-    for i in $(seq 1 "$chaos_workers"); do start_chaos_stack "$i" & chaos_stack_pids+=($!); done
+    for i in $(seq 1 "$chaos_workers"); do start_chaos_stack "$i" zookeeper,postgresql,s3 & chaos_stack_pids+=($!); done
 }
 run_chaos() {
     local pid

@@ -212,3 +212,28 @@ def test_a_master_ui_that_answers_without_json_yet_is_not_yet_up(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_up_only_starts_the_services_it_names_in_their_order(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``up --only zookeeper,postgresql`` (what scripts/test.sh runs while pip installs,
+    before the venv holds the S3 server and Spark) starts those two and nothing else; a
+    plain ``up`` afterwards starts the rest."""
+    started: list[str] = []
+    monkeypatch.setattr(stack, "zk_up", lambda nodes: started.append("zookeeper"))
+    monkeypatch.setattr(stack, "pg_up", lambda: started.append("postgresql"))
+    monkeypatch.setattr(stack, "s3_start", lambda: started.append("s3"))
+    monkeypatch.setattr(stack, "spark_up", lambda masters: started.append("spark"))
+    assert stack.main(["up", "--only", "postgresql,zookeeper"]) == 0
+    assert started == ["zookeeper", "postgresql"]
+    started.clear()
+    assert stack.main(["up", "--only", "s3,spark", "--no-spark"]) == 0
+    assert started == ["s3"]
+    started.clear()
+    assert stack.main(["up"]) == 0
+    assert started == ["zookeeper", "postgresql", "s3", "spark"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        stack.main(["up", "--only", "zookeeper,kafka"])
+    assert "unknown service kafka" in capsys.readouterr().err
