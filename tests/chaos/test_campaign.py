@@ -83,6 +83,13 @@ def _logged_since(trial: Trial, server: str, offset: int, action: str) -> int:
     return trial.cluster.log(server)[offset:].count(f"action={action}")
 
 
+def _driver_pid(trial: Trial, name: str) -> int:
+    """The pid of the driver ``name`` beats from now (its latest heartbeat's)."""
+    beats = [b for b in trial.cluster.heartbeat_records() if b["job"] == name]
+    assert beats, f"{name} has not beaten"
+    return int(beats[-1]["pid"])
+
+
 def _events_after(
     trial: Trial, mark: int, kind: str, jobs: Sequence[str], *, any_kind: bool = False
 ) -> list[dict]:
@@ -391,17 +398,28 @@ def test_server_restarted_with_the_same_id(trial: Trial) -> None:
     victim = trial.busiest_owner()
     owned = _owned_by(trial, victim)
     mark = trial.events()[-1]["id"]
+    drivers = {name: _driver_pid(trial, name) for name in owned}
 
     def restart() -> None:
         c.kill(victim)
         c.start_server(victim)
 
+    restarted = time.time()
     trial.inject(restart)
     trial.wait_members(set(SERVERS), timeout=60)
+    # The coordinator retargeted the victim's jobs when its old session went, and gives
+    # them back once the id is a member again.
+    for name in owned:
+        c.wait_job(name, lambda j: j["target"] == victim, 60, f"{name} targeted back")
     outcome = trial.verify()
     adopted = {e["job_name"] for e in _events_after(trial, mark, "adopted", owned)}
     assert adopted == set(owned), (adopted, owned)
     assert outcome.restarts == 0, "a driver was replaced although it could be adopted"
+    # Each adopted job still beats from the driver it had before the kill, and only from
+    # it (folded in from the end-to-end test this case replaced).
+    for name in owned:
+        pids = {b["pid"] for b in c.heartbeat_records() if b["job"] == name and b["t"] > restarted}
+        assert pids == {drivers[name]}, (name, drivers[name], pids)
     _assert_safe(outcome)
 
 
@@ -454,7 +472,9 @@ def test_a_second_process_with_a_live_servers_id(trial: Trial) -> None:
             duplicate.wait(timeout=10)
     written = [e for e in trial.events() if e["id"] > mark and e["server"] == victim]
     outcome = trial.verify()
-    assert code != 0, "the second process with a live server's id was not refused"
+    assert code == exit_codes.ExitCode.CONFIG_ERROR, (code, "refused as a settings error")
+    said = (folder / "server.log").read_text(errors="replace")
+    assert victim in said and "Traceback" not in said, said[-2000:]
     assert written == [], f"the refused duplicate wrote: {written}"
     assert trial.owners() == before, "jobs changed owner"
     _assert_safe(outcome)

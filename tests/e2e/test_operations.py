@@ -1,11 +1,11 @@
-"""Operating a live cluster through the CLI: drain, logs, ring, health and metrics,
-start-up refusals. Real servers and light drivers (tests/jobs/heartbeat.py)."""
+"""Operating a live cluster through the CLI: drain, logs, ring, health and metrics, bad
+commands. Real servers and light drivers (tests/jobs/heartbeat.py). A second server
+with a live server's id is refused in the chaos campaign
+(``test_a_second_process_with_a_live_servers_id``)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -123,22 +123,6 @@ def test_logs_health_metrics_and_ring_explain_of_a_running_job(cluster: Cluster)
     )
     unknown = cluster.cli("job", "logs", "nope", check=False)
     assert unknown.returncode == 1 and "no job named 'nope'" in unknown.stderr
-
-
-def test_a_second_server_with_a_live_id_is_refused(cluster: Cluster) -> None:
-    helpers.start_cluster(cluster, servers=("s1",))
-    result = subprocess.run(
-        [sys.executable, "-m", "server", "server", "run", "--id", "s1"],
-        env={**cluster.env, "SPARKRING_WORK_DIR": str(cluster.root / "dup")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 78
-    assert "s1" in result.stderr and "Traceback" not in result.stderr
-    url = _health_url(cluster, "s1")
-    with urllib.request.urlopen(url + "/healthz", timeout=5) as reply:
-        assert reply.status == 200
 
 
 def test_bad_commands_are_one_clear_line(cluster: Cluster) -> None:
