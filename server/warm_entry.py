@@ -9,7 +9,8 @@ so the driver's user needs nothing but its run directory. It:
    (:func:`warm_up`, on a thread of its own, awaited at most :data:`WARM_UP_WAIT_S`),
    writing only below its working directory, so that task scheduling, code generation
    and the file output path are loaded before the job's first batch needs them. A
-   warm-up still waiting at the go signal (no executor yet) is cancelled then;
+   warm-up still waiting at the go signal (no executor yet) is cancelled then, and
+   awaited (at most :data:`WARM_UP_CANCEL_WAIT_S`) before the job's main runs;
 2. prints :data:`READY_LINE` to the driver log, where its server looks for it;
 3. waits for ``go.json`` in the run directory (``SPARKRING_RUN_DIR``), which its server
    writes only once the old driver is gone and its claim committed (the epoch is its);
@@ -42,6 +43,8 @@ GO_POLL_S = 0.05
 # The longest the warm-up job is awaited before the session is called ready (seconds):
 # on a cluster with no free executor it would wait for ever.
 WARM_UP_WAIT_S = 20.0
+# How long a cancelled warm-up is awaited before the job's main runs (seconds).
+WARM_UP_CANCEL_WAIT_S = 10.0
 
 
 def _wait_for_go(go_file: Path, timeout: float) -> bool:
@@ -79,6 +82,10 @@ def main() -> int:
         return EXIT_NO_GO
     if not warmed.is_set():
         spark.sparkContext.cancelAllJobs()  # only the warm-up's: no job code ran yet
+        # Its thread prints the failure, then ends: awaited, so that it is not printing
+        # when a short main returns. A daemon thread holding stdout's lock at the
+        # interpreter's exit aborts it (SIGABRT), which the watchdog reads as a crash.
+        warmed.wait(WARM_UP_CANCEL_WAIT_S)
     print("sparkring-warm: go: running the job's main", flush=True)
     main_path = str(settings["main"])
     sys.argv = [main_path, *sys.argv[1:]]

@@ -64,5 +64,5 @@ def test_the_suite_gives_out_its_long_tests_first(tmp_path: Path) -> None:
     ids = [line for line in found.stdout.splitlines() if "::" in line]
     master_failover = next(i for i, t in enumerate(ids) if "test_spark_master_failover.py" in t)
     sandbox_pi = next(i for i, t in enumerate(ids) if "sparks_own_pi_example" in t)
-    short = next(i for i, t in enumerate(ids) if "test_a_second_server_with_a_live_id" in t)
+    short = next(i for i, t in enumerate(ids) if "test_bad_commands_are_one_clear_line" in t)
     assert master_failover == 0 and sandbox_pi < short, ids

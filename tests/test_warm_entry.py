@@ -18,7 +18,7 @@ from server import rundir, warm_entry
 # A stand-in pyspark: getOrCreate() returns one session and counts its builds.
 FAKE_PYSPARK_SQL = textwrap.dedent(
     """
-    import os, threading
+    import os, threading, time
 
     CANCELLED = threading.Event()
 
@@ -41,6 +41,7 @@ FAKE_PYSPARK_SQL = textwrap.dedent(
         def json(self, path):
             if os.environ.get("NO_EXECUTORS"):  # a cluster with no free core: waits
                 CANCELLED.wait()
+                time.sleep(float(os.environ.get("CANCEL_LATENCY", "0")))  # Spark's is async
                 raise RuntimeError("cancelled")
             os.makedirs(path, exist_ok=True)
 
@@ -142,3 +143,19 @@ def test_a_warm_up_job_that_waits_for_executors_delays_neither_ready_nor_the_mai
     process.communicate(timeout=30)
     assert process.returncode == 0 and ran.exists()
     assert Path(f"{ran}.cancelled").exists()
+
+
+def test_a_cancelled_warm_up_ends_before_the_main_runs(tmp_path: Path) -> None:
+    """The cancelled warm-up's thread prints its failure: it must be done before the
+    job's main runs. A thread still printing when a short main returns aborts the
+    interpreter's exit (CI, stop 46: "Fatal Python error: _enter_buffered_busy",
+    SIGABRT), which the watchdog reads as the driver's crash."""
+    process, _ = _start(tmp_path, go_timeout=60, NO_EXECUTORS="1", CANCEL_LATENCY="0.5")
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == warm_entry.READY_LINE
+    rundir.write_go(tmp_path / "run" / rundir.GO_FILE)
+    out, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, out
+    lines = out.splitlines()
+    failed = lines.index("sparkring-warm: warm-up job failed: RuntimeError")
+    assert failed < lines.index("sparkring-warm: go: running the job's main"), lines
