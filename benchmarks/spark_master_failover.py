@@ -126,14 +126,23 @@ def create(t: trial_module.Trial, name: str, kind: JobKind, resource_id: int, ar
         jobs.start(conn, name)
 
 
-def measure(trials: int, streams: int, progress_s: float) -> dict[str, Any]:
+def measure(
+    trials: int,
+    streams: int,
+    progress_s: float,
+    *,
+    trigger_s: float = 1.0,
+    master_jvm_options: str = "",
+) -> dict[str, Any]:
+    """``trigger_s``: the streams' micro-batch interval; ``master_jvm_options``: the
+    masters' JVM options (Spark's defaults unless given; the test passes lighter ones)."""
     out: dict[str, Any] = {"kill_to_registered": [], "kill_to_takeover": [],
                            "streams_interrupted": [], "new_job_crashes": []}  # fmt: skip
     with failover.environment() as t:
         zk_hosts = t.stack_env["SPARKRING_ZK_HOSTS"]
         out["max_session_timeout_ms"] = max_session_timeout(zk_hosts)
         folder = t.cluster_root / "spark"
-        masters = faults.SparkMasters(folder, 2, zk_hosts, jvm_options="")  # Spark's defaults
+        masters = faults.SparkMasters(folder, 2, zk_hosts, jvm_options=master_jvm_options)
         t.masters = masters  # stopped with the trial
         masters.start()
         worker = None
@@ -148,13 +157,15 @@ def measure(trials: int, streams: int, progress_s: float) -> dict[str, Any]:
             counter = t.upload("counter", STREAMING_JOB)
             batch = t.upload("batch-sum", BATCH_JOB)
             outputs = {f"stream{k}": t.cluster.root / f"stream{k}-out" for k in range(streams)}
+            trigger = ["--trigger-seconds", f"{trigger_s:g}"]
             for name, output in outputs.items():
-                create(t, name, JobKind.STREAMING, counter.id, [str(output)], url)
+                create(t, name, JobKind.STREAMING, counter.id, [str(output), *trigger], url)
             for output in outputs.values():
                 waiting.wait_until(lambda o=output: sink.committed_batches(o) >= 2, UP_S,
                                    interval=1.0, message=f"{output.name} committing")  # fmt: skip
             for i in range(trials):
-                out_i = trial(t, masters, url, batch.id, outputs, i, progress_s)
+                last = i == trials - 1
+                out_i = trial(t, masters, url, batch.id, outputs, i, progress_s, last)
                 for key, value in out_i.items():
                     out[key].append(value)
                 log(f"trial {i + 1}/{trials}: " + ", ".join(f"{k} {v}" for k, v in out_i.items()))
@@ -173,7 +184,10 @@ def trial(
     outputs: dict[str, Path],
     i: int,
     progress_s: float,
+    last: bool = False,
 ) -> dict[str, Any]:
+    """One failover; the killed master is started again (to stand by for the next
+    trial) unless this is the ``last``."""
     active = masters.wait_active(timeout=UP_S)
     epochs = failover.epochs(t)
     mark = max(e["id"] for e in t.events())
@@ -215,9 +229,10 @@ def trial(
         if touched or stalled or failover.epochs(t)[stream] != epochs[stream]:
             interrupted += 1
     crashes = sum(1 for e in later if e["job_name"] == name and e["kind"] in ("crashed", "failed"))
-    masters.start(active)  # it comes back as a standby
-    waiting.wait_until(lambda: masters.status(active) == "STANDBY", UP_S, interval=1.0,
-                       message="the killed master back as a standby")  # fmt: skip
+    if not last:
+        masters.start(active)  # it comes back as a standby
+        waiting.wait_until(lambda: masters.status(active) == "STANDBY", UP_S, interval=1.0,
+                           message="the killed master back as a standby")  # fmt: skip
     return {
         "kill_to_registered": round(at - killed, 2),
         "kill_to_takeover": round(takeover[0], 2),
