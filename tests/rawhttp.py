@@ -26,7 +26,7 @@ class Answer:
     status: int | None  # None: no status line before the timeout
     seconds: float  # from the head sent to the status line (or to the timeout)
     body: bytes
-    body_sent: int  # body bytes written to the socket when the status line came
+    body_sent: int  # body bytes handed to the socket when the status line came
 
     def error(self) -> str:
         return json.loads(self.body)["error"]
@@ -110,18 +110,23 @@ def _content_length(head_block: bytes) -> int | None:
 def _feed(
     sock: socket.socket, prefix: bytes, body_bytes: int, chunked: bool, sent: list[int]
 ) -> None:
-    """Send the body in pieces; ``sent[0]`` counts the bytes the socket took."""
+    """Send the body in pieces; ``sent[0]`` counts the bytes handed to the socket (the
+    piece being sent included)."""
     block = bytes(CHUNK)
     try:
         while sent[0] < body_bytes:
             piece = block[: min(CHUNK, body_bytes - sent[0])]
             if sent[0] == 0 and prefix:
                 piece = prefix + piece[len(prefix) :]
+            # Counted as it is handed to the socket: counted after the send, a piece the
+            # server had read could still be uncounted when its answer came (the feeder
+            # preempted in between). A refusal may see one piece counted that it never
+            # read: fewer than a CHUNK of the count.
+            sent[0] += len(piece)
             if chunked:
                 sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
             else:
                 sock.sendall(piece)
-            sent[0] += len(piece)
         if chunked:
             sock.sendall(b"0\r\n\r\n")
     except OSError:  # the server answered and closed: the rest is not wanted

@@ -79,3 +79,47 @@ def test_the_body_sent_before_the_answer_tells_a_refusal_from_a_read(server) -> 
         assert answer.body_sent == 64 * MIB
     else:
         assert answer.body_sent < 64 * MIB
+
+
+class _SlowToCount:
+    """A client socket whose ``sendall`` returns late, after the kernel took the bytes:
+    the feeder thread preempted between its send and its count, as on a loaded machine
+    (CI, stop 46: 256 KiB short of the 64 MiB a reading server had read)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.sendall(data)
+        if len(data) == rawhttp.CHUNK:
+            threading.Event().wait(0.05)  # the thread's time slice, not a synchronisation
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+    def __enter__(self) -> _SlowToCount:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
+
+
+def test_a_body_the_server_read_whole_counts_whole_however_late_the_feeder_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=_serve, args=(listener, True), daemon=True)
+    thread.start()
+    real = socket.create_connection
+    monkeypatch.setattr(
+        rawhttp.socket, "create_connection", lambda *a, **k: _SlowToCount(real(*a, **k))
+    )
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        answer = rawhttp.post(url, "/x", headers={}, body_bytes=4 * MIB, timeout=30)
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(5)
+    assert answer.status == 401, answer
+    assert answer.body_sent == 4 * MIB, answer
