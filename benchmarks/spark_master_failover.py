@@ -131,11 +131,10 @@ def measure(
     streams: int,
     progress_s: float,
     *,
-    trigger_s: float = 1.0,
     master_jvm_options: str = "",
 ) -> dict[str, Any]:
-    """``trigger_s``: the streams' micro-batch interval; ``master_jvm_options``: the
-    masters' JVM options (Spark's defaults unless given; the test passes lighter ones)."""
+    """``master_jvm_options``: the masters' JVM options (Spark's defaults unless given;
+    the test passes lighter ones)."""
     out: dict[str, Any] = {"kill_to_registered": [], "kill_to_takeover": [],
                            "streams_interrupted": [], "new_job_crashes": []}  # fmt: skip
     with failover.environment() as t:
@@ -157,9 +156,8 @@ def measure(
             counter = t.upload("counter", STREAMING_JOB)
             batch = t.upload("batch-sum", BATCH_JOB)
             outputs = {f"stream{k}": t.cluster.root / f"stream{k}-out" for k in range(streams)}
-            trigger = ["--trigger-seconds", f"{trigger_s:g}"]
             for name, output in outputs.items():
-                create(t, name, JobKind.STREAMING, counter.id, [str(output), *trigger], url)
+                create(t, name, JobKind.STREAMING, counter.id, [str(output)], url)
             for output in outputs.values():
                 waiting.wait_until(lambda o=output: sink.committed_batches(o) >= 2, UP_S,
                                    interval=1.0, message=f"{output.name} committing")  # fmt: skip

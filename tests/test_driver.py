@@ -324,13 +324,11 @@ def test_batch_sum_runs_to_exit_0_with_the_job_variables(tmp_path: Path) -> None
 def test_streaming_counter_resumes_exactly_once_after_sigkill(tmp_path: Path) -> None:
     output, heartbeats = tmp_path / "out", tmp_path / "heartbeats.jsonl"
     records = tmp_path / "records.jsonl"
-    # A micro-batch every 2 s, as the end-to-end tests' streams (tests/e2e/helpers.py).
-    args = [str(output), "--heartbeats", str(heartbeats), "--rows-per-second", "20"]
     base = spark_spec(
         tmp_path,
         kind="streaming",
         main=JOBS / "streaming_counter.py",
-        args=[*args, "--trigger-seconds", "2"],
+        args=[str(output), "--heartbeats", str(heartbeats), "--rows-per-second", "20"],
         checkpoint_dir=tmp_path / "checkpoint",
     )
 

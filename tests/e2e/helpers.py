@@ -10,10 +10,6 @@ from tests import sink, waiting
 from tests.cluster import EXAMPLES, HEARTBEAT_JOB, Cluster
 
 STREAMING_COUNTER = EXAMPLES / "streaming_counter.py"
-# The tests' streams commit a micro-batch every 2 s, not the example's 1 s: a batch costs
-# its driver and executor CPU whatever it carries (a 60 s stream, local[1], quiet: 22.5
-# CPU-s with a 1 s trigger, 14.5 with 3 s), and the suite is CPU-bound on 2 cores.
-TRIGGER_ARGS = ("--arg=--trigger-seconds", "--arg=2")
 
 SERVERS = ("s1", "s2", "s3")
 
@@ -67,7 +63,7 @@ def start_streaming_counter(c: Cluster, *create: str) -> tuple[Path, dict[str, A
     c.cli("resource", "upload", "counter", str(STREAMING_COUNTER))
     c.cli(
         "job", "create", "stream", "--resource", "counter", "--master", "local[1]",
-        "--conf", "spark.sql.shuffle.partitions=1", f"--arg={output}", *TRIGGER_ARGS, *create,
+        "--conf", "spark.sql.shuffle.partitions=1", f"--arg={output}", *create,
     )  # fmt: skip
     c.cli("job", "start", "stream")
     first = c.wait_job("stream", running, 120, "streaming job running")

@@ -147,7 +147,7 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
     cluster.cli(
         "job", "create", "stream", "--resource", "counter", "--kind", "streaming",
         "--master", master, "--conf", "spark.cores.max=1", "--conf", "spark.executor.memory=512m",
-        f"--arg={output}", f"--arg=--heartbeats={cluster.heartbeats}", *helpers.TRIGGER_ARGS,
+        f"--arg={output}", f"--arg=--heartbeats={cluster.heartbeats}",
     )  # fmt: skip
     cluster.cli("job", "start", "stream")
     first = cluster.wait_job("stream", helpers.running, 90, "streaming job running")

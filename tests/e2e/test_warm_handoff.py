@@ -70,7 +70,7 @@ def test_a_job_that_opts_out_is_moved_cold(cluster: Cluster) -> None:
     cluster.cli("resource", "upload", "counter", str(EXAMPLES / "streaming_counter.py"))
     cluster.cli(
         "job", "create", "stream", "--resource", "counter", "--master", "local[1]",
-        "--conf", "sparkring.handoff.warm=false", f"--arg={output}", *helpers.TRIGGER_ARGS,
+        "--conf", "sparkring.handoff.warm=false", f"--arg={output}",
     )  # fmt: skip
     cluster.cli("job", "start", "stream")
     first = cluster.wait_job("stream", helpers.running, 120, "streaming job running")
