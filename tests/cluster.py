@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
 
+from registry import servers as registry_servers
 from scheduler import jobs
 from server import driver
 from sql import database
@@ -94,6 +97,7 @@ class Cluster:
         }
         self.servers: dict[str, subprocess.Popen[bytes]] = {}
         self.engine = database.create_engine(database_url, pool_size=2)
+        self._zk: KazooClient | None = None
         if self.env.get("SPARKRING_DRIVER_USER"):
             open_to_drivers(root)
 
@@ -173,6 +177,10 @@ class Cluster:
             left = driver.adopt(state)
             if left is not None:
                 left.kill()
+        if self._zk is not None:
+            self._zk.stop()
+            self._zk.close()
+            self._zk = None
         self.engine.dispose()
 
     # ------------------------------------------------------------------ CLI + jobs
@@ -211,12 +219,26 @@ class Cluster:
             ) from None
         return dict(seen)
 
-    def wait_members(self, count: int, timeout: float = 30) -> None:
-        def check() -> bool:
-            result = self.cli("server", "list", "--json", check=False)
-            return result.returncode == 0 and len(json.loads(result.stdout)) == count
+    def members(self) -> set[str]:
+        """The server ids registered in ZooKeeper now (the nodes ``server list`` reads),
+        through one client of the harness's own: polled every 0.3 s, a ``server list``
+        command per look cost a forked CLI process and its ZooKeeper session each, a
+        large part of the suite's CPU (docs/benchmarks.md)."""
+        if self._zk is None:
+            self._zk = KazooClient(hosts=self.env["SPARKRING_ZK_HOSTS"], timeout=10)
+            self._zk.start(timeout=30)
+        try:
+            return set(registry_servers.read_all(self._zk, self.env["SPARKRING_ZK_ROOT"]))
+        except KazooException:
+            return set()  # ZooKeeper away: the next look sees the members
 
-        waiting.wait_until(check, timeout, interval=0.3, message=f"{count} live servers")
+    def wait_members(self, count: int, timeout: float = 30) -> None:
+        waiting.wait_until(
+            lambda: len(self.members()) == count,
+            timeout,
+            interval=0.3,
+            message=f"{count} live servers",
+        )
 
     def sql(self, statement: str, **params: Any) -> list[sa.Row]:
         with self.engine.begin() as conn:
