@@ -87,9 +87,9 @@ stop_chaos_stacks() {
         SPARKRING_STACK_DIR="$dir" .venv/bin/python scripts/stack.py down >/dev/null
     done
 }
-# The campaign's stacks' S3 servers start in the background (while the suite runs: their
-# ZooKeeper and PostgreSQL are up since the set-up); the campaign waits for them, runs every case, prints its summary last, and stops them. Its exit
-# code is the campaign's.
+# The campaign's stacks' S3 servers start in the background while the suite runs (their
+# ZooKeeper and PostgreSQL are up since the set-up); the campaign waits for them, runs
+# every case, prints its summary last, and stops them. Its exit code is the campaign's.
 chaos_stack_pids=()
 launch_chaos_stacks() {
     local i

@@ -221,9 +221,8 @@ class Cluster:
 
     def members(self) -> set[str]:
         """The server ids registered in ZooKeeper now (the nodes ``server list`` reads),
-        through one client of the harness's own: polled every 0.3 s, a ``server list``
-        command per look cost a forked CLI process and its ZooKeeper session each, a
-        large part of the suite's CPU (docs/benchmarks.md)."""
+        through one client of the harness's own: a ``server list`` per look (every 0.3 s
+        while servers start) forked a CLI process with a ZooKeeper session of its own."""
         if self._zk is None:
             self._zk = KazooClient(hosts=self.env["SPARKRING_ZK_HOSTS"], timeout=10)
             self._zk.start(timeout=30)
