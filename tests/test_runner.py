@@ -52,6 +52,13 @@ SPARK_START_S = 90  # spark-submit of a plain Python main on a busy 2-core machi
 TTL = 8.0
 
 
+def _started(stage: Path) -> bool:
+    """The gated driver wrote its start line. Its "starts" file exists a moment before
+    it holds one (CI, stop 46: read empty right after it appeared)."""
+    starts = stage / "starts"
+    return starts.exists() and starts.read_text().endswith("\n")
+
+
 @pytest.fixture
 def stage(tmp_path: Path) -> Path:
     folder = tmp_path / "stage"
@@ -181,7 +188,7 @@ def test_a_batch_driver_exiting_0_while_postgresql_is_away_ends_finished_and_run
     the_runner.wake()
     # The main itself runs (not only its spark-submit): from here it exits at "go".
     waiting.wait_until(
-        lambda: factories.row(engine, job_id).state == "running" and (stage / "starts").exists(),
+        lambda: factories.row(engine, job_id).state == "running" and _started(stage),
         SPARK_START_S,
         message="the batch driver did not start",
     )
@@ -277,7 +284,7 @@ def test_a_batch_exit_0_noticed_after_the_lease_ran_out_is_finished_not_rerun(
     # Renewed while spark-submit starts (seconds on a busy machine, beyond the 5 s the
     # lease leaves a driver that is never confirmed); the pause comes after its exit.
     waiting.wait_until(
-        lambda: stepped_runner.renew_once() and (stage / "starts").exists(),
+        lambda: stepped_runner.renew_once() and _started(stage),
         SPARK_START_S,
         interval=0.5,
         message="the driver did not start",
@@ -328,9 +335,7 @@ def test_a_batch_exit_0_while_its_server_is_stalled_is_recorded_by_the_watchdog(
     campaign, seed 784518478: two batch generations ran to their end twice)."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     long_lease_runner.poll_once()  # claims; the driver starts in a task
-    waiting.wait_until(
-        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
-    )
+    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
     # From here the server takes no step: no renewal, no poll, no record of its own.
     (stage / "go").write_text("0")
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
@@ -369,9 +374,7 @@ def test_a_watchdog_cannot_record_a_run_that_is_no_longer_its_own(
     newer epoch, a late exit 0 of the old driver records nothing."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     long_lease_runner.poll_once()
-    waiting.wait_until(
-        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
-    )
+    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
     factories.expire_lease(engine, job_id)
     factories.target(engine, job_id, "s2")
     with engine.begin() as conn:
@@ -401,7 +404,7 @@ def test_an_adopted_batch_run_s_exit_0_is_recorded_by_its_watchdog(
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     long_lease_runner.poll_once()  # the first incarnation claims; the driver starts
     waiting.wait_until(
-        lambda: (stage / "starts").exists() and factories.row(engine, job_id).state == "running",
+        lambda: _started(stage) and factories.row(engine, job_id).state == "running",
         SPARK_START_S,
         message="the driver did not start",
     )
@@ -444,7 +447,7 @@ def _crash_while_stalled(
     the watchdog left."""
     the_runner.poll_once()  # claims; the driver starts in a task
     waiting.wait_until(
-        lambda: (stage / "starts").exists() and factories.row(engine, job_id).state == "running",
+        lambda: _started(stage) and factories.row(engine, job_id).state == "running",
         SPARK_START_S,
         message="the driver did not start",
     )
@@ -547,9 +550,7 @@ def _exit_as_the_migration_begins(
     owner commits ``stopping``, and the driver exits ``exit_code`` on its own before the
     stop reaches it; wait until the run is recorded. Returns its run directory."""
     the_runner.poll_once()  # claims; the driver starts in a task
-    waiting.wait_until(
-        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
-    )
+    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "running" or the_runner.poll_once() < 0,
         30,
@@ -661,9 +662,7 @@ def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     runner_ = long_lease_runner
     runner_.poll_once()  # claims; the driver starts in a task
-    waiting.wait_until(
-        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
-    )
+    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "running" or runner_.poll_once() < 0,
         30,
@@ -706,7 +705,7 @@ def _started_by_a_first_incarnation(
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     first.poll_once()
     waiting.wait_until(
-        lambda: first.renew_once() and (stage / "starts").exists(),
+        lambda: first.renew_once() and _started(stage),
         SPARK_START_S,
         interval=0.5,
         message="the driver did not start",
@@ -860,9 +859,7 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
     with the_runner._lock:
         the_runner._runs[job_id] = run
     launch.start(the_runner, run)  # what the claim's task does
-    waiting.wait_until(
-        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
-    )
+    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
     assert claim.revision == 1 and not (newer / "starts").exists()
     (stage / "go").write_text("0")
     waiting.wait_until(
@@ -878,9 +875,7 @@ def _running_batch(
     """A batch job claimed by ``the_runner``, its gated driver started and recorded running."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     the_runner.poll_once()  # claims; the driver starts in a task
-    waiting.wait_until(
-        lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
-    )
+    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "running" or the_runner.poll_once() < 0,
         30,
@@ -980,7 +975,7 @@ def test_a_claim_whose_commit_outcome_is_unknown_is_not_held_for_ever(
     (run,) = stepped_runner.runs().values()
     assert run.epoch == 2
     waiting.wait_until(
-        lambda: stepped_runner.renew_once() and (stage / "starts").exists(),
+        lambda: stepped_runner.renew_once() and _started(stage),
         SPARK_START_S,
         interval=0.5,
         message="the driver did not start",
@@ -1638,7 +1633,7 @@ def test_a_job_whose_spark_master_does_not_answer_waits_and_starts_once_one_does
         }
         listener = _listening(port)
         waiting.wait_until(
-            lambda: (stage / "starts").exists(), SPARK_START_S, message="the driver did not start"
+            lambda: _started(stage), SPARK_START_S, message="the driver did not start"
         )
         (stage / "go").write_text("0")
         waiting.wait_until(
@@ -1680,9 +1675,7 @@ def test_a_driver_that_never_registered_while_no_master_answers_is_deferred_by_i
         job_id = _batch_job(engine, bucket, stage, tmp_path)
         the_runner.poll_once()  # claims; the driver starts in a task
         waiting.wait_until(
-            lambda: (
-                (stage / "starts").exists() and factories.row(engine, job_id).state == "running"
-            ),
+            lambda: _started(stage) and factories.row(engine, job_id).state == "running",
             SPARK_START_S,
             message="the driver did not start",
         )
@@ -1812,3 +1805,14 @@ def test_a_start_that_keeps_failing_for_a_passing_reason_waits_longer_each_time(
     assert float(waits) == pytest.approx(min(2.0, 0.25 * 2 ** (len(deferred) - 1)), abs=0.01)
     assert factories.row(engine, job_id).restarts == 0
     assert not (stage / "starts").exists()
+
+
+def test_a_start_file_created_but_not_yet_written_is_not_a_start(tmp_path: Path) -> None:
+    """What the waits above look for: the gated driver's start line, not its file (an
+    existence check let a test read the file empty under load)."""
+    (tmp_path / "starts").touch()
+    assert not _started(tmp_path)
+    (tmp_path / "starts").write_text("2")
+    assert not _started(tmp_path)  # the line is not whole yet
+    (tmp_path / "starts").write_text("2\n")
+    assert _started(tmp_path)
