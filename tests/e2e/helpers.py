@@ -3,11 +3,13 @@ a real Structured Streaming job (examples/jobs/streaming_counter.py)."""
 
 from __future__ import annotations
 
+import itertools
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from tests import sink, waiting
-from tests.cluster import EXAMPLES, HEARTBEAT_JOB, Cluster
+from tests.cluster import EXAMPLES, HEARTBEAT_JOB, Cluster, overlaps
 
 STREAMING_COUNTER = EXAMPLES / "streaming_counter.py"
 
@@ -100,3 +102,28 @@ def stop_after_more_batches_exactly_once(
     assert len(values) == len(set(values)), "a value was written twice"
     assert sorted(values) == list(range(min(values), max(values) + 1)), "a value was lost"
     assert min(values) == 0
+
+
+def overlapping_heartbeats(records: list[dict[str, Any]]) -> list[str]:
+    """Two driver processes of one job alive in the same instant (heartbeat spans)."""
+    spans: dict[tuple[str, int], list[float]] = {}
+    for r in records:
+        span = spans.setdefault((r["job"], r["pid"]), [r["t"], r["t"]])
+        span[0], span[1] = min(span[0], r["t"]), max(span[1], r["t"])
+    by_job: dict[str, list[list[float]]] = defaultdict(list)
+    for (job, _), span in spans.items():
+        by_job[job].append(span)
+    problems = []
+    for job, items in by_job.items():
+        items.sort()
+        for before, after in itertools.pairwise(items):
+            if after[0] < before[1]:
+                problems.append(f"{job}: {before} overlaps {after}")
+    return problems
+
+
+def assert_single_drivers(c: Cluster) -> None:
+    """S1 from both sides: no two drivers of one job alive at once, by their heartbeats
+    and by their watchdogs' lifetime records."""
+    assert overlapping_heartbeats(c.heartbeat_records()) == []
+    assert overlaps(c.driver_records()) == []

@@ -9,43 +9,16 @@ is proved from the heartbeats the drivers write and the watchdogs' lifetime reco
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 import urllib.request
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests import cluster as cluster_module
 from tests import sink, waiting
 from tests.cluster import Cluster
 from tests.e2e import helpers
-
-
-def _overlapping_heartbeats(records: list[dict[str, Any]]) -> list[str]:
-    """Two driver processes of one job alive in the same instant (heartbeat spans)."""
-    spans: dict[tuple[str, int], list[float]] = {}
-    for r in records:
-        span = spans.setdefault((r["job"], r["pid"]), [r["t"], r["t"]])
-        span[0], span[1] = min(span[0], r["t"]), max(span[1], r["t"])
-    by_job: dict[str, list[list[float]]] = defaultdict(list)
-    for (job, _), span in spans.items():
-        by_job[job].append(span)
-    problems = []
-    for job, items in by_job.items():
-        items.sort()
-        for before, after in itertools.pairwise(items):
-            if after[0] < before[1]:
-                problems.append(f"{job}: {before} overlaps {after}")
-    return problems
-
-
-def _assert_single_drivers(c: Cluster) -> None:
-    assert _overlapping_heartbeats(c.heartbeat_records()) == []
-    assert cluster_module.overlaps(c.driver_records()) == []
 
 
 def _kinds(c: Cluster, name: str) -> list[str]:
@@ -67,53 +40,10 @@ def test_sigterm_hands_jobs_off_and_none_fail(cluster: Cluster) -> None:
         assert job["state"] != "failed"
     for name in (n for n, o in owners.items() if o == victim):
         assert "released" in _kinds(cluster, name)
-    _assert_single_drivers(cluster)
+    helpers.assert_single_drivers(cluster)
 
 
 @pytest.mark.long(55)
-def test_a_joining_server_moves_only_retargeted_jobs_stop_then_start(cluster: Cluster) -> None:
-    """(b) expansion: jobs whose target did not change keep their driver and epoch."""
-    helpers.start_cluster(cluster, capacity=3)
-    names = [f"grow-{i}" for i in range(6)]
-    before = helpers.start_running(cluster, names)
-    cluster.start_server("s4", capacity=3)
-    cluster.wait_members(4)
-    # The coordinator retargets after its debounce; until then everything looks settled.
-    waiting.wait_until(
-        lambda: any(cluster.job(n)["target"] == "s4" for n in names),
-        60,
-        interval=0.2,
-        message="the coordinator targeted jobs at the new server",
-    )
-
-    # A gentle join moves one job at a time; it is over once s4 is marked settled.
-    waiting.wait_until(
-        lambda: cluster.sql("SELECT 1 FROM ring_members WHERE server = 's4' AND settled"),
-        180,
-        interval=0.5,
-        message="s4's join over",
-    )
-
-    def settled() -> bool:
-        jobs = {name: cluster.job(name) for name in names}
-        return all(helpers.running(j) and j["owner"] == j["target"] for j in jobs.values())
-
-    # Each move is a driver's stop and a spark-submit start (10-60 s on a loaded 2-core
-    # machine: a clean-clone run timed out at 120 s while other suites ran beside it).
-    waiting.wait_until(settled, 240, interval=0.5, message="jobs settled on their new targets")
-    after = {name: cluster.job(name) for name in names}
-    moved = [n for n in names if after[n]["owner"] != before[n]["owner"]]
-    stayed = [n for n in names if n not in moved]
-    assert moved, "a fourth server took no job"
-    assert all(after[n]["owner"] == "s4" for n in moved)
-    for name in stayed:
-        assert after[name]["epoch"] == before[name]["epoch"], f"{name} restarted needlessly"
-    for name in moved:
-        kinds = _kinds(cluster, name)
-        assert kinds.index("stopping") < kinds.index("released") < len(kinds)
-    _assert_single_drivers(cluster)
-
-
 def test_crash_looping_job_ends_failed_after_max_restarts(cluster: Cluster) -> None:
     """(f) a driver that keeps crashing: FAILED with its error after max_restarts."""
     helpers.start_cluster(cluster, servers=("s1", "s2"))
@@ -197,4 +127,4 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
         and a["name"] in ("streaming_counter", "sparkring-stream")
     ]
     assert len(ours) >= 2, "both drivers should have run executors on the standalone cluster"
-    _assert_single_drivers(cluster)
+    helpers.assert_single_drivers(cluster)

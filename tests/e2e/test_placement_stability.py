@@ -95,8 +95,16 @@ def test_a_fourth_server_takes_about_a_quarter_and_nothing_moves_between_the_fir
     assert dry["dry_run"] is True and dry["applied"] is None
     assert {m["kind"] for m in dry["moves"]} <= {"streaming"}
     assert _snapshot(cluster, names) == after  # a dry run changes nothing
-    # Every job that moved went to the joiner; none moved between s1, s2 and s3.
+    # Every job that moved went to the joiner; none moved between s1, s2 and s3; a job
+    # that stayed kept its driver (same owner and epoch).
     assert all(after[name][0] == "s4" for name in moved), (before, after)
+    # Each move stopped the old driver before the new one started: stop, release, claim;
+    # no two drivers of one job were ever alive together.
+    for name in moved:
+        kinds = [e["kind"] for e in cluster.events(name)]
+        last = len(kinds) - 1 - kinds[::-1].index("claimed")
+        assert kinds.index("stopping") < kinds.index("released") < last, (name, kinds)
+    helpers.assert_single_drivers(cluster)
     # About a quarter of 8: the ideal is 2; bounded loads allow up to ceil(1.05 * 8 / 4).
     assert 1 <= len(moved) <= 3, (before, after)
     # One move at a time: each retarget to s4 came in a pass of its own.
