@@ -10,6 +10,7 @@ Run alone, after every other test: some cases stop the stack's ZooKeeper or Post
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -29,6 +31,7 @@ from sql.states import JobKind
 from tests import conftest, waiting
 from tests.chaos import faults
 from tests.chaos.trial import HEARTBEAT_JOB, RECOVERY_BOUND_S, Outcome, Trial
+from tests.cluster import Cluster
 
 pytestmark = pytest.mark.chaos
 
@@ -237,6 +240,20 @@ def test_the_target_of_a_warm_hand_off_killed_while_its_driver_warms(trial: Tria
     assert job["owner"] not in (owner, target), job
     claims = _events_after(trial, mark, "claimed", [name])
     assert [e["server"] for e in claims] == [job["owner"]], claims  # once, on the third
+    # The drained server is live but holds and takes nothing until its drain is undone
+    # (`ring show`, as an operator reads it).
+    assert _ring_row(c, owner) == {
+        "server": owner, "live": True, "role": "both", "capacity": 4,
+        "placeable": False, "targeted": 0, "owned": 0,
+    }  # fmt: skip
+    c.cli("server", "drain", owner, "--undo")
+    assert _ring_row(c, owner)["placeable"] is True
+
+
+def _ring_row(c: Cluster, server: str) -> dict[str, Any]:
+    """``server``'s row of ``sparkring ring show --json``."""
+    rows = json.loads(c.cli("ring", "show", "--json").stdout)["servers"]
+    return next(row for row in rows if row["server"] == server)
 
 
 def test_sigstop_past_the_session_timeout_then_sigcont(trial: Trial) -> None:
