@@ -43,7 +43,6 @@ def test_sigterm_hands_jobs_off_and_none_fail(cluster: Cluster) -> None:
     helpers.assert_single_drivers(cluster)
 
 
-@pytest.mark.long(55)
 def test_crash_looping_job_ends_failed_after_max_restarts(cluster: Cluster) -> None:
     """(f) a driver that keeps crashing: FAILED with its error after max_restarts."""
     helpers.start_cluster(cluster, servers=("s1", "s2"))
