@@ -59,6 +59,11 @@ def _started(stage: Path) -> bool:
     return starts.exists() and starts.read_text().endswith("\n")
 
 
+def _wait_started(stage: Path) -> None:
+    """Wait until the gated driver wrote its start line."""
+    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
+
+
 @pytest.fixture
 def stage(tmp_path: Path) -> Path:
     folder = tmp_path / "stage"
@@ -335,7 +340,7 @@ def test_a_batch_exit_0_while_its_server_is_stalled_is_recorded_by_the_watchdog(
     campaign, seed 784518478: two batch generations ran to their end twice)."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     long_lease_runner.poll_once()  # claims; the driver starts in a task
-    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
+    _wait_started(stage)
     # From here the server takes no step: no renewal, no poll, no record of its own.
     (stage / "go").write_text("0")
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
@@ -374,7 +379,7 @@ def test_a_watchdog_cannot_record_a_run_that_is_no_longer_its_own(
     newer epoch, a late exit 0 of the old driver records nothing."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     long_lease_runner.poll_once()
-    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
+    _wait_started(stage)
     factories.expire_lease(engine, job_id)
     factories.target(engine, job_id, "s2")
     with engine.begin() as conn:
@@ -550,7 +555,7 @@ def _exit_as_the_migration_begins(
     owner commits ``stopping``, and the driver exits ``exit_code`` on its own before the
     stop reaches it; wait until the run is recorded. Returns its run directory."""
     the_runner.poll_once()  # claims; the driver starts in a task
-    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
+    _wait_started(stage)
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "running" or the_runner.poll_once() < 0,
         30,
@@ -662,7 +667,7 @@ def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     runner_ = long_lease_runner
     runner_.poll_once()  # claims; the driver starts in a task
-    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
+    _wait_started(stage)
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "running" or runner_.poll_once() < 0,
         30,
@@ -859,7 +864,7 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
     with the_runner._lock:
         the_runner._runs[job_id] = run
     launch.start(the_runner, run)  # what the claim's task does
-    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
+    _wait_started(stage)
     assert claim.revision == 1 and not (newer / "starts").exists()
     (stage / "go").write_text("0")
     waiting.wait_until(
@@ -875,7 +880,7 @@ def _running_batch(
     """A batch job claimed by ``the_runner``, its gated driver started and recorded running."""
     job_id = _batch_job(engine, bucket, stage, tmp_path)
     the_runner.poll_once()  # claims; the driver starts in a task
-    waiting.wait_until(lambda: _started(stage), SPARK_START_S, message="the driver did not start")
+    _wait_started(stage)
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "running" or the_runner.poll_once() < 0,
         30,
@@ -1632,9 +1637,7 @@ def test_a_job_whose_spark_master_does_not_answer_waits_and_starts_once_one_does
             "error": f"cause=spark-master-unreachable master={master}",
         }
         listener = _listening(port)
-        waiting.wait_until(
-            lambda: _started(stage), SPARK_START_S, message="the driver did not start"
-        )
+        _wait_started(stage)
         (stage / "go").write_text("0")
         waiting.wait_until(
             lambda: factories.row(engine, job_id).state == "finished",
