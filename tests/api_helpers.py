@@ -66,7 +66,13 @@ def api_stack(
     database_url = services.create_test_database(postgres_url)
     zk_root = f"/sparkring-test/{services.unique_name('api')}"
     cluster = Cluster(
-        stack_env, database_url, zk_root, services.unique_name("api"), root, extra_env
+        stack_env,
+        database_url,
+        zk_root,
+        services.unique_name("api"),
+        root,
+        extra_env,
+        fork_servers=True,
     )
     try:
         cluster.start_server("s1", capacity=0, role="coordinator")

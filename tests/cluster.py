@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,19 @@ FAST_TIMEOUTS = {
 }
 
 
+# "0" spawns every test server as a user starts one (``python -m server server run``)
+# instead of forking it warm from the tests' forking parent (tests/cli_runner.py).
+FORK_SERVERS_VARIABLE = "SPARKRING_TEST_FORK_SERVERS"
+
+
+def forks_server(wrapper: Sequence[str], env: Mapping[str, str], setting: str | None) -> bool:
+    """Whether a test server starts forked from the warm parent (``cli_runner.start``:
+    about 0.9 CPU-second of imports skipped per server) rather than spawned. Not when a
+    ``wrapper`` must exec it (``ip netns exec``), nor with an ``LD_PRELOAD`` (libfaketime
+    is loaded by exec only), nor when ``SPARKRING_TEST_FORK_SERVERS=0``."""
+    return setting != "0" and not wrapper and "LD_PRELOAD" not in env
+
+
 def open_to_drivers(root: Path) -> None:
     """Let drivers under their own user (SPARKRING_DRIVER_USER, the stack's default) use
     a test's folder as jobs use a shared scratch folder: pass through its ancestors that
@@ -79,8 +92,13 @@ class Cluster:
         bucket: str,
         root: Path,
         extra_env: dict[str, str] | None = None,
+        *,
+        fork_servers: bool = False,
     ) -> None:
+        """``fork_servers``: start servers forked warm where they can be (the tests'
+        clusters); the demo and the benchmarks start them as a user does."""
         self.root = root
+        self.fork_servers = fork_servers
         self.records = root / "driver-records.jsonl"
         self.heartbeats = root / "heartbeats.jsonl"
         self.env = {
@@ -95,7 +113,7 @@ class Cluster:
             **FAST_TIMEOUTS,
             **(extra_env or {}),
         }
-        self.servers: dict[str, subprocess.Popen[bytes]] = {}
+        self.servers: dict[str, subprocess.Popen[bytes] | cli_runner.Detached] = {}
         self.engine = database.create_engine(database_url, pool_size=2)
         self._zk: KazooClient | None = None
         if self.env.get("SPARKRING_DRIVER_USER"):
@@ -118,26 +136,29 @@ class Cluster:
     ) -> None:
         """Start ``sparkring server run``; ``wrapper`` prefixes the argv (for example
         ``ip netns exec NS``), ``env`` overrides this server's environment and
-        ``command="supervise"`` runs it under ``sparkring server supervise``."""
+        ``command="supervise"`` runs it under ``sparkring server supervise``. The
+        process is forked warm (``fork_servers`` and ``forks_server``) or spawned; either way
+        ``self.servers[server_id]`` is driven as a ``subprocess.Popen``."""
         folder = self.server_dir(server_id)
         folder.mkdir(parents=True, exist_ok=True)
         env = {**self.env, "SPARKRING_WORK_DIR": str(folder / "work"), **(env or {})}
+        args = [
+            "server",
+            command,
+            "--id",
+            server_id,
+            "--capacity",
+            str(capacity),
+            "--role",
+            role,
+        ]
+        setting = os.environ.get(FORK_SERVERS_VARIABLE)
+        if self.fork_servers and forks_server(wrapper, env, setting):
+            self.servers[server_id] = cli_runner.start(args, env=env, log=folder / "server.log")
+            return
         with open(folder / "server.log", "ab") as log:
             self.servers[server_id] = subprocess.Popen(
-                [
-                    *wrapper,
-                    sys.executable,
-                    "-m",
-                    "server",
-                    "server",
-                    command,
-                    "--id",
-                    server_id,
-                    "--capacity",
-                    str(capacity),
-                    "--role",
-                    role,
-                ],
+                [*wrapper, sys.executable, "-m", "server", *args],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -196,7 +196,16 @@ def trial(
     variant = re.sub(r"-?round\d+-?", "", request.node.callspec.id)
     if variant:
         fault += f" ({variant})"
-    t = Trial(fault, chaos_round, stack_env, database_url, zk_root, s3_bucket, tmp_path)
+    t = Trial(
+        fault,
+        chaos_round,
+        stack_env,
+        database_url,
+        zk_root,
+        s3_bucket,
+        tmp_path,
+        fork_servers=True,
+    )
     try:
         yield t
     finally:

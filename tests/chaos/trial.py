@@ -117,8 +117,13 @@ class Trial:
         zk_root: str,
         bucket: str,
         root: Path,
+        *,
+        fork_servers: bool = False,
     ) -> None:
+        """``fork_servers``: the cluster's servers start forked warm where they can
+        (``tests.cluster.Cluster``); the campaign's do, the benchmarks' do not."""
         self.outcome = Outcome(fault=fault, round=round_)
+        self._fork_servers = fork_servers
         self._args = (stack_env, database_url, zk_root, bucket, root)
         self.stack_env = stack_env
         self.zk_root = zk_root
@@ -203,7 +208,9 @@ class Trial:
         """Start ``servers`` (``special[id]`` holds start_server keyword arguments for one
         of them) and wait until all are registered."""
         if self._cluster is None:
-            self._cluster = Cluster(*self._args, extra_env=extra_env)
+            self._cluster = Cluster(
+                *self._args, extra_env=extra_env, fork_servers=self._fork_servers
+            )
         for sid in servers:
             self._cluster.start_server(sid, capacity=capacity, **(special or {}).get(sid, {}))
         self.wait_members(set(self._cluster.servers))

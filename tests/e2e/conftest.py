@@ -19,6 +19,6 @@ def cluster(
     zk_hosts: str,
     tmp_path: Path,
 ) -> Iterator[Cluster]:
-    c = Cluster(stack_env, database_url, zk_root, s3_bucket, tmp_path)
+    c = Cluster(stack_env, database_url, zk_root, s3_bucket, tmp_path, fork_servers=True)
     yield c
     c.close()

@@ -33,7 +33,9 @@ def sandboxed(
     except driver_user.DriverUserError as exc:
         conftest.unavailable(f"{exc}: run scripts/bootstrap.sh")
     extra = {"SPARKRING_DRIVER_USER": name}
-    c = Cluster(stack_env, database_url, zk_root, s3_bucket, tmp_path, extra_env=extra)
+    c = Cluster(
+        stack_env, database_url, zk_root, s3_bucket, tmp_path, extra_env=extra, fork_servers=True
+    )
     yield c
     c.close()
 
