@@ -114,6 +114,10 @@ def kind(command: str) -> str:
         return "S3 server"
     if "pyspark.daemon" in command or "pyspark/worker" in command:
         return "PySpark Python worker"
+    # tests/cli_runner.py's warm parent and what it forks (the tests' CLI commands and
+    # test clusters' servers): forked, they keep the parent's command line.
+    if "-m tests.cli_runner" in command:
+        return "tests' forked processes (CLI commands, servers)"
     match = _CLI_SUBCOMMAND.search(command)
     if match:
         return "CLI: " + " ".join(part for part in match.groups() if part)

@@ -48,6 +48,10 @@ SP = "/repo/.venv/lib/python3.11/site-packages/pyspark"
             "/repo/.venv/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))",
             "pytest worker",
         ),
+        (
+            "/repo/.venv/bin/python -m tests.cli_runner /tmp/sparkring-cli-x/fork.sock",
+            "tests' forked processes (CLI commands, servers)",
+        ),
         ("/repo/.venv/bin/python -m pytest -q tests/chaos", "pytest"),
         ("/repo/.venv/bin/python /repo/.venv/bin/pytest -q", "pytest"),
         ("/repo/.venv/bin/python /tmp/sparkring-pytest-0/s-1/t/run/main.py", "other Python"),
