@@ -11,9 +11,9 @@ handlers and ends with the command's exit code, so exit codes, one-line errors a
 parent already holds. The suite ran about 520 commands at ~0.9 CPU-second of start-up
 each (docs/benchmarks.md, "Where the CPU goes").
 
-Tests of the start-up itself (``tests/test_cli_startup.py``), of long-running commands
-read while they run (``job logs --follow``) and of ``server run`` keep spawning
-``python -m server``: there the process is what is under test.
+Tests of the start-up itself (``tests/test_cli_startup.py``) and of long-running commands
+read while they run (``job logs --follow``) keep spawning ``python -m server``: there the
+process is what is under test.
 
 ``start`` does the same for a long-running ``sparkring server run`` (``tests/cluster.py``
 starts the tests' servers with it): the parent forks a *monitor*, the monitor forks the
@@ -385,7 +385,10 @@ def _detached(request: dict[str, Any]) -> None:
     try:
         os.setsid()
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
-        code = _run_command(request, log, log)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)  # the process holds its log as stdout and stderr only
+        code = _run_command(request, 1, 2)
     except BaseException:
         traceback.print_exc()
     finally:

@@ -94,7 +94,8 @@ def test_a_started_server_has_its_own_session_and_reports_what_ended_it(
     stack_env: dict[str, str], database_url: str, zk_root: str, s3_bucket: str, tmp_path: Path
 ) -> None:
     """A real ``server run`` forked warm: registered, in a session of its own (as
-    ``start_new_session=True``), its status that of a Popen: -9 after kill -9, 0 after
+    ``start_new_session=True``), its log open as its stdout and stderr only, its status
+    that of a Popen: -9 after kill -9, 0 after
     SIGTERM's graceful stop (its threads joined and its exit handlers run)."""
     c = Cluster(stack_env, database_url, zk_root, s3_bucket, tmp_path, fork_servers=True)
     try:
@@ -104,6 +105,9 @@ def test_a_started_server_has_its_own_session_and_reports_what_ended_it(
         assert isinstance(first, cli_runner.Detached), type(first)
         c.wait_members(2, timeout=60)
         assert os.getsid(first.pid) == first.pid
+        log = str(c.server_dir("s1") / "server.log")
+        fds = Path(f"/proc/{first.pid}/fd")
+        assert sorted(int(f.name) for f in fds.iterdir() if os.readlink(f) == log) == [1, 2]
         assert first.poll() is None
         with pytest.raises(subprocess.TimeoutExpired):
             first.wait(timeout=0.3)
