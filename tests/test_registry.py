@@ -491,10 +491,17 @@ def test_coordinator_session_expiry_elects_a_new_one_with_a_higher_term(
     # term recorded by a lost ZooKeeper history).
     assert a.confirm_leader() and not b.confirm_leader() and not w.confirm_leader()
 
+    expired = a.info.session_id
     a.expire_session()
     wait_until(lambda: b.is_coordinator, 10, message="no new coordinator")
     assert b.term is not None and b.term > first
-    wait_until(lambda: a.state == State.CONNECTED, 10)
+    # Back on a new session (CI: "a.state == CONNECTED" alone held while a still sat on the
+    # expired one, before kazoo told it of the expiry, and its step-down came after).
+    wait_until(
+        lambda: a.state == State.CONNECTED and a.info.session_id != expired,
+        10,
+        message="the old coordinator did not register on a new session",
+    )
     assert a_events.terms[-1][1] is None and not a.is_coordinator
     # A forced expiry ends the session on the ensemble while ``a`` is still connected: b's
     # election watch and a's "session expired" on reconnect race, so a may learn of its loss
