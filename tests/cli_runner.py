@@ -120,12 +120,7 @@ def run(
     capture_output=True, text=True, timeout=timeout, cwd=cwd)``, minus the start-up.
     Raises ``subprocess.TimeoutExpired`` (the child killed) as ``subprocess.run`` does."""
     argv = [sys.executable, "-m", "server", *args]
-    request = {
-        "args": list(args),
-        "env": dict(env),
-        "input": input,
-        "cwd": str(cwd) if cwd is not None else os.getcwd(),
-    }
+    request = _request(args, env, cwd, input=input)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(_ensure_parent())
@@ -157,13 +152,7 @@ def start(
     """``subprocess.Popen([sys.executable, "-m", "server", *args], env=env, cwd=cwd,
     stdout=log, stderr=STDOUT, stdin=DEVNULL, start_new_session=True)`` with ``log``
     opened for appending, minus the start-up."""
-    request = {
-        "args": list(args),
-        "env": dict(env),
-        "input": None,
-        "cwd": str(cwd) if cwd is not None else os.getcwd(),
-        "log": str(log),
-    }
+    request = _request(args, env, cwd, log=str(log))
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(_ensure_parent())
@@ -260,6 +249,25 @@ class Detached:
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line
+
+
+def _request(
+    args: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | os.PathLike[str] | None,
+    *,
+    input: str | None = None,
+    log: str | None = None,
+) -> dict[str, Any]:
+    """What the parent is asked: a command (``log`` None: its output answered) or a
+    long-running process (its output appended to ``log``)."""
+    return {
+        "args": list(args),
+        "env": dict(env),
+        "input": input,
+        "cwd": str(cwd) if cwd is not None else os.getcwd(),
+        "log": log,
+    }
 
 
 def _kill(pid: int) -> None:
