@@ -871,7 +871,16 @@ def _exit_lost_to_a_cut(
     while its server was cut off from PostgreSQL (or CUT_RECORD_BOUND_S before the cut),
     and the generation's next driver started before the cut healed or within the bound
     after: the exit could not be recorded before another server claimed the job."""
-    if not life.ran_to_its_end or life.epoch in recorded or life.end is None:
+    if not life.ran_to_its_end or life.epoch in recorded:
+        return False
+    return _end_lost_to_a_cut(life, next_start, cuts)
+
+
+def _end_lost_to_a_cut(life: _Life, next_start: float, cuts: Sequence[Cut]) -> bool:
+    """``life`` ended while its server was cut off from PostgreSQL (or CUT_RECORD_BOUND_S
+    before the cut), and the generation's next driver (``next_start``: its start, or
+    its life) started before the cut healed or within the bound after."""
+    if life.end is None:
         return False
     return any(
         c.server == life.server
@@ -908,6 +917,7 @@ def budget_overruns(
     jobs: Iterable[Mapping[str, Any]],
     lifetimes: Iterable[Mapping[str, Any]],
     events: Iterable[Mapping[str, Any]],
+    cuts: Sequence[Cut] = (),
 ) -> list[str]:
     """A job run past its budget (hole H5): within one generation, a driver started after
     ``max_restarts + 1`` drivers of that generation had failed on their own
@@ -918,11 +928,19 @@ def budget_overruns(
     Drivers are ordered by epoch (every claim takes the next one), so no clock is
     involved. The budget is counted per generation, which is the most it can be (a
     restart of a running job gives a new generation but keeps the restart count), so
-    the check never reports a legal run; it takes the job's current ``max_restarts``."""
+    the check never reports a legal run; it takes the job's current ``max_restarts``.
+    A failure never recorded that a cut from PostgreSQL hid from the next claim (as an
+    exit 0: :func:`_end_lost_to_a_cut`) spends none: the claim could not know of it."""
     by_job = _by_job(events)
+    lifetimes = list(lifetimes)
     lives_of: dict[str, list[_Life]] = defaultdict(list)
     for life in _lives(lifetimes, clock="t"):
         lives_of[life.job].append(life)
+    clock = records_clock(lifetimes)
+    cut_off = [c for c in cuts if c.clock == clock]
+    on_clock: dict[tuple[str, int], _Life] = {
+        (life.job, life.epoch): life for life in _lives(lifetimes, clock)
+    }
     problems = []
     for j in sorted(jobs, key=lambda j: j["name"]):
         job, budget, window = j["name"], int(j["max_restarts"]) + 1, restart_window(j)
@@ -938,6 +956,11 @@ def budget_overruns(
             if e["kind"] in ("crashed", "failed") and e.get("epoch") is not None and "at_s" in e
         }
         started = {life.epoch: life for life in lives_of[job]}
+        recorded = {
+            int(e["epoch"])
+            for e in items
+            if e["kind"] in ("crashed", "failed") and e.get("epoch") is not None
+        }
         per_gen: dict[int, list[int]] = defaultdict(list)
         for epoch in sorted(failing | set(started)):
             if epoch in gen_of_epoch:  # a driver at an unclaimed epoch: batch_generations
@@ -945,6 +968,16 @@ def budget_overruns(
         for gen, epochs in sorted(per_gen.items()):
             failures: list[int] = []
             for epoch in epochs:
+                if epoch in started and cut_off:
+                    following = on_clock.get((job, epoch))
+                    failures = [
+                        f
+                        for f in failures
+                        if f in recorded
+                        or following is None
+                        or (job, f) not in on_clock
+                        or not _end_lost_to_a_cut(on_clock[(job, f)], following.start, cut_off)
+                    ]
                 spent = (
                     spent_in_one_window(
                         [failed_at.get(f, float("-inf")) for f in failures], budget, window

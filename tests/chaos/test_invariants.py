@@ -510,6 +510,30 @@ def test_a_generation_whose_driver_failed_past_its_budget_ran_again() -> None:
     # A new generation (an operator's start or restart) has a budget of its own.
     rerun = _claims((1, 1), (2, 2))
     assert invariants.budget_overruns(no_retries, again, rerun) == []
+
+
+def test_a_failure_lost_to_a_postgresql_cut_does_not_spend_the_budget() -> None:
+    """As an exit 0 (docs/drivers.md): a batch driver that fails while its server is cut
+    off from PostgreSQL cannot be recorded; a claim made before the heal is blind to it
+    and runs the generation again (CHAOS_SEED=392273535: bf0's epoch 5 on s3, cut 8.4 s,
+    s1's claim before the heal). Excused only within the cut's bounds."""
+    no_retries = [{"name": "b", "max_restarts": 0}]
+    claims = [*_claims((1, 1)), _event(9, "claimed", "s2", 2, "b")]
+    again = _life("b", 1, "s1", 0, 3, exit_code=1) + _life("b", 2, "s2", 5, 9)
+    cut = invariants.Cut("s1", 2.0, 7.0)
+    assert invariants.budget_overruns(no_retries, again, claims, cuts=[cut]) == []
+    # Another server's cut, or one healed long before the next driver: no excuse.
+    other = invariants.Cut("s3", 2.0, 7.0)
+    assert len(invariants.budget_overruns(no_retries, again, claims, cuts=[other])) == 1
+    early = invariants.Cut("s1", 1.0, 2.0)
+    late_claim = _life("b", 1, "s1", 0, 1.5, exit_code=1) + _life("b", 2, "s2", 30, 39)
+    assert len(invariants.budget_overruns(no_retries, late_claim, claims, cuts=[early])) == 1
+    # Nor when the failure was recorded after all: the claim then knew of it.
+    recorded = [
+        *claims,
+        _event(10, "failed", "s1", 1, "b", error="driver exited with exit code 1"),
+    ]
+    assert len(invariants.budget_overruns(no_retries, again, recorded, cuts=[cut])) == 1
     # Streaming jobs spend max_restarts the same way: four failures of max_restarts 3,
     # then a fifth driver.
     three = [{"name": "st", "max_restarts": 3}]

@@ -913,7 +913,7 @@ class Trial:
             "batch": invariants.batch_generations(
                 kinds, lifetimes, events, self.freezes, self.pg_cuts
             ),
-            "budget": invariants.budget_overruns(rows, lifetimes, events),
+            "budget": invariants.budget_overruns(rows, lifetimes, events, self.pg_cuts),
             "restarts": invariants.restarts_per_fault(
                 events, self.fault_windows(bound), self._event_mark, self.drains()
             ),
