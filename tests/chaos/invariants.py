@@ -878,8 +878,8 @@ def _exit_lost_to_a_cut(
 
 def _end_lost_to_a_cut(life: _Life, next_start: float, cuts: Sequence[Cut]) -> bool:
     """``life`` ended while its server was cut off from PostgreSQL (or CUT_RECORD_BOUND_S
-    before the cut), and the generation's next driver (``next_start``: its start, or
-    its life) started before the cut healed or within the bound after."""
+    before the cut), and the generation's next driver started (``next_start``) before
+    the cut healed or within the bound after."""
     if life.end is None:
         return False
     return any(
@@ -926,7 +926,7 @@ def budget_overruns(
     job FAILED, so no driver of the generation may follow it.
 
     Drivers are ordered by epoch (every claim takes the next one), so no clock is
-    involved. The budget is counted per generation, which is the most it can be (a
+    involved but for the cuts below (the records' own clock, as the batch check). The budget is counted per generation, which is the most it can be (a
     restart of a running job gives a new generation but keeps the restart count), so
     the check never reports a legal run; it takes the job's current ``max_restarts``.
     A failure never recorded that a cut from PostgreSQL hid from the next claim (as an
