@@ -926,9 +926,10 @@ def budget_overruns(
     job FAILED, so no driver of the generation may follow it.
 
     Drivers are ordered by epoch (every claim takes the next one), so no clock is
-    involved but for the cuts below (the records' own clock, as the batch check). The budget is counted per generation, which is the most it can be (a
-    restart of a running job gives a new generation but keeps the restart count), so
-    the check never reports a legal run; it takes the job's current ``max_restarts``.
+    involved but for the cuts below (the records' own clock, as the batch check). The
+    budget is counted per generation, which is the most it can be (a restart of a
+    running job gives a new generation but keeps the restart count), so the check never
+    reports a legal run; it takes the job's current ``max_restarts``.
     A failure never recorded that a cut from PostgreSQL hid from the next claim (as an
     exit 0: :func:`_end_lost_to_a_cut`) spends none: the claim could not know of it."""
     by_job = _by_job(events)
