@@ -218,7 +218,14 @@ class Trial:
 
     def members(self) -> set[str]:
         if self._zk is None:
-            self._zk = KazooClient(hosts=self.stack_env["SPARKRING_ZK_HOSTS"], timeout=5)
+            # Reconnecting for ever, as a server does (registry/connection.py): kazoo's
+            # default gives up after one failed round, and a ZooKeeper outage then left
+            # this client blind to members that had registered again (CI, stop 48).
+            self._zk = KazooClient(
+                hosts=self.stack_env["SPARKRING_ZK_HOSTS"],
+                timeout=5,
+                connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
+            )
             self._zk.start(timeout=15)
         path = f"{self.zk_root}/servers"
         try:
