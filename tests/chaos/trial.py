@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
+from registry import connection
 from resource_center import catalog, store
 from scheduler import alerts, distribution, jobs, placement, runs
 from server import defaults, driver, retention, watchdog
@@ -218,13 +219,11 @@ class Trial:
 
     def members(self) -> set[str]:
         if self._zk is None:
-            # Reconnecting for ever, as a server does (registry/connection.py): kazoo's
-            # default gives up after one failed round, and a ZooKeeper outage then left
-            # this client blind to members that had registered again (CI, stop 48).
-            self._zk = KazooClient(
-                hosts=self.stack_env["SPARKRING_ZK_HOSTS"],
-                timeout=5,
-                connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
+            # A server's client, which reconnects for ever: kazoo's default gives up
+            # after one failed round, and a ZooKeeper outage then left this client blind
+            # to members that had registered again (CI, stop 48).
+            self._zk = connection.make_client(
+                self.stack_env["SPARKRING_ZK_HOSTS"], session_timeout=5
             )
             self._zk.start(timeout=15)
         path = f"{self.zk_root}/servers"
