@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
+from registry import connection
 from registry import servers as registry_servers
 from scheduler import jobs
 from server import driver
@@ -245,7 +246,8 @@ class Cluster:
         through one client of the harness's own: a ``server list`` per look (every 0.3 s
         while servers start) forked a CLI process with a ZooKeeper session of its own."""
         if self._zk is None:
-            self._zk = KazooClient(hosts=self.env["SPARKRING_ZK_HOSTS"], timeout=10)
+            # A server's client, which reconnects for ever (kazoo's default gives up).
+            self._zk = connection.make_client(self.env["SPARKRING_ZK_HOSTS"], session_timeout=10)
             self._zk.start(timeout=30)
         try:
             return set(registry_servers.read_all(self._zk, self.env["SPARKRING_ZK_ROOT"]))
