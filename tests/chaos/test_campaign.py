@@ -77,10 +77,6 @@ def _handing_over(window: float = HANDOVER_S) -> dict[str, str]:
     return {"SPARKRING_HANDOVER_WINDOW": f"{window:g}"}
 
 
-def _owned_by(trial: Trial, server: str) -> list[str]:
-    return sorted(n for n, o in trial.owners().items() if o == server and n in trial.live_jobs)
-
-
 def _logged_since(trial: Trial, server: str, offset: int, action: str) -> int:
     """How many records of ``action`` the server's log has past ``offset`` characters."""
     return trial.cluster.log(server)[offset:].count(f"action={action}")
@@ -314,8 +310,7 @@ def test_server_cut_off_from_zookeeper_but_not_postgresql(
         trial.start(["s1"])
         trial.start(["s2", "p3"], special={"p3": {"wrapper": partition.wrapper, "env": netns_env}})
         trial.populate()
-        owned = [n for n, o in trial.owners().items() if o == "p3"]
-        assert owned, "the cut-off server must own a job"
+        owned = trial.own_a_job("p3")
         trial.inject(lambda: partition.cut(control.zk_ports))
         waiting.wait_until(
             lambda: all(trial.owners()[n] not in (None, "p3") for n in owned),
@@ -364,8 +359,7 @@ def test_server_cut_off_from_postgresql_but_not_zookeeper(
         trial.start(["s1"])
         trial.start(["s2", "p3"], special={"p3": {"wrapper": partition.wrapper, "env": netns_env}})
         trial.populate()
-        owned = _owned_by(trial, "p3")
-        assert owned, "the cut-off server must own a job"
+        owned = trial.own_a_job("p3")
 
         def elsewhere() -> bool:
             rows = {r["name"]: r for r in trial.job_rows()}
@@ -413,7 +407,7 @@ def test_server_restarted_with_the_same_id(trial: Trial) -> None:
     c = trial.start(SERVERS, extra_env=ROOM_FOR_A_RESTART)
     trial.populate()
     victim = trial.busiest_owner()
-    owned = _owned_by(trial, victim)
+    owned = trial.owned_by(victim)
     mark = trial.events()[-1]["id"]
     drivers = {name: _driver_pid(trial, name) for name in owned}
 
@@ -524,7 +518,7 @@ def test_handover_and_the_successor_never_comes(trial: Trial) -> None:
     c = trial.start(SERVERS, extra_env=_handing_over())
     trial.populate()
     victim = trial.busiest_owner()
-    owned = _owned_by(trial, victim)
+    owned = trial.owned_by(victim)
     mark = trial.events()[-1]["id"]
     sent = time.time()
     code = trial.inject(lambda: c.terminate(victim))
@@ -570,7 +564,7 @@ def test_the_successor_crashes_mid_adoption(trial: Trial) -> None:
     c = trial.start(SERVERS, extra_env=_handing_over())
     trial.populate(live=6)
     victim = trial.busiest_owner()
-    owned = _owned_by(trial, victim)
+    owned = trial.owned_by(victim)
     assert len(owned) >= 2, owned
     held, others = owned[0], owned[1:]
     epochs = _leases(trial, victim)
@@ -619,7 +613,7 @@ def test_two_successors_race_for_one_work_dir(trial: Trial) -> None:
     c = trial.start(SERVERS, extra_env=ROOM_FOR_A_RESTART)
     trial.populate(live=6)
     victim = trial.busiest_owner()
-    owned = _owned_by(trial, victim)
+    owned = trial.owned_by(victim)
     mark = trial.events()[-1]["id"]
 
     def kill_and_race() -> list[subprocess.Popen[bytes]]:
@@ -843,7 +837,7 @@ def test_handover_during_a_zookeeper_outage(trial: Trial, stack: faults.Stack, o
     c = trial.start(SERVERS, extra_env=_handing_over(2 * HANDOVER_S))
     trial.populate()
     victim = trial.busiest_owner()
-    owned = _owned_by(trial, victim)
+    owned = trial.owned_by(victim)
     epochs = _leases(trial, victim)
     before = trial.owners()
     mark = trial.events()[-1]["id"]
@@ -995,7 +989,7 @@ def test_alerts_through_a_kill_mid_delivery_and_a_postgresql_restart(
         "ORDER BY created_at LIMIT 1"
     )
     victim = in_flight.lease_owner
-    owned = _owned_by(trial, victim)
+    owned = trial.owned_by(victim)
     trial.inject(lambda: trial.cluster.kill(victim))
     receiver.hold.set()  # the killed server's POST is answered into a closed socket
     trial.inject(stack.pg_stop)

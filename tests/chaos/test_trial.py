@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from server import retention
+from scheduler import jobs, placement
+from server import defaults, retention
 from tests import factories
 from tests.chaos import invariants
-from tests.chaos.trial import FIRE_LATENESS_BOUND_S, Trial
+from tests.chaos.trial import FIRE_LATENESS_BOUND_S, Trial, name_placed_on
 from tests.cluster import Cluster
 
 pytestmark = pytest.mark.chaos
@@ -148,3 +149,51 @@ def test_the_fires_checker_catches_a_firer_that_stopped_handling_fires(
         assert all("was missed (no run, not recorded)" in p for p in problems), problems
     finally:
         trial.cluster.engine.dispose()
+
+
+def test_a_name_placed_on_a_server_goes_there_beside_jobs_that_stay_on_the_others() -> None:
+    """``Trial.own_a_job``'s extra job: a name whose ring place is the server, which the
+    coordinator's sticky placement gives to it while the live jobs sit on the others."""
+    capacities = {"p3": 4, "s1": 4, "s2": 4}
+    for server in capacities:
+        name = name_placed_on("extra", capacities, server)
+        others = sorted(set(capacities) - {server})
+        jobs = {f"live{i}": placement.Job(current=others[i % 2]) for i in range(3)}
+        jobs[name] = placement.Job()
+        targets = placement.stick(
+            jobs, capacities, epsilon=defaults.PLACEMENT_EPSILON, vnodes=defaults.RING_VNODES
+        ).targets
+        assert targets[name] == server, (server, name, targets)
+    with pytest.raises(AssertionError, match="no name placed on s9"):
+        name_placed_on("extra", capacities, "s9")
+
+
+def test_own_a_job_starts_one_on_a_server_whose_live_jobs_left_it(
+    stack_env: dict[str, str],
+    database_url: str,
+    zk_root: str,
+    s3_bucket: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A partition case needs its special server to own a job when the fault comes; a
+    job that left it before (CI, stop 49: "the cut-off server must own a job") is
+    replaced by one placed on it, and the moves that emptied it are printed."""
+    trial = Trial(
+        "own a job", 1, stack_env, database_url, zk_root, s3_bucket, tmp_path, fork_servers=True
+    )
+    try:
+        trial.start(["s1", "s2"])
+        trial.populate(sentinels=False)
+        [mine] = trial.owned_by("s2")
+        assert trial.own_a_job("s2") == [mine]  # it owns one: nothing more is started
+        trial.command(jobs.stop, mine)
+        trial.wait_state(mine, "stopped", 60)
+        assert trial.owned_by("s2") == []
+        [extra] = trial.own_a_job("s2")
+        assert extra != mine and extra in trial.live_jobs
+        assert trial.owners()[extra] == "s2"
+        printed = capsys.readouterr().out
+        assert "s2 owns no live job" in printed and f"{mine} released server=s2" in printed
+    finally:
+        trial.close()

@@ -33,7 +33,7 @@ from registry import connection
 from resource_center import catalog, store
 from scheduler import alerts, distribution, jobs, placement, runs
 from server import defaults, driver, retention, watchdog
-from sql.states import JobKind
+from sql.states import EventKind, JobKind
 from tests import waiting
 from tests.chaos import faults, invariants
 from tests.chaos.invariants import PRUNED
@@ -474,6 +474,42 @@ class Trial:
             self.sentinels = {name: self.cluster.job(name) for name in SENTINELS}
         self.wait_settled(60)
         return names
+
+    def own_a_job(self, server: str, timeout: float = 90) -> list[str]:
+        """The live jobs ``server`` owns, after making sure it owns one.
+
+        :meth:`populate` places a live job on every server, but a job can leave its
+        server before a case injects its fault: on a loaded CI machine a server's
+        ZooKeeper session can expire or a late renewal make it withdraw (a fault the
+        case did not inject, and the jobs it lost do not come back: one fault, one
+        restart). A case whose fault is about one server's jobs then starts one more
+        job whose ring place is that server, and waits until it runs there; the moves
+        that left the server empty are printed with the case's output."""
+        owned = self.owned_by(server)
+        if owned:
+            return owned
+        moves = [
+            f"{e['job_name']} {e['kind']} server={e['server']} {json.dumps(e['detail'])}"
+            for e in self.events()
+            if e["job_name"] in self.live_jobs and e["kind"] in _MOVES
+        ]
+        print(f"{server} owns no live job after populate; the moves:", *moves, sep="\n  ")
+        capacities = {sid: 4 for sid in sorted(self.live_servers())}
+        name = name_placed_on(f"on-{server}", capacities, server)
+        self.create(name)
+        self.live_jobs.append(name)
+        self.wait_running([name], timeout)
+        self.wait_settled(60)
+        owned = self.owned_by(server)
+        assert owned, (
+            f"{server} owns no live job, even {name} placed on it: {self.job_rows()}; "
+            f"the moves before: {moves}"
+        )
+        return owned
+
+    def owned_by(self, server: str) -> list[str]:
+        """The live jobs ``server`` owns now."""
+        return sorted(n for n, o in self.owners().items() if o == server and n in self.live_jobs)
 
     def wait_ring_members(self, timeout: float) -> None:
         """Wait until every live server is a settled member of the ring (its join done).
@@ -996,6 +1032,31 @@ def covering_names(
                 continue
         return names
     raise AssertionError(f"no {count} names over {servers} found in {tries} tries")
+
+
+# The events that tell why a job left its server.
+_MOVES = frozenset(
+    {
+        EventKind.RETARGETED,
+        EventKind.REAPED,
+        EventKind.RELEASED,
+        EventKind.DEFERRED,
+        EventKind.CRASHED,
+    }
+)
+
+
+def name_placed_on(prefix: str, capacities: dict[str, int], server: str, tries: int = 500) -> str:
+    """A job name whose ring successor among ``capacities`` is ``server``: placed alone
+    it goes there, and so it does beside jobs that stay on the other servers."""
+    for i in range(tries):
+        name = f"{prefix}-{i}"
+        alone = placement.place(
+            [name], capacities, epsilon=defaults.PLACEMENT_EPSILON, vnodes=defaults.RING_VNODES
+        ).targets
+        if alone.get(name) == server:
+            return name
+    raise AssertionError(f"no name placed on {server} over {sorted(capacities)} in {tries} tries")
 
 
 def probe_stale_writes(engine: sa.Engine, events: Sequence[dict[str, Any]]) -> list[str]:
