@@ -47,6 +47,8 @@ RECOVERY_BOUND_S = 90.0
 # loss (session 4 s) and a loaded machine's slack, outside fault windows, seconds (S6).
 FIRE_LATENESS_BOUND_S = 20.0
 SENTINELS = ("done", "halted")
+# Each server's capacity (start's default), which the harness's name choices assume.
+SERVER_CAPACITY = 4
 # The cluster counts as recovered once it stayed settled this long: more than a poll
 # interval (1 s) plus the coordinator's debounce (0.5 s), so no pending move is missed.
 STABLE_S = 2.5
@@ -202,7 +204,7 @@ class Trial:
     def start(
         self,
         servers: Sequence[str],
-        capacity: int = 4,
+        capacity: int = SERVER_CAPACITY,
         extra_env: dict[str, str] | None = None,
         special: dict[str, dict[str, Any]] | None = None,
     ) -> Cluster:
@@ -494,7 +496,7 @@ class Trial:
             if e["job_name"] in self.live_jobs and e["kind"] in _MOVES
         ]
         print(f"{server} owns no live job after populate; the moves:", *moves, sep="\n  ")
-        capacities = {sid: 4 for sid in sorted(self.live_servers())}
+        capacities = dict.fromkeys(sorted(self.live_servers()), SERVER_CAPACITY)
         name = name_placed_on(f"on-{server}", capacities, server)
         self.create(name)
         self.live_jobs.append(name)
@@ -1013,7 +1015,7 @@ def covering_names(
     """``count`` job names that the coordinator's placement spreads over every server
     (as evenly as possible), and to the same servers whether or not the sentinels are
     active, so that populating never moves a job."""
-    capacities = {sid: 4 for sid in servers}
+    capacities = dict.fromkeys(servers, SERVER_CAPACITY)
 
     def place(names: list[str]) -> dict[str, str]:
         return placement.place(
