@@ -263,6 +263,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         )
         for problem in o.problems[:12]:
             tr.write_line(f"    {problem}")
+        for note in o.notes:
+            tr.write_line(f"    note: {note}")
         if o.error:
             tr.write_line(f"    error: {o.error}")
         if o.skipped:

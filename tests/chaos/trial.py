@@ -88,6 +88,7 @@ class Outcome:
     pruned: int = 0  # job events the harness pruned (kept in its own snapshot first)
     recovery_s: float | None = None
     problems: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # what the set-up had to mend
     skipped: str | None = None
     error: str | None = None
     expected: str | None = None  # the xfail reason of a case that reproduces a known hole
@@ -486,7 +487,7 @@ class Trial:
         case did not inject, and the jobs it lost do not come back: one fault, one
         restart). A case whose fault is about one server's jobs then starts one more
         job whose ring place is that server, and waits until it runs there; the moves
-        that left the server empty are printed with the case's output."""
+        that left the server empty are noted in the campaign's summary."""
         owned = self.owned_by(server)
         if owned:
             return owned
@@ -495,7 +496,10 @@ class Trial:
             for e in self.events()
             if e["job_name"] in self.live_jobs and e["kind"] in _MOVES
         ]
-        print(f"{server} owns no live job after populate; the moves:", *moves, sep="\n  ")
+        self.outcome.notes.append(
+            f"{server} owned no live job after populate; one more was placed on it. "
+            f"The moves: {'; '.join(moves) or 'none recorded'}"
+        )
         capacities = dict.fromkeys(sorted(self.live_servers()), SERVER_CAPACITY)
         name = name_placed_on(f"on-{server}", capacities, server)
         self.create(name)
