@@ -49,6 +49,16 @@ FIRE_LATENESS_BOUND_S = 20.0
 SENTINELS = ("done", "halted")
 # Each server's capacity (start's default), which the harness's name choices assume.
 SERVER_CAPACITY = 4
+# The events that tell why a job left its server.
+_MOVES = frozenset(
+    {
+        EventKind.RETARGETED,
+        EventKind.REAPED,
+        EventKind.RELEASED,
+        EventKind.DEFERRED,
+        EventKind.CRASHED,
+    }
+)
 # The cluster counts as recovered once it stayed settled this long: more than a poll
 # interval (1 s) plus the coordinator's debounce (0.5 s), so no pending move is missed.
 STABLE_S = 2.5
@@ -1038,18 +1048,6 @@ def covering_names(
                 continue
         return names
     raise AssertionError(f"no {count} names over {servers} found in {tries} tries")
-
-
-# The events that tell why a job left its server.
-_MOVES = frozenset(
-    {
-        EventKind.RETARGETED,
-        EventKind.REAPED,
-        EventKind.RELEASED,
-        EventKind.DEFERRED,
-        EventKind.CRASHED,
-    }
-)
 
 
 def name_placed_on(prefix: str, capacities: dict[str, int], server: str, tries: int = 500) -> str:
