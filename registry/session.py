@@ -202,21 +202,26 @@ class Registry:
     # ------------------------------------------------------------------ life cycle
 
     def start(self, timeout: float = 10.0) -> None:
-        """Connect, register (waiting for an old incarnation's node to expire) and
-        start watching; raise a :class:`~registry.errors.RegistryError` on failure."""
+        """Connect (within ``timeout`` seconds), register and start watching; raise a
+        :class:`~registry.errors.RegistryError` on failure.
+
+        An old incarnation's node is waited for a session timeout plus a grace from the
+        moment ZooKeeper answered, whatever is left of ``timeout`` then."""
         with self._lock:
             if self._started:
                 raise errors.RegistryError("this registry was already started")
             self._started = True
-        deadline = time.monotonic() + timeout
         connection.start(self._client, self._hosts, timeout)
         try:
             self._client.add_listener(self._on_kazoo_state)
             self._ensure_paths()
             session_id = self._current_session()
             # A dead predecessor's node goes within its session timeout; one that
-            # outlives that by a margin belongs to a live server.
-            wait_until = min(deadline, time.monotonic() + self._session_timeout + HOLDER_GRACE_S)
+            # outlives that by a margin belongs to a live server. Counted from now, not
+            # from the start: an ensemble back from an outage gives every old session a
+            # full timeout again, so a successor that reached it late (a planned restart
+            # during the outage) must still wait that long.
+            wait_until = time.monotonic() + self._session_timeout + HOLDER_GRACE_S
             self._register(session_id, wait_until)
             self._membership.start()
         except NoAuthError:

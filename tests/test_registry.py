@@ -450,6 +450,25 @@ def test_restart_with_the_same_id_before_the_old_session_expired(
     assert events.states == [State.CONNECTED]
 
 
+def test_the_wait_for_an_old_incarnations_node_is_not_cut_short_by_the_start_up_timeout(
+    make: Factory, children: list[Child], zk: KazooClient, zk_hosts: str, zk_root: str
+) -> None:
+    """The start-up timeout bounds reaching ZooKeeper. An old incarnation's node is then
+    waited for a session timeout (plus a grace) from that moment, however little of the
+    start-up timeout is left: after a planned restart during a ZooKeeper outage the
+    successor reaches ZooKeeper late, when the ensemble is back and has given every old
+    session a full timeout again. Refusing then (exit 78, start-up refused: its
+    supervisor gives up) moved every job the successor had adopted."""
+    old = Child(zk_hosts, zk_root, "a", "127.0.0.1", 2.0)
+    children.append(old)
+    wait_until(lambda: old.said("registered"), 20, message="the old incarnation never registered")
+    old.kill()  # kill -9: its session lives on for about 2 s
+    new, events = make("a")
+    new.start(timeout=0.5)  # ZooKeeper answers at once; the old node outlives 0.5 s
+    assert owner(zk, zk_root, "a") == new.info.session_id != old.session()
+    assert events.states == [State.CONNECTED]
+
+
 def test_a_zombie_incarnation_never_unregisters_its_successor(
     make: Factory, children: list[Child], zk: KazooClient, zk_hosts: str, zk_root: str
 ) -> None:
