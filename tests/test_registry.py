@@ -459,12 +459,12 @@ def test_the_wait_for_an_old_incarnations_node_is_not_cut_short_by_the_start_up_
     successor reaches ZooKeeper late, when the ensemble is back and has given every old
     session a full timeout again. Refusing then (exit 78, start-up refused: its
     supervisor gives up) moved every job the successor had adopted."""
-    old = Child(zk_hosts, zk_root, "a", "127.0.0.1", 2.0)
+    old = Child(zk_hosts, zk_root, "a", "127.0.0.1", 4.0)
     children.append(old)
     wait_until(lambda: old.said("registered"), 20, message="the old incarnation never registered")
-    old.kill()  # kill -9: its session lives on for about 2 s
-    new, events = make("a")
-    new.start(timeout=0.5)  # ZooKeeper answers at once; the old node outlives 0.5 s
+    old.kill()  # kill -9: its node lives on for 3-5 s (its last ping, ZooKeeper's tick)
+    new, events = make("a", session_timeout=4.0)
+    new.start(timeout=1.5)  # ZooKeeper answers at once; the old node outlives 1.5 s
     assert owner(zk, zk_root, "a") == new.info.session_id != old.session()
     assert events.states == [State.CONNECTED]
 
