@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server import driver_user, rundir, warm_entry, watchdog
+from server import driver_network, driver_user, rundir, warm_entry, watchdog
 
 log = logging.getLogger("sparkring.driver")
 
@@ -117,6 +117,10 @@ class DriverSpec:
     # builds the SparkSession and waits this long for go.json before the job's main
     # runs. None: the job's main runs at once (a cold start).
     warm_go_timeout: float | None = None
+    # The server's own address, as an IP (driver_network.resolve): a driver of a cluster
+    # master binds on it and gives it to its executors. None: loopback, as a local
+    # master's driver is.
+    address: str | None = None
 
     @property
     def warm(self) -> bool:
@@ -242,6 +246,8 @@ def build_argv(spec: DriverSpec) -> list[str]:
     for key, value in spec.conf.items():
         if not key.startswith(SPARKRING_CONF_PREFIX):
             argv += ["--conf", f"{key}={value}"]
+    for key, value in driver_network.driver_conf(spec.master, spec.address, spec.conf).items():
+        argv += ["--conf", f"{key}={value}"]
     py_files = [str(path) for path in spec.py_files]
     if _is_jar(spec):
         main_class = spec.conf.get(MAIN_CLASS_CONF, "").strip()
@@ -285,7 +291,7 @@ def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
     """The driver's environment: ``base`` without secrets, then the job's variables."""
     _check(spec)
     env = without_secrets(base)
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env.setdefault("SPARK_LOCAL_IP", driver_network.local_ip(spec.master, spec.address))
     env.update(spec.extra_env)
     env.update(
         {

@@ -167,6 +167,7 @@ def build_spec(
         run_id=str(job["run"]["run_id"]) if job.get("run") else "",
         scheduled_time=job["run"]["scheduled_time"] if job.get("run") else None,
         warm_go_timeout=warm_go_timeout,
+        address=cfg.driver_address,
     )
 
 

@@ -44,6 +44,7 @@ from server import (
     clients,
     defaults,
     driver,
+    driver_network,
     driver_user,
     exit_codes,
     health,
@@ -190,6 +191,7 @@ class Server:
                 warm_ready_wait=s.warm_ready_wait,
                 # A warm driver outlives the longest hand-off: the wait, the stop, a claim.
                 warm_go_timeout=s.warm_ready_wait + s.stop_grace + defaults.WARM_GO_SLACK_S,
+                driver_address=driver_network.resolve(s.advertise_host),
             ),
             may_claim=self._may_claim,
         )

@@ -122,6 +122,9 @@ class RunnerConfig:
     # and a warm driver's life without its go signal, seconds.
     warm_ready_wait: float = defaults.WARM_READY_WAIT_S
     warm_go_timeout: float = defaults.WARM_GO_TIMEOUT_S
+    # This server's address as an IP (driver_network.resolve of SPARKRING_ADVERTISE_HOST):
+    # a driver of a cluster master binds on it and gives it to its executors.
+    driver_address: str | None = None
 
 
 class Runner:
