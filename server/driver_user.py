@@ -162,10 +162,12 @@ def give(path: Path, user: DriverUser, mode: int = 0o700) -> None:
 def give_tree(path: Path, user: DriverUser) -> None:
     """Make the directory ``path`` and everything below it the driver user's, unless it
     already is (a streaming checkpoint written by drivers of the server's own user
-    before ``SPARKRING_DRIVER_USER`` was set). Symbolic links are not followed."""
-    if path.stat().st_uid == user.uid:
+    before ``SPARKRING_DRIVER_USER`` was set). Symbolic links are not followed, and each
+    entry is changed relative to its folder's open descriptor (``os.fwalk``), so that a
+    folder swapped for a link meanwhile cannot lead the walk out of ``path``."""
+    if path.lstat().st_uid == user.uid:
         return
-    for root, dirs, files in os.walk(path):
+    for _folder, dirs, files, folder_fd in os.fwalk(path, follow_symlinks=False):
         for name in (*dirs, *files):
-            os.chown(os.path.join(root, name), user.uid, user.gid, follow_symlinks=False)
-    os.chown(path, user.uid, user.gid)
+            os.chown(name, user.uid, user.gid, dir_fd=folder_fd, follow_symlinks=False)
+    os.chown(path, user.uid, user.gid, follow_symlinks=False)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from server import driver
+from server import driver, driver_user
 from server import settings as settings_module
 from sql import database
 from tests import dealing, services
@@ -74,6 +74,22 @@ def unavailable(message: str) -> None:
     if IN_CI:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
+
+
+# The driver user scripts/bootstrap.sh creates (and the image has).
+DRIVER_USER = "sparkring-driver"
+
+
+@pytest.fixture(scope="session")
+def driver_account() -> driver_user.DriverUser:
+    """The bootstrap's driver user; this process must be able to switch to it."""
+    try:
+        resolved = driver_user.resolve(DRIVER_USER)
+    except driver_user.DriverUserError as exc:
+        unavailable(f"{exc}: run scripts/bootstrap.sh")
+    if driver_user.missing_capabilities():
+        unavailable("switching users needs root or CAP_SETUID/CAP_SETGID")
+    return resolved
 
 
 def _missing(what: str) -> None:

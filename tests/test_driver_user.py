@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from server import driver, driver_user, exit_codes, rundir, watchdog
-from tests import conftest, waiting
+from tests import waiting
 
 USER = "sparkring-driver"
 REPO = Path(__file__).resolve().parent.parent
@@ -32,15 +32,8 @@ PROBE_JOB = REPO / "tests" / "jobs" / "sandbox_probe.py"
 
 
 @pytest.fixture(scope="module")
-def user() -> driver_user.DriverUser:
-    """The bootstrap's driver user; this process must be able to switch to it."""
-    try:
-        resolved = driver_user.resolve(USER)
-    except driver_user.DriverUserError as exc:
-        conftest.unavailable(f"{exc}: run scripts/bootstrap.sh")
-    if driver_user.missing_capabilities():
-        conftest.unavailable("switching users needs root or CAP_SETUID/CAP_SETGID")
-    return resolved
+def user(driver_account: driver_user.DriverUser) -> driver_user.DriverUser:
+    return driver_account
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ import sqlalchemy as sa
 
 from resource_center import cache, catalog, store
 from scheduler import distribution, jobs
+from server import checkpoint, launch, log_shipping, outcomes, rundir, runner, runs, watchdog
 from server import driver as driver_module
-from server import launch, log_shipping, outcomes, rundir, runner, runs, watchdog
 from server import settings as settings_module
 from sql import database
 from sql.states import JobKind
@@ -46,8 +46,6 @@ GATED_MAIN = textwrap.dedent(
     sys.exit(int(open(os.path.join(here, "go")).read() or 0))
     """
 )
-# The file in a streaming job's checkpoint dir naming the job that owns it (docs/jobs.md).
-CHECKPOINT_OWNER_FILE = ".sparkring-job-id"
 SPARK_START_S = 90  # spark-submit of a plain Python main on a busy 2-core machine
 TTL = 8.0
 
@@ -1395,12 +1393,12 @@ def test_a_re_created_streaming_job_starts_from_a_checkpoint_of_its_own(
     deleted = root / "s"
     (deleted / "offsets").mkdir(parents=True)
     (deleted / "offsets" / "0").write_text("the deleted job's offsets")
-    (deleted / CHECKPOINT_OWNER_FILE).write_text("999999\n")  # the deleted job's id
+    (deleted / checkpoint.LEGACY_OWNER_FILE).write_text("999999\n")  # the deleted job's id
     job_id = _streaming_job(engine, bucket, tmp_path)
     (spec,) = _launched_spec(stepped_runner, monkeypatch)
     assert spec.checkpoint_dir is not None
     assert not (spec.checkpoint_dir / "offsets").exists(), "resumed the deleted job's checkpoint"
-    assert (spec.checkpoint_dir / CHECKPOINT_OWNER_FILE).read_text().strip() == str(job_id)
+    assert checkpoint.owner(root, "s") == str(job_id)
     kept = [p for p in root.rglob("0") if p.read_text() == "the deleted job's offsets"]
     assert kept, "the deleted job's checkpoint was not kept"
 
@@ -1421,7 +1419,7 @@ def test_a_streaming_job_keeps_its_checkpoint_of_the_old_layout_after_an_upgrade
     (spec,) = _launched_spec(stepped_runner, monkeypatch)
     assert spec.checkpoint_dir == root / "s"
     assert (root / "s" / "offsets" / "0").read_text() == "offsets"
-    assert (root / "s" / CHECKPOINT_OWNER_FILE).read_text().strip() == str(job_id)
+    assert checkpoint.owner(root, "s") == str(job_id)
 
 
 def test_an_exit_0_its_watchdog_recorded_is_written_again_if_postgresql_lost_it(
