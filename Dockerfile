@@ -55,14 +55,17 @@ RUN python /tmp/s3a_jars.py && rm /tmp/s3a_jars.py
 # runs job code: the drivers a server starts (SPARKRING_DRIVER_USER) and the Spark
 # workers' executors. A job must never run as the server's user, whose environment holds
 # the cluster's credentials (docs/drivers.md, "The driver's user"). Fixed ids: every
-# container that shares the checkpoints volume agrees on who owns what.
+# container that shares the checkpoints and output volumes agrees on who owns what. A
+# new named volume takes its mount point's owner from the image: /var/lib/sparkring/output
+# is the drivers' (docker-compose.yml's output volume), where jobs write their results.
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/sparkring sparkring \
     && useradd --system --uid 10002 --user-group --create-home \
        --home-dir /var/lib/sparkring-driver --shell /usr/sbin/nologin sparkring-driver \
     && mkdir -p /var/lib/sparkring/checkpoints /var/lib/sparkring/work \
-       /var/lib/sparkring/spark-worker \
+       /var/lib/sparkring/spark-worker /var/lib/sparkring/output \
     && chown -R sparkring:sparkring /var/lib/sparkring \
-    && chown sparkring-driver:sparkring-driver /var/lib/sparkring/spark-worker
+    && chown sparkring-driver:sparkring-driver /var/lib/sparkring/spark-worker \
+       /var/lib/sparkring/output
 # A server starts its drivers as this user; it must then run as root (compose's server
 # service does) or hold CAP_SETUID, CAP_SETGID, CAP_KILL and CAP_CHOWN
 # (docs/deployment.md). SPARKRING_DRIVER_USER= (empty) runs them as the server's user.

@@ -9,8 +9,12 @@
 # build the sparkring image, start ZooKeeper/PostgreSQL/S3/Spark and wait for their
 # healthchecks, `sparkring db upgrade` through the one-shot migrate service (and the
 # minio-setup one-shot), start three servers, upload and run a PySpark streaming job on
-# the compose Spark cluster, kill the server container that runs it and check the job
-# fails over to another server, scale the servers to 4, tear everything down.
+# the compose Spark cluster and check that it works (micro-batches committed to the
+# output volume by the cluster's executors, each value once, its health moving, no
+# crash), run Spark's own pi.py as a batch job (its tasks on the workers, its answer in
+# its log), kill the server container that runs the stream and check that it works on
+# another server (each value still once), pi.py again, scale the servers to 4, tear
+# everything down.
 #
 # Variables:
 #   COMPOSE_SMOKE_ENGINE     podman or docker (default: docker when `docker compose` works,
@@ -42,6 +46,8 @@ STANDINS=${COMPOSE_SMOKE_STANDINS:-0}
 PORT_BASE=${COMPOSE_SMOKE_PORT_BASE:-28000}
 STANDIN_PREFIX=localhost/sparkring-standin
 JOB=smoke-counter
+# The compose file's output volume (docker-compose.yml): where jobs write.
+OUTPUT=/var/lib/sparkring/output/$JOB
 STANDIN_USED=()
 NO_CACHE=()
 [[ ${COMPOSE_SMOKE_REBUILD:-0} == 1 ]] && NO_CACHE=(--no-cache)
@@ -295,12 +301,42 @@ start_servers() {
   servers_up 3
 }
 
-job_field() { # FIELD: of the smoke job, from `sparkring job show --json`
-  cli job show "$JOB" --json | python3 -c 'import json, sys; print(json.load(sys.stdin).get(sys.argv[1]))' "$1"
+json_get() { # KEY...: the value at that path of the JSON on stdin (None when absent)
+  python3 -c 'import json, sys
+value = json.load(sys.stdin)
+for key in sys.argv[1:]:
+    value = value.get(key) if isinstance(value, dict) else None
+print(value)' "$@"
+}
+
+job_field() { # FIELD [JOB]: of the job (default the stream), from `sparkring job show --json`
+  cli job show "${2:-$JOB}" --json | json_get "$1"
+}
+
+health_field() { # FIELD: of the stream's health (its driver's Spark UI, as the server read it)
+  cli job show "$JOB" --json | json_get health "$1"
 }
 
 job_running() { # [NOT_OWNER]: running on a server other than NOT_OWNER
   [[ $(job_field state) == running ]] && [[ $(job_field owner) != "${1:-}" ]]
+}
+
+job_ended() { # JOB
+  [[ $(job_field state "$1") =~ ^(finished|failed|stopped)$ ]]
+}
+
+ends_and_restarts() { # JOB: "<crashed and failed events> <restarts>" (a crash loop shows in both)
+  local ends
+  ends=$(cli job events "$1" --json --limit 1000 |
+    python3 -c 'import json, sys; print(sum(e["kind"] in ("crashed", "failed") for e in json.load(sys.stdin)))')
+  echo "$ends $(job_field restarts "$1")"
+}
+
+not_crash_looping() { # JOB
+  local counts
+  counts=$(ends_and_restarts "$1")
+  [[ $counts == "0 0" ]] ||
+    die "job $1 crashed (crashed/failed events, restarts: $counts): $(job_field last_error "$1")"
 }
 
 spark_apps() { # ids of the applications running on the compose Spark masters (the active one has them)
@@ -319,18 +355,76 @@ spark_app_running() { # [APP_IDS]: an application other than APP_IDS runs on the
   return 1
 }
 
+# What the stream committed (scripts/compose-smoke/stream_output.py, run in a server
+# container, which mounts the output volume as the workers do).
+stream_output() { "$ENGINE" exec -i "$(any_server)" python - "$OUTPUT" <"$SMOKE/stream_output.py"; }
+committed_at_least() { (($(stream_output | json_get batches) >= $1)); } # BATCHES
+health_has_executors() { [[ $(health_field executors) =~ ^[1-9] ]]; }
+health_batch_past() { # BATCH_ID: the health's last batch id is a number above it
+  local last
+  last=$(health_field last_batch_id)
+  [[ $last =~ ^[0-9]+$ ]] && ((last > $1))
+}
+
+# The stream does work, not only `running`: micro-batches committed to its output since
+# the last look, its health (read by its server from the driver's UI) names executors of
+# the cluster and a last batch that moves, each value of the rate source once (none
+# duplicated, none missing: exactly once, across any failover before), no crash.
+stream_works() {
+  local before last out
+  before=$(stream_output | json_get batches)
+  wait_until 240 "$JOB committing 3 micro-batches more than its $before" committed_at_least $((before + 3))
+  wait_until 120 "$JOB's health naming executors of the cluster" health_has_executors
+  last=$(health_field last_batch_id)
+  [[ $last =~ ^[0-9]+$ ]] || last=-1
+  wait_until 120 "$JOB's health: a last batch past $last" health_batch_past "$last"
+  out=$(stream_output)
+  [[ $(json_get duplicated <<<"$out") == 0 && $(json_get missing <<<"$out") == 0 ]] ||
+    die "$JOB's output is not exactly once: $out"
+  not_crash_looping "$JOB"
+  echo "  $JOB: committed $out"
+  echo "  $JOB: health: last batch $(health_field last_batch_id), $(health_field executors) executor(s), $(health_field cores) core(s)"
+}
+
 run_job() {
   local server
   server=$(any_server)
   "$ENGINE" cp "$REPO/examples/jobs/streaming_counter.py" "$server:/tmp/streaming_counter.py"
   cli resource upload counter /tmp/streaming_counter.py >"$WORK/job.log"
-  cli job create "$JOB" --resource counter --kind streaming \
-    --arg /var/lib/sparkring/checkpoints/smoke-counter-out >>"$WORK/job.log"
+  cli job create "$JOB" --resource counter --kind streaming --arg "$OUTPUT" >>"$WORK/job.log"
   cli job start "$JOB" >>"$WORK/job.log"
-  echo "  uploaded counter (examples/jobs/streaming_counter.py), created and started $JOB"
+  echo "  uploaded counter (examples/jobs/streaming_counter.py), created and started $JOB (output $OUTPUT)"
   wait_until 240 "job $JOB running" job_running
   wait_until 120 "a running application on the compose Spark master" spark_app_running
   echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch); Spark master runs $(spark_apps)"
+  stream_works
+}
+
+# Spark's own pi.py (from the pyspark wheel in the image) as a batch job on the cluster:
+# it must finish with its answer in its log, its tasks run by executors on the workers
+# (a driver its executors cannot reach waits for resources for ever).
+batch_pi() { # NAME
+  local name=$1 pi log answer tasks hosts
+  pi=$("$ENGINE" exec "$(any_server)" python -c \
+    'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "examples/src/main/python/pi.py"))')
+  cli resource upload pi "$pi" >>"$WORK/job.log"
+  cli job create "$name" --resource pi --kind batch --max-retries 0 --arg 4 >>"$WORK/job.log"
+  cli job start "$name" >>"$WORK/job.log"
+  wait_until 300 "batch job $name ended" job_ended "$name"
+  [[ $(job_field state "$name") == finished ]] ||
+    die "batch job $name is $(job_field state "$name"): $(job_field last_error "$name")"
+  not_crash_looping "$name"
+  # An ended run's log is read from S3, where its server ships it after the run.
+  wait_until 60 "$name's log shipped" cli job logs "$name"
+  log=$WORK/$name.log
+  cli job logs "$name" -n 5000 >"$log"
+  answer=$(grep -m1 "Pi is roughly" "$log") || die "no answer in $name's log ($log)"
+  tasks=$(grep -cE 'Finished task .* on [^ ]+ \(executor [0-9]+\)' "$log" || true)
+  ((tasks == 4)) || die "$name: $tasks of its 4 tasks ran on an executor of the cluster ($log)"
+  hosts=$(grep -oE 'Finished task .* on [^ ]+ \(executor [0-9]+\)' "$log" |
+    sed -E 's/.* on ([^ ]+) \(executor.*/\1/' | sort -u | xargs)
+  echo "  $name (Spark's pi.py, batch): finished: $answer"
+  echo "  $name: its 4 tasks run by executors at $hosts"
 }
 
 failover() {
@@ -351,6 +445,9 @@ failover() {
   wait_until 120 "a new application on the compose Spark master" spark_app_running "$apps"
   echo "  $JOB: running on server $(job_field owner), epoch $(job_field epoch) (was $owner, epoch $epoch)"
   echo "  Spark master runs $(spark_apps) (was $apps)"
+  stream_works
+  [[ $(stream_output | json_get epochs) == *"'$(job_field epoch)'"* ]] ||
+    die "no output of $JOB's epoch $(job_field epoch) yet"
 }
 
 scale() {
@@ -413,7 +510,9 @@ step infrastructure infrastructure
 step db-upgrade one_shots
 step servers start_servers
 step pyspark-job run_job
+step pi-batch batch_pi smoke-pi
 step failover failover
+step pi-after batch_pi smoke-pi-2
 step scale-to-4 scale
 if [[ ${COMPOSE_SMOKE_KEEP:-0} == 1 ]]; then
   echo "stack left running (COMPOSE_SMOKE_KEEP=1): ${COMPOSE_CMD[*]} --project-name $PROJECT down -v"

@@ -291,7 +291,9 @@ def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
     """The driver's environment: ``base`` without secrets, then the job's variables."""
     _check(spec)
     env = without_secrets(base)
-    env.setdefault("SPARK_LOCAL_IP", driver_network.local_ip(spec.master, spec.address))
+    # The UI's bind (the health monitor reads it on loopback) and Spark's default host;
+    # a cluster master's driver advertises spec.address instead (build_argv).
+    env.setdefault("SPARK_LOCAL_IP", driver_network.LOOPBACK)
     env.update(spec.extra_env)
     env.update(
         {

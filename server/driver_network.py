@@ -10,12 +10,11 @@ localhost/127.0.0.1" and the job waits for resources for ever.
 
 So for a cluster master the driver binds on, and advertises, the server's own address
 (``SPARKRING_ADVERTISE_HOST``, the address its peers use, resolved once to an IP so that
-an executor does not need the server's host name in its resolver):
-
-- ``SPARK_LOCAL_IP`` (the driver's UI and its default host) is that address unless the
-  server's environment sets one;
-- ``spark.driver.host`` is that address unless the job's ``--conf`` sets one (Spark's
-  ``spark.driver.bindAddress`` follows it unless the job sets that too).
+an executor does not need the server's host name in its resolver): ``spark.driver.host``
+is that address unless the job's ``--conf`` sets one, and Spark's
+``spark.driver.bindAddress`` follows it unless the job sets that too. Its UI stays where
+``SPARK_LOCAL_IP`` puts it, loopback by default (``server/driver.py``): the server's
+health monitor reads it there, and nobody else needs the UI's kill buttons.
 
 The ports stay Spark's (random unless the job pins ``spark.driver.port`` and
 ``spark.blockManager.port``: docs/deployment.md, "Networking").
@@ -62,14 +61,6 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return address == "localhost"
-
-
-def local_ip(master: str, address: str | None) -> str:
-    """The driver's default ``SPARK_LOCAL_IP``: loopback for a local master or when the
-    server has no address of its own, else ``address``."""
-    if is_local(master) or not address:
-        return LOOPBACK
-    return address
 
 
 def driver_conf(master: str, address: str | None, conf: Mapping[str, str]) -> dict[str, str]:

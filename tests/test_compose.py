@@ -200,7 +200,9 @@ def test_smoke_script_runs_every_step() -> None:
         "db-upgrade",
         "servers",
         "pyspark-job",
+        "pi-batch",
         "failover",
+        "pi-after",
         "scale-to-4",
         "teardown",
     ]
@@ -459,6 +461,27 @@ def test_checkpoints_live_on_a_volume_shared_by_servers_and_workers(
         mounts = [v.split(":")[:2] for v in services_[name]["volumes"]]
         assert ["checkpoints", root] in mounts, f"{name} does not mount checkpoints at {root}"
     assert "checkpoints" in resolved["volumes"]
+
+
+def test_jobs_write_to_an_output_volume_of_the_drivers_user_on_servers_and_workers(
+    resolved: dict[str, Any],
+) -> None:
+    """A driver (on a server) and its executors (on the workers) write one job's output:
+    the same volume at the same path on both, and its folder in the image belongs to the
+    drivers' user, whose owner a new volume takes (issue 43: the smoke's stream could
+    not write its output and crash-looped into FAILED)."""
+    services_ = resolved["services"]
+    for name in ("server", "spark-worker"):
+        mounts = [v.split(":")[:2] for v in services_[name]["volumes"]]
+        assert ["output", "/var/lib/sparkring/output"] in mounts, name
+    assert "output" in resolved["volumes"]
+    runs = " ".join(
+        args for keyword, args in _instructions(DOCKERFILE.read_text()) if keyword == "RUN"
+    )
+    assert re.search(
+        r"chown sparkring-driver:sparkring-driver [^&]*/var/lib/sparkring/output", runs
+    )
+    assert "/var/lib/sparkring/output/" in SMOKE_SCRIPT.read_text()
 
 
 def test_stateful_services_keep_data_on_named_volumes(resolved: dict[str, Any]) -> None:
