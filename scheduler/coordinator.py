@@ -696,8 +696,9 @@ class CoordinatorLoop:
     an outage of PostgreSQL every lease in the table has expired, and each owner needs
     a poll to re-claim its own jobs, which must not be moved meanwhile.
 
-    ``reap_hold``: nothing is reaped until PostgreSQL has been up that long
-    (:func:`distribution.reap`); a server passes its lease TTL.
+    ``reap_hold``: nothing is reaped until the cluster has reached PostgreSQL again for
+    that long after an outage (:func:`distribution.reap`); a server passes its lease
+    TTL.
     """
 
     def __init__(

@@ -121,8 +121,34 @@ def _event_cte(kind: str) -> str:
     """
 
 
+# Another server's expired lease is claimed over (:func:`claim`) or reaped (:func:`reap`)
+# only ``:hold`` seconds after the later of PostgreSQL's start and the end of the
+# cluster's last outage (``cluster_clock``, stamped by every renewal: :func:`renew_leases`).
+# Right after either every lease has expired, and its owner, back a moment later, may
+# hold the only word on how its driver ended (a batch exit 0, a failure that spends the
+# budget: holes H5 and W1). A crash-restart of PostgreSQL, a failover to a standby and
+# a network cut of every server do not move the postmaster's start; the clock does.
+HELD_OVER = """GREATEST(pg_postmaster_start_time(),
+                    COALESCE((SELECT outage_ended_at FROM cluster_clock WHERE id = 1),
+                             '-infinity'))
+           < now() - make_interval(secs => :hold)"""
+
+# The stamp of every renewal: when the cluster last reached PostgreSQL; a stamp older
+# than a lease (``:ttl``) means nobody renewed for that long, so this renewal ends an
+# outage. GREATEST: a renewal that began earlier may commit later.
+_STAMP_CLOCK = """
+    clock AS (
+        UPDATE cluster_clock
+           SET outage_ended_at = CASE
+                   WHEN renewed_at < now() - make_interval(secs => :ttl) THEN now()
+                   ELSE outage_ended_at END,
+               renewed_at = GREATEST(renewed_at, now())
+         WHERE id = 1
+    )"""
+
 _CLAIM = sa.text(
-    """
+    (
+        """
     WITH j AS (
         SELECT id, name, kind, desired, generation, revision, max_restarts
           FROM jobs WHERE id = :job_id FOR SHARE
@@ -152,8 +178,7 @@ _CLAIM = sa.text(
                 (d.owner IS NULL AND d.state = ANY(:claimable)
                  AND (d.not_before IS NULL OR d.not_before <= now()))
              OR (d.owner IS NOT NULL AND d.lease_until < now()
-                 AND (d.owner = :server
-                      OR pg_postmaster_start_time() < now() - make_interval(secs => :hold)))
+                 AND (d.owner = :server OR {HELD_OVER}))
            )
         RETURNING d.job_id, j.name, d.epoch, d.attempt, d.generation, d.revision,
                   jsonb_build_object('attempt', d.attempt, 'revision', d.revision)
@@ -168,8 +193,9 @@ _CLAIM = sa.text(
                           ELSE '{}'::jsonb END AS detail
     )
     """
-    + _event_cte(EventKind.CLAIMED)
-    + "SELECT job_id, name, epoch, attempt, generation, revision FROM changed"
+        + _event_cte(EventKind.CLAIMED)
+        + "SELECT job_id, name, epoch, attempt, generation, revision FROM changed"
+    ).replace("{HELD_OVER}", HELD_OVER)
 )
 
 
@@ -189,10 +215,10 @@ def claim(
     expired lease (the previous owner was lost: a batch job runs again, attempt + 1).
     Records the revision the run starts from (:attr:`Claim.revision`).
 
-    Another server's expired lease is taken over only once PostgreSQL has been up for
-    ``hold`` seconds, for the reason :func:`reap` waits: right after an outage of
-    PostgreSQL every lease has expired, and its live owner may hold the only record of
-    how its driver ended.
+    Another server's expired lease is taken over only ``hold`` seconds after PostgreSQL
+    started and after the cluster's last outage ended (:data:`HELD_OVER`), for the
+    reason :func:`reap` waits: right after an outage every lease has expired, and its
+    live owner may hold the only record of how its driver ended.
 
     ``warm``: a warm driver waits here for this claim; said in the ``claimed`` event.
     """
@@ -215,10 +241,12 @@ def claim(
 
 def _renew_statement(only_jobs: bool) -> sa.TextClause:
     """Extend the unexpired leases of one incarnation of a server; ``only_jobs``: of
-    the jobs in ``:job_ids`` only (a server's local runs)."""
+    the jobs in ``:job_ids`` only (a server's local runs). Stamps the cluster's clock
+    (:data:`HELD_OVER`) too, with or without a lease to extend."""
     only = "AND job_id = ANY(:job_ids)" if only_jobs else ""
     return sa.text(
         f"""
+        WITH {_STAMP_CLOCK}
         UPDATE distribution
            SET lease_until = now() + make_interval(secs => :ttl)
          WHERE owner = :server
@@ -529,6 +557,7 @@ def _defer_statement(*, by_watchdog: bool) -> sa.TextClause:
         # job nobody wants running, unowned and never claimed again, for ever.
         state=_STOP_WINS + "ELSE 'backoff' END",
         by_watchdog=by_watchdog,
+        after_reap=True,
     )
 
 
@@ -673,6 +702,7 @@ def _crash_statements(*, by_watchdog: bool) -> tuple[sa.TextClause, sa.TextClaus
         # The failure counts; a job its operator stopped meanwhile stays stopped.
         state=_STOP_WINS + "ELSE 'backoff' END",
         by_watchdog=by_watchdog,
+        after_reap=True,
     )
     failed = _transition(
         EventKind.FAILED,
@@ -682,6 +712,7 @@ def _crash_statements(*, by_watchdog: bool) -> tuple[sa.TextClause, sa.TextClaus
         state=_RESTART_WINS + "WHEN j.desired = 'stopped' THEN 'stopped' ELSE 'failed' END",
         detail="jsonb_build_object('error', CAST(:error AS text), 'cause', CAST(:cause AS text))",
         by_watchdog=by_watchdog,
+        after_reap=True,
     )
     return backoff, failed
 
@@ -803,11 +834,12 @@ def _record_crash(
 
 
 _REAP = sa.text(
-    """
+    (
+        """
     WITH lost AS (
         SELECT job_id, owner FROM distribution
          WHERE owner IS NOT NULL AND NOT (owner = ANY(:live)) AND lease_until < now()
-           AND pg_postmaster_start_time() < now() - make_interval(secs => :hold)
+           AND {HELD_OVER}
     ), j AS (
         SELECT id, name, desired FROM jobs
          WHERE id IN (SELECT job_id FROM lost) ORDER BY id FOR SHARE
@@ -828,8 +860,9 @@ _REAP = sa.text(
                   jsonb_build_object('owner', lost.owner) AS detail
     )
     """
-    + _event_cte(EventKind.REAPED)
-    + "SELECT job_id, owner, epoch FROM changed"
+        + _event_cte(EventKind.REAPED)
+        + "SELECT job_id, owner, epoch FROM changed"
+    ).replace("{HELD_OVER}", HELD_OVER)
 )
 
 
@@ -842,8 +875,9 @@ def reap(
     (job id, former owner, epoch) of every row reaped. The job rows are locked first
     (module docstring), so a command committed meanwhile decides pending or stopped.
 
-    Nothing is reaped until PostgreSQL has been up for ``hold`` seconds. Through an
-    outage of PostgreSQL past the lease every lease expires and every server withdraws
+    Nothing is reaped until ``hold`` seconds after PostgreSQL started and after the
+    cluster's last outage ended (:data:`HELD_OVER`). Through an outage of PostgreSQL
+    (or of the network to it) past the lease every lease expires and every server withdraws
     from ZooKeeper, so right after it every owner looks lost; but the owners are alive,
     and one may hold the only word on how its driver ended meanwhile (a batch driver
     that exited 1 while nothing could be recorded). Reaped first, that run would run

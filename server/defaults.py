@@ -64,9 +64,10 @@ LEASE_RENEW_INTERVAL_S = 1.5
 # room for that while bounding the outage: the driver died at its deadline, so the job
 # is down for about TTL + this (the server also withdraws from ZooKeeper after one TTL
 # without a renewal, which usually moves its jobs sooner). The same grace holds after
-# PostgreSQL starts: no departed owner's lease is reaped or claimed over before it has
-# been up this long (distribution.reap), so an owner that withdrew through the outage
-# records first how its drivers ended meanwhile.
+# PostgreSQL starts and after any outage of it (distribution.HELD_OVER): no departed
+# owner's lease is reaped or claimed over before the cluster has reached it again for
+# this long, so an owner that withdrew through the outage records first how its
+# drivers ended meanwhile.
 LEASE_LAPSE_GRACE_S = 2 * LEASE_TTL_S
 # A server that deferred a job (a start failed for a reason that may pass) this many
 # times in a row, with no driver of it started since, steps back from it: the

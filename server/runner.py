@@ -115,8 +115,9 @@ class RunnerConfig:
     driver_nice: int = 0
     # The longest wait between two looks at a Spark master that did not answer, seconds.
     master_wait_max: float = defaults.SPARK_MASTER_WAIT_MAX_S
-    # Another server's expired lease is claimed over only once PostgreSQL has been up
-    # this long (distribution.claim): after its outage, the owner's word first.
+    # Another server's expired lease is claimed over only once the cluster has reached
+    # PostgreSQL again for this long (distribution.HELD_OVER): after an outage, the
+    # owner's word first.
     takeover_hold: float = 0.0
     # Warm hand-off (server/warm.py): the old owner's wait for the target's warm driver,
     # and a warm driver's life without its go signal, seconds.

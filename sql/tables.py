@@ -351,6 +351,21 @@ coordinator = sa.Table(
     sa.CheckConstraint("term >= 0 AND ring_generation >= 0", name="counters_not_negative"),
 )
 
+# When the cluster last reached PostgreSQL, stamped by every lease renewal (one row):
+# a renewal that finds the stamp older than a lease ends an outage (every server cut
+# off, PostgreSQL down or failing over, the whole cluster stopped) and records when.
+# Another server's expired lease is claimed over or reaped only a hold after that
+# (scheduler/distribution.py, docs/distribution.md): its owner may hold the only word
+# on how its driver ended meanwhile. ``renewed_at`` is NULL until the first renewal.
+cluster_clock = sa.Table(
+    "cluster_clock",
+    metadata,
+    sa.Column("id", sa.SmallInteger, primary_key=True, server_default="1"),
+    sa.Column("renewed_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("outage_ended_at", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint("id = 1", name="single_row"),
+)
+
 # Servers an operator asked to drain: the coordinator targets no job at them (their
 # jobs are handed off while they keep running). Operator intent, so it lives here and
 # not in ZooKeeper: it survives the server's restarts until undone.

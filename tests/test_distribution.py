@@ -161,6 +161,96 @@ def test_right_after_postgresql_started_no_lease_is_reaped_or_taken_over(
         ]
 
 
+def _outage_ended(engine: sa.Engine, seconds_ago: float) -> None:
+    """The cluster's clock as if nobody had renewed for a long time and a renewal
+    ``seconds_ago`` had ended that outage (what ``renew_leases`` writes)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE cluster_clock SET renewed_at = now() - make_interval(secs => :ago), "
+                "outage_ended_at = now() - make_interval(secs => :ago) WHERE id = 1"
+            ),
+            {"ago": seconds_ago},
+        )
+
+
+def test_a_renewal_after_nobody_renewed_for_a_lease_marks_the_end_of_an_outage(
+    engine: sa.Engine,
+) -> None:
+    with engine.begin() as conn:
+        distribution.renew_leases(conn, owner("s1"), TTL)
+        clock = conn.execute(sa.text("SELECT * FROM cluster_clock")).one()
+    assert clock.renewed_at is not None and clock.outage_ended_at is None  # first stamp
+    with engine.begin() as conn:
+        distribution.renew_leases(conn, owner("s2"), TTL, job_ids=[])
+        assert conn.execute(sa.text("SELECT outage_ended_at FROM cluster_clock")).scalar() is None
+        conn.execute(
+            sa.text("UPDATE cluster_clock SET renewed_at = now() - make_interval(secs => :s)"),
+            {"s": TTL + 5},
+        )
+    with engine.begin() as conn:  # the first renewal after a gap longer than a lease
+        distribution.renew_leases(conn, owner("s3"), TTL, job_ids=[])
+        ended, renewed, now = conn.execute(
+            sa.text("SELECT outage_ended_at, renewed_at, now() FROM cluster_clock")
+        ).one()
+    assert ended is not None and abs((now - ended).total_seconds()) < 5
+    assert renewed >= ended
+
+
+def test_after_an_outage_no_server_reaps_or_claims_over_before_the_hold(
+    engine: sa.Engine,
+) -> None:
+    """Hole W1 of safety review 3: every server cut off from a PostgreSQL that kept
+    running (no postmaster restart: the old hold's clock did not move). For ``hold``
+    seconds after the cluster reached PostgreSQL again, a departed owner's lease is
+    neither reaped nor claimed over; its own owner may re-claim; after the hold both
+    go on as before."""
+    job_id, first = _running_on_s1_with_its_lease_expired(engine)
+    _outage_ended(engine, seconds_ago=2)
+    hold = 16.0
+    assert _postgresql_uptime(engine) > hold  # the postmaster's start says nothing here
+    with engine.begin() as conn:
+        assert distribution.reap(conn, live=[], server="coord", hold=hold) == []
+    factories.target(engine, job_id, "s2")
+    with pytest.raises(distribution.NotClaimable), engine.begin() as conn:
+        distribution.claim(conn, job_id, owner("s2"), TTL, hold=hold)
+    _outage_ended(engine, seconds_ago=hold + 1)
+    with engine.begin() as conn:
+        assert distribution.reap(conn, live=[], server="coord", hold=hold) == [
+            (job_id, "s1", first.epoch)
+        ]
+
+
+@pytest.mark.parametrize("by_watchdog", [False, True])
+def test_a_batch_failure_recorded_after_its_reap_spends_the_budget(
+    engine: sa.Engine, by_watchdog: bool
+) -> None:
+    """As an exit 0 after a reap is taken (the test below), so is a failure: a
+    ``--max-retries 0`` batch whose driver exited 1 while its owner was cut off ends
+    FAILED on its owner's late word, not pending to run again (W1's crash write)."""
+    job_id = factories.job(engine, "b", kind=JobKind.BATCH, max_restarts=0)
+    factories.target(engine, job_id, "s1")
+    first = _claim(engine, job_id, "s1")
+    factories.expire_lease(engine, job_id)
+    with engine.begin() as conn:
+        assert distribution.reap(conn, live=["s2"], server="coord") == [(job_id, "s1", 1)]
+    with engine.begin() as conn:
+        if by_watchdog:
+            state = distribution.record_crash_by_watchdog(
+                conn, job_id, "s1", first.epoch, "exit 1", backoff_base=1, backoff_max=2
+            )
+        else:
+            state = distribution.record_crash(
+                conn, job_id, owner("s1"), first.epoch, "exit 1",
+                retry=True, backoff_base=1, backoff_max=2,
+            )  # fmt: skip
+    assert state == RunState.FAILED
+    row = factories.row(engine, job_id)
+    assert (row.owner, row.state, row.epoch) == (None, "failed", first.epoch)
+    with pytest.raises(distribution.NotClaimable):
+        _claim(engine, job_id, "s1")
+
+
 def test_claim_over_an_expired_lease_reruns_a_batch_job(engine: sa.Engine) -> None:
     job_id, _ = _running_on_s1_with_its_lease_expired(engine)
     factories.target(engine, job_id, "s2")

@@ -67,6 +67,20 @@ def _need_namespaces() -> None:
         conftest.unavailable(reason)
 
 
+def _reached_through(
+    partition: faults.Partition, control: faults.Stack, trial: Trial
+) -> dict[str, str]:
+    """The settings of a server in ``partition``'s namespace: ZooKeeper, PostgreSQL and
+    S3 at the addresses the namespace forwards to the stack's."""
+    return {
+        "SPARKRING_ZK_HOSTS": ",".join(partition.address(p) for p in control.zk_ports),
+        "SPARKRING_DATABASE_URL": trial.database_url.replace(
+            f"127.0.0.1:{control.pg_port}", partition.address(control.pg_port)
+        ),
+        "SPARKRING_S3_ENDPOINT": partition.address(control.s3_port),
+    }
+
+
 def _assert_safe(outcome: Outcome) -> None:
     assert outcome.problems == [], "\n".join(outcome.problems)
     assert outcome.recovery_s is not None, "the cluster did not recover within the bound"
@@ -299,13 +313,7 @@ def test_server_cut_off_from_zookeeper_but_not_postgresql(
     partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
     try:
         partition.create()
-        netns_env = {
-            "SPARKRING_ZK_HOSTS": ",".join(partition.address(p) for p in control.zk_ports),
-            "SPARKRING_DATABASE_URL": trial.database_url.replace(
-                f"127.0.0.1:{control.pg_port}", partition.address(control.pg_port)
-            ),
-            "SPARKRING_S3_ENDPOINT": partition.address(control.s3_port),
-        }
+        netns_env = _reached_through(partition, control, trial)
         # s1 first: it becomes the coordinator, so the cut-off server is a plain member.
         trial.start(["s1"])
         trial.start(["s2", "p3"], special={"p3": {"wrapper": partition.wrapper, "env": netns_env}})
@@ -348,13 +356,7 @@ def test_server_cut_off_from_postgresql_but_not_zookeeper(
     moved = False
     try:
         partition.create()
-        netns_env = {
-            "SPARKRING_ZK_HOSTS": ",".join(partition.address(p) for p in control.zk_ports),
-            "SPARKRING_DATABASE_URL": trial.database_url.replace(
-                f"127.0.0.1:{control.pg_port}", partition.address(control.pg_port)
-            ),
-            "SPARKRING_S3_ENDPOINT": partition.address(control.s3_port),
-        }
+        netns_env = _reached_through(partition, control, trial)
         # s1 first: it becomes the coordinator, so the cut-off server is a plain member.
         trial.start(["s1"])
         trial.start(["s2", "p3"], special={"p3": {"wrapper": partition.wrapper, "env": netns_env}})
@@ -1002,6 +1004,88 @@ def test_a_batch_failure_during_a_postgresql_outage_spends_the_budget_once(
     ]
     assert len(own) == 1, own
     assert not [e for e in events if e["kind"] == "driver_started" and e["id"] > own[0]["id"]]
+
+
+# How long every server is cut off from a PostgreSQL that keeps running: several leases,
+# as a network fault or a failover to a standby lasts (issue 46's 40 s).
+PG_CUT_ALL_S = 40.0
+
+
+@pytest.mark.long(110)
+def test_batch_runs_ending_while_every_server_is_cut_off_from_postgresql_run_once(
+    trial: Trial, stack_env: dict[str, str]
+) -> None:
+    """Hole W1 of safety review 3 (``pg_cut_all``): every server is cut off from a
+    PostgreSQL that keeps running (no postmaster restart to date a hold from) for
+    PG_CUT_ALL_S, while a batch driver with ``--max-retries 0`` exits 3 and another
+    exits 0. Every lease expires and every server withdraws from ZooKeeper; when the
+    cut heals, the owners of those runs (paused here, so that another server is back
+    first) hold the only word on how they ended. Each job must wait for that word: the
+    failure spends its budget (FAILED after one driver), the exit 0 ends its generation
+    (FINISHED after one driver), neither is reaped or claimed over and run again."""
+    _need_namespaces()
+    control = faults.Stack(stack_env)
+    partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
+    try:
+        partition.create()
+        netns_env = _reached_through(partition, control, trial)
+        # Every server in the one namespace: one cut takes PostgreSQL from all of them,
+        # while the harness (and PostgreSQL's other clients) keep it.
+        inside = {"wrapper": partition.wrapper, "env": netns_env}
+        trial.start(SERVERS, special={sid: inside for sid in SERVERS})
+        trial.populate()
+        trial.create(
+            "bf0", kind=JobKind.BATCH, extra=["--run-for", "2", "--exit-code", "3"], max_restarts=0
+        )
+        trial.create("bz0", kind=JobKind.BATCH, extra=["--run-for", "2"], max_restarts=0)
+
+        # Cut once both mains run (their heartbeats), so that each exits on its own
+        # within the lease (a driver its watchdog kills at the deadline may run again).
+        def beating(name: str) -> bool:
+            return any(b["job"] == name for b in trial.cluster.heartbeat_records())
+
+        for name in ("bf0", "bz0"):
+            waiting.wait_until(
+                lambda n=name: beating(n), 90, interval=0.1, message=f"{name}'s main running"
+            )
+        owners = {trial.owners()["bf0"], trial.owners()["bz0"]}
+        assert None not in owners
+        trial.inject(lambda: partition.cut([control.pg_port]))
+        time.sleep(PG_CUT_ALL_S)  # the cut itself is the fault: both drivers exit meanwhile
+        for owner in owners:
+            trial.cluster.signal(owner, signal.SIGSTOP)
+            trial.paused.add(owner)
+        try:
+            partition.heal()
+
+            def taken_elsewhere() -> bool:
+                rows = {r["name"]: r for r in trial.job_rows()}
+                return any(rows[n]["owner"] not in (None, *owners) for n in ("bf0", "bz0"))
+
+            waiting.poll_until(taken_elsewhere, OWNER_PAUSED_AFTER_OUTAGE_S, interval=0.2)
+        finally:
+            for owner in owners:
+                trial.cluster.signal(owner, signal.SIGCONT)
+                trial.paused.discard(owner)
+        trial.healed()
+        trial.wait_members(set(trial.cluster.servers), timeout=60)
+        trial.wait_state("bf0", "failed", 120)
+        trial.wait_state("bz0", "finished", 120)
+        outcome = trial.verify()
+    finally:
+        for sid in list(trial.cluster.servers):
+            trial.cluster.kill(sid)  # before their network goes away
+        partition.close()
+    _assert_safe(outcome)
+    events = trial.events()
+    for name in ("bf0", "bz0"):
+        drivers = [e for e in events if e["job_name"] == name and e["kind"] == "driver_started"]
+        history = [
+            (e["kind"], e["server"], e["epoch"], e["detail"])
+            for e in events
+            if e["job_name"] == name
+        ]
+        assert len(drivers) == 1, f"{name}:\n" + "\n".join(map(str, history))
 
 
 @pytest.mark.long(60)
