@@ -23,13 +23,14 @@ import httpx
 import sqlalchemy as sa
 
 from scheduler import alert_delivery
-from server import metrics
+from server import bounded_http, metrics
 from sql.states import DeliveryStatus
 
 log = logging.getLogger(__name__)
 
 BATCH = 16  # deliveries leased (and sent at once) per pass
-SEND_TIMEOUT_S = 10.0  # one POST, connect to last byte
+SEND_TIMEOUT_S = 10.0  # one POST, connect to last byte read (within 1.5 x: bounded_http)
+MAX_ANSWER_BYTES = 64 * 1024  # of a receiver's answer: only its status and headers matter
 LEASE_S = 3 * SEND_TIMEOUT_S  # a server paused mid-send loses it after this
 _COUNTER = {
     DeliveryStatus.DELIVERED: "sparkring_alert_deliveries_delivered_total",
@@ -57,19 +58,24 @@ def send(
     client: httpx.Client, due: alert_delivery.Due, user_agent: str
 ) -> tuple[int | None, str | None, float | None]:
     """POST one delivery: (HTTP status or None, why there was no answer, Retry-After).
-    The error names the failure's kind only: an exception's text can carry the URL."""
+    Within SEND_TIMEOUT_S all told and MAX_ANSWER_BYTES of the answer's body, the rest
+    of which is never read (server/bounded_http.py: a receiver can neither hold the
+    sender nor fill the server's memory). The error names the failure's kind only: an
+    exception's text can carry the URL."""
     payload = alert_delivery.body(due.fields, due.format)
     try:
-        response = client.post(
-            due.url, content=payload, headers=alert_delivery.headers(due, payload, user_agent)
+        answer = bounded_http.request(
+            client,
+            "POST",
+            due.url,
+            deadline_s=SEND_TIMEOUT_S,
+            max_bytes=MAX_ANSWER_BYTES,
+            content=payload,
+            headers=alert_delivery.headers(due, payload, user_agent),
         )
-    except httpx.TimeoutException:
-        return None, "timed out", None
-    except httpx.ConnectError:
-        return None, "could not connect", None
-    except httpx.HTTPError as exc:
-        return None, f"no answer ({type(exc).__name__})", None
-    return response.status_code, None, retry_after(response.headers.get("retry-after"))
+    except bounded_http.FetchError as exc:
+        return None, exc.kind, None
+    return answer.status, None, retry_after(answer.headers.get("retry-after"))
 
 
 class AlertSender:
@@ -90,11 +96,7 @@ class AlertSender:
         self._user_agent = user_agent
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._client = httpx.Client(
-            timeout=SEND_TIMEOUT_S,
-            follow_redirects=False,
-            verify=verify,  # type: ignore[arg-type]
-        )
+        self._client = bounded_http.client(verify, timeout=SEND_TIMEOUT_S)  # type: ignore[arg-type]
         self._pool = ThreadPoolExecutor(max_workers=BATCH, thread_name_prefix="alert-send")
         self._thread = threading.Thread(target=self._loop, name="alert-sender", daemon=True)
         self.sent = 0  # attempts made by this server (for tests and the benchmark)
@@ -102,14 +104,21 @@ class AlertSender:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """Idempotent: end the loop; sends in flight finish (their leases fence them)."""
+    def begin_stop(self) -> None:
+        """Idempotent: lease no more deliveries (the sends in flight go on)."""
         self._stop.set()
         self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Idempotent: lease no more, cut the sends in flight (their client is closed: a
+        receiver that holds its answer cannot hold the server's shutdown) and wait at most
+        ``timeout`` s for the loop. A cut send is recorded to be retried, or, if that
+        cannot be written any more, sent again once its lease lapses (same id)."""
+        self.begin_stop()
+        self._client.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._client.close()
 
     def wake(self) -> None:
         self._wake.set()

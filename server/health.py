@@ -40,6 +40,7 @@ import os
 import statistics
 import threading
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,10 @@ MAX_READ_BYTES = 8 * 1024 * 1024
 HEAD_BYTES = 1024 * 1024
 # A row is written when something changed, and at least this often, seconds.
 REWRITE_INTERVAL_S = 30.0
+# Drivers' UIs probed at once, and how long a pass waits for them: a probe is bounded at
+# about 1.5 x spark_status.REST_TIMEOUT_S a request (server/bounded_http.py).
+PROBE_WORKERS = 8
+PROBE_WAIT_S = 1.5 * spark_status.REST_TIMEOUT_S
 
 
 def _now() -> dt.datetime:
@@ -278,6 +283,9 @@ class HealthMonitor:
         self._clock = clock
         self._wall_clock = wall_clock
         self.trackers: dict[tuple[int, int], Tracker] = {}
+        # The UI probes in flight, one per run at most (_probe).
+        self._probes: dict[tuple[int, int], futures.Future[spark_status.Application]] = {}
+        self._pool = futures.ThreadPoolExecutor(PROBE_WORKERS, thread_name_prefix="health-probe")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="health-monitor", daemon=True)
 
@@ -290,6 +298,7 @@ class HealthMonitor:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=spark_status.REST_TIMEOUT_S * 4)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()
@@ -320,6 +329,8 @@ class HealthMonitor:
         for key in list(self.trackers):
             if key not in running:
                 del self.trackers[key]
+                self._probes.pop(key, None)
+        checked: list[tuple[tuple[int, int], Tracker]] = []
         for key, run in running.items():
             tracker = self.trackers.get(key)
             if tracker is None:
@@ -328,7 +339,13 @@ class HealthMonitor:
                     continue
                 self.trackers[key] = tracker
             tracker.owner = run.owner
-            self._check(tracker, at)
+            self._read_log(tracker, at)
+            checked.append((key, tracker))
+        # Every driver's UI at once, each on a thread of its own: a driver whose UI
+        # answers slowly (or never) cannot hold the others' checks.
+        apps = self._probe([(key, t) for key, t in checked if t.ui_port is not None])
+        for key, tracker in checked:
+            self._judge(tracker, at, apps.get(key))
 
     def _track(self, run: Run, now: float) -> Tracker | None:
         assert run.driver is not None
@@ -375,7 +392,30 @@ class HealthMonitor:
             return None
         return f"http://{self.advertise_host}:{tracker.ui_port}"
 
-    def _check(self, tracker: Tracker, now: Instant) -> None:
+    def _probe(
+        self, targets: list[tuple[tuple[int, int], Tracker]]
+    ) -> dict[tuple[int, int], spark_status.Application]:
+        """The application of each target's UI that answered within PROBE_WAIT_S. A probe
+        still running then is left running (bounded: server/bounded_http.py) and read at
+        a later pass; none is asked twice at once."""
+        for key, tracker in targets:
+            if key not in self._probes:
+                url = f"http://127.0.0.1:{tracker.ui_port}"
+                self._probes[key] = self._pool.submit(spark_status.application, url)
+        futures.wait([self._probes[key] for key, _ in targets], timeout=PROBE_WAIT_S)
+        apps: dict[tuple[int, int], spark_status.Application] = {}
+        for key, tracker in targets:
+            probe = self._probes[key]
+            if not probe.done():
+                continue
+            del self._probes[key]
+            try:
+                apps[key] = probe.result()
+            except spark_status.UnreachableError as exc:
+                log.debug("job %s: %s", tracker.name, exc)
+        return apps
+
+    def _read_log(self, tracker: Tracker, now: Instant) -> None:
         data, tracker.offset = read_new(tracker.log_file, tracker.offset)
         scan = spark_status.scan_log(tracker.rest + data)
         if len(scan.rest) > MAX_READ_BYTES:
@@ -385,12 +425,11 @@ class HealthMonitor:
             tracker.ui_port = scan.ui_port
         tracker.observe_queries(scan, now)
         tracker.observe_progress(scan.progress, now)
+
+    def _judge(self, tracker: Tracker, now: Instant, app: spark_status.Application | None) -> None:
+        """Flag (or clear) the run from what its log and its UI (``app``: None when it
+        did not answer this pass) said, and record it."""
         if tracker.ui_port is not None:
-            try:
-                app = spark_status.application(f"http://127.0.0.1:{tracker.ui_port}")
-            except spark_status.UnreachableError as exc:
-                log.debug("job %s: %s", tracker.name, exc)
-                app = None
             tracker.observe_application(app, now)
         tracker.looked_at = now.mono
         flag, detail = assess(tracker, now.mono)

@@ -654,7 +654,7 @@ class Server:
         if self.firer is not None:
             self.firer.stop()  # between two fires: each is one transaction
         if self.alert_sender is not None:
-            self.alert_sender.stop()  # sends in flight end; their leases fence them
+            self.alert_sender.begin_stop()  # no new sends; those in flight end after the hand-over
         if self.rollback_watch is not None:
             self.rollback_watch.stop()  # between two verdicts: each is one transaction
         if self.master_watch is not None:
@@ -671,6 +671,10 @@ class Server:
                 self.runner.hand_off(timeout=self.settings.stop_grace + 10)
         if self.runner is not None:
             self.runner.stop()  # after the hand-over: the tasks in flight end first
+        if self.alert_sender is not None:
+            # After the hand-over, which no receiver may delay: what is still in flight
+            # is cut and sent again later (at least once, same id).
+            self.alert_sender.stop()
         if self.health is not None:
             self.health.stop()
         if self.listener is not None:

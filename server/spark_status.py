@@ -24,9 +24,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
+
+from server import bounded_http
 
 # "Utils: Successfully started service 'SparkUI' on port 4041."
 _UI_PORT = re.compile(rb"Successfully started service 'SparkUI' on port (\d+)")
@@ -39,6 +39,8 @@ _PROGRESS_END = b"}"
 # A progress block longer than this many lines is not one (a corrupt or cut log).
 _MAX_PROGRESS_LINES = 2000
 REST_TIMEOUT_S = 2.0
+# The most of one REST answer read (the executors of a large application: ~1 KB each).
+MAX_REST_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -165,10 +167,22 @@ class UnreachableError(Exception):
 
 
 def _get(url: str, timeout: float) -> object:
+    """The JSON at ``url`` (a driver's UI on this host: the job's own process, so its
+    answer is bounded like any stranger's: server/bounded_http.py)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return json.load(response)
-    except (OSError, ValueError, urllib.error.URLError) as exc:
+        with bounded_http.client(timeout=timeout, trust_env=False) as http:
+            answer = bounded_http.request(
+                http, "GET", url, deadline_s=timeout, max_bytes=MAX_REST_BYTES
+            )
+    except bounded_http.FetchError as exc:
+        raise UnreachableError(f"{url}: {exc.kind}") from None
+    if not answer.complete:
+        raise UnreachableError(f"{url}: an answer over {MAX_REST_BYTES} bytes")
+    if answer.status != 200:
+        raise UnreachableError(f"{url}: HTTP {answer.status}")
+    try:
+        return json.loads(answer.body)
+    except ValueError as exc:
         raise UnreachableError(f"{url}: {exc}") from None
 
 

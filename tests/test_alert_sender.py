@@ -6,14 +6,16 @@ sharing the outbox."""
 from __future__ import annotations
 
 import time
+import tracemalloc
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
 from scheduler import alert_delivery, alerts
-from server import metrics
+from server import alert_sender, bounded_http, metrics
 from server.alert_sender import AlertSender
+from tests.hostile_http import HostileServer
 from tests.webhook_receiver import Receiver
 
 RETRIED_DELIVERED = (
@@ -272,3 +274,73 @@ def test_no_secret_or_webhook_path_reaches_a_log_or_a_recorded_error(
     assert row.last_error == "could not connect"
     logged = caplog.text + " ".join(str(r.__dict__) for r in caplog.records)
     assert "SECRET-VALUE" not in logged and "PATH-TOKEN" not in logged
+
+
+# --- a hostile receiver ----------------------------------------------------------------
+
+
+def _due(url: str) -> alert_delivery.Due:
+    return alert_delivery.Due(
+        id="d1", attempts=1, age_s=0.0, url=url, secret=None, format="json",
+        fields={"alert": "ops", "kind": "failed", "job": "etl"},
+    )  # fmt: skip
+
+
+@pytest.fixture
+def hostile(request: pytest.FixtureRequest) -> Iterator[HostileServer]:
+    server = HostileServer(request.param).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("hostile", ["trickle"], indirect=True)
+def test_a_receiver_that_trickles_its_answer_is_cut_at_the_send_deadline(
+    hostile: HostileServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: httpx's timeout bounds each read, not the request; a byte every 0.3 s
+    held the sender for as long as the receiver liked."""
+    monkeypatch.setattr(alert_sender, "SEND_TIMEOUT_S", 2.0)
+    with bounded_http.client(timeout=2.0) as client:
+        started = time.monotonic()
+        status, error, _ = alert_sender.send(client, _due(hostile.url), "t")
+        took = time.monotonic() - started
+    assert (status, error) == (None, "timed out")
+    assert took < 2.0 * 1.5 + 1.0, took
+
+
+@pytest.mark.parametrize("hostile", ["huge"], indirect=True)
+def test_a_huge_answer_is_not_read_past_its_cap(hostile: HostileServer) -> None:
+    """Issue 45: the whole answer was read into memory (a 200 MiB answer cost 400 MiB).
+    Only its status and headers matter; at most MAX_ANSWER_BYTES of the body is read."""
+    with bounded_http.client(timeout=10.0) as client:
+        tracemalloc.start()
+        try:
+            status, error, _ = alert_sender.send(client, _due(hostile.url), "t")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert (status, error) == (200, None)
+    assert peak < 8 << 20, f"peak {peak / 2**20:.0f} MiB for a {hostile.size >> 20} MiB answer"
+
+
+@pytest.mark.parametrize("hostile", ["trickle"], indirect=True)
+def test_stop_cuts_a_send_in_flight_instead_of_waiting_for_the_receiver(
+    engine: sa.Engine, hostile: HostileServer
+) -> None:
+    """Issue 45: stop() waited for the pool without bound, before the hand-over, so a
+    trickling receiver held SIGTERM until the container's SIGKILL killed the drivers."""
+    with engine.begin() as conn:
+        alerts.create(conn, "slow", hostile.url, kinds="all", secret="hook-secret-hook-secret")
+    _fail(engine)
+    sender = _sender(engine)
+    sender.start()
+    try:
+        assert hostile.seen.wait(20), "the sender never posted"
+    finally:
+        started = time.monotonic()
+        sender.stop()
+        took = time.monotonic() - started
+    assert took < 3.0, took
+    assert not sender.is_alive()
+    (row,) = _rows(engine)
+    assert row.status != "delivered"  # cut, to be sent again (same id)

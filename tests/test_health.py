@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from server.runs import Run
 from sql import tables
 from sql.states import HealthFlag, JobKind
 from tests import factories, spark_ui
+from tests.hostile_http import HostileServer
 
 T0 = dt.datetime(2026, 11, 24, 9, 0, 0, tzinfo=dt.UTC)
 POLICY = health_policy.Policy(stall_timeout=60.0, resource_wait_timeout=30.0)
@@ -578,3 +581,38 @@ def test_a_long_log_is_read_from_its_head_and_its_recent_end(
     shown = _shown(engine, "adopted")
     assert shown["ui_url"] == f"http://host-a:{ui.port}"
     assert shown["last_batch_id"] == 500
+
+
+@pytest.mark.parametrize("mode", ["trickle", "huge"])
+def test_a_driver_ui_that_answers_slowly_or_hugely_holds_no_other_jobs_check(
+    engine: sa.Engine, tmp_path: Path, ui: spark_ui.SparkUi, mode: str
+) -> None:
+    """Issue 45: one monitor thread read every driver's UI in turn, whole, with a
+    per-read timeout: a UI that trickled its answer held every other job's check (9 s
+    under a 2 s timeout), and a 128 MiB answer cost the server 768 MiB. Now each UI is
+    asked on a thread of its own, within a deadline and a byte cap."""
+    hostile = HostileServer(mode, seconds=20.0).start()
+    try:
+        ui.set_cores(2)
+        bad = _running(engine, "hostile", tmp_path, {})
+        good = _running(engine, "good", tmp_path, {})
+        monitor = _monitor(engine, bad, {bad.job_id: bad, good.job_id: good})
+        _log(bad, f"x INFO Utils: Successfully started service 'SparkUI' on port {hostile.port}.\n")
+        _log(good, f"x INFO Utils: Successfully started service 'SparkUI' on port {ui.port}.\n")
+        tracemalloc.start()
+        started = time.monotonic()
+        try:
+            check(monitor, 0)
+            took = time.monotonic() - started
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert hostile.seen.is_set()
+        assert took < health.PROBE_WAIT_S + 2.0, took
+        assert peak < 32 << 20, f"peak {peak >> 20} MiB"
+        shown = _shown(engine, "good")
+        assert (shown["app_state"], shown["cores"]) == ("running", 2)
+        assert _shown(engine, "hostile")["app_state"] == "unreachable"
+    finally:
+        monitor.stop()
+        hostile.stop()
