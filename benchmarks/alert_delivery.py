@@ -36,6 +36,7 @@ from server import defaults
 from server.alert_sender import AlertSender
 from sql import database
 from tests import services
+from tests.factories import LOOPBACK
 from tests.webhook_receiver import Receiver
 
 DELIVER_TIMEOUT_S = 300.0
@@ -58,6 +59,7 @@ def measure(database_url: str, count: int, failing: float, servers: int) -> dict
             interval=defaults.ALERT_INTERVAL_S,
             console_url="http://console.example",
             user_agent="sparkring-bench",
+            allow_networks=LOOPBACK,
         )
         for i in range(servers)
     ]
@@ -65,8 +67,12 @@ def measure(database_url: str, count: int, failing: float, servers: int) -> dict
     n_good = count - n_bad
     try:
         with engine.begin() as conn:
-            alerts.create(conn, "healthy", good.url, kinds="failed", job_glob="ok-*")
-            alerts.create(conn, "failing", bad.url, kinds="failed", job_glob="bad-*")
+            alerts.create(
+                conn, "healthy", good.url, kinds="failed", job_glob="ok-*", allow_networks=LOOPBACK
+            )
+            alerts.create(
+                conn, "failing", bad.url, kinds="failed", job_glob="bad-*", allow_networks=LOOPBACK
+            )
         for sender in senders:
             sender.start()
         time.sleep(1.5)  # the loops are asleep between passes, as on a quiet cluster

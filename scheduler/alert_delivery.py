@@ -16,11 +16,13 @@ again) and :func:`body` (what is sent); the signature is :func:`signature`.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime
 import hashlib
 import hmac
 import json
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -137,30 +139,55 @@ def body(fields: dict[str, Any], format: str) -> bytes:
             facts.append(f"on {fields['server']}")
         if fields["epoch"] is not None:
             facts.append(f"epoch {fields['epoch']}")
-        text += " (" + ", ".join(facts) + ")"
+        text = slack_escape(text + " (" + ", ".join(facts) + ")")
         why = fields["detail"].get("error") or fields["detail"].get("cause")
         if why:
-            text += f"\n> {str(why)[:500]}"
+            text += f"\n> {slack_escape(str(why)[:500])}"
         if fields["url"]:
-            text += f"\n<{fields['url']}|open in the console>"
+            text += f"\n<{slack_escape(fields['url'])}|open in the console>"
         return json.dumps({"text": text, "sparkring": fields}, sort_keys=True).encode()
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
 def signature(secret: str, payload: bytes) -> str:
-    """``sha256=`` and the hex HMAC-SHA256 of the body under the alert's secret."""
+    """``sha256=`` and the hex HMAC-SHA256 of the body under the alert's secret (the
+    older header, :data:`SIGNATURE_HEADER`: it signs the body only, so a captured
+    delivery can be replayed; receivers should check :func:`standard_signature`)."""
     return "sha256=" + hmac.new(secret.encode(), payload, hashlib.sha256).hexdigest()
 
 
-def headers(due: Due, payload: bytes, user_agent: str) -> dict[str, str]:
+def standard_signature(secret: str, delivery_id: str, timestamp: int, payload: bytes) -> str:
+    """The Standard Webhooks signature (``webhook-signature``): ``v1,`` and the base64
+    HMAC-SHA256 of ``<id>.<timestamp>.<body>`` under the alert's secret (its UTF-8
+    bytes, as they are: no ``whsec_`` prefix is stripped)."""
+    signed = f"{delivery_id}.{timestamp}.".encode() + payload
+    digest = hmac.new(secret.encode(), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def headers(
+    due: Due, payload: bytes, user_agent: str, timestamp: int | None = None
+) -> dict[str, str]:
+    """The request's headers: the delivery's id, and with a secret both signatures;
+    ``timestamp`` (Unix seconds, default now) is the attempt's, signed with the body."""
+    at = int(time.time()) if timestamp is None else timestamp
     out = {
         "Content-Type": "application/json",
         "User-Agent": user_agent,
         ID_HEADER: due.id,
+        "webhook-id": due.id,
+        "webhook-timestamp": str(at),
     }
     if due.secret:
         out[SIGNATURE_HEADER] = signature(due.secret, payload)
+        out["webhook-signature"] = standard_signature(due.secret, due.id, at, payload)
     return out
+
+
+def slack_escape(text: str) -> str:
+    """``text`` as Slack shows it literally: ``&``, ``<`` and ``>`` escaped, so that a
+    job's error message saying ``<!channel>`` pings nobody and links nowhere."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 _LEASE = sa.text(

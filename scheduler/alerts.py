@@ -20,11 +20,12 @@ import dataclasses
 import datetime
 import re
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
+from scheduler import destinations
 from sql import tables
 from sql.states import DEFAULT_ALERT_KINDS, AlertFormat, AlertKind, DeliveryStatus
 
@@ -34,6 +35,10 @@ GLOB = re.compile(r"^[A-Za-z0-9._\-*?]{1,200}$")
 LISTENABLE = tuple(k for k in AlertKind if k is not AlertKind.TEST)
 MAX_URL = 2048
 MAX_SECRET = 512
+# Shorter secrets are guessed; Standard Webhooks asks for 24 to 64 bytes of key.
+MIN_SECRET = 24
+# Every committed event is matched against every alert in its own transaction.
+MAX_ALERTS = 100
 # Names an alert may not take: ``GET /api/v1/alerts/deliveries`` lists the deliveries,
 # so an alert of that name could not be read at ``/api/v1/alerts/{name}``.
 RESERVED_NAMES = frozenset({"deliveries"})
@@ -42,6 +47,11 @@ RESERVED_NAMES = frozenset({"deliveries"})
 class AlertError(Exception):
     """An alert command cannot be done; the message says why in one line (and never
     carries a secret)."""
+
+
+class DestinationRefused(AlertError):
+    """The webhook's host is one no server may send to: not a valid host name, or one
+    that resolves to an address the destination policy refuses."""
 
 
 class AlertNotFound(AlertError):
@@ -106,6 +116,10 @@ def check_url(url: str) -> str:
         raise AlertError("the webhook URL must start with http:// or https://")
     if not parts.hostname:
         raise AlertError("the webhook URL has no host")
+    try:
+        parts.hostname.encode("idna")  # what an HTTP client does with it: "a..b" cannot
+    except UnicodeError:
+        raise DestinationRefused("the webhook URL's host is not a valid host name") from None
     if any(ch.isspace() or ord(ch) < 32 for ch in url):
         raise AlertError("the webhook URL holds whitespace or control characters")
     return url
@@ -152,8 +166,13 @@ def create(
     kinds: Iterable[str] | str | None = None,
     job_glob: str = "*",
     actor: str | None = None,
+    allow_networks: Sequence[destinations.Network] = (),
 ) -> Alert:
-    """A new alert; :class:`AlertError` if the name is taken or an input is bad."""
+    """A new alert; :class:`AlertError` if the name is taken or an input is bad,
+    including a webhook whose host resolves to an address the destination policy
+    refuses (``allow_networks``: SPARKRING_ALERT_ALLOW_NETWORKS; scheduler/destinations.py).
+    A host that does not resolve here is judged at each send instead (the CLI may run
+    where the servers' names do not resolve)."""
     if not NAME.fullmatch(name):
         raise AlertError(
             f"alert name {name!r} must be 1-64 letters, digits, '.', '_' or '-', "
@@ -162,8 +181,22 @@ def create(
     if name in RESERVED_NAMES:
         raise AlertNameTaken(f"the alert name {name!r} is reserved: choose another")
     check_url(webhook)
-    if secret is not None and not (0 < len(secret) <= MAX_SECRET):
-        raise AlertError(f"an alert's secret must be 1-{MAX_SECRET} characters")
+    try:
+        destinations.check(webhook, allow_networks)
+    except destinations.Unresolved:
+        pass
+    except destinations.DestinationError as exc:
+        raise DestinationRefused(str(exc)) from None
+    if secret is not None and not (MIN_SECRET <= len(secret) <= MAX_SECRET):
+        raise AlertError(
+            f"an alert's secret must be {MIN_SECRET}-{MAX_SECRET} characters (a short one "
+            "is guessed: e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    if conn.execute(sa.text("SELECT count(*) FROM alerts")).scalar_one() >= MAX_ALERTS:
+        raise AlertError(
+            f"there are {MAX_ALERTS} alerts already, the most a cluster keeps: every event "
+            "is matched against each of them in its own transaction; delete one first"
+        )
     if format not in [f.value for f in AlertFormat]:
         raise AlertError(f"alert format {format!r} must be one of: json, slack")
     on = parse_kinds(kinds)

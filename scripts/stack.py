@@ -675,6 +675,9 @@ def settings_env() -> dict[str, str]:
         "SPARKRING_CHECKPOINT_ROOT": str(root / "checkpoints"),
         "SPARKRING_WORK_DIR": str(root / "work"),
         "SPARKRING_ADVERTISE_HOST": "127.0.0.1",
+        # Everything here is on loopback, webhook receivers of the tests and the demo
+        # too; a production cluster allows no such network (docs/alerts.md).
+        "SPARKRING_ALERT_ALLOW_NETWORKS": "127.0.0.0/8",
         # Drivers run as a user of their own (created by scripts/bootstrap.sh), never as
         # the server's: a job must not read the server's credentials (docs/drivers.md).
         "SPARKRING_DRIVER_USER": DRIVER_USER,

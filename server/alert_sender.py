@@ -17,12 +17,13 @@ import email.utils
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import sqlalchemy as sa
 
-from scheduler import alert_delivery
+from scheduler import alert_delivery, destinations
 from server import bounded_http, metrics
 from sql.states import DeliveryStatus
 
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 BATCH = 16  # deliveries leased (and sent at once) per pass
 SEND_TIMEOUT_S = 10.0  # one POST, connect to last byte read (within 1.5 x: bounded_http)
 MAX_ANSWER_BYTES = 64 * 1024  # of a receiver's answer: only its status and headers matter
+# The errors of a delivery that can never go through: failed at once, not retried.
+REFUSED = "destination refused (SPARKRING_ALERT_ALLOW_NETWORKS)"
+FINAL_ERRORS = frozenset({REFUSED, "bad url"})
 LEASE_S = 3 * SEND_TIMEOUT_S  # a server paused mid-send loses it after this
 _COUNTER = {
     DeliveryStatus.DELIVERED: "sparkring_alert_deliveries_delivered_total",
@@ -55,14 +59,24 @@ def retry_after(value: str | None) -> float | None:
 
 
 def send(
-    client: httpx.Client, due: alert_delivery.Due, user_agent: str
+    client: httpx.Client,
+    due: alert_delivery.Due,
+    user_agent: str,
+    allow_networks: Sequence[destinations.Network] = (),
 ) -> tuple[int | None, str | None, float | None]:
     """POST one delivery: (HTTP status or None, why there was no answer, Retry-After).
     Within SEND_TIMEOUT_S all told and MAX_ANSWER_BYTES of the answer's body, the rest
     of which is never read (server/bounded_http.py: a receiver can neither hold the
     sender nor fill the server's memory). The error names the failure's kind only: an
-    exception's text can carry the URL."""
+    exception's text can carry the URL. The destination is checked first, as it
+    resolves now (scheduler/destinations.py): a refused one is :data:`REFUSED`."""
     payload = alert_delivery.body(due.fields, due.format)
+    try:
+        destinations.check(due.url, allow_networks)
+    except destinations.Unresolved:
+        return None, "could not resolve its host", None
+    except destinations.DestinationError:
+        return None, REFUSED, None
     try:
         answer = bounded_http.request(
             client,
@@ -88,12 +102,14 @@ class AlertSender:
         console_url: str | None,
         user_agent: str,
         verify: object = True,
+        allow_networks: Sequence[destinations.Network] = (),
     ) -> None:
         self._engine = engine
         self._server = server
         self._interval = interval
         self._console_url = console_url
         self._user_agent = user_agent
+        self._allow_networks = tuple(allow_networks)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._client = bounded_http.client(verify, timeout=SEND_TIMEOUT_S)  # type: ignore[arg-type]
@@ -142,11 +158,14 @@ class AlertSender:
         return len(leased)
 
     def _attempt(self, due: alert_delivery.Due) -> None:
-        status, error, later = send(self._client, due, self._user_agent)
+        status, error, later = send(self._client, due, self._user_agent, self._allow_networks)
         self.sent += 1
-        outcome = alert_delivery.decide(
-            status, error, attempts=due.attempts, age_s=due.age_s, retry_after_s=later
-        )
+        if error in FINAL_ERRORS:
+            outcome = alert_delivery.Outcome(DeliveryStatus.FAILED, None, f"{error} (final)")
+        else:
+            outcome = alert_delivery.decide(
+                status, error, attempts=due.attempts, age_s=due.age_s, retry_after_s=later
+            )
         metrics.REGISTRY.inc(_COUNTER[outcome.status])
         try:
             with self._engine.begin() as conn:

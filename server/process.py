@@ -375,7 +375,8 @@ class Server:
             interval=s.alert_interval,
             console_url=s.console_url or own,
             user_agent=f"sparkring/{VERSION}",
-            verify=str(s.tls_ca) if s.tls_ca else True,
+            verify=tls.webhook_context(s.tls_ca if s.alert_trust_cluster_ca else None),
+            allow_networks=s.alert_networks(),
         )
         self.alert_sender.start()
 

@@ -29,6 +29,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from resource_center import defaults as resource_defaults
+from scheduler import destinations
 from server import defaults
 
 ENV_PREFIX = "SPARKRING_"
@@ -140,6 +141,12 @@ class Settings(BaseSettings):
     console_url: str | None = None
     # How often a server looks for alert deliveries to send, seconds.
     alert_interval: float = Field(defaults.ALERT_INTERVAL_S, gt=0)
+    # Networks (comma-separated CIDRs or addresses) a webhook may reach although they are
+    # not public: loopback, private, link-local... are refused otherwise (docs/alerts.md).
+    alert_allow_networks: str = ""
+    # Webhooks are verified against the system's trust store; true also trusts
+    # SPARKRING_TLS_CA (a receiver inside the cluster with a certificate of its CA).
+    alert_trust_cluster_ca: bool = False
     # PEM certificate chain and key of the HTTP listener (server/tls.py): both or
     # neither; unset, the API and console are plain HTTP.
     tls_cert: Path | None = None
@@ -186,6 +193,16 @@ class Settings(BaseSettings):
     @classmethod
     def _history_retention_is_a_duration(cls, value: object) -> float:
         return parse_duration(value) if value is not None else defaults.HISTORY_RETENTION_S
+
+    @field_validator("alert_allow_networks")
+    @classmethod
+    def _alert_allow_networks_are_networks(cls, value: str) -> str:
+        destinations.parse_networks(value)  # its ValueError names the bad entry
+        return value
+
+    def alert_networks(self) -> tuple[destinations.Network, ...]:
+        """``alert_allow_networks``, parsed."""
+        return destinations.parse_networks(self.alert_allow_networks)
 
     @field_validator("zk_root")
     @classmethod

@@ -80,3 +80,14 @@ def client_context(ca: Path | None) -> ssl.SSLContext:
         raise TlsError(
             f"{P}TLS_CA {ca} does not load as PEM certificates ({exc.reason or 'unreadable'})"
         ) from None
+
+
+def webhook_context(cluster_ca: Path | None = None) -> ssl.SSLContext:
+    """What alert deliveries verify a receiver with: the system's trust store (a public
+    receiver such as Slack or PagerDuty), plus the cluster's CA (``SPARKRING_TLS_CA``)
+    only when ``SPARKRING_ALERT_TRUST_CLUSTER_CA`` asks for it. Never the cluster CA
+    alone: with it every public receiver failed as "could not connect"."""
+    context = ssl.create_default_context()
+    if cluster_ca is not None:
+        context.load_verify_locations(cafile=str(cluster_ca))
+    return context

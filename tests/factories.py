@@ -6,9 +6,13 @@ import hashlib
 
 import sqlalchemy as sa
 
-from scheduler import distribution, jobs, schedule
+from scheduler import destinations, distribution, jobs, schedule
 from sql import tables
 from sql.states import JobKind, RunState
+
+# The networks of the tests' webhook receivers (all on loopback), allowed as the local
+# stack's SPARKRING_ALERT_ALLOW_NETWORKS allows them.
+LOOPBACK = destinations.parse_networks("127.0.0.0/8")
 
 
 def resource(conn: sa.Connection, name: str = "app", content: bytes = b"print(1)\n") -> int:

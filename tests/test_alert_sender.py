@@ -5,18 +5,29 @@ sharing the outbox."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import ssl
 import time
 import tracemalloc
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from scheduler import alert_delivery, alerts
-from server import alert_sender, bounded_http, metrics
+from server import alert_sender, bounded_http, metrics, tls
 from server.alert_sender import AlertSender
+from tests import certificates, factories
 from tests.hostile_http import HostileServer
 from tests.webhook_receiver import Receiver
+
+_EXAMPLE = Path(__file__).parents[1] / "examples" / "alerts" / "webhook_receiver.py"
+_spec = importlib.util.spec_from_file_location("example_receiver", _EXAMPLE)
+assert _spec is not None and _spec.loader is not None
+example_receiver = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(example_receiver)
 
 RETRIED_DELIVERED = (
     "sparkring_alert_deliveries_retried_total",
@@ -26,20 +37,22 @@ RETRIED_DELIVERED = (
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    r = Receiver(secret="hook-secret").start()
+    r = Receiver(secret="hook-secret-of-twenty-four-chars").start()
     yield r
     r.stop()
 
 
 def _sender(engine: sa.Engine, server: str = "s1", interval: float = 0.2) -> AlertSender:
     return AlertSender(
-        engine, server, interval=interval, console_url="http://console:8080", user_agent="t"
-    )
+        engine, server, interval=interval, console_url="http://console:8080", user_agent="t",
+        allow_networks=factories.LOOPBACK,
+    )  # fmt: skip
 
 
 def _alert(engine: sa.Engine, receiver: Receiver, **kw: object) -> None:
     kw.setdefault("secret", receiver.secret)
     with engine.begin() as conn:
+        kw.setdefault("allow_networks", factories.LOOPBACK)
         alerts.create(conn, kw.pop("name", "ops"), receiver.url, kinds="all", **kw)  # type: ignore[arg-type]
 
 
@@ -118,7 +131,7 @@ def test_a_receiver_down_for_a_while_gets_it_when_back(engine: sa.Engine) -> Non
     url = receiver.url
     receiver.stop()  # gone: connections refused at its address
     with engine.begin() as conn:
-        alerts.create(conn, "ops", url, kinds="failed")
+        alerts.create(conn, "ops", url, kinds="failed", allow_networks=factories.LOOPBACK)
     _fail(engine)
     sender = _sender(engine)
     try:
@@ -140,7 +153,7 @@ def test_a_receiver_down_for_a_while_gets_it_when_back(engine: sa.Engine) -> Non
 def test_a_wrong_secret_is_refused_by_the_receiver_and_not_retried(
     engine: sa.Engine, receiver: Receiver
 ) -> None:
-    _alert(engine, receiver, secret="not-the-receivers")
+    _alert(engine, receiver, secret="not-the-receivers-secret-at-all")
     _fail(engine)
     sender = _sender(engine)
     try:
@@ -169,7 +182,7 @@ def test_a_sender_lost_mid_send_is_replaced_and_the_receiver_deduplicates(
     try:
         from server.alert_sender import send
 
-        status, _, _ = send(s1._client, due, "t")  # s1's POST arrives...
+        status, _, _ = send(s1._client, due, "t", factories.LOOPBACK)  # s1's POST arrives...
         assert status == 200
     finally:
         s1.stop()
@@ -261,7 +274,12 @@ def test_no_secret_or_webhook_path_reaches_a_log_or_a_recorded_error(
 ) -> None:
     with engine.begin() as conn:
         alerts.create(
-            conn, "ops", "http://127.0.0.1:9/PATH-TOKEN", secret="SECRET-VALUE", kinds="failed"
+            conn,
+            "ops",
+            "http://127.0.0.1:9/PATH-TOKEN",
+            secret="SECRET-VALUE-LONG-ENOUGH-TO-BE-ONE",
+            allow_networks=factories.LOOPBACK,
+            kinds="failed",
         )
     _fail(engine)
     sender = _sender(engine)
@@ -302,7 +320,7 @@ def test_a_receiver_that_trickles_its_answer_is_cut_at_the_send_deadline(
     monkeypatch.setattr(alert_sender, "SEND_TIMEOUT_S", 2.0)
     with bounded_http.client(timeout=2.0) as client:
         started = time.monotonic()
-        status, error, _ = alert_sender.send(client, _due(hostile.url), "t")
+        status, error, _ = alert_sender.send(client, _due(hostile.url), "t", factories.LOOPBACK)
         took = time.monotonic() - started
     assert (status, error) == (None, "timed out")
     assert took < 2.0 * 1.5 + 1.0, took
@@ -315,7 +333,7 @@ def test_a_huge_answer_is_not_read_past_its_cap(hostile: HostileServer) -> None:
     with bounded_http.client(timeout=10.0) as client:
         tracemalloc.start()
         try:
-            status, error, _ = alert_sender.send(client, _due(hostile.url), "t")
+            status, error, _ = alert_sender.send(client, _due(hostile.url), "t", factories.LOOPBACK)
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -330,7 +348,7 @@ def test_stop_cuts_a_send_in_flight_instead_of_waiting_for_the_receiver(
     """Issue 45: stop() waited for the pool without bound, before the hand-over, so a
     trickling receiver held SIGTERM until the container's SIGKILL killed the drivers."""
     with engine.begin() as conn:
-        alerts.create(conn, "slow", hostile.url, kinds="all", secret="hook-secret-hook-secret")
+        alerts.create(conn, "slow", hostile.url, kinds="all", allow_networks=factories.LOOPBACK)
     _fail(engine)
     sender = _sender(engine)
     sender.start()
@@ -344,3 +362,93 @@ def test_stop_cuts_a_send_in_flight_instead_of_waiting_for_the_receiver(
     assert not sender.is_alive()
     (row,) = _rows(engine)
     assert row.status != "delivered"  # cut, to be sent again (same id)
+
+
+def test_a_destination_the_policy_refuses_at_send_time_fails_at_once_without_traffic(
+    engine: sa.Engine, receiver: Receiver
+) -> None:
+    """Issue 45: an alert created where loopback was allowed (or whose name resolves
+    elsewhere now) is refused by a sender without that allowance: failed, final, and
+    nothing reaches the receiver."""
+    _alert(engine, receiver)
+    _fail(engine)
+    sender = AlertSender(
+        engine, "s1", interval=0.2, console_url=None, user_agent="t", allow_networks=()
+    )
+    assert sender.run_pass() == 1
+    (row,) = _rows(engine)
+    assert row.status == "failed" and row.attempts == 1
+    assert "destination refused" in row.last_error and "(final)" in row.last_error
+    assert receiver.received == []
+
+
+def test_a_signed_delivery_carries_a_standard_webhooks_signature_the_example_verifies(
+    engine: sa.Engine, receiver: Receiver
+) -> None:
+    """Issue 45: the old signature covered the body only, so a captured delivery could
+    be replayed for ever. The Standard Webhooks one signs id, timestamp and body; the
+    example receiver (examples/alerts/webhook_receiver.py) refuses it five minutes on,
+    and refuses a changed body."""
+    due = alert_delivery.Due(
+        id="d-42", attempts=1, age_s=0.0, url="http://x", secret=receiver.secret,
+        format="json", fields={"alert": "ops", "kind": "failed", "job": "etl"},
+    )  # fmt: skip
+    payload = alert_delivery.body(due.fields, due.format)
+    now = 1_800_000_000
+    sent = {k.lower(): v for k, v in alert_delivery.headers(due, payload, "t", now).items()}
+    assert (sent["webhook-id"], sent["webhook-timestamp"]) == ("d-42", str(now))
+    assert sent["webhook-signature"].startswith("v1,")
+    secret = receiver.secret.encode()
+    assert example_receiver.verified(secret, sent, payload, now + 10)
+    assert not example_receiver.verified(secret, sent, payload, now + 6 * 60)  # a replay
+    assert not example_receiver.verified(secret, sent, payload + b" ", now + 10)
+    assert not example_receiver.verified(b"another-secret-of-24-chars", sent, payload, now)
+
+
+def test_slack_text_is_escaped_so_a_jobs_error_pings_nobody() -> None:
+    fields = {
+        "alert": "ops", "kind": "failed", "job": "etl<&>", "at": "2026-11-28T00:00:00Z",
+        "server": "s1", "epoch": 3, "detail": {"error": "boom <!channel> & <http://x|y>"},
+        "url": None,
+    }  # fmt: skip
+    text = json.loads(alert_delivery.body(fields, "slack"))["text"]
+    assert "<!channel>" not in text and "&lt;!channel&gt;" in text
+    assert "job etl&lt;&amp;&gt;" in text and "&lt;http://x|y&gt;" in text
+
+
+def test_with_a_cluster_ca_set_a_receiver_with_a_public_certificate_is_still_delivered_to(
+    engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: with SPARKRING_TLS_CA set, every HTTPS receiver was verified against the
+    private CA alone, and Slack or PagerDuty failed as "could not connect" for 24 h.
+    Here the system's trust store (SSL_CERT_FILE) holds a "public" CA, the receiver's
+    certificate is that CA's, and the cluster has a CA of its own."""
+    public_cert, public_key = certificates.self_signed(tmp_path, "public-ca")
+    cluster_ca, _ = certificates.self_signed(tmp_path, "cluster-ca")
+    monkeypatch.setenv("SSL_CERT_FILE", str(public_cert))
+    receiver = Receiver(secret="hook-secret-of-twenty-four-chars", tls=(public_cert, public_key))
+    receiver.start()
+    try:
+        _alert(engine, receiver)
+        _fail(engine)
+        # The control: what the sender verified with before (the cluster CA alone).
+        # Then the system's store, and the store with the cluster CA (what
+        # SPARKRING_ALERT_TRUST_CLUSTER_CA=true gives).
+        for verify, expected in (
+            (ssl.create_default_context(cafile=str(cluster_ca)), "pending"),
+            (tls.webhook_context(None), "delivered"),
+            (tls.webhook_context(cluster_ca), "delivered"),
+        ):
+            sender = AlertSender(
+                engine, "s1", interval=0.2, console_url=None, user_agent="t",
+                verify=verify, allow_networks=factories.LOOPBACK,
+            )  # fmt: skip
+            _due_now(engine)
+            with engine.begin() as conn:
+                conn.execute(sa.text("UPDATE alert_deliveries SET status = 'pending'"))
+            assert sender.run_pass() == 1
+            sender.stop()
+            (row,) = _rows(engine)
+            assert row.status == expected, (verify, row.last_error)
+    finally:
+        receiver.stop()

@@ -18,7 +18,7 @@ from tests.api_helpers import API, ApiStack, api_stack
 from tests.waiting import wait_until
 from tests.webhook_receiver import Receiver
 
-SECRET = "s3cret-never-answered"
+SECRET = "s3cret-never-answered-by-the-api"
 # A Slack-like webhook: its path is a credential, never answered back.
 HOOK_PATH = "/services/T000/B000/XXXXtoken"
 

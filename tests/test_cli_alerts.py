@@ -15,10 +15,10 @@ import pytest
 import sqlalchemy as sa
 
 from server import alert_sender
-from tests import cli_runner
+from tests import cli_runner, factories
 from tests.webhook_receiver import Receiver
 
-SECRET = "s3cret-never-shown"
+SECRET = "s3cret-never-shown-anywhere-at-all"
 # A Slack-like webhook: its path is a credential, never shown.
 HOOK_PATH = "/services/T000/B000/XXXXtoken"
 
@@ -125,8 +125,12 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(run, engine: sa.Eng
         (("x", *hook, "--format", "xml"), 2, "'xml' is not one of"),
         (("x", *hook, "--secret", SECRET, "--secret-file", "-"), 1, "not both"),
         (("x", *hook, "--secret-file", "/nonexistent/secret"), 1, "cannot read --secret-file"),
-        (("x", *hook, "--secret", "x" * 513), 1, "secret must be 1-512 characters"),
-        (("x", *hook, "--secret-file", "/dev/zero"), 1, "secret must be 1-512 characters"),
+        (("x", *hook, "--secret", "x" * 513), 1, "secret must be 24-512 characters"),
+        (("x", *hook, "--secret-file", "/dev/zero"), 1, "secret must be 24-512 characters"),
+        (("x", *hook, "--secret", "short-secret"), 1, "secret must be 24-512 characters"),
+        (("x", "--webhook", "http://10.1.2.3:5432/"), 1, "resolves to 10.1.2.3"),
+        (("x", "--webhook", "http://169.254.169.254/latest"), 1, "resolves to 169.254.169.254"),
+        (("x", "--webhook", "http://a..b/"), 1, "not a valid host name"),
     ]:
         result = run("alert", "create", *args)
         if code == 2:  # a usage error: click's own message, several lines
@@ -155,8 +159,9 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture
 def sender(engine: sa.Engine) -> Iterator[alert_sender.AlertSender]:
     sending = alert_sender.AlertSender(
-        engine, "s1", interval=0.1, console_url=None, user_agent="sparkring-test"
-    )
+        engine, "s1", interval=0.1, console_url=None, user_agent="sparkring-test",
+        allow_networks=factories.LOOPBACK,
+    )  # fmt: skip
     sending.start()
     yield sending
     sending.stop()

@@ -69,7 +69,7 @@ def test_job_commands_import_only_what_they_use(
     # A stopped job with a target: `job start` reads the decision at once (no coordinator).
     factories.target(engine, factories.job(engine, "probe", start=False), "probe-server")
     with engine.begin() as conn:
-        alerts.create(conn, "probe", "http://127.0.0.1:9/")
+        alerts.create(conn, "probe", "http://127.0.0.1:9/", allow_networks=factories.LOOPBACK)
     base = {k: v for k, v in os.environ.items() if not k.startswith("SPARKRING_")}
     env = {**base, **stack_env, "SPARKRING_DATABASE_URL": database_url}
     modules = tmp_path / "modules.txt"

@@ -14,9 +14,11 @@ import hashlib
 import hmac
 import http.server
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -39,8 +41,11 @@ class Receiver:
         port: int = 0,
         host: str = "127.0.0.1",
         path: str = "/hook",
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
+        """``tls``: (certificate, key) PEM files: an HTTPS receiver."""
         self.secret = secret
+        self.tls = tls
         self.host = host
         self.path = path  # of :attr:`url` (any path is answered)
         self.received: list[Received] = []
@@ -81,6 +86,10 @@ class Receiver:
             request_queue_size = 256
 
         self._httpd = Server((self.host, self._port), Handler)
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(self.tls[0]), str(self.tls[1]))
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self._httpd.daemon_threads = True
         self._port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -97,7 +106,8 @@ class Receiver:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self._port}{self.path}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self._port}{self.path}"
 
     # ---------------------------------------------------------------- answers
 

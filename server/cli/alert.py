@@ -125,6 +125,7 @@ def create(
             kinds=on,
             job_glob=job,
             actor=actor,
+            allow_networks=console.context(ctx).settings().alert_networks(),
         )
         audit.record(conn, actor, audit.Action.ALERT_CREATED, name, alert.as_dict())
     signed = ", signed" if alert.has_secret else ""

@@ -42,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from registry import servers as registry_servers
 from resource_center import errors as resource_errors
 from resource_center import store
-from scheduler import alerts, jobs, ring
+from scheduler import alerts, destinations, jobs, ring
 from server import defaults, metrics
 from server.web import admission, auth, contract
 from server.web.routes import alerts as alert_routes
@@ -75,6 +75,8 @@ class Backend:
     # What calls to a peer's listener verify it with (server/tls.py); None: the system's
     # trust store.
     peer_tls: ssl.SSLContext | None = None
+    # Networks a webhook may reach although not public (SPARKRING_ALERT_ALLOW_NETWORKS).
+    alert_networks: tuple[destinations.Network, ...] = ()
 
 
 def create_app(backend: Backend) -> FastAPI:
@@ -213,6 +215,8 @@ def _install_error_handlers(app: FastAPI, declared: Declared) -> None:
             return contract.error(404, str(exc))
         if isinstance(exc, alerts.AlertNameTaken):
             return contract.error(409, str(exc))
+        if isinstance(exc, alerts.DestinationRefused):
+            return contract.error(400, str(exc))  # a host OpenAPI cannot tell from a good one
         return contract.error(422, str(exc))
 
     @app.exception_handler(ring.RingError)

@@ -38,5 +38,6 @@ def open(place: process.EndpointPlace) -> httpd.HttpServer:
         bucket=place.bucket,
         max_artifact_bytes=s.max_artifact_bytes,
         peer_tls=place.peer_tls,
+        alert_networks=s.alert_networks(),
     )
     return httpd.HttpServer(api.create_app(backend), s.health_port, listener_tls=place.listener_tls)

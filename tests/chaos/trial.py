@@ -34,7 +34,7 @@ from resource_center import catalog, store
 from scheduler import alerts, distribution, jobs, placement, runs
 from server import defaults, driver, retention, watchdog
 from sql.states import EventKind, JobKind
-from tests import waiting
+from tests import factories, waiting
 from tests.chaos import faults, invariants
 from tests.chaos.invariants import PRUNED
 from tests.cluster import HEARTBEAT_JOB, Cluster
@@ -66,7 +66,7 @@ STABLE_S = 2.5
 # verdict waits for the outbox to empty after recovery (a delivery whose sender was
 # killed mid-send is sent again once its lease lapses, server/alert_sender.LEASE_S).
 ALERT_NAME = "chaos"
-ALERT_SECRET = "chaos-alert-secret"
+ALERT_SECRET = "chaos-alert-secret-of-24-chars"
 ALERT_DRAIN_S = 150.0
 
 
@@ -883,7 +883,10 @@ class Trial:
         that each reached the receiver (issue 26)."""
         self.receiver = Receiver(secret=ALERT_SECRET, host=host).start()
         with self.cluster.engine.begin() as conn:
-            alerts.create(conn, ALERT_NAME, self.receiver.url, secret=ALERT_SECRET, kinds="all")
+            alerts.create(
+                conn, ALERT_NAME, self.receiver.url, secret=ALERT_SECRET, kinds="all",
+                allow_networks=factories.LOOPBACK,
+            )  # fmt: skip
             self._alert_mark = conn.execute(
                 sa.text("SELECT coalesce(max(id), 0) FROM job_events")
             ).scalar_one()

@@ -48,12 +48,13 @@ class AlertCreate(BaseModel):
     )
     secret: str | None = Field(
         None,
-        min_length=1,
+        min_length=alerts.MIN_SECRET,
         max_length=alerts.MAX_SECRET,
         pattern=contract.TEXT_PATTERN,
         json_schema_extra={"writeOnly": True},
-        description="Signs each body (X-Sparkring-Signature: sha256=<HMAC-SHA256 of the "
-        "body>). Write-only: no answer carries it.",
+        description="Signs each delivery (Standard Webhooks: webhook-signature: v1,<base64 "
+        "HMAC-SHA256 of id.timestamp.body>; and X-Sparkring-Signature: sha256=<hex HMAC of "
+        "the body>). Write-only: no answer carries it.",
     )
     format: AlertFormat = Field(
         AlertFormat.JSON, description="json: the alert's fields; slack: a Slack message."
@@ -184,6 +185,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
                 kinds=None if body.on is None else [k.value for k in body.on],
                 job_glob=body.job,
                 actor=principal.actor,
+                allow_networks=backend.alert_networks,
             )
             audit.record(
                 conn, principal.actor, audit.Action.ALERT_CREATED, alert.name, alert.as_dict()
