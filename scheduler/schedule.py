@@ -184,6 +184,14 @@ def parse(
             )
         if not _croniter().is_valid(spec, second_at_beginning=len(fields) == 6):
             raise ScheduleError(f"schedule {spec!r} is not a valid cron expression")
+        try:  # a valid expression may still name no day that exists (0 0 31 2 *)
+            _croniter()(spec, datetime.now(UTC), second_at_beginning=len(fields) == 6).get_next(
+                datetime
+            )
+        except Exception:  # croniter's CroniterBadDateError, and whatever else it raises
+            raise ScheduleError(
+                f"schedule {spec!r} never fires: no date matches it (e.g. 31 February)"
+            ) from None
     try:
         ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError):

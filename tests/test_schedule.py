@@ -29,6 +29,9 @@ def _utc(*args: int) -> datetime:
         ("@every 0s", "1s or more"),
         ("@every", "1s or more"),
         ("@every five", "not a number with a unit"),
+        # Valid cron, but no such day: accepted before, then `job start` answered 500.
+        ("0 0 31 2 *", "never fires"),
+        ("0 0 0 30 2 *", "never fires"),
     ],
 )
 def test_a_bad_spec_is_refused_by_name(spec: str, message: str) -> None:
