@@ -4,6 +4,7 @@ ends with a line saying why), and the gate that bounds open follows."""
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,24 @@ def test_tail_returns_the_last_lines(tmp_path: Path) -> None:
     path.write_text("".join(f"line {i}\n" for i in range(50)) + "no newline")
     assert livelog.tail(path, 2) == "line 49\nno newline\n"
     assert livelog.tail(path, 0) == "no newline\n"  # at least one line
+
+
+def test_a_log_of_one_huge_line_is_read_from_its_end_only(tmp_path: Path) -> None:
+    """Issue 45: the tail was read line by line from the start, so one line of the
+    driver's without an end (here 64 MiB) was read whole into the server's memory."""
+    path = tmp_path / "driver.log"
+    with path.open("wb") as handle:
+        handle.write(b"x" * (64 << 20))
+        handle.write(b"\nlast words\n")
+    tracemalloc.start()
+    try:
+        text = livelog.tail(path, 5)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert text.endswith("last words\n")
+    assert len(text) < 16 << 20
+    assert peak < 32 << 20, f"peak {peak >> 20} MiB for a 64 MiB line"
 
 
 async def _take(stream: AsyncIterator[bytes]) -> bytes:

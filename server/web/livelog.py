@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import ssl
 import threading
 import time
@@ -42,6 +43,9 @@ FOLLOW_MAX_S = 3600.0
 FOLLOWS_PER_TOKEN = 4
 FOLLOWS_PER_SERVER = 32
 CHUNK_BYTES = 64 * 1024
+# The most of a log's end read for its last lines (the file's, a shipped copy's, a
+# peer's answer): a log is the driver's, and so is the length of its lines.
+MAX_TAIL_BYTES = 8 << 20
 # The last line of every follow stream starts with this, then says why it ended.
 ENDED = b"[sparkring] follow ended: "
 RUN_ENDED = "the run ended"
@@ -49,12 +53,25 @@ RUN_ENDED = "the run ended"
 LAST_MODIFIED_RESOLUTION = timedelta(seconds=1)
 
 
-def tail(path: Path, lines: int) -> str:
-    """The last ``lines`` lines of ``path`` (read as a stream: logs can be large)."""
+def last_lines(data: bytes, lines: int, *, cut: bool) -> str:
+    """The last ``lines`` lines of ``data``, each ended; ``cut``: ``data`` is the end
+    of something longer, so its first (partial) line is dropped."""
     lines = max(1, min(lines, MAX_LINES))
-    with path.open("r", errors="replace") as handle:
-        last = collections.deque(handle, maxlen=lines)
-    return "".join(line if line.endswith("\n") else line + "\n" for line in last)
+    if cut:
+        data = data.partition(b"\n")[2]
+    last = data.decode(errors="replace").splitlines()[-lines:]
+    return "".join(line + "\n" for line in last)
+
+
+def tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of ``path``, from its last :data:`MAX_TAIL_BYTES` at
+    most: the driver writes this file, and one line of it can be gigabytes long."""
+    with path.open("rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        start = max(0, size - MAX_TAIL_BYTES)
+        handle.seek(start)
+        data = handle.read(MAX_TAIL_BYTES)
+    return last_lines(data, lines, cut=start > 0)
 
 
 def fetch(
@@ -71,21 +88,28 @@ def fetch(
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret}"})
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=verify) as response:
-            return response.read().decode(errors="replace")
+            return response.read(MAX_TAIL_BYTES).decode(errors="replace")
     except (urllib.error.URLError, OSError, ValueError):
         return None
 
 
 def shipped(bucket: store.Store, key: str, lines: int) -> str | None:
     """The tail of a finished run's log shipped to S3 under ``key``; None if absent."""
+    kept: collections.deque[bytes] = collections.deque()
+    size, trimmed = 0, False
     try:
         if not bucket.exists(key):
             return None
-        data = b"".join(bucket.read(key)).decode(errors="replace")
+        for chunk in bucket.read(key):  # streamed; only its last MAX_TAIL_BYTES kept
+            kept.append(chunk)
+            size += len(chunk)
+            while size - len(kept[0]) >= MAX_TAIL_BYTES:
+                size -= len(kept.popleft())
+                trimmed = True
     except errors.ResourceError:
         return None
-    lines = max(1, min(lines, MAX_LINES))
-    return "\n".join(data.splitlines()[-lines:]) + "\n"
+    data = b"".join(kept)
+    return last_lines(data[-MAX_TAIL_BYTES:], lines, cut=trimmed or len(data) > MAX_TAIL_BYTES)
 
 
 def shipped_run(
