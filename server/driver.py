@@ -57,6 +57,7 @@ PYTHON_SUFFIXES = (".py", ".zip", ".egg")
 # Conf key naming the main class of a .jar job; sparkring.* keys never reach Spark.
 MAIN_CLASS_CONF = "sparkring.main.class"
 SPARKRING_CONF_PREFIX = "sparkring."
+UI_PORT_CONF = "spark.ui.port"
 
 # Inherited variables a driver must never see: the server's own configuration
 # (database URL, S3 and ZooKeeper credentials) and anything that looks like a secret.
@@ -117,6 +118,9 @@ class DriverSpec:
     # builds the SparkSession and waits this long for go.json before the job's main
     # runs. None: the job's main runs at once (a cold start).
     warm_go_timeout: float | None = None
+    # The Spark UI port the server chose for the driver (spark.ui.port, recorded in the
+    # run's ui.json for its health monitor); None: Spark's default, or the job's own.
+    ui_port: int | None = None
     # The server's own address, as an IP (driver_network.resolve): a driver of a cluster
     # master binds on it and gives it to its executors. None: loopback, as a local
     # master's driver is.
@@ -248,6 +252,8 @@ def build_argv(spec: DriverSpec) -> list[str]:
             argv += ["--conf", f"{key}={value}"]
     for key, value in driver_network.driver_conf(spec.master, spec.address, spec.conf).items():
         argv += ["--conf", f"{key}={value}"]
+    if spec.ui_port is not None and UI_PORT_CONF not in spec.conf:
+        argv += ["--conf", f"{UI_PORT_CONF}={spec.ui_port}"]
     py_files = [str(path) for path in spec.py_files]
     if _is_jar(spec):
         main_class = spec.conf.get(MAIN_CLASS_CONF, "").strip()
@@ -746,6 +752,8 @@ def launch(
             settings, {"main": str(job_python_file(spec)), "go_timeout": spec.warm_go_timeout}
         )
         settings.chmod(0o644)
+    if spec.ui_port is not None and UI_PORT_CONF not in spec.conf:
+        rundir.write_json_atomically(spec.run_dir / rundir.UI_FILE, {"port": spec.ui_port})
     if spec.checkpoint_dir is not None and spec.kind == "streaming":
         spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         if spec.user is not None:

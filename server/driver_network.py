@@ -69,3 +69,11 @@ def driver_conf(master: str, address: str | None, conf: Mapping[str, str]) -> di
     if is_local(master) or not address or DRIVER_HOST_CONF in conf:
         return {}
     return {DRIVER_HOST_CONF: address}
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port free on ``host`` now, for a driver's UI: the server picks it (Spark moves
+    on to the next ones if it is taken meanwhile)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])

@@ -48,7 +48,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from scheduler import distribution, health_policy, jobs, run_health
-from server import metrics, reconcile, spark_status, watchdog
+from server import metrics, reconcile, rundir, spark_status, watchdog
 from server.runs import Run
 from sql.states import HealthFlag
 
@@ -121,6 +121,27 @@ class Tracker:
     offset: int = 0
     rest: bytes = b""
     ui_port: int | None = None
+    # The UI port its server gave the driver (rundir.UI_FILE); None: not known (a run of
+    # the older code, a job's own spark.ui.port), and any port its log names is taken.
+    ui_base: int | None = None
+
+    def take_ui_port(self, port: int | None) -> None:
+        """The port the driver's log names, if it is one its server gave (or one Spark
+        moved on to from there): a line the job printed itself names any port at all,
+        and the monitor would probe it."""
+        if port is None:
+            return
+        base = self.ui_base
+        if base is None or base <= port <= base + rundir.UI_PORT_RETRIES:
+            self.ui_port = port
+        elif self.ui_port is None:
+            log.warning(
+                "job %s: its log names the UI port %d, not the %d its server gave it: not probed",
+                self.name,
+                port,
+                base,
+            )
+
     app: spark_status.Application | None = None
     reachable: bool = True
     cores_seen_at: float | None = None
@@ -361,6 +382,7 @@ class HealthMonitor:
             policy=policy,
             since=now,
             owner=run.owner,
+            ui_base=rundir.read_ui_port(run.driver.run_dir),
         )
         # A long log (an adopted driver's): its head names the UI port, its last
         # MAX_READ_BYTES hold the recent progress; what lies between is history.
@@ -370,7 +392,7 @@ class HealthMonitor:
             size = 0
         if size > MAX_READ_BYTES:
             head, _ = read_new(tracker.log_file, 0, HEAD_BYTES)
-            tracker.ui_port = spark_status.scan_log(head).ui_port
+            tracker.take_ui_port(spark_status.scan_log(head).ui_port)
             tracker.offset = size - MAX_READ_BYTES
         return tracker
 
@@ -421,8 +443,7 @@ class HealthMonitor:
         if len(scan.rest) > MAX_READ_BYTES:
             scan.rest = b""  # a line without end this long is no progress block
         tracker.rest = scan.rest
-        if scan.ui_port is not None:
-            tracker.ui_port = scan.ui_port
+        tracker.take_ui_port(scan.ui_port)
         tracker.observe_queries(scan, now)
         tracker.observe_progress(scan.progress, now)
 

@@ -24,6 +24,7 @@ from scheduler import runs as run_rows
 from server import (
     checkpoint,
     driver,
+    driver_network,
     metrics,
     outcomes,
     reconcile,
@@ -168,6 +169,7 @@ def build_spec(
         scheduled_time=job["run"]["scheduled_time"] if job.get("run") else None,
         warm_go_timeout=warm_go_timeout,
         address=cfg.driver_address,
+        ui_port=driver_network.free_port(),
     )
 
 

@@ -24,6 +24,11 @@ Files of one run, and who writes them:
   entry point (``server/warm_entry.py``) and the watchdog (``--go-file``);
 - ``warm.json`` (:data:`WARM_FILE`): the warm entry point's settings (the job's main,
   how long to wait for the go signal); written by the server before the launch;
+- ``ui.json`` (:data:`UI_FILE`): ``{"port": N}``, the Spark UI port the server gave the
+  driver (``spark.ui.port``); written by the server before the launch, read by its
+  health monitor (:func:`read_ui_port`), which probes no port the driver's log names
+  outside ``N`` to ``N`` + :data:`UI_PORT_RETRIES` (where Spark may move when ``N`` is
+  taken);
 - ``cwd/`` (:data:`WORKING_DIR`): the driver's working directory, so that nothing it
   writes there can touch the files above; ``artifacts/`` (:data:`ARTIFACTS_DIR`): the
   run's own links to its verified artifacts.
@@ -52,6 +57,9 @@ STOP_FILE = "stop.json"
 RESULT_FILE = "result.json"
 GO_FILE = "go.json"  # a warm driver may run the job's main
 WARM_FILE = "warm.json"  # the warm entry point's settings
+UI_FILE = "ui.json"  # the Spark UI port the server gave the driver
+# Spark tries this many ports after a taken one (spark.port.maxRetries, its default).
+UI_PORT_RETRIES = 16
 WORKING_DIR = "cwd"  # the driver's working directory, below the run directory
 ARTIFACTS_DIR = "artifacts"  # the run's own links to its verified artifacts
 
@@ -164,3 +172,14 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
         os.write(fd, (json.dumps(record) + "\n").encode())
     finally:
         os.close(fd)
+
+
+def read_ui_port(run_dir: Path) -> int | None:
+    """The UI port the server gave the run's driver (:data:`UI_FILE`); None when it gave
+    none (a run of the older code, or a job that chose its own)."""
+    try:
+        with open(run_dir / UI_FILE, "rb") as handle:
+            port = json.loads(handle.read(4096)).get("port")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return port if isinstance(port, int) and 0 < port < 65536 else None

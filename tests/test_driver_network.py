@@ -62,3 +62,12 @@ def test_resolve_keeps_an_address_and_resolves_a_name() -> None:
 def test_every_local_master_form_is_local(master: str) -> None:
     assert driver_network.is_local(master)
     assert driver_network.driver_conf(master, "10.0.0.1", {}) == {}
+
+
+def test_the_server_gives_the_driver_its_ui_port_unless_the_job_chose_one() -> None:
+    assert _confs(driver.build_argv(make_spec(ui_port=45123)))["spark.ui.port"] == "45123"
+    own = make_spec(ui_port=45123, conf={"spark.ui.port": "4099"})
+    assert [a for a in driver.build_argv(own) if a.startswith("spark.ui.port=")] == [
+        "spark.ui.port=4099"
+    ]
+    assert driver_network.free_port() > 0

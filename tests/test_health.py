@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from scheduler import distribution, health_policy, jobs, run_health
-from server import driver, health, reconcile, spark_status
+from server import driver, health, reconcile, rundir, spark_status
 from server.runs import Run
 from sql import tables
 from sql.states import HealthFlag, JobKind
@@ -616,3 +616,34 @@ def test_a_driver_ui_that_answers_slowly_or_hugely_holds_no_other_jobs_check(
     finally:
         monitor.stop()
         hostile.stop()
+
+
+def test_a_ui_port_the_log_names_outside_the_one_the_server_gave_is_never_probed(
+    engine: sa.Engine, tmp_path: Path, ui: spark_ui.SparkUi
+) -> None:
+    """Issue 45: the monitor probed whatever port any line of the driver's log named, and
+    the job writes that log. The server now gives each driver its UI port (ui.json):
+    a line naming a port outside it (and Spark's 16 retries after it) is not probed;
+    one inside is."""
+    ui.set_cores(2)
+    run = _running(engine, "liar", tmp_path, {})
+    assert run.driver is not None
+    given = ui.port + 100 if ui.port < 60000 else ui.port - 100
+    rundir.write_json_atomically(run.driver.run_dir / rundir.UI_FILE, {"port": given})
+    monitor = _monitor(engine, run)
+    try:
+        _log(run, f"x INFO Utils: Successfully started service 'SparkUI' on port {ui.port}.\n")
+        check(monitor, 0)
+        assert _shown(engine, "liar")["ui_url"] is None  # never asked
+        rundir.write_json_atomically(run.driver.run_dir / rundir.UI_FILE, {"port": ui.port - 3})
+        other = _running(engine, "honest", tmp_path, {})
+        assert other.driver is not None
+        rundir.write_json_atomically(other.driver.run_dir / rundir.UI_FILE, {"port": ui.port - 3})
+        honest = _monitor(engine, other)
+        _log(other, f"x INFO Utils: Successfully started service 'SparkUI' on port {ui.port}.\n")
+        check(honest, 0)  # Spark moved 3 ports on from the one given: that is its UI
+        shown = _shown(engine, "honest")
+        assert (shown["app_state"], shown["cores"]) == ("running", 2)
+        honest.stop()
+    finally:
+        monitor.stop()
