@@ -107,7 +107,8 @@ class Row:
     # epoch, so a claim (epoch + 1) makes both stale without a write.
     handoff_epoch: int | None = None
     warm_ready_epoch: int | None = None
-    # The job's conf does not opt out (sparkring.handoff.warm=false).
+    # The job's conf neither opts out (sparkring.handoff.warm=false) nor sets a hook that
+    # runs its code before the go signal (PRE_GO_HOOK_CONFS, a -javaagent).
     warm_allowed: bool = True
 
 
@@ -888,10 +889,25 @@ def reap(
     return [(row.job_id, row.owner, row.epoch) for row in rows]
 
 
+# Spark confs that run the job's own code while the driver's session is built, that is
+# before a warm driver's go signal (docs/drivers.md, "Warm hand-off"): a job that sets one
+# moves cold. So does one whose driver's JVM options load a Java agent.
+PRE_GO_HOOK_CONFS = (
+    "spark.plugins",
+    "spark.driver.plugins",
+    "spark.extraListeners",
+    "spark.sql.queryExecutionListeners",
+    "spark.sql.streaming.streamingQueryListeners",
+)
+_HOOKS = ", ".join(f"'{name}'" for name in PRE_GO_HOOK_CONFS)
+WARM_ALLOWED = f"""(COALESCE(j.conf ->> 'sparkring.handoff.warm', 'true') <> 'false'
+           AND NOT jsonb_exists_any(j.conf, ARRAY[{_HOOKS}])
+           AND COALESCE(j.conf ->> 'spark.driver.extraJavaOptions', '') NOT LIKE '%-javaagent%')"""
+
 # This server's rows first (both indexes), then their jobs by primary key: a plain join
 # made the planner scan every job (15 ms -> 3 ms at 100,000 jobs, docs/benchmarks.md).
 _POLL = sa.text(
-    """
+    f"""
     WITH mine AS MATERIALIZED (
         SELECT * FROM distribution
          WHERE target = :server OR owner = :server OR job_id = ANY(:also)
@@ -900,7 +916,7 @@ _POLL = sa.text(
            j.max_restarts, d.target, d.owner, d.owner_incarnation, d.epoch, d.state,
            d.generation, j.revision AS job_revision, d.revision,
            d.restarts, d.attempt, d.handoff_epoch, d.warm_ready_epoch,
-           COALESCE(j.conf ->> 'sparkring.handoff.warm', 'true') <> 'false' AS warm_allowed,
+           {WARM_ALLOWED} AS warm_allowed,
            (d.lease_until IS NOT NULL AND d.lease_until < now()) AS lease_expired,
            (d.not_before IS NULL OR d.not_before <= now()) AS claimable_now,
            CAST(EXTRACT(EPOCH FROM CASE

@@ -577,6 +577,28 @@ def test_a_job_opts_out_of_the_warm_hand_off_in_its_conf(engine: sa.Engine) -> N
     assert _polled(engine, "s1", job_id).warm_allowed is False
 
 
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"spark.plugins": "com.example.Plugin"},
+        {"spark.extraListeners": "com.example.Listener"},
+        {"spark.sql.streaming.streamingQueryListeners": "com.example.Q"},
+        {"spark.driver.extraJavaOptions": "-Xss4m -javaagent:/opt/agent.jar"},
+    ],
+)
+def test_a_job_whose_conf_runs_its_code_before_the_go_moves_cold(
+    engine: sa.Engine, conf: dict[str, str]
+) -> None:
+    """Issue 45: a warm driver runs no job code before its claim, but Spark plugins,
+    listeners and Java agents run while its session is built. Such a job moves cold."""
+    job_id = factories.job(engine, "hooked", conf=conf)
+    factories.target(engine, job_id, "s1")
+    assert _polled(engine, "s1", job_id).warm_allowed is False
+    plain = factories.job(engine, "plain", conf={"spark.driver.extraJavaOptions": "-Xss4m"})
+    factories.target(engine, plain, "s1")
+    assert _polled(engine, "s1", plain).warm_allowed is True
+
+
 @pytest.mark.parametrize("by_watchdog", [False, True])
 def test_a_start_deferred_after_a_stop_was_asked_ends_stopped_not_in_backoff(
     engine: sa.Engine, by_watchdog: bool
