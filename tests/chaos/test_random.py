@@ -156,7 +156,15 @@ ROLLBACKER = "rollbacker"
 ROLLBACK_WITHIN_S = 15.0
 AUTO_ROLLBACK_P = 0.06
 CRASHING_P = 0.7
-CAPACITY = 6  # two servers hold every job while the third is down
+# The hostile job (issue 45): a streaming heartbeat that plants a FIFO and links to a file
+# of the servers' in its checkpoint, where the servers read, and prints a fake Spark UI
+# line naming PostgreSQL's port (tests/jobs/heartbeat.py --hostile). It takes its share of
+# the faults and commands; the victim file must stay as it was and no server may die.
+HOSTILE = "hostile0"
+VICTIM_TEXT = "a file of the servers': no job may make them write here\n"
+# Twelve long-running jobs and the schedule's fire: two servers hold them all while the
+# third is down.
+CAPACITY = 7
 COMMAND_THREADS = 3
 # A drain is undone this many seconds later (drawn), by a thread of its own; the undo
 # is tried again until it took (PostgreSQL may be down), for at most UNDRAIN_RETRY_S.
@@ -284,6 +292,7 @@ class RandomChaos:
         # While it exists, WINDOWED's driver crashes (readable by the driver user: the
         # cluster's root is open to drivers).
         self.crashing = trial.cluster_root / "crashing"
+        self.victim = trial.cluster_root / "victim"
         self.batch = [f"b{i}" for i in range(BATCH_JOBS)]
         self.failing = [f"bf{retries}" for retries in FAILING_RETRIES]
         self.versions: list[catalog.Resource] = []  # the heartbeat artifact's versions
@@ -430,6 +439,14 @@ class RandomChaos:
                 healthy_within_s=ROLLBACK_WITHIN_S,
             )  # fmt: skip
         t.wait_state(ROLLBACKER, "running", 120)  # updated by _auto_rollback_update only
+        self.victim.write_text(VICTIM_TEXT)
+        self.victim.chmod(0o644)  # the servers', readable by the driver user, not writable
+        t.create(
+            HOSTILE,
+            extra=["--hostile", str(self.victim), "--fake-ui-port", str(self.stack.pg_port)],
+        )
+        t.wait_state(HOSTILE, "running", 120)
+        self.names.append(HOSTILE)  # started, stopped and restarted by the commands
         # A second version of the artifact (other bytes), for updates to switch between.
         assert t.resource is not None
         (self.root / "v2").mkdir(exist_ok=True)
@@ -1059,6 +1076,10 @@ def test_randomized_faults_and_concurrent_commands(
         chaos.populate()
         chaos.run(minutes)
         outcome = trial.verify()
+        if chaos.victim.read_text() != VICTIM_TEXT:
+            outcome.problems.append(
+                f"hostile job: a server wrote through its link to {chaos.victim}"
+            )
         outcome.problems += [
             f"auto-rollback {p}"
             for p in invariants.auto_rollback_problems(

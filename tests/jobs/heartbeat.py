@@ -8,6 +8,11 @@ With --query-started it logs the line Spark's StreamExecution logs as a streamin
 starts, and never a progress line: to the health monitor (server/spark_status.py) a
 query that completes no batch, so a job with a short stall timeout is flagged stalled
 (and restarted, with restart-on-stall) with no Spark at all.
+With --hostile VICTIM it is the hostile job of the chaos campaign (issue 45): in its
+checkpoint it replaces the owner marker of older releases with a FIFO and plants, under
+the temporary name those releases wrote it through, a link to VICTIM (a file of the
+server's) for each of its ancestors' pids; and it prints a fake Spark UI line naming
+--fake-ui-port. None of it may make a server write VICTIM, hang, or probe that port.
 ``t`` is the wall clock; ``mono`` is CLOCK_BOOTTIME, the clock of the watchdogs' lease
 deadlines and of their lifetime records (``server.watchdog.lease_clock``), so the checker
 compares beats with each other and with the records on a clock that never steps. This
@@ -24,6 +29,38 @@ import sys
 import time
 
 
+def ancestors() -> list[int]:
+    """This process's ancestors' pids (the JVM, the watchdog, perhaps the server)."""
+    found, pid = [], os.getppid()
+    while pid > 1 and len(found) < 8:
+        found.append(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                pid = int(stat.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found
+
+
+def plant(checkpoint: str | None, victim: str) -> None:
+    if not checkpoint or not os.path.isdir(checkpoint):
+        return
+    marker = os.path.join(checkpoint, ".sparkring-job-id")
+    try:
+        if os.path.lexists(marker):
+            os.unlink(marker)
+        os.mkfifo(marker)
+    except OSError:
+        pass
+    for pid in ancestors():
+        link = f"{marker}.{pid}.tmp"
+        try:
+            if not os.path.lexists(link):
+                os.symlink(victim, link)
+        except OSError:
+            pass
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("heartbeats")
@@ -33,7 +70,14 @@ def main() -> int:
     # Exit --exit-code after --run-for only while this file exists (a job that crashes
     # until a test lets it run: the restart window's case in the chaos campaign).
     parser.add_argument("--crash-while", default=None)
+    parser.add_argument("--hostile", default=None)
+    parser.add_argument("--fake-ui-port", type=int, default=None)
     args = parser.parse_args()
+    if args.hostile:
+        plant(os.environ.get("SPARKRING_CHECKPOINT_DIR"), args.hostile)
+    if args.fake_ui_port is not None:
+        line = f"INFO Utils: Successfully started service 'SparkUI' on port {args.fake_ui_port}."
+        print(line, file=sys.stderr, flush=True)
     if args.query_started:
         line = "INFO MicroBatchExecution: Starting new streaming query."
         print(line, file=sys.stderr, flush=True)
