@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from resource_center import errors, store
+from server import bounded_http
 
 # The most lines one request returns.
 MAX_LINES = 10_000
@@ -85,12 +86,21 @@ def fetch(
     """The tail of ``job``'s live log from the server at ``health_url``; None if that
     server does not answer or runs no driver of the job."""
     url = f"{health_url}/logs/{urllib.parse.quote(job, safe='')}?lines={int(lines)}"
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret}"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout, context=verify) as response:
-            return response.read(MAX_TAIL_BYTES).decode(errors="replace")
-    except (urllib.error.URLError, OSError, ValueError):
+        with bounded_http.client(verify if verify is not None else True, timeout=timeout) as http:
+            answer = bounded_http.request(
+                http,
+                "GET",
+                url,
+                deadline_s=timeout,
+                max_bytes=MAX_TAIL_BYTES,
+                headers={"Authorization": f"Bearer {secret}"},
+            )
+    except bounded_http.FetchError:
         return None
+    if answer.status != 200:
+        return None
+    return answer.body.decode(errors="replace")
 
 
 def shipped(bucket: store.Store, key: str, lines: int) -> str | None:

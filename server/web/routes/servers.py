@@ -5,14 +5,13 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
-import urllib.error
-import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends
 
 from registry import servers as registry_servers
+from server import bounded_http
 from server.web import auth, contract
 from server.web.routes import health
 
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
 
 # How long the server list waits for a peer's /healthz, seconds.
 PEER_HEALTH_TIMEOUT_S = 1.0
+PEER_HEALTH_MAX_BYTES = 256 * 1024  # a peer's /healthz: counts and states, a few KB
 
 
 def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
@@ -93,22 +93,25 @@ def health_of(
             return healthy, health.counts_only(body)
         if not info.health_url:
             return None, None
+        verify = backend.peer_tls if backend.peer_tls is not None else True
         try:
-            with urllib.request.urlopen(
-                f"{info.health_url}/healthz",
-                timeout=PEER_HEALTH_TIMEOUT_S,
-                context=backend.peer_tls,
-            ) as reply:
-                return True, json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            try:
-                return False, json.loads(exc.read())
-            except ValueError:
-                return False, None
-            finally:
-                exc.close()
-        except (OSError, ValueError):
+            with bounded_http.client(verify, timeout=PEER_HEALTH_TIMEOUT_S) as http:
+                answer = bounded_http.request(
+                    http,
+                    "GET",
+                    f"{info.health_url}/healthz",
+                    deadline_s=PEER_HEALTH_TIMEOUT_S,
+                    max_bytes=PEER_HEALTH_MAX_BYTES,
+                )
+        except bounded_http.FetchError:
             return None, None
+        try:
+            body = json.loads(answer.body) if answer.complete else None
+        except ValueError:
+            body = None
+        if 200 <= answer.status < 300:
+            return (True, body) if body is not None else (None, None)
+        return False, body
 
     if not members:
         return {}
