@@ -46,6 +46,18 @@ GATED_MAIN = textwrap.dedent(
     sys.exit(int(open(os.path.join(here, "go")).read() or 0))
     """
 )
+
+
+def _go(stage: Path, exit_code: object) -> None:
+    """Let the gated driver exit with ``exit_code``: its "go" file written whole, then
+    renamed into place. Written in place, the driver polling for it could read it empty
+    (an exit 0 for a failure: a flaky failure of
+    test_a_batch_failure_as_its_migration_begins_spends_its_budget)."""
+    partial = stage / "go.partial"
+    partial.write_text(str(exit_code))
+    partial.rename(stage / "go")
+
+
 SPARK_START_S = 90  # spark-submit of a plain Python main on a busy 2-core machine
 TTL = 8.0
 
@@ -197,7 +209,7 @@ def test_a_batch_driver_exiting_0_while_postgresql_is_away_ends_finished_and_run
     )
     services.set_connections(database_url, allowed=False)
     try:
-        (stage / "go").write_text("0")  # the driver exits 0 while PostgreSQL is away
+        _go(stage, "0")  # the driver exits 0 while PostgreSQL is away
         run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
         waiting.wait_until(
             lambda: (
@@ -292,7 +304,7 @@ def test_a_batch_exit_0_noticed_after_the_lease_ran_out_is_finished_not_rerun(
         interval=0.5,
         message="the driver did not start",
     )
-    (stage / "go").write_text("0")
+    _go(stage, "0")
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(
         lambda: stepped_runner.renew_once() and (run_dir / "result.json").exists(),
@@ -340,7 +352,7 @@ def test_a_batch_exit_0_while_its_server_is_stalled_is_recorded_by_the_watchdog(
     long_lease_runner.poll_once()  # claims; the driver starts in a task
     _wait_started(stage)
     # From here the server takes no step: no renewal, no poll, no record of its own.
-    (stage / "go").write_text("0")
+    _go(stage, "0")
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     waiting.wait_until(
@@ -382,7 +394,7 @@ def test_a_watchdog_cannot_record_a_run_that_is_no_longer_its_own(
     factories.target(engine, job_id, "s2")
     with engine.begin() as conn:
         taken = distribution.claim(conn, job_id, factories.owner("s2"), TTL)
-    (stage / "go").write_text("0")
+    _go(stage, "0")
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     result = json.loads((run_dir / "result.json").read_text())
@@ -420,7 +432,7 @@ def test_an_adopted_batch_run_s_exit_0_is_recorded_by_its_watchdog(
         adopted = factories.row(engine, job_id)
         assert (adopted.owner_incarnation, adopted.epoch) == (config.incarnation, 1)
         # From here the successor takes no step: stalled, or killed without a restart.
-        (stage / "go").write_text("0")
+        _go(stage, "0")
         run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
         waiting.wait_until(
             lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
@@ -454,7 +466,7 @@ def _crash_while_stalled(
         SPARK_START_S,
         message="the driver did not start",
     )
-    (stage / "go").write_text("1")
+    _go(stage, "1")
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     return json.loads((run_dir / "result.json").read_text())
@@ -564,7 +576,7 @@ def _exit_as_the_migration_begins(
 
     def exit_first(run: runs.Run) -> None:
         # ``stopping`` is committed; the driver ends on its own before it is signalled.
-        (stage / "go").write_text(str(exit_code))
+        _go(stage, str(exit_code))
         waiting.wait_until(
             lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
         )
@@ -681,7 +693,7 @@ def test_a_run_whose_watchdog_just_recorded_its_exit_0_is_reaped_not_killed(
     (run,) = runner_.runs().values()
     assert run.driver is not None and not run.driver.ended(), "the ending run was killed"
     # The watchdog exits: the next polls reap the run and ship its log.
-    (stage / "go").write_text("0")
+    _go(stage, "0")
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     waiting.wait_until(
@@ -774,7 +786,7 @@ def _adopt_during_a_poll(
     assert run.driver is not None and run.driver.poll() is None, "the adopted driver was killed"
     now = factories.row(engine, job_id)
     assert (now.owner_incarnation, now.state) == (config.incarnation, "running")
-    (stage / "go").write_text("0")  # it still runs to its end, once
+    _go(stage, "0")  # it still runs to its end, once
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "finished" or successor.poll_once() < 0,
         SPARK_START_S,
@@ -864,7 +876,7 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
     launch.start(the_runner, run)  # what the claim's task does
     _wait_started(stage)
     assert claim.revision == 1 and not (newer / "starts").exists()
-    (stage / "go").write_text("0")
+    _go(stage, "0")
     waiting.wait_until(
         lambda: factories.row(engine, job_id).state == "finished",
         SPARK_START_S,
@@ -1043,7 +1055,7 @@ def test_a_sigterm_exit_just_before_the_server_sees_its_own_sigterm_is_no_crash(
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     state = rundir.read_json(run_dir / "watchdog.json")
     assert state is not None
-    (stage / "go").write_text("143")
+    _go(stage, "143")
     # The driver reaped by its watchdog, which then waits up to SIGTERM_STOP_WAIT_S for
     # its own SIGTERM before it decides (and writes its "ended" record, which says it).
     waiting.wait_until(
@@ -1436,7 +1448,7 @@ def test_an_exit_0_its_watchdog_recorded_is_written_again_if_postgresql_lost_it(
     batch was claimed again once its lease ran out. The server now checks the row."""
     job_id, _ = _running_batch(engine, bucket, long_lease_runner, stage, tmp_path)
     owner = long_lease_runner.owner
-    (stage / "go").write_text("0")
+    _go(stage, "0")
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
     waiting.wait_until(lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit")
     assert json.loads((run_dir / "result.json").read_text())["recorded"] is True
@@ -1636,7 +1648,7 @@ def test_a_job_whose_spark_master_does_not_answer_waits_and_starts_once_one_does
         }
         listener = _listening(port)
         _wait_started(stage)
-        (stage / "go").write_text("0")
+        _go(stage, "0")
         waiting.wait_until(
             lambda: factories.row(engine, job_id).state == "finished",
             SPARK_START_S,
@@ -1682,7 +1694,7 @@ def test_a_driver_that_never_registered_while_no_master_answers_is_deferred_by_i
         )
         if not master_back:
             listener.close()
-        (stage / "go").write_text("1")
+        _go(stage, "1")
         run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
         waiting.wait_until(
             lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
