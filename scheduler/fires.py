@@ -51,6 +51,10 @@ class ScheduleMissing(Exception):
     """The job has no schedule (or is not one this operation applies to)."""
 
 
+class BackfillTooOld(ValueError):
+    """A backfill reaches fire times whose run rows history retention deleted."""
+
+
 def _now(conn: sa.Connection) -> datetime:
     return conn.execute(sa.text("SELECT now()")).scalar_one()
 
@@ -330,6 +334,7 @@ def backfill(
             tables.jobs.c.schedule,
             tables.jobs.c.schedule_active,
             tables.jobs.c.fires_checked_until,
+            tables.jobs.c.fires_pruned_until,
             sa.func.now().label("now"),
         )
         .where(tables.jobs.c.id == job_id)
@@ -337,6 +342,15 @@ def backfill(
     ).one()
     if row.schedule is None:
         raise ScheduleMissing(f"job {job_id} has no schedule")
+    pruned = row.fires_pruned_until
+    if pruned is not None and start <= pruned:
+        # Whether those times ran is gone with their run rows: never run one again
+        # on a guess (hole W2 of safety review 3).
+        raise BackfillTooOld(
+            f"fire times up to {schedule.iso(pruned)} cannot be backfilled: history "
+            "retention deleted their runs, so whether each ran is unknown; backfill "
+            f"from after {schedule.iso(pruned)}"
+        )
     end = min(end, row.fires_checked_until if row.schedule_active else row.now)
     the_schedule = schedule.Schedule.from_dict(row.schedule)
     times: list[datetime] = []

@@ -84,11 +84,23 @@ _RUNS_PRUNABLE = """
     AND EXISTS (SELECT 1 FROM runs newer WHERE newer.job_id = r.job_id
                                              AND newer.run_id > r.run_id)
 """
+# The deleted runs' latest fire time is kept on their job (``fires_pruned_until``): a
+# backfill must not take a fire time whose run row is gone for one that never ran.
 _DELETE_RUNS = sa.text(
     f"""
-    DELETE FROM runs WHERE run_id = ANY(ARRAY(
-        SELECT r.run_id FROM runs r WHERE {_RUNS_PRUNABLE} ORDER BY r.run_id LIMIT :n
-    ))
+    WITH gone AS (
+        DELETE FROM runs WHERE run_id = ANY(ARRAY(
+            SELECT r.run_id FROM runs r WHERE {_RUNS_PRUNABLE} ORDER BY r.run_id LIMIT :n
+        ))
+        RETURNING job_id, scheduled_time
+    ), marked AS (
+        UPDATE jobs j
+           SET fires_pruned_until = GREATEST(j.fires_pruned_until, g.latest)
+          FROM (SELECT job_id, max(scheduled_time) AS latest FROM gone
+                 WHERE scheduled_time IS NOT NULL GROUP BY job_id) g
+         WHERE j.id = g.job_id
+    )
+    SELECT job_id FROM gone
     """
 )
 _COUNT_RUNS = sa.text(f"SELECT count(*) FROM runs r WHERE {_RUNS_PRUNABLE}")

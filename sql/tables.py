@@ -103,6 +103,9 @@ jobs = sa.Table(
     sa.Column("schedule_active", sa.Boolean, nullable=False, server_default=sa.text("false")),
     sa.Column("next_fire_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("fires_checked_until", sa.DateTime(timezone=True), nullable=True),
+    # The latest fire time whose run row history retention deleted: a backfill cannot
+    # tell whether a time up to it ran, so it refuses to judge one (scheduler/fires.py).
+    sa.Column("fires_pruned_until", sa.DateTime(timezone=True), nullable=True),
     # The job's auto-rollback setting (scheduler/auto_rollback.py): every update that
     # rolls a live streaming job is watched for this many seconds. Not in revisions.
     sa.Column("auto_rollback", sa.Boolean, nullable=False, server_default=sa.text("false")),

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from scheduler import distribution, fires, jobs, runs, schedule
+from server import retention
 from sql import tables
 from sql.states import JobKind
 from tests import factories, waiting
@@ -244,6 +245,41 @@ def test_a_run_ended_by_a_transaction_begun_before_a_skipping_fire_ends_after_it
     assert manual["state"] == "finished"
     latest_skip = datetime.fromisoformat(skips[-1]["scheduled_time"])
     assert datetime.fromisoformat(manual["ended_at"]) > latest_skip
+
+
+def test_a_backfill_refuses_fire_times_whose_runs_history_retention_pruned(
+    engine: sa.Engine,
+) -> None:
+    """Hole W2 of safety review 3: backfill judged "already ran" from run rows, and
+    history retention deletes ended ones; a backfill reaching past the retention ran
+    every old fire time again, failed ones included, and --dry-run listed them without a
+    word. Now it refuses the times it cannot judge, naming the last of them."""
+    job_id = factories.scheduled_job(engine, spec="0 * * * *")
+    with engine.begin() as conn:
+        jobs.stop(conn, "nightly")
+    start = schedule.next_fire(schedule.parse("@daily"), _pg_now(engine)) - timedelta(days=3)
+    end = start + timedelta(hours=2)
+    with engine.begin() as conn:
+        fires.backfill(conn, job_id, start, end, dry_run=False)
+        conn.execute(
+            sa.text("UPDATE runs SET state = 'finished', ended_at = now() - interval '40 days'")
+        )
+        runs.queue(conn, job_id, end + timedelta(hours=1))  # the job's newest: kept
+    with engine.connect() as conn:
+        pruned = retention.prune_runs(conn, _pg_now(engine) - timedelta(days=30), batch_size=10)
+    assert pruned == 3
+    for dry_run in (True, False):
+        with engine.begin() as conn, pytest.raises(fires.BackfillTooOld) as refused:
+            fires.backfill(conn, job_id, start, end, dry_run=dry_run)
+        assert schedule.iso(end) in str(refused.value)
+    assert [r["scheduled_time"] for r in _runs(engine, job_id)] == [
+        schedule.iso(end + timedelta(hours=1))
+    ]
+    with engine.begin() as conn:  # after the pruned times: judged as before
+        queued, _ = fires.backfill(
+            conn, job_id, end + timedelta(seconds=1), end + timedelta(hours=2), dry_run=True
+        )
+    assert queued == [end + timedelta(hours=2)]
 
 
 def _pg_now(engine: sa.Engine) -> datetime:
