@@ -1,11 +1,13 @@
 """The side thread of a server that sends the alert outbox (scheduler/alert_delivery.py).
 
-Every live server runs one. Each pass leases up to :data:`BATCH` due deliveries (a
-lease each, so two servers never send the same one at once) and sends them on a small
-pool of threads, one POST each, with a timeout well inside the lease; then writes each
-outcome back, fenced on its lease. Passes run every ``interval`` seconds, and at once
-after a pass that found work. A failure (PostgreSQL away) is logged and retried; the
-thread never ends before :meth:`stop`.
+Every live server runs one. Each pass leases as many due deliveries as it has free
+senders (:data:`BATCH` in flight at most; a lease each, so two servers never send the
+same one at once) and starts them on a small pool of threads, one POST each, with a
+deadline well inside the lease; each attempt writes its outcome back, fenced on its
+lease. A pass does not wait for its attempts: a receiver slow to answer holds its own
+delivery and one sender, never the others. Passes run every ``interval`` seconds, at
+once after a pass that found work, and when a sender frees up. A failure (PostgreSQL
+away) is logged and retried; the thread never ends before :meth:`stop`.
 
 What is logged of a delivery: its id, alert, kind, job, attempt and outcome; never the
 webhook URL (it can hold a credential) or the secret.
@@ -18,7 +20,8 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 import httpx
 import sqlalchemy as sa
@@ -36,6 +39,7 @@ MAX_ANSWER_BYTES = 64 * 1024  # of a receiver's answer: only its status and head
 REFUSED = "destination refused (SPARKRING_ALERT_ALLOW_NETWORKS)"
 FINAL_ERRORS = frozenset({REFUSED, "bad url"})
 LEASE_S = 3 * SEND_TIMEOUT_S  # a server paused mid-send loses it after this
+STOP_GRACE_S = 2.0  # what a stop gives the sends in flight before it cuts them
 _COUNTER = {
     DeliveryStatus.DELIVERED: "sparkring_alert_deliveries_delivered_total",
     DeliveryStatus.PENDING: "sparkring_alert_deliveries_retried_total",
@@ -114,6 +118,8 @@ class AlertSender:
         self._wake = threading.Event()
         self._client = bounded_http.client(verify, timeout=SEND_TIMEOUT_S)  # type: ignore[arg-type]
         self._pool = ThreadPoolExecutor(max_workers=BATCH, thread_name_prefix="alert-send")
+        self._in_flight: set[Future[None]] = set()  # attempts started, not yet ended
+        self._in_flight_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="alert-sender", daemon=True)
         self.sent = 0  # attempts made by this server (for tests and the benchmark)
 
@@ -126,11 +132,17 @@ class AlertSender:
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Idempotent: lease no more, cut the sends in flight (their client is closed: a
-        receiver that holds its answer cannot hold the server's shutdown) and wait at most
-        ``timeout`` s for the loop. A cut send is recorded to be retried, or, if that
-        cannot be written any more, sent again once its lease lapses (same id)."""
+        """Idempotent: lease no more, give the sends in flight STOP_GRACE_S to end (a
+        receiver that answers is recorded as delivered), then cut the rest (their client
+        is closed: a receiver that holds its answer cannot hold the server's shutdown)
+        and wait at most ``timeout`` s for the loop. A cut send is recorded to be retried,
+        or, if that cannot be written any more, sent again once its lease lapses (same
+        id)."""
         self.begin_stop()
+        with self._in_flight_lock:
+            in_flight = list(self._in_flight)
+        if in_flight:
+            wait_futures(in_flight, timeout=STOP_GRACE_S)
         self._client.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -143,19 +155,46 @@ class AlertSender:
         return self._thread.is_alive()
 
     def run_pass(self) -> int:
-        """Lease, send and record one batch; how many were attempted."""
+        """Lease, send and record one batch, and wait for its attempts; how many."""
+        attempts = self._submit_pass()
+        for attempt in attempts:
+            attempt.result()  # an attempt's exception is the pass's, as in the loop
+        return len(attempts)
+
+    def _submit_pass(self) -> list[Future[None]]:
+        """Lease as many due deliveries as there are free senders (BATCH in flight at
+        most) and start their attempts, without waiting for them: a receiver that is
+        slow to answer holds its own delivery, never the next ones."""
+        with self._in_flight_lock:
+            room = BATCH - len(self._in_flight)
+        if room <= 0:
+            return []
         with self._engine.begin() as conn:
             leased = alert_delivery.lease_due(
                 conn,
                 self._server,
-                limit=BATCH,
+                limit=room,
                 lease_s=LEASE_S,
                 console_url=self._console_url,
             )
-        if not leased:
-            return 0
-        list(self._pool.map(self._attempt, leased))  # every attempt ends (or raises) here
-        return len(leased)
+        attempts = []
+        for due in leased:
+            attempt = self._pool.submit(self._attempt, due)
+            with self._in_flight_lock:
+                self._in_flight.add(attempt)
+            attempt.add_done_callback(self._done)
+            attempts.append(attempt)
+        return attempts
+
+    def _done(self, attempt: Future[None]) -> None:
+        with self._in_flight_lock:
+            self._in_flight.discard(attempt)
+        if not attempt.cancelled() and attempt.exception() is not None:
+            log.warning(
+                "alert delivery attempt failed",
+                extra={"action": "alert_attempt_failed", "error": str(attempt.exception())},
+            )
+        self._wake.set()  # a sender is free: due deliveries may wait for one
 
     def _attempt(self, due: alert_delivery.Due) -> None:
         status, error, later = send(self._client, due, self._user_agent, self._allow_networks)
@@ -195,7 +234,7 @@ class AlertSender:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                busy = self.run_pass() > 0
+                busy = len(self._submit_pass()) > 0
             except Exception as exc:  # logged; the next pass retries
                 busy = False
                 log.warning(

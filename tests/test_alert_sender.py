@@ -452,3 +452,30 @@ def test_with_a_cluster_ca_set_a_receiver_with_a_public_certificate_is_still_del
             assert row.status == expected, (verify, row.last_error)
     finally:
         receiver.stop()
+
+
+@pytest.mark.parametrize("hostile", ["trickle"], indirect=True)
+def test_a_receiver_that_holds_its_answer_delays_no_other_delivery(
+    engine: sa.Engine, receiver: Receiver, hostile: HostileServer
+) -> None:
+    """Issue 45: each pass waited for all of its sends, so one receiver that trickled
+    its answer held every alert of the cluster's server behind it (the old code for as
+    long as the receiver liked; bounded, up to the send's deadline). An event raised
+    while that send is in flight reaches another receiver within a pass or two."""
+    with engine.begin() as conn:
+        alerts.create(conn, "slow", hostile.url, kinds="all", allow_networks=factories.LOOPBACK)
+    _alert(engine, receiver)
+    sender = _sender(engine, interval=0.2)
+    sender.start()
+    try:
+        _fail(engine, job="first")
+        assert hostile.seen.wait(20), "the slow receiver never got its delivery"
+        assert receiver.wait_for(lambda got: len(got) >= 1, 10)
+        raised = time.monotonic()
+        _fail(engine, job="second")
+        assert receiver.wait_for(lambda got: len(got) >= 2, alert_sender.SEND_TIMEOUT_S / 2), (
+            "the second event waited for the slow receiver"
+        )
+        assert time.monotonic() - raised < alert_sender.SEND_TIMEOUT_S / 2
+    finally:
+        sender.stop()

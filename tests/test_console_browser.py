@@ -364,7 +364,7 @@ def test_alerts_page_lists_alerts_and_deliveries_and_sends_a_test(
     browser: webdriver.Chrome, stack: ApiStack
 ) -> None:
     name = f"alert-{uuid.uuid4().hex[:8]}"
-    secret, path = "s3cret-not-on-the-page", "/services/T0/B0/XXXXtoken"
+    secret, path = "s3cret-not-on-the-page-anywhere", "/services/T0/B0/XXXXtoken"
     with stack.client(stack.operator) as http:
         made = http.post(
             f"{API}/alerts",

@@ -132,6 +132,10 @@ class Stack:
 # ---------------------------------------------------------------- partition
 
 
+# Where every partition's addresses are (``Partition._pick``: 10.231.<n>.1 and .2).
+PARTITION_NETWORK = "10.231.0.0/16"
+
+
 class Partition:
     """A network namespace joined to the root namespace by a veth pair.
 

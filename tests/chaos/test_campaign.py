@@ -1052,9 +1052,16 @@ def test_batch_runs_ending_while_every_server_is_cut_off_from_postgresql_run_onc
         assert None not in owners
         trial.inject(lambda: partition.cut([control.pg_port]))
         time.sleep(PG_CUT_ALL_S)  # the cut itself is the fault: both drivers exit meanwhile
-        for owner in owners:
-            trial.cluster.signal(owner, signal.SIGSTOP)
-            trial.paused.add(owner)
+
+        def pause_owners() -> None:
+            for owner in owners:
+                trial.cluster.signal(owner, signal.SIGSTOP)
+                trial.paused.add(owner)
+
+        # A fault of its own (so the checker allows its restart): the owners, paused as
+        # the cut heals, come back after the others, whose coordinator may have moved
+        # the jobs they had just claimed back.
+        trial.inject(pause_owners)
         try:
             partition.heal()
 

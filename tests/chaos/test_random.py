@@ -385,7 +385,12 @@ class RandomChaos:
             self.masters = self.trial.use_masters(2, standby=True, host=host)
         # The hand-over window on every server: the coordinator holds a departed owner's
         # jobs for it (docs/upgrade.md), and each may be the victim of a planned restart.
-        handover = {"SPARKRING_HANDOVER_WINDOW": f"{HANDOVER_S:g}"}
+        handover = {
+            "SPARKRING_HANDOVER_WINDOW": f"{HANDOVER_S:g}",
+            # The trial's webhook receiver listens on a partition's host end when s3 lives
+            # in a namespace: a private address the servers must be allowed to reach.
+            "SPARKRING_ALERT_ALLOW_NETWORKS": f"127.0.0.0/8,{faults.PARTITION_NETWORK}",
+        }
         self.trial.start(["s1"], capacity=CAPACITY, extra_env=handover, special=self.special)
         self.trial.start(["s2", "s3"], capacity=CAPACITY, special=self.special)
         # Every event from here on must raise its alert, and each must reach a receiver

@@ -31,7 +31,7 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from registry import connection
 from resource_center import catalog, store
-from scheduler import alerts, distribution, jobs, placement, runs
+from scheduler import alerts, destinations, distribution, jobs, placement, runs
 from server import defaults, driver, retention, watchdog
 from sql.states import EventKind, JobKind
 from tests import factories, waiting
@@ -885,7 +885,7 @@ class Trial:
         with self.cluster.engine.begin() as conn:
             alerts.create(
                 conn, ALERT_NAME, self.receiver.url, secret=ALERT_SECRET, kinds="all",
-                allow_networks=factories.LOOPBACK,
+                allow_networks=(*factories.LOOPBACK, *destinations.parse_networks(host)),
             )  # fmt: skip
             self._alert_mark = conn.execute(
                 sa.text("SELECT coalesce(max(id), 0) FROM job_events")
