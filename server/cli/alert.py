@@ -73,15 +73,18 @@ def create(
         ...,
         "--webhook",
         metavar="URL",
-        help="http(s) URL the alert POSTs to. Only its scheme and host are ever shown.",
+        help="http(s) URL the alert POSTs to. Only its scheme and host are ever shown. Its "
+        "host must resolve to public addresses, unless SPARKRING_ALERT_ALLOW_NETWORKS "
+        "allows its network.",
     ),
     secret_file: str | None = typer.Option(
         None,
         "--secret-file",
         metavar="PATH",
-        help="Sign each body with the secret in this file ('-': read stdin); its final "
-        "line break is dropped. Receivers check X-Sparkring-Signature: "
-        "sha256=<HMAC-SHA256 of the body>.",
+        help="Sign each delivery with the secret in this file ('-': read stdin; 24-512 "
+        "characters, its final line break dropped). Receivers check webhook-signature: "
+        "v1,<base64 HMAC-SHA256 of webhook-id.webhook-timestamp.body> (Standard Webhooks; "
+        "examples/alerts/webhook_receiver.py) and refuse an old timestamp.",
     ),
     secret: str | None = typer.Option(
         None,
