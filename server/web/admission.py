@@ -13,8 +13,9 @@ on that path: all of them an operator's) and, before one byte of the body is rea
    at the same cap with a 413.
 
 A refusal is the API's one-line JSON error and closes the connection (the unread body
-is not wanted). The principal found is left in the scope (``auth.SCOPE_KEY``), so the
-route does not look the token up again.
+is not wanted; a small one the client already sent is read and dropped first, so that
+the close does not reset the connection under the answer). The principal found is left
+in the scope (``auth.SCOPE_KEY``), so the route does not look the token up again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import anyio
 import anyio.to_thread
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -37,6 +39,10 @@ READ_METHODS = frozenset({"GET", "HEAD"})
 UPLOAD = re.compile(r"^/api/v1/resources/[^/]+$")
 # Room for the multipart boundaries and part headers around an uploaded file.
 MULTIPART_FRAMING_BYTES = 64 * 1024
+# A refused request's body read and dropped before the connection closes, when it is
+# this small, within this long (_drain_small_body).
+DRAIN_BYTES = 64 * 1024
+DRAIN_S = 0.5
 
 
 class BodyTooLarge(HTTPException):
@@ -131,7 +137,27 @@ async def _refuse(
     message: str,
     headers: dict[str, str] | None = None,
 ) -> None:
+    await _drain_small_body(scope, receive)
     response = JSONResponse(
         {"error": message}, status_code=status, headers={**(headers or {}), "Connection": "close"}
     )
     await response(scope, receive, send)
+
+
+async def _drain_small_body(scope: Scope, receive: Receive) -> None:
+    """Take a small body the client has sent already (a declared length up to
+    DRAIN_BYTES, for at most DRAIN_S) before the refusal closes the connection: closed
+    with unread bytes in its buffer, a connection is reset, and the client may lose the
+    answer it has not read yet. A large or chunked body is never read."""
+    declared = Headers(scope=scope).get("content-length", "")
+    if not declared.isdigit() or int(declared) > DRAIN_BYTES:
+        return
+    taken = 0
+    with anyio.move_on_after(DRAIN_S):
+        while taken <= DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            taken += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
