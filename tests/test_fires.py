@@ -254,11 +254,7 @@ def test_a_backfill_refuses_fire_times_whose_runs_history_retention_pruned(
     history retention deletes ended ones; a backfill reaching past the retention ran
     every old fire time again, failed ones included, and --dry-run listed them without a
     word. Now it refuses the times it cannot judge, naming the last of them."""
-    job_id = factories.scheduled_job(engine, spec="0 * * * *")
-    with engine.begin() as conn:
-        jobs.stop(conn, "nightly")
-    start = schedule.next_fire(schedule.parse("@daily"), _pg_now(engine)) - timedelta(days=3)
-    end = start + timedelta(hours=2)
+    job_id, start, end = _stopped_hourly_job(engine)
     with engine.begin() as conn:
         fires.backfill(conn, job_id, start, end, dry_run=False)
         conn.execute(
@@ -280,6 +276,16 @@ def test_a_backfill_refuses_fire_times_whose_runs_history_retention_pruned(
             conn, job_id, end + timedelta(seconds=1), end + timedelta(hours=2), dry_run=True
         )
     assert queued == [end + timedelta(hours=2)]
+
+
+def _stopped_hourly_job(engine: sa.Engine) -> tuple[int, datetime, datetime]:
+    """An hourly job, switched off, and a range of three of its fire times three days
+    back (whole hours: the schedule handled none of them)."""
+    job_id = factories.scheduled_job(engine, spec="0 * * * *")
+    with engine.begin() as conn:
+        jobs.stop(conn, "nightly")
+    start = schedule.next_fire(schedule.parse("@daily"), _pg_now(engine)) - timedelta(days=3)
+    return job_id, start, start + timedelta(hours=2)
 
 
 def _pg_now(engine: sa.Engine) -> datetime:
@@ -389,11 +395,7 @@ def test_a_schedule_change_is_a_revision_and_reschedules(engine: sa.Engine) -> N
 
 
 def test_backfill_queues_fire_times_once_and_runs_them_oldest_first(engine: sa.Engine) -> None:
-    job_id = factories.scheduled_job(engine, spec="0 * * * *")
-    with engine.begin() as conn:
-        jobs.stop(conn, "nightly")
-    start = schedule.next_fire(schedule.parse("@daily"), _pg_now(engine)) - timedelta(days=3)
-    end = start + timedelta(hours=2)
+    job_id, start, end = _stopped_hourly_job(engine)
     with engine.begin() as conn:
         would, _ = fires.backfill(conn, job_id, start, end, dry_run=True)
         assert len(would) == 3 and _runs(engine, job_id) == []
