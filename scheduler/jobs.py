@@ -35,7 +35,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from scheduler import distribution, fires, health_policy, notify, run_health, runs
+from scheduler import distribution, fires, health_policy, notify, run_health, runs, secrets
 from scheduler.schedule import ScheduleError, format_duration, parse_duration
 from sql import states, tables
 from sql.states import EventKind, JobKind, RunState
@@ -87,6 +87,10 @@ class JobSpec:
     py_file_ids: Sequence[int] = ()
     conf: Mapping[str, str] = field(default_factory=dict)
     args: Sequence[str] = ()
+    # The driver's environment variables, and those it gets from secrets (variable ->
+    # secret name, scheduler/secrets.py).
+    env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: Mapping[str, str] = field(default_factory=dict)
     spark_master: str | None = None
     # None: the kind's default (DEFAULT_MAX_RESTARTS). For a batch job: its retries.
     max_restarts: int | None = None
@@ -191,12 +195,22 @@ def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
     return conf
 
 
+def parse_env(pairs: Sequence[str], option: str) -> dict[str, str]:
+    """``--env`` or ``--secret-env`` pairs to a dict; refused by name (never a value)."""
+    try:
+        return secrets.parse_pairs(pairs, option)
+    except secrets.SecretError as exc:
+        raise JobError(str(exc)) from None
+
+
 # A revision's fields, in the order history and diffs name them.
 FIELDS = (
     "resource",
     "py_files",
     "conf",
     "args",
+    "env",
+    "secret_env",
     "master",
     "max_restarts",
     "restart_window",
@@ -212,6 +226,8 @@ class Definition:
     py_file_ids: tuple[int, ...] = ()
     conf: Mapping[str, str] = field(default_factory=dict)
     args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: Mapping[str, str] = field(default_factory=dict)
     spark_master: str | None = None
     max_restarts: int = 3
     restart_window_s: float = DEFAULT_RESTART_WINDOW_S
@@ -224,6 +240,8 @@ class Definition:
             py_file_ids=tuple(spec.py_file_ids),
             conf=dict(spec.conf),
             args=tuple(spec.args),
+            env=dict(spec.env),
+            secret_env=dict(spec.secret_env),
             spark_master=spec.spark_master,
             max_restarts=restart_budget(spec.kind, spec.max_restarts),
             restart_window_s=restart_window(spec.kind, spec.restart_window_s),
@@ -237,6 +255,8 @@ class Definition:
             "py_files": (tuple(self.py_file_ids), tuple(before.py_file_ids)),
             "conf": (dict(self.conf), dict(before.conf)),
             "args": (tuple(self.args), tuple(before.args)),
+            "env": (dict(self.env), dict(before.env)),
+            "secret_env": (dict(self.secret_env), dict(before.secret_env)),
             "master": (self.spark_master, before.spark_master),
             "max_restarts": (self.max_restarts, before.max_restarts),
             "restart_window": (self.restart_window_s, before.restart_window_s),
@@ -254,6 +274,10 @@ class Change:
     conf: Mapping[str, str] = field(default_factory=dict)  # keys set (others kept)
     unset_conf: Sequence[str] = ()  # keys removed
     args: Sequence[str] | None = None  # replaces the list; () clears it
+    env: Mapping[str, str] = field(default_factory=dict)  # variables set (others kept)
+    unset_env: Sequence[str] = ()  # variables removed
+    secret_env: Mapping[str, str] = field(default_factory=dict)  # variable -> secret name
+    unset_secret_env: Sequence[str] = ()
     spark_master: str | None = None  # "" = back to the server's SPARKRING_SPARK_MASTER
     max_restarts: int | None = None
     restart_window_s: float | None = None
@@ -278,6 +302,10 @@ class Change:
             if conf.pop(key, None) is None:
                 raise JobConflict(f"conf key {key!r} is not set, so it cannot be unset")
         conf.update(self.conf)
+        env = _merged(current.env, self.env, self.unset_env, "--env")
+        secret_env = _merged(
+            current.secret_env, self.secret_env, self.unset_secret_env, "--secret-env"
+        )
         if self.clear_schedule and self.schedule is not None:
             raise JobError("give --schedule or --no-schedule, not both")
         schedule = current.schedule
@@ -295,6 +323,8 @@ class Change:
             ),
             conf=conf,
             args=current.args if self.args is None else tuple(self.args),
+            env=env,
+            secret_env=secret_env,
             spark_master=master,
             max_restarts=current.max_restarts if self.max_restarts is None else self.max_restarts,
             restart_window_s=(
@@ -304,6 +334,21 @@ class Change:
             ),
             schedule=schedule,
         )
+
+
+def _merged(
+    current: Mapping[str, str], setting: Mapping[str, str], unsetting: Sequence[str], option: str
+) -> dict[str, str]:
+    """``current`` with ``setting`` set and ``unsetting`` removed (``--env`` and
+    ``--unset-env``, or the secret ones); a variable to unset that is not set is refused."""
+    merged = dict(current)
+    for key in unsetting:
+        if key in setting:
+            raise JobError(f"{option} variable {key!r} is both set and unset")
+        if merged.pop(key, None) is None:
+            raise JobConflict(f"{option} variable {key!r} is not set, so it cannot be unset")
+    merged.update(setting)
+    return merged
 
 
 class Effect(StrEnum):
@@ -379,6 +424,8 @@ def _insert_revision(
             resource_id=definition.resource_id,
             conf=dict(definition.conf),
             args=list(definition.args),
+            env=dict(definition.env),
+            secret_env=dict(definition.secret_env),
             spark_master=definition.spark_master,
             max_restarts=definition.max_restarts,
             restart_window_s=definition.restart_window_s,
@@ -405,6 +452,20 @@ def _check_health_conf(conf: Mapping[str, str]) -> None:
         raise JobError(str(exc)) from None
 
 
+def _check_env(conn: sa.Connection, env: Mapping[str, str], secret_env: Mapping[str, str]) -> None:
+    """Refuse variables a job may not set and secrets that do not exist, by name."""
+    try:
+        secrets.check_env(env, secret_env)
+    except secrets.SecretError as exc:
+        raise JobError(str(exc)) from None
+    absent = secrets.missing(conn, secret_env.values())
+    if absent:
+        raise JobError(
+            f"no secret named {', '.join(map(repr, absent))} "
+            "(create it first: sparkring secret create NAME --from-file FILE)"
+        )
+
+
 def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
     """Define a job (desired stopped). Its distribution row is created with it."""
     if not NAME.match(spec.name):
@@ -416,16 +477,18 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
     window = restart_window(spec.kind, spec.restart_window_s)
     check_auto_rollback(spec.kind, spec.auto_rollback, spec.healthy_within_s)
     _check_health_conf(spec.conf)
+    _check_env(conn, spec.env, spec.secret_env)
     _check_schedule_kind(spec.kind, spec.schedule)
     inserted = conn.execute(
         sa.text(
             """
-            INSERT INTO jobs (name, kind, resource_id, conf, args, spark_master, max_restarts,
-                              restart_window_s, label, schedule, auto_rollback,
-                              healthy_within_s)
+            INSERT INTO jobs (name, kind, resource_id, conf, args, env, secret_env,
+                              spark_master, max_restarts, restart_window_s, label, schedule,
+                              auto_rollback, healthy_within_s)
             VALUES (:name, :kind, :resource_id, CAST(:conf AS jsonb), CAST(:args AS jsonb),
-                    :spark_master, :max_restarts, :restart_window_s, :label,
-                    CAST(:schedule AS jsonb), :auto_rollback, :healthy_within_s)
+                    CAST(:env AS jsonb), CAST(:secret_env AS jsonb), :spark_master,
+                    :max_restarts, :restart_window_s, :label, CAST(:schedule AS jsonb),
+                    :auto_rollback, :healthy_within_s)
             ON CONFLICT (name) DO NOTHING
             RETURNING id
             """
@@ -436,6 +499,8 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             "resource_id": spec.resource_id,
             "conf": json.dumps(dict(spec.conf)),
             "args": json.dumps(list(spec.args)),
+            "env": json.dumps(dict(spec.env)),
+            "secret_env": json.dumps(dict(spec.secret_env)),
             "spark_master": spec.spark_master,
             "max_restarts": max_restarts,
             "restart_window_s": window,
@@ -795,6 +860,8 @@ def _current(conn: sa.Connection, job_id: int) -> tuple[int, Definition]:
             j.c.resource_id,
             j.c.conf,
             j.c.args,
+            j.c.env,
+            j.c.secret_env,
             j.c.spark_master,
             j.c.max_restarts,
             j.c.restart_window_s,
@@ -809,6 +876,8 @@ def _current(conn: sa.Connection, job_id: int) -> tuple[int, Definition]:
         py_file_ids=tuple(py_files),
         conf=row.conf,
         args=tuple(row.args),
+        env=row.env,
+        secret_env=row.secret_env,
         spark_master=row.spark_master,
         max_restarts=row.max_restarts,
         restart_window_s=row.restart_window_s,
@@ -833,6 +902,8 @@ def _stored(conn: sa.Connection, job_id: int, revision: int) -> Definition | Non
         py_file_ids=tuple(py_files),
         conf=row.conf,
         args=tuple(row.args),
+        env=row.env,
+        secret_env=row.secret_env,
         spark_master=row.spark_master,
         max_restarts=row.max_restarts,
         restart_window_s=row.restart_window_s,
@@ -866,6 +937,8 @@ _REVISE = sa.text(
        SET resource_id = :resource_id,
            conf = CAST(:conf AS jsonb),
            args = CAST(:args AS jsonb),
+           env = CAST(:env AS jsonb),
+           secret_env = CAST(:secret_env AS jsonb),
            spark_master = :spark_master,
            max_restarts = :max_restarts,
            restart_window_s = :restart_window_s,
@@ -917,6 +990,8 @@ def _revise(
     """Make ``target`` the job's next revision (the job row is locked by the caller)."""
     previous, current = _current(conn, job_id)
     _check_health_conf(target.conf)
+    if (target.env, target.secret_env) != (current.env, current.secret_env):
+        _check_env(conn, target.env, target.secret_env)
     kind = _kind_and_schedule(conn, job_id).kind
     _check_schedule_kind(kind, target.schedule)
     if target.restart_window_s != current.restart_window_s:
@@ -943,6 +1018,8 @@ def _revise(
             "resource_id": target.resource_id,
             "conf": json.dumps(dict(target.conf)),
             "args": json.dumps(list(target.args)),
+            "env": json.dumps(dict(target.env)),
+            "secret_env": json.dumps(dict(target.secret_env)),
             "spark_master": target.spark_master,
             "max_restarts": target.max_restarts,
             "restart_window_s": target.restart_window_s,
@@ -1090,7 +1167,7 @@ def rollback(
 
 _HISTORY = """
     SELECT r.revision, r.created_at, r.created_by, r.changed, r.rollback_of, r.conf, r.args,
-           r.spark_master, r.max_restarts, r.restart_window_s, r.schedule,
+           r.env, r.secret_env, r.spark_master, r.max_restarts, r.restart_window_s, r.schedule,
            jsonb_build_object('id', res.id, 'name', res.name, 'version', res.version,
                               'sha256', res.sha256, 'filename', res.filename) AS resource,
            COALESCE((SELECT jsonb_agg(jsonb_build_object(
@@ -1115,6 +1192,8 @@ def _revision_view(row: sa.Row) -> dict[str, Any]:
         "py_files": row.py_files,
         "conf": row.conf,
         "args": row.args,
+        "env": row.env,
+        "secret_env": row.secret_env,
         "spark_master": row.spark_master,
         "max_restarts": row.max_restarts,
         "restart_window_s": row.restart_window_s,
@@ -1167,16 +1246,13 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
     new_py = ",".join(reference(r) for r in after["py_files"]) or "(none)"
     if old_py != new_py:
         lines.append(f"py_files {old_py} -> {new_py}")
-    old_conf, new_conf = before["conf"], after["conf"]
-    for key in sorted(set(old_conf) | set(new_conf)):
-        if key not in new_conf:
-            lines.append(f"conf {key} unset (was {old_conf[key]!r})")
-        elif key not in old_conf:
-            lines.append(f"conf {key}={new_conf[key]!r} added")
-        elif old_conf[key] != new_conf[key]:
-            lines.append(f"conf {key} {old_conf[key]!r} -> {new_conf[key]!r}")
+    lines += _pair_changes("conf", before["conf"], after["conf"])
     if list(before["args"]) != list(after["args"]):
         lines.append(f"args {shlex.join(before['args'])!r} -> {shlex.join(after['args'])!r}")
+    lines += _pair_changes("env", before.get("env") or {}, after.get("env") or {})
+    lines += _pair_changes(
+        "secret_env", before.get("secret_env") or {}, after.get("secret_env") or {}
+    )
     if before["spark_master"] != after["spark_master"]:
         lines.append(
             f"master {before['spark_master'] or '(server default)'} -> "
@@ -1193,6 +1269,19 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
     )
     if old_schedule != new_schedule:
         lines.append(f"schedule {old_schedule} -> {new_schedule}")
+    return lines
+
+
+def _pair_changes(field: str, old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
+    """Key by key: conf and ``env`` values (not secret), ``secret_env`` secret names."""
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if key not in new:
+            lines.append(f"{field} {key} unset (was {old[key]!r})")
+        elif key not in old:
+            lines.append(f"{field} {key}={new[key]!r} added")
+        elif old[key] != new[key]:
+            lines.append(f"{field} {key} {old[key]!r} -> {new[key]!r}")
     return lines
 
 
@@ -1238,6 +1327,7 @@ def history(conn: sa.Connection, name: str) -> list[dict[str, Any]]:
 _SHOW = (
     """
     SELECT j.id, j.name, j.kind, j.desired, j.generation AS job_generation, j.conf, j.args,
+           j.env, j.secret_env,
            j.spark_master, j.max_restarts, j.restart_window_s, j.created_at, j.revision,
            j.label, d.revision AS run_revision, d.state, d.owner, d.target, d.epoch,
            d.attempt, d.restarts, d.lease_until,
@@ -1303,6 +1393,9 @@ def _view(row: sa.Row) -> dict[str, Any]:
         "py_files": row.py_files,
         "conf": row.conf,
         "args": row.args,
+        "env": row.env,
+        # Variable -> secret name: the values are never read here.
+        "secret_env": row.secret_env,
         "spark_master": row.spark_master,
         "lease_until": row.lease_until,
         "pending_reason": row.pending_reason,

@@ -27,6 +27,7 @@ contradicts them. SPARKRING_STACK_DIR moves the state folder.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
@@ -657,6 +658,19 @@ def spark_down(sig: int = signal.SIGTERM) -> None:
 DRIVER_USER = "sparkring-driver"
 
 
+def secret_key(root: Path) -> str:
+    """The stack's Fernet key of job secrets (SPARKRING_SECRET_KEYS), made once and kept
+    in the stack directory, readable by its owner only: 32 random bytes, url-safe base64."""
+    path = root / "secret.key"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        key = base64.urlsafe_b64encode(os.urandom(32)).decode("ascii")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key + "\n")
+    return path.read_text().strip()
+
+
 def settings_env() -> dict[str, str]:
     """The SPARKRING_* values a process on this machine uses to reach the stack."""
     root = stack_dir()
@@ -681,6 +695,9 @@ def settings_env() -> dict[str, str]:
         # Drivers run as a user of their own (created by scripts/bootstrap.sh), never as
         # the server's: a job must not read the server's credentials (docs/drivers.md).
         "SPARKRING_DRIVER_USER": DRIVER_USER,
+        # The key job secrets are encrypted with (docs/secrets.md); a production cluster
+        # keeps its key in its secret store, never beside the database.
+        "SPARKRING_SECRET_KEYS": secret_key(root),
         # Not settings of the server: where the stack's Spark standalone master listens,
         # and the Spark installation, for jobs and tests that use them.
         "SPARKRING_STACK_SPARK_MASTER_URL": spark_master_url(),

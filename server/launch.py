@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import DBAPIError
 
 from resource_center import catalog, errors
-from scheduler import distribution
+from scheduler import distribution, secrets
 from scheduler import jobs as job_catalog
 from scheduler import runs as run_rows
 from server import (
@@ -144,6 +144,7 @@ def build_spec(
     fetched = [(_fetch(the_runner, item["id"]), item["filename"]) for item in artifacts]
     # The run's own links, under the original names: the cache may evict them.
     main, *py_files = driver.pin_artifacts(run_dir, fetched)
+    env = {**job.get("env", {}), **_secret_values(the_runner, job.get("secret_env") or {})}
     return driver.DriverSpec(
         job=run.name,
         kind=job["kind"],
@@ -154,6 +155,7 @@ def build_spec(
         py_files=py_files,
         conf=job["conf"],
         args=job["args"],
+        extra_env=env,
         master=master,
         checkpoint_dir=(
             checkpoint.prepare(cfg.checkpoint_root, run.name, run.job_id)
@@ -171,6 +173,22 @@ def build_spec(
         address=cfg.driver_address,
         ui_port=driver_network.free_port(),
     )
+
+
+def _secret_values(the_runner: runner.Runner, secret_env: dict[str, str]) -> dict[str, str]:
+    """The job's secret variables with their values as stored now: a driver started after
+    a secret changed gets the new value. A secret gone fails the job (its definition
+    names what does not exist); a key this server lacks defers it (another release of
+    its settings may hold it)."""
+    if not secret_env:
+        return {}
+    try:
+        with the_runner.engine.connect() as conn:
+            return secrets.values_for(conn, secret_env, the_runner.config.secret_box)
+    except secrets.SecretNotFound as exc:
+        raise driver.SpecError(f"secret: {exc}") from None
+    except secrets.KeyProblem as exc:
+        raise driver.DriverError(f"secret: {exc}") from None
 
 
 def finish_report(

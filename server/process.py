@@ -192,6 +192,7 @@ class Server:
                 # A warm driver outlives the longest hand-off: the wait, the stop, a claim.
                 warm_go_timeout=s.warm_ready_wait + s.stop_grace + defaults.WARM_GO_SLACK_S,
                 driver_address=driver_network.resolve(s.advertise_host),
+                secret_box=s.secret_box(),
             ),
             may_claim=self._may_claim,
         )

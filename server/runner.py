@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
+from cryptography.fernet import MultiFernet
 from sqlalchemy.exc import DBAPIError
 
 from resource_center import cache as cache_module
@@ -126,6 +127,9 @@ class RunnerConfig:
     # This server's address as an IP (driver_network.resolve of SPARKRING_ADVERTISE_HOST):
     # a driver of a cluster master binds on it and gives it to its executors.
     driver_address: str | None = None
+    # The keys of SPARKRING_SECRET_KEYS (scheduler/secrets.py): a job's secrets are
+    # decrypted with them for its driver. None: not set, a job given secrets defers here.
+    secret_box: MultiFernet | None = None
 
 
 class Runner:

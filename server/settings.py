@@ -23,7 +23,7 @@ import tomllib
 import urllib.parse
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -31,6 +31,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from resource_center import defaults as resource_defaults
 from scheduler import destinations
 from server import defaults
+
+if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
 
 ENV_PREFIX = "SPARKRING_"
 
@@ -169,6 +172,9 @@ class Settings(BaseSettings):
     # same priority). A host thawed after a pause, or saturated by its drivers, must
     # still run the watchdog that is to kill a driver whose lease ran out (docs/drivers.md).
     driver_nice: int = Field(defaults.DRIVER_NICE, ge=0, le=19)
+    # Fernet keys, comma-separated, of the secrets jobs get (scheduler/secrets.py): the
+    # first encrypts, all decrypt. Unset: no secret can be made or given here.
+    secret_keys: SecretStr = SecretStr("")
 
     @field_validator("zk_hosts")
     @classmethod
@@ -193,6 +199,25 @@ class Settings(BaseSettings):
     @classmethod
     def _history_retention_is_a_duration(cls, value: object) -> float:
         return parse_duration(value) if value is not None else defaults.HISTORY_RETENTION_S
+
+    @field_validator("secret_keys")
+    @classmethod
+    def _secret_keys_are_fernet_keys(cls, value: SecretStr) -> SecretStr:
+        if value.get_secret_value().strip():
+            from scheduler import secrets  # cryptography: only where keys are set
+
+            try:
+                secrets.parse_keys(value.get_secret_value())
+            except secrets.SecretError as exc:  # names the key's position, never the key
+                raise ValueError(str(exc).removeprefix(secrets.KEYS_SETTING + ": ")) from None
+        return value
+
+    def secret_box(self) -> MultiFernet | None:
+        """``secret_keys`` as the MultiFernet that encrypts and decrypts; None: unset."""
+        from scheduler import secrets
+
+        text = self.secret_keys.get_secret_value()
+        return secrets.parse_keys(text) if text.strip() else None
 
     @field_validator("alert_allow_networks")
     @classmethod

@@ -75,6 +75,10 @@ jobs = sa.Table(
     ),
     sa.Column("conf", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
     sa.Column("args", JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
+    # The driver's environment variables (name -> value), and those whose value is a
+    # secret's (name -> secret name; scheduler/secrets.py).
+    sa.Column("env", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("secret_env", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
     # Spark master for this job; NULL means the server's SPARKRING_SPARK_MASTER.
     sa.Column("spark_master", sa.Text, nullable=True),
     sa.Column("desired", sa.Text, nullable=False, server_default="stopped"),
@@ -188,6 +192,8 @@ job_revisions = sa.Table(
     ),
     sa.Column("conf", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
     sa.Column("args", JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
+    sa.Column("env", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("secret_env", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
     sa.Column("spark_master", sa.Text, nullable=True),
     sa.Column("max_restarts", sa.Integer, nullable=False),
     sa.Column("restart_window_s", sa.Float, nullable=False, server_default=sa.text("3600.0")),
@@ -473,6 +479,9 @@ AUDIT_ACTIONS = (
     "token_revoked",
     "alert_created",
     "alert_deleted",
+    "secret_put",
+    "secret_deleted",
+    "secrets_rotated",
 )
 audit_events = sa.Table(
     "audit_events",
@@ -500,6 +509,21 @@ cluster_credential = sa.Table(
     sa.CheckConstraint("length(secret) >= 32", name="secret_long_enough"),
 )
 
+
+# Secrets a job's driver gets as environment variables (jobs.secret_env): each value
+# encrypted with Fernet under a key the database never holds (SPARKRING_SECRET_KEYS,
+# scheduler/secrets.py). ``version`` counts the values the name has had.
+secrets = sa.Table(
+    "secrets",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("ciphertext", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False, server_default="1"),
+    _timestamp("created_at"),
+    _timestamp("updated_at"),
+    sa.Column("updated_by", sa.Text, nullable=True),
+    sa.CheckConstraint(r"name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'", name="name_charset"),
+)
 
 # Webhook alerts (scheduler/alerts.py, docs/alerts.md) and their outbox, which triggers
 # of migration 0013 fill in the transaction of the event that raises each delivery.

@@ -88,6 +88,14 @@ def _alert_made(stack: ApiStack, job: str, resource: str) -> str:
     return name
 
 
+def _secret_made(stack: ApiStack, job: str, resource: str) -> str:
+    name = f"secret-{job}"
+    with stack.client(stack.operator) as http:
+        made = http.post(f"{API}/secrets", json={"name": name, "value": "v"})
+    assert made.status_code == 201, made.text
+    return name
+
+
 WRITES = [
     Write(
         "POST",
@@ -141,6 +149,18 @@ WRITES = [
         lambda s, j, r: (f"{API}/alerts/{_alert_made(s, j, r)}/test", {}),
         202,
     ),
+    Write(
+        "POST",
+        f"{API}/secrets",
+        lambda s, j, r: (f"{API}/secrets", {"json": {"name": f"new-{j}", "value": "v"}}),
+        201,
+    ),
+    Write(
+        "DELETE",
+        f"{API}/secrets/{{name}}",
+        lambda s, j, r: (f"{API}/secrets/{_secret_made(s, j, r)}", {}),
+        200,
+    ),
 ]
 
 CALLERS = {
@@ -178,7 +198,8 @@ def _writes_so_far(stack: ApiStack) -> tuple[int, ...]:
         "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM job_events), "
         "(SELECT count(*) FROM job_revisions), (SELECT count(*) FROM resources), "
         "(SELECT count(*) FROM audit_events), (SELECT count(*) FROM runs), "
-        "(SELECT count(*) FROM alerts), (SELECT count(*) FROM alert_deliveries)"
+        "(SELECT count(*) FROM alerts), (SELECT count(*) FROM alert_deliveries), "
+        "(SELECT count(*) FROM secrets)"
     )
     return tuple(counts[0])
 

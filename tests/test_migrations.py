@@ -231,12 +231,12 @@ def test_history_index_comes_and_goes_with_0008_and_events_stay(engine: sa.Engin
 
 def test_audit_actions_are_declared_once_and_guarded(engine: sa.Engine) -> None:
     """audit_events.action accepts exactly server.web.audit.Action (as tables.AUDIT_ACTIONS
-    and the latest migration that sets them, 0013, declare them)."""
+    and the latest migration that sets them, 0019, declare them)."""
     import importlib
 
     from server.web import audit
 
-    latest = importlib.import_module("sql.migrations.versions.0013_alerts")
+    latest = importlib.import_module("sql.migrations.versions.0019_job_env_and_secrets")
     assert set(latest.AUDIT_ACTIONS) == set(tables.AUDIT_ACTIONS) == {a.value for a in audit.Action}
     with engine.begin() as connection:
         for action in audit.Action:

@@ -52,6 +52,14 @@ RESTART_WINDOW_OPTION = typer.Option(
     "Default: 1h.",
     show_default=False,
 )
+ENV_HELP = (
+    "Environment variable of the driver, KEY=VALUE; repeatable. Stored and shown by "
+    "'job show': a credential goes in --secret-env."
+)
+SECRET_ENV_HELP = (
+    "Environment variable whose value is a secret's, KEY=SECRET_NAME (see 'sparkring "
+    "secret'); repeatable. Only the job's driver gets the value, read when it starts."
+)
 HEALTHY_WITHIN_OPTION = typer.Option(
     None,
     "--healthy-within",
@@ -84,6 +92,8 @@ def create(
     ),
     conf: list[str] = typer.Option([], "--conf", help="Spark conf KEY=VALUE; repeatable."),
     arg: list[str] = typer.Option([], "--arg", help="Argument passed to the job; repeatable."),
+    env: list[str] = typer.Option([], "--env", help=ENV_HELP),
+    secret_env: list[str] = typer.Option([], "--secret-env", help=SECRET_ENV_HELP),
     master: str | None = typer.Option(
         None, "--master", help="Spark master for this job (default: SPARKRING_SPARK_MASTER)."
     ),
@@ -154,6 +164,8 @@ def create(
                 py_file_ids=[r.id for r in extra],
                 conf=conf_map,
                 args=arg,
+                env=jobs.parse_env(env, "--env"),
+                secret_env=jobs.parse_env(secret_env, "--secret-env"),
                 spark_master=master,
                 max_restarts=budget,
                 restart_window_s=_window(restart_window),
@@ -197,6 +209,20 @@ def update(
         [], "--arg", help="Argument passed to the job; repeatable; replaces every argument."
     ),
     no_args: bool = typer.Option(False, "--no-args", help="Remove every argument."),
+    env: list[str] = typer.Option(
+        [], "--env", help="Set a driver variable KEY=VALUE (others kept); repeatable."
+    ),
+    unset_env: list[str] = typer.Option(
+        [], "--unset-env", help="Remove a driver variable KEY; repeatable."
+    ),
+    secret_env: list[str] = typer.Option(
+        [],
+        "--secret-env",
+        help="Set a variable from a secret, KEY=SECRET_NAME (others kept); repeatable.",
+    ),
+    unset_secret_env: list[str] = typer.Option(
+        [], "--unset-secret-env", help="Remove a secret variable KEY; repeatable."
+    ),
     master: str | None = typer.Option(
         None,
         "--master",
@@ -280,6 +306,10 @@ def update(
         conf=conf_map,
         unset_conf=unset_conf,
         args=arg if arg else (() if no_args else None),
+        env=jobs.parse_env(env, "--env"),
+        unset_env=unset_env,
+        secret_env=jobs.parse_env(secret_env, "--secret-env"),
+        unset_secret_env=unset_secret_env,
         spark_master=master,
         max_restarts=max_restarts,
         restart_window_s=_window(restart_window),

@@ -27,6 +27,7 @@ from server.cli import health as cli_health
 from server.cli import job as cli_job
 from server.cli import resource as cli_resource
 from server.cli import ring as cli_ring
+from server.cli import secret as cli_secret
 from server.cli import servers as cli_server
 from server.cli import token as cli_token
 from server.web import tokens
@@ -49,6 +50,7 @@ app.add_typer(cli_ring.app, name="ring")
 app.add_typer(cli_token.app, name="token")
 app.add_typer(cli_events.app, name="events")
 app.add_typer(cli_alert.app, name="alert")
+app.add_typer(cli_secret.app, name="secret")
 app.command("apply", short_help="Create, revise, start, stop and prune jobs from a TOML spec.")(
     cli_apply.apply
 )
@@ -66,6 +68,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from scheduler import alerts as alert_errors
     from scheduler import jobs as job_errors
     from scheduler import ring as ring_errors
+    from scheduler import secrets as secret_errors
 
     return (
         database.DatabaseError,
@@ -75,6 +78,7 @@ def user_errors() -> tuple[type[Exception], ...]:
         ring_errors.RingError,
         tokens.TokenError,
         alert_errors.AlertError,
+        secret_errors.SecretError,
     )
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from resource_center import catalog, errors, store, validation
-from scheduler import health_policy, jobs
+from scheduler import health_policy, jobs, secrets
 from sql import tables
 from sql.states import Desired, JobKind
 
@@ -43,6 +43,9 @@ JOB_KEYS = frozenset(
         "py_files",
         "conf",
         "args",
+        # The driver's variables, and those given a secret's value (docs/secrets.md).
+        "env",
+        "secret_env",
         "master",
         "max_restarts",
         "max_retries",
@@ -96,6 +99,8 @@ class JobEntry:
     py_files: tuple[Artifact, ...] = ()
     conf: Mapping[str, str] = field(default_factory=dict)
     args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: Mapping[str, str] = field(default_factory=dict)
     master: str | None = None
     max_restarts: int = 3
     restart_window_s: float = jobs.DEFAULT_RESTART_WINDOW_S
@@ -192,6 +197,12 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
             health_policy.check(conf)
         except health_policy.PolicyError as exc:
             problems.append(f"{at}.conf: {exc}")
+    env = _string_table(body, "env", at, problems)
+    secret_env = _string_table(body, "secret_env", at, problems)
+    try:
+        secrets.check_env(env, secret_env)
+    except secrets.SecretError as exc:
+        problems.append(f"{at}: {exc}")
     args = body.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         problems.append(f"{at}.args: must be a list of strings")
@@ -224,6 +235,8 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
         py_files=tuple(py_files),
         conf=conf,
         args=tuple(args),
+        env=env,
+        secret_env=secret_env,
         master=master,
         max_restarts=max_restarts,
         restart_window_s=window,
@@ -232,6 +245,24 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
         auto_rollback=auto_rollback,
         healthy_within_s=healthy_within,
     )
+
+
+def _string_table(
+    body: Mapping[str, Any], key: str, at: str, problems: list[str]
+) -> dict[str, str]:
+    """A table of KEY = "text" (``env``, ``secret_env``); a value that is not a string is
+    refused by its key (a number or boolean is not guessed into text)."""
+    raw = body.get(key, {})
+    if not isinstance(raw, dict):
+        problems.append(f'{at}.{key}: must be a table of KEY = "VALUE"')
+        return {}
+    table: dict[str, str] = {}
+    for name, value in raw.items():
+        if isinstance(value, str):
+            table[name] = value
+        else:
+            problems.append(f"{at}.{key}.{name}: must be a string")
+    return table
 
 
 def _auto_rollback(
@@ -412,6 +443,8 @@ def _target_view(entry: JobEntry, main: Resolved, py_files: list[Resolved]) -> d
         "py_files": [p.view() for p in py_files],
         "conf": dict(entry.conf),
         "args": list(entry.args),
+        "env": dict(entry.env),
+        "secret_env": dict(entry.secret_env),
         "spark_master": entry.master,
         "max_restarts": entry.max_restarts,
         "restart_window_s": entry.restart_window_s,
@@ -546,6 +579,8 @@ def execute(
                 py_file_ids=tuple(resource_id(p) for p in step.py_files),
                 conf=dict(entry.conf),
                 args=entry.args,
+                env=dict(entry.env),
+                secret_env=dict(entry.secret_env),
                 spark_master=entry.master,
                 max_restarts=entry.max_restarts,
                 restart_window_s=entry.restart_window_s,
@@ -561,6 +596,8 @@ def execute(
                         py_file_ids=definition.py_file_ids,
                         conf=definition.conf,
                         args=definition.args,
+                        env=definition.env,
+                        secret_env=definition.secret_env,
                         spark_master=definition.spark_master,
                         max_restarts=definition.max_restarts,
                         restart_window_s=definition.restart_window_s,

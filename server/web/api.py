@@ -28,7 +28,7 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI, Request, Response
@@ -42,13 +42,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from registry import servers as registry_servers
 from resource_center import errors as resource_errors
 from resource_center import store
-from scheduler import alerts, destinations, jobs, ring
+from scheduler import alerts, destinations, jobs, ring, secrets
 from server import defaults, metrics
 from server.web import admission, auth, contract
 from server.web.routes import alerts as alert_routes
 from server.web.routes import events, health, logs, resources, servers
 from server.web.routes import jobs as job_routes
 from server.web.routes import ring as ring_routes
+from server.web.routes import secrets as secret_routes
+
+if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,9 @@ class Backend:
     peer_tls: ssl.SSLContext | None = None
     # Networks a webhook may reach although not public (SPARKRING_ALERT_ALLOW_NETWORKS).
     alert_networks: tuple[destinations.Network, ...] = ()
+    # SPARKRING_SECRET_KEYS (scheduler/secrets.py): a secret is encrypted with it; None:
+    # not set, a secret cannot be created here (503).
+    secret_box: MultiFernet | None = None
 
 
 def create_app(backend: Backend) -> FastAPI:
@@ -110,6 +117,7 @@ def create_app(backend: Backend) -> FastAPI:
     app.include_router(events.router(backend, authenticator))
     app.include_router(resources.router(backend, authenticator))
     app.include_router(alert_routes.router(backend, authenticator))
+    app.include_router(secret_routes.router(backend, authenticator))
 
     # ---------------------------------------------------------------- the console
 
@@ -218,6 +226,16 @@ def _install_error_handlers(app: FastAPI, declared: Declared) -> None:
         if isinstance(exc, alerts.DestinationRefused):
             return contract.error(400, str(exc))  # a host OpenAPI cannot tell from a good one
         return contract.error(422, str(exc))
+
+    @app.exception_handler(secrets.SecretError)
+    def secret_error(request: Request, exc: secrets.SecretError) -> JSONResponse:
+        if isinstance(exc, secrets.SecretNotFound):
+            return contract.error(404, str(exc))
+        if isinstance(exc, secrets.SecretInUse):
+            return contract.error(409, str(exc))
+        if isinstance(exc, secrets.KeyProblem):
+            return contract.error(503, str(exc))
+        return contract.error(400, str(exc))
 
     @app.exception_handler(ring.RingError)
     def ring_error(request: Request, exc: ring.RingError) -> JSONResponse:

@@ -26,6 +26,9 @@ class Action(StrEnum):
     TOKEN_REVOKED = "token_revoked"  # a token revoked
     ALERT_CREATED = "alert_created"  # a webhook alert made (never its secret)
     ALERT_DELETED = "alert_deleted"  # an alert and its deliveries deleted
+    SECRET_PUT = "secret_put"  # a secret created or given a new value (never the value)
+    SECRET_DELETED = "secret_deleted"
+    SECRETS_ROTATED = "secrets_rotated"  # every value encrypted anew under the first key
 
 
 def cli_actor() -> str:

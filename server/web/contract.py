@@ -91,6 +91,19 @@ HealthyWithin = Annotated[float, Field(gt=0, le=jobs.MAX_HEALTHY_WITHIN_S)]
 Conf = Annotated[
     dict[Text, Text], Field(json_schema_extra={"propertyNames": {"pattern": TEXT_PATTERN}})
 ]
+# A job's environment (scheduler/secrets.py): variable names as a shell takes them; the
+# values of ``env`` free text, those of ``secret_env`` a secret's name.
+VARIABLE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+SECRET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+EnvName = Annotated[str, Field(pattern=VARIABLE_PATTERN)]
+SecretName = Annotated[str, Field(pattern=SECRET_NAME_PATTERN)]
+Env = Annotated[
+    dict[EnvName, Text], Field(json_schema_extra={"propertyNames": {"pattern": VARIABLE_PATTERN}})
+]
+SecretEnv = Annotated[
+    dict[EnvName, SecretName],
+    Field(json_schema_extra={"propertyNames": {"pattern": VARIABLE_PATTERN}}),
+]
 
 
 class ErrorBody(BaseModel):

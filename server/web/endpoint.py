@@ -39,5 +39,6 @@ def open(place: process.EndpointPlace) -> httpd.HttpServer:
         max_artifact_bytes=s.max_artifact_bytes,
         peer_tls=place.peer_tls,
         alert_networks=s.alert_networks(),
+        secret_box=s.secret_box(),
     )
     return httpd.HttpServer(api.create_app(backend), s.health_port, listener_tls=place.listener_tls)

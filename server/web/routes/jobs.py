@@ -100,6 +100,17 @@ class JobCreate(ScheduleFields):
     args: list[contract.Text] = Field(
         default_factory=list, description="Arguments passed to the job."
     )
+    env: contract.Env = Field(
+        default_factory=dict,
+        description="The driver's environment variables (not SPARKRING_*, PYSPARK_PYTHON, "
+        "PYSPARK_DRIVER_PYTHON, SPARK_LOCAL_IP: 400). Stored and shown: a credential goes "
+        "in secret_env.",
+    )
+    secret_env: contract.SecretEnv = Field(
+        default_factory=dict,
+        description="Variables whose value is a secret's (variable -> secret name; an "
+        "unknown secret: 400). Only the job's driver gets the values.",
+    )
     spark_master: contract.Text | None = None
     max_restarts: contract.Budget | None = Field(
         None,
@@ -146,6 +157,16 @@ class JobUpdate(ScheduleFields):
         default_factory=list, description="Conf keys removed (each must be set, and not in conf)."
     )
     args: list[contract.Text] | None = Field(None, description="Replaces every argument.")
+    env: contract.Env = Field(default_factory=dict, description="Variables set (others kept).")
+    unset_env: list[contract.EnvName] = Field(
+        default_factory=list, description="Variables removed (each must be set, and not in env)."
+    )
+    secret_env: contract.SecretEnv = Field(
+        default_factory=dict, description="Secret variables set (variable -> secret name)."
+    )
+    unset_secret_env: list[contract.EnvName] = Field(
+        default_factory=list, description="Secret variables removed (each must be set)."
+    )
     spark_master: contract.Text | None = Field(None, description="'' = the server's default.")
     max_restarts: contract.Budget | None = None
     restart_window_s: contract.Window | None = Field(
@@ -321,6 +342,8 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
                     py_file_ids=[r.id for r in extra],
                     conf=conf,
                     args=body.args,
+                    env=body.env,
+                    secret_env=body.secret_env,
                     spark_master=body.spark_master,
                     max_restarts=jobs.restart_budget(
                         body.kind, body.max_restarts, body.max_retries
@@ -430,6 +453,10 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             conf=body.conf,
             unset_conf=body.unset_conf,
             args=body.args,
+            env=body.env,
+            unset_env=body.unset_env,
+            secret_env=body.secret_env,
+            unset_secret_env=body.unset_secret_env,
             spark_master=body.spark_master,
             max_restarts=body.max_restarts,
             restart_window_s=body.restart_window_s,
