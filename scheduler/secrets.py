@@ -205,6 +205,15 @@ def missing(conn: sa.Connection, names: Iterable[str]) -> list[str]:
     return [n for n in wanted if n not in found]
 
 
+def versions(conn: sa.Connection, names: Iterable[str]) -> dict[str, int]:
+    """Secret name -> its version now, for the names among ``names`` that exist."""
+    wanted = set(names)
+    if not wanted:
+        return {}
+    t = tables.secrets
+    return dict(conn.execute(sa.select(t.c.name, t.c.version).where(t.c.name.in_(wanted))).all())
+
+
 def values_for(
     conn: sa.Connection, secret_env: Mapping[str, str], box: MultiFernet | None
 ) -> dict[str, str]:

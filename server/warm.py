@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError
 
-from scheduler import distribution
+from scheduler import distribution, secrets
 from scheduler import jobs as job_catalog
 from server import driver, launch, rundir, runs, spark_master, warm_entry, watchdog
 
@@ -78,6 +78,9 @@ class WarmRun:
     master: str = ""
     ready: bool = False
     discarded: bool = False  # not to be taken any more: killed by whoever sees it first
+    # The version of each secret its environment holds (secret name -> version), read
+    # before their values: a secret given a new value since is never taken warm.
+    secret_versions: dict[str, int] | None = None
 
 
 def warm_epochs(the_runner: runner.Runner) -> dict[int, int]:
@@ -143,6 +146,7 @@ def _launch(the_runner: runner.Runner, warm: WarmRun) -> driver.Driver | None:
     cfg = the_runner.config
     with the_runner.engine.connect() as conn:
         job = job_catalog.run_definition(conn, warm.job_id, warm.revision)
+        warm.secret_versions = secrets.versions(conn, (job.get("secret_env") or {}).values())
     master = job["spark_master"] or cfg.spark_master
     if spark_master.unreachable(master):
         log.info(
@@ -229,6 +233,9 @@ def take(the_runner: runner.Runner, run: runs.Run) -> tuple[driver.Driver, str] 
         why = "not built yet" if handle is None else "not the claim it waited for, or ended"
         _kill(the_runner, warm, why)
         return None
+    if _secrets_changed(the_runner, warm):
+        _kill(the_runner, warm, "a secret of its environment has a new value")
+        return None
     if spark_master.unreachable(warm.master):
         # Probed between the claim and the start, as every start is: the cold path
         # defers the run until a master answers (S9), never counting it a crash.
@@ -254,6 +261,20 @@ def take(the_runner: runner.Runner, run: runs.Run) -> tuple[driver.Driver, str] 
         extra={"action": "warm_go", "job": run.name, "epoch": run.epoch},
     )
     return handle, warm.master
+
+
+def _secrets_changed(the_runner: runner.Runner, warm: WarmRun) -> bool:
+    """Whether a secret the warm driver holds was given a new value (or deleted) since it
+    was read: its driver must not run with the stale one. An error reading them: changed
+    (the cold start reads them again, or defers)."""
+    if not warm.secret_versions:
+        return False
+    try:
+        with the_runner.engine.connect() as conn:
+            now = secrets.versions(conn, warm.secret_versions)
+    except DBAPIError:
+        return True
+    return now != warm.secret_versions
 
 
 def discard(the_runner: runner.Runner, job_id: int, why: str) -> None:

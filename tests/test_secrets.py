@@ -4,12 +4,15 @@ rotated under a new key, refused by name (never echoed) when anything is wrong."
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import sqlalchemy as sa
 from cryptography.fernet import MultiFernet
 
 from scheduler import jobs, secrets
 from server import settings as settings_module
+from server import warm
 from tests import factories
 
 VALUE = b"pa55-w0rd-that-must-never-show"
@@ -138,3 +141,23 @@ def test_a_bad_secret_key_setting_is_refused_without_echoing_it() -> None:
     message = str(refused.value)
     assert "SPARKRING_SECRET_KEYS" in message and "key 2" in message
     assert bad not in message
+
+
+def test_a_warm_driver_holding_a_secret_given_a_new_value_since_is_not_taken(
+    engine: sa.Engine, box, tmp_path
+) -> None:
+    """server/warm.py: a warm driver read its secrets when it was pre-started; a claim
+    takes it only if none has had a new value since (else it starts cold, with the new)."""
+    with engine.begin() as conn:
+        secrets.put(conn, "token", VALUE, box, None)
+        held = secrets.versions(conn, ["token", "absent"])
+    assert held == {"token": 1}
+    warm_run = warm.WarmRun(
+        job_id=1, name="j", kind="streaming", epoch=2, attempt=1, revision=1,
+        run_dir=tmp_path, secret_versions=held,
+    )  # fmt: skip
+    the_runner = types.SimpleNamespace(engine=engine)
+    assert not warm._secrets_changed(the_runner, warm_run)
+    with engine.begin() as conn:
+        secrets.put(conn, "token", b"rotated", box, None)
+    assert warm._secrets_changed(the_runner, warm_run)
