@@ -1656,3 +1656,50 @@ def auto_rollback_problems(
                 f"{_detail(watched[latest]).get('watched_until')}) was never judged"
             )
     return problems
+
+
+def stale_secret_problems(
+    job: str,
+    beats: Sequence[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]],
+    values: Sequence[tuple[str, float]],
+) -> list[str]:
+    """No driver of ``job`` runs with a secret's value older than the value current when
+    its run was claimed (docs/secrets.md: a driver gets the value as stored when it
+    starts; a warm driver whose secret changed is not taken).
+
+    ``values``: each value the secret had, in order, as (its hash as the heartbeats carry
+    it, a database time at or after its commit). A driver's value is read after its
+    epoch's claim committed, and a claim event is dated at its transaction's start: a
+    driver of an epoch claimed after value k+1's time that still holds value k is stale.
+    A beat whose hash is no value the secret had is a driver that got something else."""
+    order = {digest: i for i, (digest, _) in enumerate(values)}
+    claimed: dict[int, float] = {}
+    for event in events:
+        if event["job_name"] == job and event["kind"] == "claimed" and event["epoch"] is not None:
+            claimed.setdefault(int(event["epoch"]), float(event["at_s"]))
+    problems: list[str] = []
+    seen: set[tuple[Any, Any, Any]] = set()
+    for beat in beats:
+        if beat.get("job") != job:
+            continue
+        key = (beat.get("epoch"), beat.get("pid"), beat.get("secret"))
+        if key in seen:
+            continue
+        seen.add(key)
+        digest = beat.get("secret")
+        if digest not in order:
+            problems.append(
+                f"{job} epoch {beat.get('epoch')}: its driver got no value of the secret"
+            )
+            continue
+        k = order[digest]
+        at = claimed.get(int(beat["epoch"])) if beat.get("epoch") is not None else None
+        # A value whose put's outcome is unknown is dated +inf: it ages none before it.
+        later = min((t for _, t in values[k + 1 :]), default=math.inf)
+        if at is not None and later < at:
+            problems.append(
+                f"{job} epoch {beat['epoch']}: claimed {at - later:.1f} s after the secret "
+                f"had a newer value than value {k + 1}, which its driver ran with"
+            )
+    return problems

@@ -1360,3 +1360,33 @@ def test_a_driver_that_runs_the_job_s_code_before_its_claim_is_flagged() -> None
     assert len(invariants.runs_before_claim(events, never_claimed)) == 1
     elsewhere = _life("a", 2, "s3", 7, None)  # s2 claimed epoch 2, s3 ran it
     assert len(invariants.runs_before_claim(events, elsewhere)) == 1
+
+
+def _claimed(epoch: int, at_s: float) -> dict[str, Any]:
+    return {"job_name": "sec", "kind": "claimed", "epoch": epoch, "at_s": at_s}
+
+
+def test_stale_secret_problems_sees_a_driver_claimed_after_a_new_value_holding_the_old() -> None:
+    values = [("aaaa", 100.0), ("bbbb", 200.0)]
+    events = [_claimed(1, 50.0), _claimed(2, 150.0), _claimed(3, 250.0)]
+    fine = [
+        {"job": "sec", "epoch": 1, "pid": 1, "secret": "aaaa"},
+        # Claimed before value 2 was stored: either value may reach it.
+        {"job": "sec", "epoch": 2, "pid": 2, "secret": "aaaa"},
+        {"job": "sec", "epoch": 3, "pid": 3, "secret": "bbbb"},
+        {"job": "other", "epoch": 3, "pid": 9, "secret": "aaaa"},
+    ]
+    assert invariants.stale_secret_problems("sec", fine, events, values) == []
+    stale = [*fine, {"job": "sec", "epoch": 3, "pid": 4, "secret": "aaaa"}]
+    problems = invariants.stale_secret_problems("sec", stale, events, values)
+    assert problems == [
+        "sec epoch 3: claimed 50.0 s after the secret had a newer value than value 1, "
+        "which its driver ran with"
+    ]
+    # A put whose outcome is unknown (+inf) ages nothing; a later stored value does.
+    unknown = [("aaaa", 100.0), ("cccc", float("inf")), ("bbbb", 200.0)]
+    assert len(invariants.stale_secret_problems("sec", stale, events, unknown)) == 1
+    nothing = [{"job": "sec", "epoch": 1, "pid": 5, "secret": "e3b0c44298fc1c14"}]
+    assert invariants.stale_secret_problems("sec", nothing, events, values) == [
+        "sec epoch 1: its driver got no value of the secret"
+    ]

@@ -85,7 +85,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
+import math
 import os
 import random
 import signal
@@ -100,9 +102,11 @@ from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
 
 from resource_center import catalog
 from scheduler import jobs
+from scheduler import secrets as secrets_module
 from server import watchdog
 from sql import database
 from sql.states import JobKind
@@ -162,9 +166,18 @@ CRASHING_P = 0.7
 # the faults and commands; the victim file must stay as it was and no server may die.
 HOSTILE = "hostile0"
 VICTIM_TEXT = "a file of the servers': no job may make them write here\n"
-# Twelve long-running jobs and the schedule's fire: two servers hold them all while the
+# A streaming heartbeat given a secret (issue 44, docs/secrets.md), commanded like the
+# others: a command loop gives the secret a new value with this probability, and no
+# driver claimed after a new value was stored may run with an older one
+# (invariants.stale_secret_problems; warm hand-offs included).
+SECRETIVE = "secretive0"
+SECRET_NAME = "chaos-token"
+SECRET_VAR = "CHAOS_TOKEN"
+SECRET_P = 0.05
+_DB_NOW = "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS double precision)"
+# Fourteen long-running jobs and the schedule's fire: two servers hold them all while the
 # third is down.
-CAPACITY = 7
+CAPACITY = 8
 COMMAND_THREADS = 3
 # A drain is undone this many seconds later (drawn), by a thread of its own; the undo
 # is tried again until it took (PostgreSQL may be down), for at most UNDRAIN_RETRY_S.
@@ -293,6 +306,10 @@ class RandomChaos:
         # cluster's root is open to drivers).
         self.crashing = trial.cluster_root / "crashing"
         self.victim = trial.cluster_root / "victim"
+        # Each value the secret had: (its hash as heartbeats carry it, a database time at
+        # or after its commit; +inf when the put's outcome is unknown).
+        self.secret_values: list[tuple[str, float]] = []
+        self._secret_lock = threading.Lock()
         self.batch = [f"b{i}" for i in range(BATCH_JOBS)]
         self.failing = [f"bf{retries}" for retries in FAILING_RETRIES]
         self.versions: list[catalog.Resource] = []  # the heartbeat artifact's versions
@@ -452,6 +469,14 @@ class RandomChaos:
         )
         t.wait_state(HOSTILE, "running", 120)
         self.names.append(HOSTILE)  # started, stopped and restarted by the commands
+        assert self._new_secret_value(t.cluster.engine) is not None
+        t.create(
+            SECRETIVE,
+            extra=["--secret-var", SECRET_VAR],
+            secret_env={SECRET_VAR: SECRET_NAME},
+        )
+        t.wait_state(SECRETIVE, "running", 120)
+        self.names.append(SECRETIVE)  # commanded, and updated keeping its --secret-var
         # A second version of the artifact (other bytes), for updates to switch between.
         assert t.resource is not None
         (self.root / "v2").mkdir(exist_ok=True)
@@ -911,6 +936,8 @@ class RandomChaos:
                 args = [heartbeats, "--exit-code", str(rng.randrange(3))]
                 if name == STALLING:  # it keeps stalling (its conf is kept: keys merge)
                     args.append("--query-started")
+                if name == SECRETIVE:  # its secret_env is kept (variables merge)
+                    args += ["--secret-var", SECRET_VAR]
             change = jobs.Change(
                 resource_id=rng.choice(self.versions).id,
                 args=args,
@@ -974,6 +1001,25 @@ class RandomChaos:
             self.problems.append(f"events prune --older-than {older_than:g}: {exc}")
         self.log.note("prune", older_than_s=older_than, result=result)
 
+    def _new_secret_value(self, engine: sa.Engine) -> int | None:
+        """Give SECRET_NAME a new random value (``sparkring secret create``: the same
+        call) and record its hash and a database time after its commit; its version, or
+        None when the put failed (its outcome unknown: recorded at +inf)."""
+        value = secrets_module.new_key()  # any random text will do
+        digest = hashlib.sha256(value.encode()).hexdigest()[:16]
+        box = secrets_module.parse_keys(self.trial.cluster.env["SPARKRING_SECRET_KEYS"])
+        with self._secret_lock:  # one put at a time: the recorded order is the stored one
+            try:
+                with engine.begin() as conn:
+                    version = secrets_module.put(conn, SECRET_NAME, value.encode(), box, None)
+                with engine.connect() as conn:
+                    stored = conn.execute(sa.text(_DB_NOW)).scalar_one()
+            except DBAPIError:
+                self.secret_values.append((digest, math.inf))
+                return None
+            self.secret_values.append((digest, float(stored)))
+            return version
+
     def _command_loop(self, index: int) -> None:
         rng = random.Random(f"{self.seed}-commands-{index}")
         while not self._stop_commands.wait(rng.uniform(0.5, 4.0)):
@@ -982,6 +1028,11 @@ class RandomChaos:
                 continue
             if rng.random() < AUTO_ROLLBACK_P:
                 self._auto_rollback_update(rng)
+                continue
+            if rng.random() < SECRET_P:
+                assert self.commands is not None
+                result = self._new_secret_value(self.commands)
+                self.log.note("secret", version=result or "unknown outcome")
                 continue
             name = rng.choice(self.names)
             # Mostly starts and restarts: the end state keeps most jobs wanted running.
@@ -1085,6 +1136,9 @@ def test_randomized_faults_and_concurrent_commands(
             outcome.problems.append(
                 f"hostile job: a server wrote through its link to {chaos.victim}"
             )
+        outcome.problems += invariants.stale_secret_problems(
+            SECRETIVE, trial.cluster.heartbeat_records(), trial.events(), chaos.secret_values
+        )
         outcome.problems += [
             f"auto-rollback {p}"
             for p in invariants.auto_rollback_problems(

@@ -336,6 +336,7 @@ class Trial:
         conf: dict[str, str] | None = None,
         master: str | None = None,
         restart_window_s: float | None = None,
+        secret_env: dict[str, str] | None = None,
     ) -> None:
         """Define a heartbeat job (and start it) through the job catalog: the same
         statements the CLI runs, without a process start per command. ``max_restarts``
@@ -357,6 +358,7 @@ class Trial:
                     max_restarts=max_restarts,
                     restart_window_s=restart_window_s,
                     spark_master=master,
+                    secret_env=secret_env or {},
                 ),
             )
             if master is not None:

@@ -13,6 +13,8 @@ checkpoint it replaces the owner marker of older releases with a FIFO and plants
 the temporary name those releases wrote it through, a link to VICTIM (a file of the
 server's) for each of its ancestors' pids; and it prints a fake Spark UI line naming
 --fake-ui-port. None of it may make a server write VICTIM, hang, or probe that port.
+With --secret-var NAME each beat also carries ``secret``: the SHA-256 (16 hex digits) of
+the variable NAME as the driver got it (a job secret, docs/secrets.md), never the value.
 ``t`` is the wall clock; ``mono`` is CLOCK_BOOTTIME, the clock of the watchdogs' lease
 deadlines and of their lifetime records (``server.watchdog.lease_clock``), so the checker
 compares beats with each other and with the records on a clock that never steps. This
@@ -22,6 +24,7 @@ file runs under spark-submit, without sparkring on its path: it reads the clock 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -72,6 +75,7 @@ def main() -> int:
     parser.add_argument("--crash-while", default=None)
     parser.add_argument("--hostile", default=None)
     parser.add_argument("--fake-ui-port", type=int, default=None)
+    parser.add_argument("--secret-var", default=None)
     args = parser.parse_args()
     if args.hostile:
         plant(os.environ.get("SPARKRING_CHECKPOINT_DIR"), args.hostile)
@@ -86,6 +90,9 @@ def main() -> int:
     identity = {
         k: os.environ.get(f"SPARKRING_{k.upper()}") for k in ("job", "epoch", "server", "revision")
     }
+    if args.secret_var:
+        value = os.environ.get(args.secret_var, "").encode()
+        identity["secret"] = hashlib.sha256(value).hexdigest()[:16]
     started = time.monotonic()
     while not stopping:
         now = {"t": time.time(), "mono": time.clock_gettime(time.CLOCK_BOOTTIME)}
