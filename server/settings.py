@@ -31,6 +31,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from resource_center import defaults as resource_defaults
 from scheduler import destinations
 from server import defaults
+from sql import database
 
 if TYPE_CHECKING:
     from cryptography.fernet import MultiFernet
@@ -175,6 +176,18 @@ class Settings(BaseSettings):
     # Fernet keys, comma-separated, of the secrets jobs get (scheduler/secrets.py): the
     # first encrypts, all decrypt. Unset: no secret can be made or given here.
     secret_keys: SecretStr = SecretStr("")
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_is_postgresql(cls, value: SecretStr) -> SecretStr:
+        """Parsed here, once, so that a bad URL is a settings error naming the key; the
+        message never shows any part of the URL (sql/database.py)."""
+        if value.get_secret_value():  # not set: refused where it is required
+            try:
+                database.parse_url(value.get_secret_value())
+            except database.InvalidURL as exc:
+                raise ValueError(exc.problem) from None
+        return value
 
     @field_validator("zk_hosts")
     @classmethod

@@ -17,24 +17,59 @@ class DatabaseUnreachable(DatabaseError):
     """The URL is valid but PostgreSQL did not answer (down, refused, timed out)."""
 
 
+class InvalidURL(DatabaseError):
+    """The database URL cannot be used. ``problem`` says why without showing any part of
+    the URL: a fragment of the password must reach no message and no log."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"SPARKRING_DATABASE_URL: {problem}")
+        self.problem = problem
+
+
+URL_FORM = "postgresql://user:password@host:port/database"
+# Schemes of PostgreSQL URLs; all of them are served by the psycopg 3 driver.
+POSTGRESQL_SCHEMES = frozenset(
+    {"postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2"}
+)
+PORT_PROBLEM = "the port must be a number in 1-65535"
+AT_PROBLEM = (
+    "holds more than one '@': an '@' in the password (or the user name, database name or "
+    "options) must be percent-encoded as %40, as in postgresql://user:p%40ss@host:5432/db"
+)
+USER_PROBLEM = (
+    "has an '@' that does not end a user name: a '/' in the user name must be "
+    "percent-encoded as %2F, an '@' anywhere but before the host as %40"
+)
+
+
 def parse_url(raw: str) -> URL:
-    """Accept ``postgresql://`` and ``postgres://`` and use the psycopg 3 driver."""
-    try:
-        url = sa.make_url(raw)
-    except ArgumentError:
-        raise DatabaseError(
-            "SPARKRING_DATABASE_URL is not a database URL "
-            "(expected postgresql://user:password@host:port/database)"
-        ) from None
-    if url.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
-        url = url.set(drivername="postgresql+psycopg")
-    if url.drivername != "postgresql+psycopg":
-        raise DatabaseError(
-            f"SPARKRING_DATABASE_URL must point at PostgreSQL, not {url.drivername!r}"
-        )
+    """The URL of ``SPARKRING_DATABASE_URL`` with the psycopg 3 driver
+    (``postgresql://`` and ``postgres://`` accepted), or :class:`InvalidURL`.
+
+    The one literal ``@`` of a URL is the one between ``user:password`` and the host:
+    parsed with another one, part of the password would become the host or the database
+    name, which messages show."""
+    if raw.count("@") > 1:
+        raise InvalidURL(AT_PROBLEM)
+    url = _make_url(raw)
+    if url.drivername not in POSTGRESQL_SCHEMES:
+        raise InvalidURL(f"must point at PostgreSQL ({URL_FORM}), not {url.drivername!r}")
+    if "@" in raw and url.username is None:
+        raise InvalidURL(USER_PROBLEM)
+    if url.port is not None and not 1 <= url.port <= 65535:
+        raise InvalidURL(PORT_PROBLEM)
     if not url.database:
-        raise DatabaseError("SPARKRING_DATABASE_URL names no database")
-    return url
+        raise InvalidURL(f"names no database ({URL_FORM})")
+    return url.set(drivername="postgresql+psycopg")
+
+
+def _make_url(raw: str) -> URL:
+    try:
+        return sa.make_url(raw)
+    except ArgumentError:
+        raise InvalidURL(f"must be a URL like {URL_FORM}") from None
+    except ValueError:  # the port is not a number
+        raise InvalidURL(PORT_PROBLEM) from None
 
 
 def describe(url: URL) -> str:
