@@ -53,6 +53,7 @@ from server import (
     retention,
     runner,
     tls,
+    version,
     watchdog,
     workdir,
 )
@@ -61,7 +62,8 @@ from sql import database, migrate
 from sql.states import HealthFlag
 
 log = logging.getLogger(__name__)
-VERSION = "0.1.0"
+# The package metadata's (pyproject.toml): in each registration and alert's User-Agent.
+VERSION = version.current()
 
 
 def _own_user_name() -> str:

@@ -1,5 +1,5 @@
 """Settings errors as a user meets them: the real CLI, exit 78, one line naming the key,
-never a traceback and never a fragment of a password.
+never a traceback and never a fragment of a password; and ``--version``.
 
 No service is needed: a URL that gets past the settings points at a closed port.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,21 @@ def _clear_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("SPARKRING_"):
             monkeypatch.delenv(name)
+
+
+# ------------------------------------------------------------------------ --version
+
+
+def test_version_is_the_one_of_pyproject(tmp_path: Path) -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    result = _run({}, "--version", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"sparkring {project['version']}\n", result.stdout
+
+
+def test_the_server_reports_the_package_version() -> None:
+    from importlib import metadata
+
+    from server import process
+
+    assert process.VERSION == metadata.version("sparkring")

@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 from sqlalchemy import exc as sa_exc
 
-from server import exit_codes
+from server import exit_codes, version
 from server import settings as settings_module
 from server.cli import alert as cli_alert
 from server.cli import apply as cli_apply
@@ -82,6 +82,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     )
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"sparkring {version.current()}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -91,6 +97,13 @@ def _root(
         envvar="SPARKRING_CONFIG",
         help="TOML file with settings (keys as in SPARKRING_* variables); env vars win.",
         dir_okay=False,
+    ),
+    show_version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the version of sparkring and exit.",
     ),
 ) -> None:
     console.context(ctx).config = config
