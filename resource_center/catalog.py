@@ -249,7 +249,15 @@ def _referencing_jobs(connection: sa.Connection, resource_ids: list[int]) -> lis
         .join(revision_py_files, revision_py_files.c.job_id == jobs.c.id)
         .where(revision_py_files.c.resource_id.in_(resource_ids))
     )
-    return sorted(connection.execute(sa.union(main, extra, kept_main, kept_extra)).scalars())
+    # A job's dependencies (resource_center/deps.py), now and in any revision.
+    deps = sa.select(jobs.c.name).where(jobs.c.deps_id.in_(resource_ids))
+    kept_deps = (
+        sa.select(jobs.c.name)
+        .join(revisions, revisions.c.job_id == jobs.c.id)
+        .where(revisions.c.deps_id.in_(resource_ids))
+    )
+    both = sa.union(main, extra, kept_main, kept_extra, deps, kept_deps)
+    return sorted(connection.execute(both).scalars())
 
 
 def referencing_jobs(engine: Engine, resource: Resource) -> list[str]:

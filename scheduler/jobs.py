@@ -91,6 +91,8 @@ class JobSpec:
     # secret name, scheduler/secrets.py).
     env: Mapping[str, str] = field(default_factory=dict)
     secret_env: Mapping[str, str] = field(default_factory=dict)
+    # The zip of the packages it imports (resource_center/deps.py); None: none.
+    deps_id: int | None = None
     spark_master: str | None = None
     # None: the kind's default (DEFAULT_MAX_RESTARTS). For a batch job: its retries.
     max_restarts: int | None = None
@@ -211,6 +213,7 @@ FIELDS = (
     "args",
     "env",
     "secret_env",
+    "requirements",
     "master",
     "max_restarts",
     "restart_window",
@@ -228,6 +231,7 @@ class Definition:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     secret_env: Mapping[str, str] = field(default_factory=dict)
+    deps_id: int | None = None
     spark_master: str | None = None
     max_restarts: int = 3
     restart_window_s: float = DEFAULT_RESTART_WINDOW_S
@@ -242,6 +246,7 @@ class Definition:
             args=tuple(spec.args),
             env=dict(spec.env),
             secret_env=dict(spec.secret_env),
+            deps_id=spec.deps_id,
             spark_master=spec.spark_master,
             max_restarts=restart_budget(spec.kind, spec.max_restarts),
             restart_window_s=restart_window(spec.kind, spec.restart_window_s),
@@ -257,6 +262,7 @@ class Definition:
             "args": (tuple(self.args), tuple(before.args)),
             "env": (dict(self.env), dict(before.env)),
             "secret_env": (dict(self.secret_env), dict(before.secret_env)),
+            "requirements": (self.deps_id, before.deps_id),
             "master": (self.spark_master, before.spark_master),
             "max_restarts": (self.max_restarts, before.max_restarts),
             "restart_window": (self.restart_window_s, before.restart_window_s),
@@ -278,6 +284,8 @@ class Change:
     unset_env: Sequence[str] = ()  # variables removed
     secret_env: Mapping[str, str] = field(default_factory=dict)  # variable -> secret name
     unset_secret_env: Sequence[str] = ()
+    deps_id: int | None = None  # new dependencies (a deps zip's resource id)
+    clear_deps: bool = False  # --no-requirements
     spark_master: str | None = None  # "" = back to the server's SPARKRING_SPARK_MASTER
     max_restarts: int | None = None
     restart_window_s: float | None = None
@@ -308,6 +316,9 @@ class Change:
         )
         if self.clear_schedule and self.schedule is not None:
             raise JobError("give --schedule or --no-schedule, not both")
+        if self.clear_deps and self.deps_id is not None:
+            raise JobError("give --requirements or --no-requirements, not both")
+        deps_id = None if self.clear_deps else (self.deps_id or current.deps_id)
         schedule = current.schedule
         if self.clear_schedule:
             schedule = None
@@ -325,6 +336,7 @@ class Change:
             args=current.args if self.args is None else tuple(self.args),
             env=env,
             secret_env=secret_env,
+            deps_id=deps_id,
             spark_master=master,
             max_restarts=current.max_restarts if self.max_restarts is None else self.max_restarts,
             restart_window_s=(
@@ -426,6 +438,7 @@ def _insert_revision(
             args=list(definition.args),
             env=dict(definition.env),
             secret_env=dict(definition.secret_env),
+            deps_id=definition.deps_id,
             spark_master=definition.spark_master,
             max_restarts=definition.max_restarts,
             restart_window_s=definition.restart_window_s,
@@ -482,11 +495,11 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
     inserted = conn.execute(
         sa.text(
             """
-            INSERT INTO jobs (name, kind, resource_id, conf, args, env, secret_env,
+            INSERT INTO jobs (name, kind, resource_id, conf, args, env, secret_env, deps_id,
                               spark_master, max_restarts, restart_window_s, label, schedule,
                               auto_rollback, healthy_within_s)
             VALUES (:name, :kind, :resource_id, CAST(:conf AS jsonb), CAST(:args AS jsonb),
-                    CAST(:env AS jsonb), CAST(:secret_env AS jsonb), :spark_master,
+                    CAST(:env AS jsonb), CAST(:secret_env AS jsonb), :deps_id, :spark_master,
                     :max_restarts, :restart_window_s, :label, CAST(:schedule AS jsonb),
                     :auto_rollback, :healthy_within_s)
             ON CONFLICT (name) DO NOTHING
@@ -501,6 +514,7 @@ def create(conn: sa.Connection, spec: JobSpec, actor: str | None = None) -> int:
             "args": json.dumps(list(spec.args)),
             "env": json.dumps(dict(spec.env)),
             "secret_env": json.dumps(dict(spec.secret_env)),
+            "deps_id": spec.deps_id,
             "spark_master": spec.spark_master,
             "max_restarts": max_restarts,
             "restart_window_s": window,
@@ -862,6 +876,7 @@ def _current(conn: sa.Connection, job_id: int) -> tuple[int, Definition]:
             j.c.args,
             j.c.env,
             j.c.secret_env,
+            j.c.deps_id,
             j.c.spark_master,
             j.c.max_restarts,
             j.c.restart_window_s,
@@ -878,6 +893,7 @@ def _current(conn: sa.Connection, job_id: int) -> tuple[int, Definition]:
         args=tuple(row.args),
         env=row.env,
         secret_env=row.secret_env,
+        deps_id=row.deps_id,
         spark_master=row.spark_master,
         max_restarts=row.max_restarts,
         restart_window_s=row.restart_window_s,
@@ -904,6 +920,7 @@ def _stored(conn: sa.Connection, job_id: int, revision: int) -> Definition | Non
         args=tuple(row.args),
         env=row.env,
         secret_env=row.secret_env,
+        deps_id=row.deps_id,
         spark_master=row.spark_master,
         max_restarts=row.max_restarts,
         restart_window_s=row.restart_window_s,
@@ -939,6 +956,7 @@ _REVISE = sa.text(
            args = CAST(:args AS jsonb),
            env = CAST(:env AS jsonb),
            secret_env = CAST(:secret_env AS jsonb),
+           deps_id = :deps_id,
            spark_master = :spark_master,
            max_restarts = :max_restarts,
            restart_window_s = :restart_window_s,
@@ -1020,6 +1038,7 @@ def _revise(
             "args": json.dumps(list(target.args)),
             "env": json.dumps(dict(target.env)),
             "secret_env": json.dumps(dict(target.secret_env)),
+            "deps_id": target.deps_id,
             "spark_master": target.spark_master,
             "max_restarts": target.max_restarts,
             "restart_window_s": target.restart_window_s,
@@ -1167,7 +1186,11 @@ def rollback(
 
 _HISTORY = """
     SELECT r.revision, r.created_at, r.created_by, r.changed, r.rollback_of, r.conf, r.args,
-           r.env, r.secret_env, r.spark_master, r.max_restarts, r.restart_window_s, r.schedule,
+           r.env, r.secret_env, r.spark_master,
+           (SELECT jsonb_build_object('id', dr.id, 'name', dr.name, 'version', dr.version,
+                                      'sha256', dr.sha256, 'filename', dr.filename)
+              FROM resources dr WHERE dr.id = r.deps_id) AS deps,
+           r.max_restarts, r.restart_window_s, r.schedule,
            jsonb_build_object('id', res.id, 'name', res.name, 'version', res.version,
                               'sha256', res.sha256, 'filename', res.filename) AS resource,
            COALESCE((SELECT jsonb_agg(jsonb_build_object(
@@ -1194,6 +1217,7 @@ def _revision_view(row: sa.Row) -> dict[str, Any]:
         "args": row.args,
         "env": row.env,
         "secret_env": row.secret_env,
+        "deps": row.deps,
         "spark_master": row.spark_master,
         "max_restarts": row.max_restarts,
         "restart_window_s": row.restart_window_s,
@@ -1250,6 +1274,12 @@ def describe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> lis
     if list(before["args"]) != list(after["args"]):
         lines.append(f"args {shlex.join(before['args'])!r} -> {shlex.join(after['args'])!r}")
     lines += _pair_changes("env", before.get("env") or {}, after.get("env") or {})
+    old_deps, new_deps = before.get("deps"), after.get("deps")
+    if (old_deps and reference(old_deps)) != (new_deps and reference(new_deps)):
+        lines.append(
+            f"requirements {reference(old_deps) if old_deps else '(none)'} -> "
+            f"{reference(new_deps) if new_deps else '(none)'}"
+        )
     lines += _pair_changes(
         "secret_env", before.get("secret_env") or {}, after.get("secret_env") or {}
     )
@@ -1328,6 +1358,9 @@ _SHOW = (
     """
     SELECT j.id, j.name, j.kind, j.desired, j.generation AS job_generation, j.conf, j.args,
            j.env, j.secret_env,
+           (SELECT jsonb_build_object('id', dr.id, 'name', dr.name, 'version', dr.version,
+                                      'sha256', dr.sha256, 'filename', dr.filename)
+              FROM resources dr WHERE dr.id = j.deps_id) AS deps,
            j.spark_master, j.max_restarts, j.restart_window_s, j.created_at, j.revision,
            j.label, d.revision AS run_revision, d.state, d.owner, d.target, d.epoch,
            d.attempt, d.restarts, d.lease_until,
@@ -1396,6 +1429,8 @@ def _view(row: sa.Row) -> dict[str, Any]:
         "env": row.env,
         # Variable -> secret name: the values are never read here.
         "secret_env": row.secret_env,
+        # The packages it imports (resource_center/deps.py), as an artifact; None: none.
+        "deps": row.deps,
         "spark_master": row.spark_master,
         "lease_until": row.lease_until,
         "pending_reason": row.pending_reason,

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server import driver_network, driver_user, rundir, warm_entry, watchdog
+from server import driver_network, driver_user, job_deps, rundir, warm_entry, watchdog
 
 log = logging.getLogger("sparkring.driver")
 
@@ -58,6 +58,7 @@ PYTHON_SUFFIXES = (".py", ".zip", ".egg")
 MAIN_CLASS_CONF = "sparkring.main.class"
 SPARKRING_CONF_PREFIX = "sparkring."
 UI_PORT_CONF = "spark.ui.port"
+EXECUTOR_PYTHONPATH_CONF = "spark.executorEnv.PYTHONPATH"
 
 # Inherited variables a driver must never see: the server's own configuration
 # (database URL, S3 and ZooKeeper credentials) and anything that looks like a secret.
@@ -125,6 +126,10 @@ class DriverSpec:
     # master binds on it and gives it to its executors. None: loopback, as a local
     # master's driver is.
     address: str | None = None
+    # The job's dependencies (server/job_deps.py): the unpacked folder, first on the
+    # driver's PYTHONPATH, and the zip a cluster master's executors get (--archives).
+    deps_dir: Path | None = None
+    deps_zip: Path | None = None
 
     @property
     def warm(self) -> bool:
@@ -254,6 +259,7 @@ def build_argv(spec: DriverSpec) -> list[str]:
         argv += ["--conf", f"{key}={value}"]
     if spec.ui_port is not None and UI_PORT_CONF not in spec.conf:
         argv += ["--conf", f"{UI_PORT_CONF}={spec.ui_port}"]
+    argv += _deps_options(spec)
     py_files = [str(path) for path in spec.py_files]
     if _is_jar(spec):
         main_class = spec.conf.get(MAIN_CLASS_CONF, "").strip()
@@ -281,6 +287,20 @@ def build_argv(spec: DriverSpec) -> list[str]:
     return [*argv, main, *spec.args]
 
 
+def _deps_options(spec: DriverSpec) -> list[str]:
+    """A cluster master's executors get the job's dependencies: the zip, unpacked in
+    their working folder, on their Python workers' PYTHONPATH (a job's own
+    ``spark.executorEnv.PYTHONPATH`` wins). A local master's run in the driver's JVM,
+    with the driver's PYTHONPATH."""
+    if spec.deps_zip is None or driver_network.is_local(spec.master):
+        return []
+    folder = job_deps.EXECUTOR_FOLDER
+    options = ["--archives", f"{spec.deps_zip}#{folder}"]
+    if EXECUTOR_PYTHONPATH_CONF not in spec.conf:
+        options += ["--conf", f"{EXECUTOR_PYTHONPATH_CONF}=./{folder}"]
+    return options
+
+
 def job_python_file(spec: DriverSpec) -> Path:
     """The Python file that runs the job: its .py main, or the launcher of its archive."""
     if spec.main.suffix.lower() == ".py":
@@ -301,6 +321,10 @@ def build_env(spec: DriverSpec, base: Mapping[str, str]) -> dict[str, str]:
     # a cluster master's driver advertises spec.address instead (build_argv).
     env.setdefault("SPARK_LOCAL_IP", driver_network.LOOPBACK)
     env.update(spec.extra_env)
+    if spec.deps_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(spec.deps_dir), env.get("PYTHONPATH", "")) if p
+        )
     env.update(
         {
             "SPARKRING_JOB": spec.job,

@@ -25,6 +25,7 @@ from server import (
     checkpoint,
     driver,
     driver_network,
+    job_deps,
     metrics,
     outcomes,
     reconcile,
@@ -140,10 +141,16 @@ def build_spec(
     ``warm_go_timeout``: a warm driver's (``server/warm.py``)."""
     cfg = the_runner.config
     run_dir = run_dir or rundir.run_dir(cfg.work_dir, run.job_id, run.epoch)
-    artifacts = [job["resource"], *job["py_files"]]
+    deps = job.get("deps")
+    artifacts = [job["resource"], *job["py_files"], *([deps] if deps else [])]
     fetched = [(_fetch(the_runner, item["id"]), item["filename"]) for item in artifacts]
     # The run's own links, under the original names: the cache may evict them.
-    main, *py_files = driver.pin_artifacts(run_dir, fetched)
+    pinned = driver.pin_artifacts(run_dir, fetched)
+    deps_zip = pinned.pop() if deps else None
+    main, *py_files = pinned
+    deps_dir = (
+        job_deps.unpacked(cfg.work_dir, deps_zip, deps["sha256"]) if deps_zip and deps else None
+    )
     env = {**job.get("env", {}), **_secret_values(the_runner, job.get("secret_env") or {})}
     return driver.DriverSpec(
         job=run.name,
@@ -172,6 +179,8 @@ def build_spec(
         warm_go_timeout=warm_go_timeout,
         address=cfg.driver_address,
         ui_port=driver_network.free_port(),
+        deps_dir=deps_dir,
+        deps_zip=deps_zip,
     )
 
 

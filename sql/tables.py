@@ -79,6 +79,11 @@ jobs = sa.Table(
     # secret's (name -> secret name; scheduler/secrets.py).
     sa.Column("env", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
     sa.Column("secret_env", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    # The packages the job imports, built from a requirements file (resource_center/deps.py):
+    # a zip artifact pinned like the main one; NULL: none.
+    sa.Column(
+        "deps_id", sa.BigInteger, sa.ForeignKey("resources.id", ondelete="RESTRICT"), nullable=True
+    ),
     # Spark master for this job; NULL means the server's SPARKRING_SPARK_MASTER.
     sa.Column("spark_master", sa.Text, nullable=True),
     sa.Column("desired", sa.Text, nullable=False, server_default="stopped"),
@@ -194,6 +199,9 @@ job_revisions = sa.Table(
     sa.Column("args", JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
     sa.Column("env", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
     sa.Column("secret_env", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column(
+        "deps_id", sa.BigInteger, sa.ForeignKey("resources.id", ondelete="RESTRICT"), nullable=True
+    ),
     sa.Column("spark_master", sa.Text, nullable=True),
     sa.Column("max_restarts", sa.Integer, nullable=False),
     sa.Column("restart_window_s", sa.Float, nullable=False, server_default=sa.text("3600.0")),

@@ -10,6 +10,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -17,6 +18,7 @@ import typer
 from scheduler import health_policy, jobs
 from server import clients
 from server.cli import console, schedules
+from server.cli import resource as cli_resource
 from server.web import audit, tokens
 from sql import states
 from sql.states import JobKind, RunState
@@ -56,6 +58,11 @@ ENV_HELP = (
     "Environment variable of the driver, KEY=VALUE; repeatable. Stored and shown by "
     "'job show': a credential goes in --secret-env."
 )
+REQUIREMENTS_HELP = (
+    "A pip requirements file: the packages the job imports, built once (pip install "
+    "--target with the servers' Python) into a deps artifact, given to the driver and "
+    "its executors (docs/dependencies.md). A failed build changes nothing."
+)
 SECRET_ENV_HELP = (
     "Environment variable whose value is a secret's, KEY=SECRET_NAME (see 'sparkring "
     "secret'); repeatable. Only the job's driver gets the value, read when it starts."
@@ -94,6 +101,7 @@ def create(
     arg: list[str] = typer.Option([], "--arg", help="Argument passed to the job; repeatable."),
     env: list[str] = typer.Option([], "--env", help=ENV_HELP),
     secret_env: list[str] = typer.Option([], "--secret-env", help=SECRET_ENV_HELP),
+    requirements: Path | None = typer.Option(None, "--requirements", help=REQUIREMENTS_HELP),
     master: str | None = typer.Option(
         None, "--master", help="Spark master for this job (default: SPARKRING_SPARK_MASTER)."
     ),
@@ -154,6 +162,9 @@ def create(
     engine = console.engine(ctx)
     main = catalog.resolve(engine, resource)
     extra = [catalog.resolve(engine, ref) for ref in py_files]
+    env_map = jobs.parse_env(env, "--env")
+    secret_map = jobs.parse_env(secret_env, "--secret-env")
+    deps = cli_resource.deps_artifact(ctx, requirements) if requirements else None
     with engine.begin() as conn:
         jobs.create(
             conn,
@@ -164,8 +175,9 @@ def create(
                 py_file_ids=[r.id for r in extra],
                 conf=conf_map,
                 args=arg,
-                env=jobs.parse_env(env, "--env"),
-                secret_env=jobs.parse_env(secret_env, "--secret-env"),
+                env=env_map,
+                secret_env=secret_map,
+                deps_id=deps.id if deps else None,
                 spark_master=master,
                 max_restarts=budget,
                 restart_window_s=_window(restart_window),
@@ -222,6 +234,12 @@ def update(
     ),
     unset_secret_env: list[str] = typer.Option(
         [], "--unset-secret-env", help="Remove a secret variable KEY; repeatable."
+    ),
+    requirements: Path | None = typer.Option(
+        None, "--requirements", help="New requirements file (built as for job create)."
+    ),
+    no_requirements: bool = typer.Option(
+        False, "--no-requirements", help="Remove the job's dependencies."
     ),
     master: str | None = typer.Option(
         None,
@@ -300,6 +318,9 @@ def update(
         )
     main = catalog.resolve(engine, resource) if resource is not None else None
     extra = [catalog.resolve(engine, ref) for ref in py_files]
+    if requirements is not None and no_requirements:
+        raise console.fail("--requirements and --no-requirements exclude each other")
+    deps = cli_resource.deps_artifact(ctx, requirements) if requirements else None
     change = jobs.Change(
         resource_id=main.id if main is not None else None,
         py_file_ids=[r.id for r in extra] if py_files else (() if no_py_files else None),
@@ -310,6 +331,8 @@ def update(
         unset_env=unset_env,
         secret_env=jobs.parse_env(secret_env, "--secret-env"),
         unset_secret_env=unset_secret_env,
+        deps_id=deps.id if deps else None,
+        clear_deps=no_requirements,
         spark_master=master,
         max_restarts=max_restarts,
         restart_window_s=_window(restart_window),
@@ -888,6 +911,8 @@ def _shown(key: str, value: Any) -> str:
         return ", ".join(_reference(item) for item in value) or "-"
     if key == "args":
         return shlex.join(value) if value else "-"
+    if key == "deps":
+        return _reference(value) if value else "-"
     if key == "schedule":
         return schedules.describe_schedule(value)
     if key == "last_run":

@@ -195,3 +195,49 @@ def gc(ctx: typer.Context, as_json: bool = JSON_OPTION) -> None:
         console.out.print(f"removed {len(removed)} unreferenced object(s)", highlight=False)
         for key in removed:
             console.out.print(f"  {key}", highlight=False)
+
+
+def deps_artifact(ctx: typer.Context, requirements: Path) -> catalog.Resource:
+    """The deps artifact of ``requirements`` (resource_center/deps.py): found, or built
+    with pip and stored now (said on stderr, with the audit event of its upload)."""
+    from resource_center import deps
+    from server.web import audit
+
+    settings = _settings(ctx)
+    engine, bucket = clients.engine(settings), clients.bucket(settings)
+    bucket.ensure_bucket()
+    console.err.print(
+        f"dependencies of {requirements}: looking for a build", highlight=False, soft_wrap=True
+    )
+    resource, built = deps.ensure(
+        engine, bucket, requirements, max_bytes=settings.max_artifact_bytes
+    )
+    if built:
+        audit.record_alone(
+            engine,
+            audit.cli_actor(),
+            audit.Action.RESOURCE_UPLOADED,
+            resource.reference,
+            {"sha256": resource.sha256, "size": resource.size, "created": True},
+        )
+    said = "built and stored" if built else "already built"
+    console.err.print(
+        f"dependencies of {requirements}: {said} as {resource.reference} "
+        f"({validation.human_size(resource.size)})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return resource
+
+
+@app.command("build-deps")
+def build_deps(
+    ctx: typer.Context,
+    requirements: Path = typer.Argument(..., help="A pip requirements file."),
+) -> None:
+    """Build a requirements file into a deps artifact (pip install --target with the
+    servers' Python, zipped) unless one is stored for the same text and Python; print
+    its reference (for the API's 'deps' field; 'job create --requirements' does this
+    itself). A failed build prints pip's last lines."""
+    resource = deps_artifact(ctx, requirements)
+    console.out.print(resource.reference, highlight=False)

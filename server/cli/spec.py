@@ -29,7 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from resource_center import catalog, errors, store, validation
+from resource_center import catalog, deps, errors, store, validation
 from scheduler import health_policy, jobs, secrets
 from sql import tables
 from sql.states import Desired, JobKind
@@ -46,6 +46,8 @@ JOB_KEYS = frozenset(
         # The driver's variables, and those given a secret's value (docs/secrets.md).
         "env",
         "secret_env",
+        # A pip requirements file (relative to the spec), built as job create builds it.
+        "requirements",
         "master",
         "max_restarts",
         "max_retries",
@@ -101,6 +103,7 @@ class JobEntry:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     secret_env: Mapping[str, str] = field(default_factory=dict)
+    requirements: Path | None = None
     master: str | None = None
     max_restarts: int = 3
     restart_window_s: float = jobs.DEFAULT_RESTART_WINDOW_S
@@ -197,6 +200,7 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
             health_policy.check(conf)
         except health_policy.PolicyError as exc:
             problems.append(f"{at}.conf: {exc}")
+    requirements = _requirements(body.get("requirements"), at, base, problems)
     env = _string_table(body, "env", at, problems)
     secret_env = _string_table(body, "secret_env", at, problems)
     try:
@@ -237,6 +241,7 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
         args=tuple(args),
         env=env,
         secret_env=secret_env,
+        requirements=requirements,
         master=master,
         max_restarts=max_restarts,
         restart_window_s=window,
@@ -245,6 +250,33 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
         auto_rollback=auto_rollback,
         healthy_within_s=healthy_within,
     )
+
+
+def _requirements(value: Any, at: str, base: Path, problems: list[str]) -> Path | None:
+    """``requirements``: a readable file, relative to the spec's folder."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        problems.append(f"{at}.requirements: must be the path of a requirements file")
+        return None
+    path = (base / value).resolve()
+    try:
+        deps.read_requirements(path)
+    except deps.DepsError as exc:
+        problems.append(f"{at}.requirements: {exc}")
+        return None
+    return path
+
+
+def _deps_view(conn: sa.Connection, requirements: Path | None) -> dict[str, Any] | None:
+    """The deps artifact a file's requirements name: the stored build, or a new one."""
+    if requirements is None:
+        return None
+    name = deps.artifact_name(deps.read_requirements(requirements), deps.python_tag())
+    version = conn.execute(
+        sa.select(sa.func.max(tables.resources.c.version)).where(tables.resources.c.name == name)
+    ).scalar_one_or_none()
+    return {"name": name, "version": version if version is not None else "new"}
 
 
 def _string_table(
@@ -437,8 +469,11 @@ def _resolve(conn: sa.Connection, artifact: Artifact, problems: list[str]) -> Re
     return Resolved(artifact, None if row is None else catalog.Resource(**row._mapping), sha256)
 
 
-def _target_view(entry: JobEntry, main: Resolved, py_files: list[Resolved]) -> dict[str, Any]:
+def _target_view(
+    conn: sa.Connection, entry: JobEntry, main: Resolved, py_files: list[Resolved]
+) -> dict[str, Any]:
     return {
+        "deps": _deps_view(conn, entry.requirements),
         "resource": main.view(),
         "py_files": [p.view() for p in py_files],
         "conf": dict(entry.conf),
@@ -464,7 +499,7 @@ def plan(conn: sa.Connection, spec: Spec, *, prune: bool) -> list[Step]:
         if main is None or any(p is None for p in py_files):
             continue
         resolved = [p for p in py_files if p is not None]
-        target = _target_view(entry, main, resolved)
+        target = _target_view(conn, entry, main, resolved)
         try:
             current = jobs.show(conn, entry.name)
         except jobs.JobNotFound:
@@ -561,6 +596,15 @@ def execute(
         stored[(item.artifact.name, item.sha256)] = resource
         say(f"uploaded  {resource.reference} ({item.artifact.path.name})")
 
+    built: dict[Path, int] = {}
+    for step in steps:
+        entry = step.entry
+        if step.action in ("create", "update") and entry and entry.requirements:
+            if entry.requirements not in built:
+                resource, _ = deps.ensure(engine, bucket, entry.requirements, max_bytes=max_bytes)
+                built[entry.requirements] = resource.id
+                say(f"deps      {resource.reference} ({entry.requirements.name})")
+
     def resource_id(item: Resolved) -> int:
         if item.resource is not None:
             return item.resource.id
@@ -581,6 +625,7 @@ def execute(
                 args=entry.args,
                 env=dict(entry.env),
                 secret_env=dict(entry.secret_env),
+                deps_id=built.get(entry.requirements) if entry.requirements else None,
                 spark_master=entry.master,
                 max_restarts=entry.max_restarts,
                 restart_window_s=entry.restart_window_s,
@@ -598,6 +643,7 @@ def execute(
                         args=definition.args,
                         env=definition.env,
                         secret_env=definition.secret_env,
+                        deps_id=definition.deps_id,
                         spark_master=definition.spark_master,
                         max_restarts=definition.max_restarts,
                         restart_window_s=definition.restart_window_s,

@@ -111,6 +111,11 @@ class JobCreate(ScheduleFields):
         description="Variables whose value is a secret's (variable -> secret name; an "
         "unknown secret: 400). Only the job's driver gets the values.",
     )
+    deps: contract.BodyReference | None = Field(
+        None,
+        description="The packages the job imports: a deps artifact NAME[:VERSION], as "
+        "'sparkring resource build-deps REQUIREMENTS' prints it (docs/dependencies.md).",
+    )
     spark_master: contract.Text | None = None
     max_restarts: contract.Budget | None = Field(
         None,
@@ -167,6 +172,10 @@ class JobUpdate(ScheduleFields):
     unset_secret_env: list[contract.EnvName] = Field(
         default_factory=list, description="Secret variables removed (each must be set)."
     )
+    deps: contract.BodyReference | None = Field(
+        None, description="New dependencies: a deps artifact NAME[:VERSION]."
+    )
+    no_deps: bool = Field(False, description="Remove the job's dependencies.")
     spark_master: contract.Text | None = Field(None, description="'' = the server's default.")
     max_restarts: contract.Budget | None = None
     restart_window_s: contract.Window | None = Field(
@@ -332,6 +341,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
         the_schedule = body.schedule_over()
         main = _artifact(body.resource)
         extra = [_artifact(ref) for ref in body.py_files]
+        deps = _artifact(body.deps) if body.deps else None
         with backend.engine.begin() as conn:
             job_id = jobs.create(
                 conn,
@@ -344,6 +354,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
                     args=body.args,
                     env=body.env,
                     secret_env=body.secret_env,
+                    deps_id=deps.id if deps else None,
                     spark_master=body.spark_master,
                     max_restarts=jobs.restart_budget(
                         body.kind, body.max_restarts, body.max_retries
@@ -447,6 +458,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             new_schedule = body.schedule_over(kept)
         main = _artifact(body.resource) if body.resource else None
         extra = [_artifact(ref) for ref in body.py_files or []]
+        deps = _artifact(body.deps) if body.deps else None
         change = jobs.Change(
             resource_id=main.id if main is not None else None,
             py_file_ids=None if body.py_files is None else [r.id for r in extra],
@@ -457,6 +469,8 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
             unset_env=body.unset_env,
             secret_env=body.secret_env,
             unset_secret_env=body.unset_secret_env,
+            deps_id=deps.id if deps else None,
+            clear_deps=body.no_deps,
             spark_master=body.spark_master,
             max_restarts=body.max_restarts,
             restart_window_s=body.restart_window_s,
