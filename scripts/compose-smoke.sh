@@ -218,13 +218,14 @@ write_env() {
   # refuses to start without them), this project's image, host ports clear of anything
   # else on the machine, one core per worker.
   install -m 600 /dev/null "$WORK/smoke.env" # secrets: readable by us only
-  grep -v -E '^(SERVER_IMAGE|SPARK_UI_PORT|MINIO_CONSOLE_PORT|SPARK_WORKER_CORES|SPARK_WORKER_MEMORY|POSTGRES_PASSWORD|MINIO_ROOT_PASSWORD|S3_SECRET_KEY|ZK_AUTH)=' \
+  grep -v -E '^(SERVER_IMAGE|SPARK_UI_PORT|MINIO_CONSOLE_PORT|SPARK_WORKER_CORES|SPARK_WORKER_MEMORY|POSTGRES_PASSWORD|MINIO_ROOT_PASSWORD|S3_SECRET_KEY|ZK_AUTH|SECRET_KEYS)=' \
     "$REPO/.env.example" >"$WORK/smoke.env"
   cat >>"$WORK/smoke.env" <<EOF
 POSTGRES_PASSWORD=$(secret)
 MINIO_ROOT_PASSWORD=$(secret)
 S3_SECRET_KEY=$(secret)
 ZK_AUTH=sparkring:$(secret)
+SECRET_KEYS=$(python3 -c 'import base64, os; print(base64.urlsafe_b64encode(os.urandom(32)).decode())')
 SERVER_IMAGE=$SERVER_IMAGE
 SPARK_UI_PORT=$((PORT_BASE + 80))
 MINIO_CONSOLE_PORT=$((PORT_BASE + 1))

@@ -913,6 +913,8 @@ def _shown(key: str, value: Any) -> str:
         return shlex.join(value) if value else "-"
     if key == "deps":
         return _reference(value) if value else "-"
+    if key in ("env", "secret_env"):
+        return console.text(value) if value else "-"
     if key == "schedule":
         return schedules.describe_schedule(value)
     if key == "last_run":

@@ -1703,3 +1703,22 @@ def stale_secret_problems(
                 f"had a newer value than value {k + 1}, which its driver ran with"
             )
     return problems
+
+
+def missing_module_problems(
+    job: str, beats: Sequence[Mapping[str, Any]], version: str
+) -> list[str]:
+    """Every driver of ``job`` imported its dependency at ``version`` (heartbeat.py
+    --import: ``module`` is the version it found, None when the import failed)."""
+    wrong = sorted(
+        {
+            (beat.get("epoch"), beat.get("module"))
+            for beat in beats
+            if beat.get("job") == job and beat.get("module") != version
+        },
+        key=str,
+    )
+    return [
+        f"{job} epoch {epoch}: its driver imported {found!r}, not {version}"
+        for epoch, found in wrong
+    ]

@@ -1390,3 +1390,16 @@ def test_stale_secret_problems_sees_a_driver_claimed_after_a_new_value_holding_t
     assert invariants.stale_secret_problems("sec", nothing, events, values) == [
         "sec epoch 1: its driver got no value of the secret"
     ]
+
+
+def test_missing_module_problems_sees_a_driver_without_its_dependency() -> None:
+    beats = [
+        {"job": "sec", "epoch": 1, "module": "0.9.0"},
+        {"job": "other", "epoch": 1},
+    ]
+    assert invariants.missing_module_problems("sec", beats, "0.9.0") == []
+    broken = [*beats, {"job": "sec", "epoch": 2, "module": None}, {"job": "sec", "epoch": 3}]
+    assert invariants.missing_module_problems("sec", broken, "0.9.0") == [
+        "sec epoch 2: its driver imported None, not 0.9.0",
+        "sec epoch 3: its driver imported None, not 0.9.0",
+    ]

@@ -166,14 +166,17 @@ CRASHING_P = 0.7
 # the faults and commands; the victim file must stay as it was and no server may die.
 HOSTILE = "hostile0"
 VICTIM_TEXT = "a file of the servers': no job may make them write here\n"
-# A streaming heartbeat given a secret (issue 44, docs/secrets.md), commanded like the
-# others: a command loop gives the secret a new value with this probability, and no
-# driver claimed after a new value was stored may run with an older one
-# (invariants.stale_secret_problems; warm hand-offs included).
+# A streaming heartbeat given a secret (issue 44, docs/secrets.md) and a dependency
+# (docs/dependencies.md), commanded like the others: a command loop gives the secret a
+# new value with this probability, and no driver claimed after a new value was stored
+# may run with an older one (invariants.stale_secret_problems; warm hand-offs included);
+# every driver imports the dependency (invariants.missing_module_problems).
 SECRETIVE = "secretive0"
 SECRET_NAME = "chaos-token"
 SECRET_VAR = "CHAOS_TOKEN"
 SECRET_P = 0.05
+DEPENDENCY = "tabulate"
+DEPENDENCY_VERSION = "0.9.0"
 _DB_NOW = "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS double precision)"
 # Fourteen long-running jobs and the schedule's fire: two servers hold them all while the
 # third is down.
@@ -470,10 +473,13 @@ class RandomChaos:
         t.wait_state(HOSTILE, "running", 120)
         self.names.append(HOSTILE)  # started, stopped and restarted by the commands
         assert self._new_secret_value(t.cluster.engine) is not None
+        requirements = self.root / "requirements.txt"
+        requirements.write_text(f"{DEPENDENCY}=={DEPENDENCY_VERSION}\n")
         t.create(
             SECRETIVE,
-            extra=["--secret-var", SECRET_VAR],
+            extra=["--secret-var", SECRET_VAR, "--import", DEPENDENCY],
             secret_env={SECRET_VAR: SECRET_NAME},
+            deps_id=t.build_deps(requirements).id,
         )
         t.wait_state(SECRETIVE, "running", 120)
         self.names.append(SECRETIVE)  # commanded, and updated keeping its --secret-var
@@ -936,8 +942,8 @@ class RandomChaos:
                 args = [heartbeats, "--exit-code", str(rng.randrange(3))]
                 if name == STALLING:  # it keeps stalling (its conf is kept: keys merge)
                     args.append("--query-started")
-                if name == SECRETIVE:  # its secret_env is kept (variables merge)
-                    args += ["--secret-var", SECRET_VAR]
+                if name == SECRETIVE:  # its secret_env and deps are kept
+                    args += ["--secret-var", SECRET_VAR, "--import", DEPENDENCY]
             change = jobs.Change(
                 resource_id=rng.choice(self.versions).id,
                 args=args,
@@ -1136,9 +1142,11 @@ def test_randomized_faults_and_concurrent_commands(
             outcome.problems.append(
                 f"hostile job: a server wrote through its link to {chaos.victim}"
             )
+        beats = trial.cluster.heartbeat_records()
         outcome.problems += invariants.stale_secret_problems(
-            SECRETIVE, trial.cluster.heartbeat_records(), trial.events(), chaos.secret_values
+            SECRETIVE, beats, trial.events(), chaos.secret_values
         )
+        outcome.problems += invariants.missing_module_problems(SECRETIVE, beats, DEPENDENCY_VERSION)
         outcome.problems += [
             f"auto-rollback {p}"
             for p in invariants.auto_rollback_problems(

@@ -30,7 +30,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from registry import connection
-from resource_center import catalog, store
+from resource_center import catalog, deps, store
 from scheduler import alerts, destinations, distribution, jobs, placement, runs
 from server import defaults, driver, retention, watchdog
 from sql.states import EventKind, JobKind
@@ -313,6 +313,15 @@ class Trial:
             bucket=env["SPARKRING_S3_BUCKET"],
         )
 
+    def build_deps(self, requirements: Path) -> catalog.Resource:
+        """The deps artifact of ``requirements`` (resource_center/deps.py: pip)."""
+        bucket = self.bucket()
+        bucket.ensure_bucket()
+        resource, _ = deps.ensure(
+            self.cluster.engine, bucket, requirements, max_bytes=defaults.MAX_ARTIFACT_BYTES
+        )
+        return resource
+
     def upload(self, name: str, path: Path) -> catalog.Resource:
         bucket = self.bucket()
         bucket.ensure_bucket()
@@ -337,6 +346,7 @@ class Trial:
         master: str | None = None,
         restart_window_s: float | None = None,
         secret_env: dict[str, str] | None = None,
+        deps_id: int | None = None,
     ) -> None:
         """Define a heartbeat job (and start it) through the job catalog: the same
         statements the CLI runs, without a process start per command. ``max_restarts``
@@ -359,6 +369,7 @@ class Trial:
                     restart_window_s=restart_window_s,
                     spark_master=master,
                     secret_env=secret_env or {},
+                    deps_id=deps_id,
                 ),
             )
             if master is not None:

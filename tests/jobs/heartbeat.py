@@ -15,6 +15,8 @@ server's) for each of its ancestors' pids; and it prints a fake Spark UI line na
 --fake-ui-port. None of it may make a server write VICTIM, hang, or probe that port.
 With --secret-var NAME each beat also carries ``secret``: the SHA-256 (16 hex digits) of
 the variable NAME as the driver got it (a job secret, docs/secrets.md), never the value.
+With --import NAME each beat carries ``module``: the ``__version__`` of the module NAME
+as the driver imports it (a job's dependency, docs/dependencies.md), null when it cannot.
 ``t`` is the wall clock; ``mono`` is CLOCK_BOOTTIME, the clock of the watchdogs' lease
 deadlines and of their lifetime records (``server.watchdog.lease_clock``), so the checker
 compares beats with each other and with the records on a clock that never steps. This
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import signal
@@ -76,6 +79,7 @@ def main() -> int:
     parser.add_argument("--hostile", default=None)
     parser.add_argument("--fake-ui-port", type=int, default=None)
     parser.add_argument("--secret-var", default=None)
+    parser.add_argument("--import", dest="module", default=None)
     args = parser.parse_args()
     if args.hostile:
         plant(os.environ.get("SPARKRING_CHECKPOINT_DIR"), args.hostile)
@@ -93,6 +97,11 @@ def main() -> int:
     if args.secret_var:
         value = os.environ.get(args.secret_var, "").encode()
         identity["secret"] = hashlib.sha256(value).hexdigest()[:16]
+    if args.module:
+        try:
+            identity["module"] = importlib.import_module(args.module).__version__
+        except ImportError:
+            identity["module"] = None
     started = time.monotonic()
     while not stopping:
         now = {"t": time.time(), "mono": time.clock_gettime(time.CLOCK_BOOTTIME)}
