@@ -48,6 +48,7 @@ STANDIN_PREFIX=localhost/sparkring-standin
 JOB=smoke-counter
 # The compose file's output volume (docker-compose.yml): where jobs write.
 OUTPUT=/var/lib/sparkring/output/$JOB
+REPORT=/var/lib/sparkring/output/report.json
 STANDIN_USED=()
 NO_CACHE=()
 [[ ${COMPOSE_SMOKE_REBUILD:-0} == 1 ]] && NO_CACHE=(--no-cache)
@@ -428,6 +429,42 @@ batch_pi() { # NAME
   echo "  $name: its 4 tasks run by executors at $hosts"
 }
 
+# A data team's job (examples/jobs/region_report.py) on the cluster: a variable, a secret
+# and a package the image lacks (built by pip in a server container, docs/dependencies.md).
+# It must finish with its report: the secret it got, the package imported by its driver
+# and by tasks in the workers' executors; the value shows in no CLI output or server log.
+data_team_job() {
+  local server value report log
+  server=$(any_server)
+  "$ENGINE" cp "$REPO/examples/jobs/region_report.py" "$server:/tmp/region_report.py"
+  "$ENGINE" cp "$REPO/examples/jobs/region_report.requirements.txt" "$server:/tmp/requirements.txt"
+  value=$(secret)
+  printf '%s' "$value" | "$ENGINE" exec -i "$server" sparkring secret create warehouse --from-stdin >>"$WORK/job.log"
+  "$ENGINE" exec "$server" sparkring resource upload region-report /tmp/region_report.py >>"$WORK/job.log"
+  "$ENGINE" exec "$server" sparkring job create report --resource region-report --kind batch \
+    --max-retries 0 --env REGION=eu --secret-env WAREHOUSE_PASSWORD=warehouse \
+    --requirements /tmp/requirements.txt --arg "$REPORT" >>"$WORK/job.log" 2>&1 ||
+    { tail -20 "$WORK/job.log"; die "job create report (with --requirements) failed"; }
+  cli job start report >>"$WORK/job.log"
+  wait_until 300 "batch job report ended" job_ended report
+  [[ $(job_field state report) == finished ]] ||
+    die "batch job report is $(job_field state report): $(job_field last_error report)"
+  report=$("$ENGINE" exec "$(any_server)" cat "$REPORT")
+  python3 - "$value" "$report" <<'PY' || die "report of the data team's job: $report"
+import hashlib, json, sys
+value, report = sys.argv[1], json.loads(sys.argv[2])
+assert report["password_sha256"] == hashlib.sha256(value.encode()).hexdigest(), "secret"
+assert report["executor_tabulate"] == [report["driver_tabulate"]], "package on the executors"
+assert all("/app-" in f for f in report["task_folders"]), "tasks on the cluster's executors"
+PY
+  log=$WORK/report.log
+  { cli job show report --json; cli job events report --json; cli job logs report -n 5000; cli secret list
+    compose logs server; } >"$log" 2>&1
+  ! grep -qF "$value" "$log" || die "the secret's value shows in the CLI's output or a log ($log)"
+  echo "  report (region_report.py, batch): finished: $(json_get orders <<<"$report") orders in eu, tabulate $(json_get driver_tabulate <<<"$report") on the driver and in $(json_get task_folders <<<"$report" | grep -o app- | wc -l) executor folder(s)"
+  echo "  report: the secret reached the driver, and its value is in none of $(wc -l <"$log") lines of CLI output and server logs"
+}
+
 failover() {
   local owner epoch victim apps
   owner=$(job_field owner)
@@ -512,6 +549,7 @@ step db-upgrade one_shots
 step servers start_servers
 step pyspark-job run_job
 step pi-batch batch_pi smoke-pi
+step data-team-job data_team_job
 step failover failover
 step pi-after batch_pi smoke-pi-2
 step scale-to-4 scale

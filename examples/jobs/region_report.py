@@ -1,12 +1,17 @@
-"""Sample batch job with credentials: counts orders per region and writes a report.
+"""Sample batch job of a data team: credentials from a secret, a package of its own.
 
     spark-submit region_report.py OUTPUT [--orders N]
 
 Reads what a real job reads from its environment: ``REGION`` (a plain variable, ``job
 create --env REGION=eu``) and ``WAREHOUSE_PASSWORD`` (a secret, ``--secret-env
-WAREHOUSE_PASSWORD=warehouse``). The password itself is never printed or written: the
-report holds its SHA-256, so a run can be checked against the secret it was given.
-Exits 2 when a variable is missing, 0 otherwise.
+WAREHOUSE_PASSWORD=warehouse``: docs/secrets.md). Imports ``tabulate``, which the
+servers do not have (``--requirements examples/jobs/region_report.requirements.txt``:
+docs/dependencies.md), in the driver and in every task, on the executors.
+
+Counts the orders of its region with Spark and writes a JSON report to OUTPUT: the
+count, the table, the SHA-256 of the password (never the password), the version of
+``tabulate`` each side found and the folders the tasks ran in. Exits 2 when a variable
+is missing, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +21,14 @@ import hashlib
 import json
 import os
 import sys
+
+REGIONS = ("eu", "us", "apac")
+
+
+def _task(rows):  # runs on the executors
+    import tabulate
+
+    yield (tabulate.__version__, sum(1 for _ in rows), os.getcwd())
 
 
 def main() -> int:
@@ -30,31 +43,38 @@ def main() -> int:
     region = os.environ["REGION"]
     password = os.environ["WAREHOUSE_PASSWORD"]
 
+    import tabulate
     from pyspark.sql import SparkSession, functions
 
     spark = SparkSession.builder.appName("region_report").getOrCreate()
-    regions = ["eu", "us", "apac"]
-    orders = spark.range(args.orders).withColumn(
-        "region",
-        functions.element_at(
-            functions.array(*map(functions.lit, regions)),
-            (functions.col("id") % len(regions) + 1).cast("int"),
-        ),
-    )
-    mine = orders.filter(functions.col("region") == region).count()
+    names = functions.array(*map(functions.lit, REGIONS))
+    index = (functions.col("id") % len(REGIONS) + 1).cast("int")
+    orders = spark.range(args.orders).withColumn("region", functions.element_at(names, index))
+    counts = {r["region"]: r["count"] for r in orders.groupBy("region").count().collect()}
+    tasks = spark.sparkContext.parallelize(range(args.orders), 4).mapPartitions(_task).collect()
+    master = spark.sparkContext.master
     spark.stop()
 
+    table = tabulate.tabulate(sorted(counts.items()), ["region", "orders"])
     report = {
         "region": region,
-        "orders": int(mine),
+        "orders": int(counts.get(region, 0)),
+        "table": table,
         "password_sha256": hashlib.sha256(password.encode("utf-8")).hexdigest(),
+        "driver_tabulate": tabulate.__version__,
+        "executor_tabulate": sorted({version for version, _, _ in tasks}),
+        "rows_seen_by_tasks": sum(n for _, n, _ in tasks),
+        # Where the tasks ran: a standalone executor works in its worker's app folder.
+        "task_folders": sorted({folder for _, _, folder in tasks}),
+        "master": master,
         "run_id": os.environ.get("SPARKRING_RUN_ID"),
     }
     tmp = f"{args.output}.tmp"
     with open(tmp, "w") as handle:
         json.dump(report, handle)
     os.replace(tmp, args.output)
-    print(f"region_report: {mine} orders in {region}", flush=True)
+    print(table, flush=True)
+    print(f"region_report: {report['orders']} orders in {region}", flush=True)
     return 0
 
 

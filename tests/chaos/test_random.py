@@ -1147,6 +1147,13 @@ def test_randomized_faults_and_concurrent_commands(
             SECRETIVE, beats, trial.events(), chaos.secret_values
         )
         outcome.problems += invariants.missing_module_problems(SECRETIVE, beats, DEPENDENCY_VERSION)
+        drivers = {(b.get("epoch"), b.get("pid")) for b in beats if b.get("job") == SECRETIVE}
+        print(
+            f"randomized chaos: {SECRETIVE}: {len(chaos.secret_values)} values of its secret "
+            f"({sum(t == math.inf for _, t in chaos.secret_values)} of unknown outcome), "
+            f"{len(drivers)} drivers checked",
+            file=sys.stderr,
+        )
         outcome.problems += [
             f"auto-rollback {p}"
             for p in invariants.auto_rollback_problems(
