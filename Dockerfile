@@ -29,12 +29,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini procps \
     && rm -rf /var/lib/apt/lists/*
-# Empty: the newest pyspark pyproject.toml allows. Pin it for reproducible images (and
-# to match the hadoop-aws jar of the s3a step).
+# Empty: the pyspark of constraints.txt, as every package (the versions CI tests). Set,
+# that pyspark instead (to match the hadoop-aws jar of the s3a step, say).
 ARG PYSPARK_VERSION=""
 COPY . /tmp/sparkring-src
-RUN pip install /tmp/sparkring-src ${PYSPARK_VERSION:+"pyspark==${PYSPARK_VERSION}"} \
-    && rm -rf /tmp/sparkring-src \
+RUN if [ -n "$PYSPARK_VERSION" ]; then \
+        grep -v '^pyspark==' /tmp/sparkring-src/constraints.txt > /tmp/constraints.txt; \
+    else cp /tmp/sparkring-src/constraints.txt /tmp/constraints.txt; fi \
+    && pip install -c /tmp/constraints.txt /tmp/sparkring-src \
+        ${PYSPARK_VERSION:+"pyspark==${PYSPARK_VERSION}"} \
+    && rm -rf /tmp/sparkring-src /tmp/constraints.txt \
     && sparkring --help >/dev/null
 
 # With WITH_S3A=true: hadoop-aws and the AWS SDK bundle, for s3a:// paths on MinIO/S3

@@ -48,11 +48,12 @@ fi
 
 [ "$part" = "os" ] && exit 0
 
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+stamp=.venv/.installed-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "bootstrap: creating .venv and installing sparkring[test]" >&2
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check -e ".[test]" 2>&1 \
+  # constraints.txt: the exact versions every machine and image installs.
+  .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]" 2>&1 \
     | grep -v "^WARNING: Location" || true
   .venv/bin/sparkring --help >/dev/null
   rm -f .venv/.installed-*

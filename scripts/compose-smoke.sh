@@ -213,6 +213,8 @@ compose() {
 }
 
 secret() { python3 -c 'import secrets; print(secrets.token_urlsafe(24))'; }
+# A Fernet key (SPARKRING_SECRET_KEYS: 32 random bytes, url-safe base64).
+fernet_secret() { python3 -c 'import base64, os; print(base64.urlsafe_b64encode(os.urandom(32)).decode())'; }
 
 write_env() {
   # .env.example's development values, fresh secrets for those it leaves empty (compose
@@ -226,7 +228,7 @@ POSTGRES_PASSWORD=$(secret)
 MINIO_ROOT_PASSWORD=$(secret)
 S3_SECRET_KEY=$(secret)
 ZK_AUTH=sparkring:$(secret)
-SECRET_KEYS=$(python3 -c 'import base64, os; print(base64.urlsafe_b64encode(os.urandom(32)).decode())')
+SECRET_KEYS=$(fernet_secret)
 SERVER_IMAGE=$SERVER_IMAGE
 SPARK_UI_PORT=$((PORT_BASE + 80))
 MINIO_CONSOLE_PORT=$((PORT_BASE + 1))

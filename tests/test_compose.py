@@ -6,6 +6,7 @@ compose file without one, so the checks run on what compose itself makes of the 
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
@@ -97,8 +98,13 @@ def _filled_values() -> dict[str, str]:
     """.env.example with a value of the right shape for each secret it leaves empty,
     as an operator (or scripts/compose-smoke.sh) fills them in."""
     values = _env_file_values(ENV_EXAMPLE)
+    shaped = {
+        "ZK_AUTH": "test-user:test-password",
+        # A Fernet key (SPARKRING_SECRET_KEYS): 32 bytes, url-safe base64.
+        "SECRET_KEYS": base64.urlsafe_b64encode(b"k" * 32).decode(),
+    }
     for name in _secrets_left_empty():
-        values[name] = "test-user:test-password" if name == "ZK_AUTH" else f"test-{name.lower()}"
+        values[name] = shaped.get(name, f"test-{name.lower()}")
     return values
 
 
@@ -201,6 +207,7 @@ def test_smoke_script_runs_every_step() -> None:
         "servers",
         "pyspark-job",
         "pi-batch",
+        "data-team-job",
         "failover",
         "pi-after",
         "scale-to-4",
@@ -236,7 +243,8 @@ def test_env_example_as_it_is_does_not_start_the_cluster() -> None:
 def test_smoke_script_generates_every_secret_env_example_leaves_empty() -> None:
     text = SMOKE_SCRIPT.read_text()
     for name in _secrets_left_empty():
-        assert re.search(rf"^{name}=\S*\$\(secret\)$", text, re.M), f"smoke sets no {name}"
+        made = r"\$\((?:fernet_)?secret\)"
+        assert re.search(rf"^{name}=\S*{made}$", text, re.M), f"smoke sets no {name}"
 
 
 def _required_variables() -> set[str]:
@@ -602,7 +610,8 @@ def test_dockerignore_admits_only_the_package_sources() -> None:
     admitted = {line[1:] for line in lines if line.startswith("!")}
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     packages = {p.split(".")[0] for p in pyproject["tool"]["setuptools"]["packages"]}
-    assert admitted == packages | {"pyproject.toml", "README.md", "docker/s3a_jars.py"}
+    expected = {"pyproject.toml", "constraints.txt", "README.md", "docker/s3a_jars.py"}
+    assert admitted == packages | expected
 
 
 # --- docs/deployment.md -----------------------------------------------------------
