@@ -90,8 +90,18 @@ def _compose(env_file: Path, *files: Path, args: tuple[str, ...] = ("config",)):
 
 
 def _secrets_left_empty() -> list[str]:
-    """The variables .env.example leaves empty for the operator to fill in."""
-    return [name for name, value in _env_file_values(ENV_EXAMPLE).items() if not value]
+    """The variables .env.example leaves empty for the operator to fill in: those whose
+    comment above says they are secret (an empty build argument is no secret)."""
+    names, comment = [], ""
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if line.lstrip().startswith("#"):
+            comment += line.lower()
+            continue
+        name, _, value = line.partition("=")
+        if name.strip() and not value.strip() and "secret" in comment:
+            names.append(name.strip())
+        comment = ""
+    return names
 
 
 def _filled_values() -> dict[str, str]:
