@@ -289,12 +289,14 @@ def of_claim(conn: sa.Connection, job_id: int, epoch: int) -> dict[str, Any] | N
     return None if row is None else view(row)
 
 
-def epoch_of(conn: sa.Connection, job_id: int, run_id: int) -> int | None:
-    """The epoch of the run's last claim (its driver's log), None if it never ran."""
-    return conn.execute(
-        sa.text("SELECT epoch FROM runs WHERE run_id = :run_id AND job_id = :job_id"),
+def of_job(conn: sa.Connection, job_id: int, run_id: int) -> dict[str, Any] | None:
+    """The job's run ``run_id``, None if the job has none of that id (another job's, or
+    pruned by history retention)."""
+    row = conn.execute(
+        sa.text(f"SELECT {_COLUMNS} FROM runs r WHERE r.run_id = :run_id AND r.job_id = :job_id"),
         {"run_id": run_id, "job_id": job_id},
-    ).scalar_one_or_none()
+    ).one_or_none()
+    return None if row is None else view(row)
 
 
 def last(conn: sa.Connection, job_id: int) -> dict[str, Any] | None:

@@ -17,6 +17,9 @@ With --secret-var NAME each beat also carries ``secret``: the SHA-256 (16 hex di
 the variable NAME as the driver got it (a job secret, docs/secrets.md), never the value.
 With --import NAME each beat carries ``module``: the ``__version__`` of the module NAME
 as the driver imports it (a job's dependency, docs/dependencies.md), null when it cannot.
+With --say TEMPLATE it prints TEMPLATE once to stdout as it starts, ``{job}``, ``{epoch}``,
+``{server}`` and ``{revision}`` replaced by its SPARKRING_* values: a line of its driver
+log that only this driver wrote (``job logs --epoch``).
 ``t`` is the wall clock; ``mono`` is CLOCK_BOOTTIME, the clock of the watchdogs' lease
 deadlines and of their lifetime records (``server.watchdog.lease_clock``), so the checker
 compares beats with each other and with the records on a clock that never steps. This
@@ -80,6 +83,7 @@ def main() -> int:
     parser.add_argument("--fake-ui-port", type=int, default=None)
     parser.add_argument("--secret-var", default=None)
     parser.add_argument("--import", dest="module", default=None)
+    parser.add_argument("--say", default=None)
     args = parser.parse_args()
     if args.hostile:
         plant(os.environ.get("SPARKRING_CHECKPOINT_DIR"), args.hostile)
@@ -94,6 +98,8 @@ def main() -> int:
     identity = {
         k: os.environ.get(f"SPARKRING_{k.upper()}") for k in ("job", "epoch", "server", "revision")
     }
+    if args.say is not None:
+        print(args.say.format(**identity), flush=True)
     if args.secret_var:
         value = os.environ.get(args.secret_var, "").encode()
         identity["secret"] = hashlib.sha256(value).hexdigest()[:16]
