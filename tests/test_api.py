@@ -117,7 +117,11 @@ def test_the_openapi_document_lists_every_answer_with_the_one_error_model(
                     )
     metrics = schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"]
-    for logs in ("/logs/{job}", f"{API}/jobs/{{name}}/logs"):
+    for logs in (
+        "/logs/{job}",
+        f"{API}/jobs/{{name}}/logs",
+        f"{API}/jobs/{{name}}/runs/{{run_id}}/logs",
+    ):
         assert "text/plain" in schema["paths"][logs]["get"]["responses"]["200"]["content"]
     assert "409" in schema["paths"][f"{API}/jobs"]["post"]["responses"]
 
@@ -620,15 +624,7 @@ def test_the_shipped_log_of_a_job_is_its_own_never_a_deleted_namesakes(
     """Hole H6: a job created again under a deleted job's name, at epoch 1 again. Its
     logs route must not serve the deleted job's run 1 log (shipped under the name by
     the older code, or under the deleted job's id), only its own."""
-    env = stack.cluster.env
-    bucket = store.Store(
-        endpoint=env["SPARKRING_S3_ENDPOINT"],
-        access_key=env["SPARKRING_S3_ACCESS_KEY"],
-        secret_key=env["SPARKRING_S3_SECRET_KEY"],
-        bucket=env["SPARKRING_S3_BUCKET"],
-        secure=False,
-        region="us-east-1",
-    )
+    bucket = _bucket(stack)
     name = _name()
     log = tmp_path / "driver.log"
     log.write_text("the deleted job's run\n")
@@ -650,6 +646,88 @@ def test_the_shipped_log_of_a_job_is_its_own_never_a_deleted_namesakes(
         bucket.put(log_shipping.log_key(name, job_id, 1), log, log.stat().st_size)
         reply = http.get(f"{API}/jobs/{name}/logs")
     assert reply.status_code == 200 and reply.text == "its own run\n", reply.text
+
+
+def _bucket(stack: ApiStack) -> store.Store:
+    env = stack.cluster.env
+    return store.Store(
+        endpoint=env["SPARKRING_S3_ENDPOINT"],
+        access_key=env["SPARKRING_S3_ACCESS_KEY"],
+        secret_key=env["SPARKRING_S3_SECRET_KEY"],
+        bucket=env["SPARKRING_S3_BUCKET"],
+        secure=False,
+        region="us-east-1",
+    )
+
+
+def _ship(stack: ApiStack, tmp_path: Path, name: str, job_id: int, epoch: int) -> str:
+    """A log shipped for the epoch, as the runner ships one when its driver ended."""
+    text = f"{name}: the driver of epoch {epoch}\n"
+    log = tmp_path / f"{name}-{epoch}.log"
+    log.write_text(text)
+    _bucket(stack).put(log_shipping.log_key(name, job_id, epoch), log, log.stat().st_size)
+    return text
+
+
+def _at_epoch(stack: ApiStack, job_id: int, epoch: int) -> None:
+    with stack.cluster.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE distribution SET epoch = :e WHERE job_id = :id"),
+            {"e": epoch, "id": job_id},
+        )
+
+
+def test_a_past_epochs_log_is_read_by_its_epoch(stack: ApiStack, tmp_path: Path) -> None:
+    name = _name()
+    job_id = stack.create_job(name)["id"]
+    _at_epoch(stack, job_id, 3)
+    first = _ship(stack, tmp_path, name, job_id, 1)
+    last = _ship(stack, tmp_path, name, job_id, 3)
+    logs = f"{API}/jobs/{name}/logs"
+    with stack.client(stack.viewer) as http:
+        assert http.get(logs, params={"epoch": 1}).text == first
+        assert http.get(logs, params={"epoch": 3}).text == last
+        assert http.get(logs).text == last
+        # A past driver's log is complete: follow=true answers its tail.
+        followed = http.get(logs, params={"epoch": 1, "follow": "true"})
+        assert (followed.status_code, followed.text) == (200, first)
+        _one_line_error(
+            http.get(logs, params={"epoch": 2}), 404, "no log of epoch 2 is kept", "retention"
+        )
+        _one_line_error(http.get(logs, params={"epoch": 4}), 404, "has no epoch 4")
+        _one_line_error(http.get(logs, params={"epoch": 0}), 422, "epoch")
+        _one_line_error(http.get(logs, params={"epoch": 1, "lines": 10_001}), 422, "lines")
+        _one_line_error(http.get(f"{API}/jobs/{name}/runs/1/logs"), 404, "streaming job", "epoch")
+
+
+def test_a_batch_runs_attempts_logs_are_read_by_run_and_attempt(
+    stack: ApiStack, tmp_path: Path
+) -> None:
+    name = _name("b")
+    job_id = stack.create_job(name, kind="batch", max_retries=1)["id"]
+    _at_epoch(stack, job_id, 5)
+    with stack.cluster.engine.begin() as conn:
+        # A run that failed on its first attempt (epoch 4) and again on its retry (5).
+        run_id = conn.execute(
+            sa.text(
+                "INSERT INTO runs (job_id, generation, trigger, state, epoch, attempts, server) "
+                "VALUES (:id, 1, 'manual', 'failed', 5, 2, 's1') RETURNING run_id"
+            ),
+            {"id": job_id},
+        ).scalar_one()
+    first = _ship(stack, tmp_path, name, job_id, 4)
+    last = _ship(stack, tmp_path, name, job_id, 5)
+    logs = f"{API}/jobs/{name}/runs/{run_id}/logs"
+    with stack.client(stack.viewer) as http:
+        assert http.get(logs, params={"attempt": 1}).text == first
+        assert http.get(logs, params={"attempt": 2, "lines": 1}).text == last
+        assert http.get(logs).text == last  # its last attempt
+        _one_line_error(http.get(logs, params={"attempt": 3}), 404, f"run {run_id} made 2 attempts")
+        _one_line_error(http.get(logs, params={"attempt": 0}), 422, "attempt")
+        _one_line_error(http.get(logs, params={"lines": 10_001}), 422, "lines")
+        _one_line_error(http.get(f"{API}/jobs/{name}/runs/{run_id + 1000}/logs"), 404, "has no run")
+        _one_line_error(http.get(f"{API}/jobs/{name}/runs/0/logs"), 422, "run_id")
+        _one_line_error(http.get(f"{API}/jobs/nosuchjob/runs/1/logs"), 404, "no job named")
 
 
 # ---------------------------------------------------------------- resources: writes
