@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from selenium import webdriver
 from selenium.common.exceptions import (
     NoAlertPresentException,
@@ -26,6 +27,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from resource_center import store
+from server import log_shipping
 from tests.api_helpers import API, ApiStack, api_stack
 from tests.conftest import IN_CI
 
@@ -358,6 +361,66 @@ def test_a_scheduled_jobs_page_shows_its_next_fires_and_runs(
         lambda: "manual" in _text(browser, f'#job-runs [data-run="{run_id}"]'),
         "the manual run in the runs table",
     )
+
+
+def test_a_jobs_page_lists_its_past_drivers_and_shows_a_past_log(
+    browser: webdriver.Chrome, stack: ApiStack, tmp_path: Path
+) -> None:
+    """Each epoch the job's events name (a claim) is listed with a link to its log, and
+    each attempt of a batch run; the link shows that log in the page's log pane."""
+    name = f"web-{uuid.uuid4().hex[:8]}"
+    job_id = stack.create_job(name, kind="batch", max_retries=1)["id"]
+    with stack.cluster.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE distribution SET epoch = 2 WHERE job_id = :id"), {"id": job_id}
+        )
+        for epoch in (1, 2):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO job_events (job_id, job_name, kind, server, epoch) "
+                    "VALUES (:id, :name, 'claimed', 's9', :epoch)"
+                ),
+                {"id": job_id, "name": name, "epoch": epoch},
+            )
+        run_id = conn.execute(
+            sa.text(
+                "INSERT INTO runs (job_id, generation, trigger, state, epoch, attempts, server) "
+                "VALUES (:id, 1, 'manual', 'finished', 2, 2, 's9') RETURNING run_id"
+            ),
+            {"id": job_id},
+        ).scalar_one()
+    bucket = store.Store(
+        endpoint=stack.cluster.env["SPARKRING_S3_ENDPOINT"],
+        access_key=stack.cluster.env["SPARKRING_S3_ACCESS_KEY"],
+        secret_key=stack.cluster.env["SPARKRING_S3_SECRET_KEY"],
+        bucket=stack.cluster.env["SPARKRING_S3_BUCKET"],
+        secure=False,
+        region="us-east-1",
+    )
+    for epoch in (1, 2):
+        log = tmp_path / f"{epoch}.log"
+        log.write_text(f"the driver of epoch {epoch}\n")
+        bucket.put(log_shipping.log_key(name, job_id, epoch), log, log.stat().st_size)
+    _log_in(browser, stack, stack.viewer)
+    browser.get(f"{stack.url}/console/#/jobs/{name}")
+    _until(
+        browser,
+        lambda: _text(browser, "#job-log").strip() == "the driver of epoch 2",
+        "the last log",
+    )
+    assert "s9" in _text(browser, '#job-drivers [data-epoch="1"]')
+    _click(browser, By.CSS_SELECTOR, '#job-drivers [data-epoch="1"] a')
+    _until(
+        browser,
+        lambda: _text(browser, "#job-log").strip() == "the driver of epoch 1",
+        "epoch 1's log",
+    )
+    assert "epoch 1" in _text(browser, "#job-log-title")
+    _click(browser, By.CSS_SELECTOR, f'#job-runs [data-run="{run_id}"] a[data-attempt="2"]')
+    _until(
+        browser, lambda: _text(browser, "#job-log").strip() == "the driver of epoch 2", "attempt 2"
+    )
+    assert f"run {run_id} attempt 2" in _text(browser, "#job-log-title")
 
 
 def test_alerts_page_lists_alerts_and_deliveries_and_sends_a_test(

@@ -1,7 +1,7 @@
 // sparkring web console: plain JavaScript over the REST API (/api/v1), no build step.
 // Views are chosen by the URL hash (#/servers, #/jobs, #/jobs/NAME, #/ring, #/events,
-// #/alerts)
-// and re-rendered every REFRESH_MS. The token lives in this browser's localStorage.
+// #/alerts; a job's page with an earlier driver's log: #/jobs/NAME/epoch/N,
+// #/jobs/NAME/run/ID/attempt/K) and re-rendered every REFRESH_MS. The token lives in this browser's localStorage.
 "use strict";
 
 const API = "/api/v1";
@@ -208,12 +208,59 @@ function restartsText(job) {
   return `${job.crashes_in_window} of ${job.max_restarts} in the last ${window / size}${unit}`;
 }
 
-async function viewJob(name) {
+// How an epoch's driver ended: the kinds of event that end one.
+const DRIVER_ENDS = new Set(["finished", "crashed", "failed", "released", "reaped", "deferred"]);
+// The most attempts of one run the runs table links to (its newest).
+const ATTEMPT_LINKS = 10;
+
+// Which driver log a job's page shows (the hash after #/jobs/NAME): an epoch's, a
+// batch run's attempt, or (by default) the current or last run's.
+function logChoice(path, shown) {
+  const [what, id, sub, k] = shown;
+  if (what === "epoch" && /^[0-9]+$/.test(id || "")) {
+    return { title: `of epoch ${id}`, url: `${path}/logs?lines=200&epoch=${id}` };
+  }
+  if (what === "run" && /^[0-9]+$/.test(id || "") && sub === "attempt" && /^[0-9]+$/.test(k || "")) {
+    return { title: `of run ${id} attempt ${k}`, url: `${path}/runs/${id}/logs?lines=200&attempt=${k}` };
+  }
+  return { title: "", url: `${path}/logs?lines=200` };
+}
+
+// Each driver the job's events name (a claim starts an epoch), newest first: where and
+// when it started, how it ended, and a link to its log.
+function driverRows(name, events) {
+  const ended = {};
+  for (const e of events) if (e.epoch && DRIVER_ENDS.has(e.kind)) ended[e.epoch] = e;
+  const link = (epoch) => `#/jobs/${encodeURIComponent(name)}/epoch/${epoch}`;
+  return events.filter((e) => e.kind === "claimed" && e.epoch).reverse().map((e) => {
+    const end = ended[e.epoch];
+    return h("tr", { "data-epoch": e.epoch },
+      h("td", {}, e.epoch), h("td", {}, e.server || "-"),
+      h("td", {}, new Date(e.at).toLocaleString()),
+      h("td", {}, end ? end.kind : "-"),
+      h("td", { class: "error-cell" }, end && end.detail && end.detail.error || ""),
+      h("td", {}, h("a", { href: link(e.epoch) }, "log")));
+  });
+}
+
+// A run's attempts, each a link to its log (a retry or a run again is its own epoch).
+function attemptLinks(name, run) {
+  if (!run.attempts || run.epoch === null) return "-";
+  const links = [];
+  for (let k = Math.max(1, run.attempts - ATTEMPT_LINKS + 1); k <= run.attempts; k++) {
+    links.push(h("a", { href: `#/jobs/${encodeURIComponent(name)}/run/${run.run_id}/attempt/${k}`,
+      "data-attempt": k }, k), " ");
+  }
+  return links;
+}
+
+async function viewJob(name, shown = []) {
   const path = "/jobs/" + encodeURIComponent(name);
   const [job, events, runs] = await Promise.all([api(path), api(path + "/events?limit=200"),
     api(path + "/runs?limit=20")]);
+  const choice = logChoice(path, shown);
   let logText;
-  try { logText = await api(path + "/logs?lines=200"); }
+  try { logText = await api(choice.url); }
   catch (e) { if (e.status === 404) logText = e.message; else throw e; }
   const operator = me && me.role === "operator";
   const keep = document.getElementById("job-outcome");
@@ -245,20 +292,27 @@ async function viewJob(name) {
     ...(job.kind === "batch" ? [h("h2", {}, "Runs"),
       h("table", { id: "job-runs" },
         h("thead", {}, h("tr", {}, ["run", "scheduled", "trigger", "state", "started", "ended",
-          "exit", "server", "attempts", "reason"].map((c) => h("th", {}, c)))),
+          "exit", "server", "attempts", "logs", "reason"].map((c) => h("th", {}, c)))),
         h("tbody", {}, runs.map((r) => h("tr", { "data-run": r.run_id },
           h("td", {}, r.run_id), h("td", {}, r.scheduled_time || "-"), h("td", {}, r.trigger),
           h("td", { class: "state" }, badge(r.state)), h("td", {}, r.started_at || "-"),
           h("td", {}, r.ended_at || "-"), h("td", {}, r.exit_code === null ? "-" : r.exit_code),
           h("td", {}, r.server || "-"), h("td", {}, r.attempts),
+          h("td", { class: "attempts" }, attemptLinks(job.name, r)),
           h("td", { class: "error-cell" }, r.reason || "")))))] : []),
+    h("h2", {}, "Drivers"),
+    h("table", { id: "job-drivers" },
+      h("thead", {}, h("tr", {}, ["epoch", "server", "started", "ended", "error", ""].map((c) =>
+        h("th", {}, c)))),
+      h("tbody", {}, driverRows(job.name, events))),
+    h("h2", { id: "job-log-title" }, `Driver log ${choice.title || "of the current or last run"}` +
+      " (last 200 lines)", choice.title ? [" ", h("a", { href: `#${path}` }, "current run")] : []),
+    h("pre", { class: "log", id: "job-log" }, logText),
     h("h2", {}, "Events"),
     h("ol", { class: "timeline", id: "job-events" }, [...events].reverse().map((e) => h("li", {},
       h("span", { class: "at" }, new Date(e.at).toLocaleString()),
       h("strong", {}, e.kind), e.server ? ` on ${e.server}` : "", e.epoch ? ` epoch ${e.epoch}` : "",
       Object.keys(e.detail || {}).length ? h("span", { class: "muted" }, " " + JSON.stringify(e.detail)) : ""))),
-    h("h2", {}, "Driver log (last 200 lines)"),
-    h("pre", { class: "log", id: "job-log" }, logText),
   ];
 }
 
@@ -404,7 +458,9 @@ async function viewAlerts() {
 
 function route() {
   const parts = (location.hash || "#/jobs").slice(2).split("/");
-  if (parts[0] === "jobs" && parts[1]) return ["jobs", () => viewJob(decodeURIComponent(parts.slice(1).join("/")))];
+  if (parts[0] === "jobs" && parts[1]) {
+    return ["jobs", () => viewJob(decodeURIComponent(parts[1]), parts.slice(2))];
+  }
   const views = { servers: viewServers, jobs: viewJobs, ring: viewRing, events: viewEvents,
     alerts: viewAlerts };
   return views[parts[0]] ? [parts[0], views[parts[0]]] : ["jobs", viewJobs];
