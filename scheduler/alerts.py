@@ -279,13 +279,16 @@ def delete(conn: sa.Connection, name: str) -> int:
 
 def test(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     """Queue a ``test`` delivery of the alert (sent like any other, retried alike);
-    returns its id."""
+    returns its id. The alert's row is locked as it is read (``FOR KEY SHARE``): a
+    delete in flight is waited for and then found, so the test answers as if it came
+    after it (AlertNotFound), never with the foreign key's violation."""
     row = conn.execute(
         sa.text(
             """
+            WITH alert AS (SELECT id, name FROM alerts WHERE name = :name FOR KEY SHARE)
             INSERT INTO alert_deliveries (alert_id, alert_name, kind, detail)
             SELECT id, name, 'test', jsonb_build_object('by', CAST(:actor AS text))
-              FROM alerts WHERE name = :name
+              FROM alert
             RETURNING id
             """
         ),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import threading
 
 import pytest
 import sqlalchemy as sa
@@ -214,3 +215,30 @@ def test_a_deleted_job_name_reused_is_matched_by_name(engine: sa.Engine) -> None
     factories.job(engine, "reborn", start=False)
     _event(engine, "reborn", "failed")
     assert _deliveries(engine) == [("n", "failed", "reborn")]
+
+
+def test_a_test_delivery_racing_the_alerts_delete_finds_it_gone(engine: sa.Engine) -> None:
+    """A test delivery asked while a delete of the alert is in flight (its transaction
+    open) waits for it and answers as if it came after it: AlertNotFound (404), never
+    the foreign key's violation (a 503 'database error' found by schemathesis)."""
+    _alert(engine, "racing")
+    outcome: list[BaseException | str] = []
+    with engine.connect() as deleting:
+        deleting.begin()
+        assert alerts.delete(deleting, "racing") == 0
+
+        def ask() -> None:
+            try:
+                with engine.begin() as conn:
+                    outcome.append(alerts.test(conn, "racing"))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        # The test's statement waits on the delete's row lock: it has not answered yet.
+        asking.join(timeout=1.0)
+        assert asking.is_alive() and outcome == []
+        deleting.commit()
+    asking.join(timeout=10)
+    assert len(outcome) == 1 and isinstance(outcome[0], alerts.AlertNotFound), outcome
