@@ -41,7 +41,12 @@ class Report:
 
 def record(conn: sa.Connection, report: Report) -> bool:
     """Write ``report`` over the job's row unless the row is of a newer epoch; True if
-    written (False also when the job no longer exists)."""
+    written (False also when the job no longer exists).
+
+    A row of an older epoch still flagged is a flag whose run ended (a restart on stall,
+    a failover, a roll): it is cleared here, with its ``health_cleared`` event (``why``:
+    run ended) in this transaction, so that its ``recovered`` alert follows its
+    ``stalled`` one whatever replaced the run."""
     values = {**asdict(report), "checked_at": sa.func.now()}
     insert = postgresql.insert(tables.run_health).values(values)
     h = tables.run_health
@@ -50,10 +55,34 @@ def record(conn: sa.Connection, report: Report) -> bool:
         set_={name: insert.excluded[name] for name in values if name != "job_id"},
         where=h.c.epoch <= insert.excluded.epoch,
     ).returning(h.c.job_id)
-    exists = conn.execute(sa.select(tables.jobs.c.id).where(tables.jobs.c.id == report.job_id))
-    if exists.one_or_none() is None:
+    job = conn.execute(
+        sa.select(tables.jobs.c.name).where(tables.jobs.c.id == report.job_id)
+    ).one_or_none()
+    if job is None:
         return False
-    return conn.execute(statement).one_or_none() is not None
+    before = conn.execute(
+        sa.select(h.c.epoch, h.c.flag, h.c.server)
+        .where(h.c.job_id == report.job_id)
+        .with_for_update()
+    ).one_or_none()
+    if conn.execute(statement).one_or_none() is None:
+        return False
+    if before is not None and before.flag is not None and before.epoch < report.epoch:
+        _ended_flag_cleared(conn, report.job_id, job.name, before)
+    return True
+
+
+def _ended_flag_cleared(conn: sa.Connection, job_id: int, name: str, before: sa.Row) -> None:
+    conn.execute(
+        sa.insert(tables.job_events).values(
+            job_id=job_id,
+            job_name=name,
+            kind=states.EventKind.HEALTH_CLEARED.value,
+            server=before.server,
+            epoch=before.epoch,
+            detail={"flag": before.flag, "why": "run ended"},
+        )
+    )
 
 
 def flag_changed(

@@ -519,8 +519,9 @@ def test_restarts_on_stall_spend_the_restart_budget_then_the_job_ends_failed(
     check(monitor, 30)
     check(monitor, 50)  # stalled again: the budget is spent
     check(monitor, 60)
+    # The first run's flag is cleared as the second run reports (why: run ended).
     assert _kinds(engine, "slow") == [
-        "health_flagged", "restart_requested", "health_flagged",
+        "health_flagged", "restart_requested", "health_cleared", "health_flagged",
     ]  # fmt: skip
     assert _generation(engine, "slow") == 2
     row = factories.row(engine, run.job_id)
@@ -647,3 +648,44 @@ def test_a_ui_port_the_log_names_outside_the_one_the_server_gave_is_never_probed
         honest.stop()
     finally:
         monitor.stop()
+
+
+def test_a_flag_whose_run_ended_is_cleared_when_the_next_run_reports(engine: sa.Engine) -> None:
+    """A run flagged stalled, then replaced (a restart on stall, a failover, a roll): the
+    next run's first report clears the old flag with one health_cleared event of the old
+    epoch (why: run ended), which raises the recovered alert the stalled one awaits."""
+    job_id = factories.job(engine, "flagged", start=False)
+    stalled = run_health.Report(
+        job_id=job_id,
+        epoch=1,
+        server="s1",
+        app_state="running",
+        flag=HealthFlag.STALLED.value,
+        flagged_at=dt.datetime.now(dt.UTC),
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(tables.alerts).values(
+                name="pager", webhook_url="http://127.0.0.1:9/", kinds=["stalled", "recovered"]
+            )
+        )
+        assert run_health.record(conn, stalled)
+        run_health.flag_changed(conn, stalled, "flagged", None, {})
+    healthy = run_health.Report(job_id=job_id, epoch=2, server="s2", app_state="running")
+    for _ in range(2):  # the next run reports again: the old flag is cleared once
+        with engine.begin() as conn:
+            assert run_health.record(conn, healthy)
+    with engine.connect() as conn:
+        events = conn.execute(
+            sa.text(
+                "SELECT kind, epoch, server, detail FROM job_events WHERE job_name = 'flagged' "
+                "AND kind LIKE 'health_%' ORDER BY id"
+            )
+        ).all()
+        kinds = conn.execute(sa.text("SELECT kind FROM alert_deliveries ORDER BY at")).scalars()
+        assert list(kinds) == ["stalled", "recovered"]
+    assert [(e.kind, e.epoch, e.server) for e in events] == [
+        ("health_flagged", 1, "s1"),
+        ("health_cleared", 1, "s1"),
+    ]
+    assert events[1].detail == {"flag": "stalled", "why": "run ended"}

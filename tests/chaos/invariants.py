@@ -1722,3 +1722,22 @@ def missing_module_problems(
         f"{job} epoch {epoch}: its driver imported {found!r}, not {version}"
         for epoch, found in wrong
     ]
+
+
+def unresolved_flag_problems(
+    events: Sequence[Mapping[str, Any]], health_epochs: Mapping[str, int]
+) -> list[str]:
+    """Every health flag of a run that a later run replaced is cleared (docs/alerts.md:
+    ``recovered`` follows ``stalled`` whatever replaced the run). ``health_epochs``: job
+    name -> the epoch of its ``run_health`` row now (the latest run that reported)."""
+    flagged: dict[tuple[str, int], bool] = {}
+    for event in events:
+        if event["kind"] not in ("health_flagged", "health_cleared") or event["epoch"] is None:
+            continue
+        flagged[(event["job_name"], int(event["epoch"]))] = event["kind"] == "health_flagged"
+    return [
+        f"{job}: the health flag of epoch {epoch} was never cleared, though epoch "
+        f"{health_epochs[job]} reported since"
+        for (job, epoch), still in sorted(flagged.items())
+        if still and health_epochs.get(job, epoch) > epoch
+    ]

@@ -1403,3 +1403,21 @@ def test_missing_module_problems_sees_a_driver_without_its_dependency() -> None:
         "sec epoch 2: its driver imported None, not 0.9.0",
         "sec epoch 3: its driver imported None, not 0.9.0",
     ]
+
+
+def _health(kind: str, job: str, epoch: int) -> dict[str, Any]:
+    return {"kind": kind, "job_name": job, "epoch": epoch}
+
+
+def test_unresolved_flag_problems_sees_a_replaced_runs_flag_never_cleared() -> None:
+    events = [
+        _health("health_flagged", "st", 1),
+        _health("health_cleared", "st", 1),
+        _health("health_flagged", "st", 2),
+        _health("health_flagged", "live", 4),  # its run still runs: no problem
+    ]
+    assert invariants.unresolved_flag_problems(events, {"st": 3, "live": 4}) == [
+        "st: the health flag of epoch 2 was never cleared, though epoch 3 reported since"
+    ]
+    cleared = [*events, _health("health_cleared", "st", 2)]
+    assert invariants.unresolved_flag_problems(cleared, {"st": 3, "live": 4}) == []

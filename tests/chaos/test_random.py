@@ -1154,6 +1154,13 @@ def test_randomized_faults_and_concurrent_commands(
             f"{len(drivers)} drivers checked",
             file=sys.stderr,
         )
+        health_epochs = {
+            r.name: r.epoch
+            for r in trial.cluster.sql(
+                "SELECT j.name, h.epoch FROM run_health h JOIN jobs j ON j.id = h.job_id"
+            )
+        }
+        outcome.problems += invariants.unresolved_flag_problems(trial.events(), health_epochs)
         outcome.problems += [
             f"auto-rollback {p}"
             for p in invariants.auto_rollback_problems(
