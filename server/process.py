@@ -208,7 +208,7 @@ class Server:
             role=s.role.value,
             version=VERSION,
             started_at=time.time(),
-            health_url=f"{tls.scheme(self.listener_tls)}://{s.advertise_host}:{self.http.port}",
+            health_url=self.own_url(),
             driver_user=run_as.name if run_as else _own_user_name(),
             driver_user_isolated=run_as is not None,
         )
@@ -254,6 +254,18 @@ class Server:
                 "health_port": self.http.port,
             },
         )
+        # The port is random by default (SPARKRING_HEALTH_PORT=0): say where to look.
+        log.info(
+            "console at %s/console/",
+            self.own_url(),
+            extra={"action": "console", "server": self.id},
+        )
+
+    def own_url(self) -> str:
+        """This server's HTTP endpoint as its peers and people reach it (``health_url`` in
+        its registration): scheme, ``SPARKRING_ADVERTISE_HOST`` and the bound port."""
+        assert self.http is not None
+        return f"{tls.scheme(self.listener_tls)}://{self.settings.advertise_host}:{self.http.port}"
 
     def _driver_user(self) -> driver_user.DriverUser | None:
         """The user drivers run as, checked to be usable here; None (and a warning) when
@@ -371,7 +383,7 @@ class Server:
         self._alert_engine = database.create_engine(
             s.database_url.get_secret_value(), pool_size=2, limits=clients.server_limits(s)
         )
-        own = f"{tls.scheme(self.listener_tls)}://{s.advertise_host}:{self.http.port}"
+        own = self.own_url()
         self.alert_sender = alert_sender.AlertSender(
             self._alert_engine,
             self.id,

@@ -3,6 +3,7 @@ stack's real ZooKeeper, PostgreSQL and S3: this test's own chroot, database and 
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import urllib.request
@@ -142,10 +143,12 @@ def test_a_driver_user_that_cannot_reach_the_work_dir_stops_the_start(
 
 
 def test_a_server_with_tls_serves_https_and_registers_an_https_url(
-    settings: settings_module.Settings, tmp_path: Path
+    settings: settings_module.Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SPARKRING_TLS_CERT / SPARKRING_TLS_KEY: the API and console answer over HTTPS only,
-    and the URL peers and the CLI use (``health_url``) says https."""
+    and the URL peers and the CLI use (``health_url``) says https, as does the console's
+    address the server logs at start."""
+    caplog.set_level(logging.INFO, logger=process.log.name)
     cert, key = certificates.self_signed(tmp_path, "server")
     tls_settings = settings.model_copy(
         update={"tls_cert": cert, "tls_key": key, "advertise_host": certificates.HOST}
@@ -161,6 +164,7 @@ def test_a_server_with_tls_serves_https_and_registers_an_https_url(
 
         wait_until(registered, 10, message="the server never registered")
         assert [info.health_url for info in registered()] == [url]
+        assert f"console at {url}/console/" in caplog.messages
         context = tls.client_context(cert)
         with urllib.request.urlopen(f"{url}/healthz", timeout=10, context=context) as reply:
             assert reply.status == 200

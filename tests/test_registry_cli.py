@@ -45,12 +45,15 @@ def test_server_list_shows_live_servers(
     assert rows["a"]["capacity"] == 4 and rows["a"]["session_id"] == a.info.session_id
     assert 0 <= rows["a"]["uptime_s"] < 60
 
-    table = _run({**env, "COLUMNS": "200"}, "server", "list")
+    table = _run({**env, "COLUMNS": "250"}, "server", "list")
     assert table.returncode == 0, table.stderr
+    header = [c.strip() for c in table.stdout.splitlines()[0].split("┃")]
     cells = [[c.strip() for c in line.split("│")] for line in table.stdout.splitlines()[2:]]
     lines = {row[0]: row for row in cells}
     assert lines["a"][:5] == ["a", "both", "4", "yes", str(a.term)]
     assert lines["w"][:4] == ["w", "worker", "4", "-"]
+    # Where to open each one's console (the port is random by default).
+    assert lines["a"][header.index("console")] == f"{a.info.health_url}/console/"
 
 
 def test_server_list_shows_which_spark_masters_each_server_reaches(
@@ -87,6 +90,11 @@ def test_server_list_shows_which_spark_masters_each_server_reaches(
     where = columns.index("spark masters")
     assert cells["a"][where] == "1/2 up, down: m1:7077"
     assert cells["w"][where] == "-"
+
+
+def test_the_console_cell() -> None:
+    assert cli_server.console_cell("https://h:8090") == "https://h:8090/console/"
+    assert cli_server.console_cell("") is None  # a server that published no endpoint
 
 
 @pytest.mark.parametrize(

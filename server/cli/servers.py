@@ -39,6 +39,11 @@ def _drivers_as(row: dict[str, Any]) -> str | None:
     return row["driver_user"] + ("" if row["driver_user_isolated"] else " (own)")
 
 
+def console_cell(health_url: str) -> str | None:
+    """Where a server's web console is: its HTTP endpoint (``health_url``) + /console/."""
+    return f"{health_url}/console/" if health_url else None
+
+
 def spark_masters_cell(report: dict[str, bool]) -> str | None:
     """A server's Spark masters as one cell: how many answer, and which do not."""
     if not report:
@@ -54,10 +59,10 @@ def list_(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Live servers: role, capacity, coordinator flag, drained flag, uptime, the OS user
-    their drivers run as ("(own)": the server's own user, no sandbox), and how many of
-    the Spark masters each uses answered its last probe ("1/2 up, down: host:port";
-    "-": no spark:// master in use). --json gives each master by host:port in
-    spark_masters."""
+    their drivers run as ("(own)": the server's own user, no sandbox), how many of the
+    Spark masters each uses answered its last probe ("1/2 up, down: host:port"; "-": no
+    spark:// master in use), and the URL of its web console. --json gives each master
+    by host:port in spark_masters, and the server's HTTP endpoint in health_url."""
     from registry import election, servers
 
     settings = console.context(ctx).settings()
@@ -95,6 +100,7 @@ def list_(
             "spark masters",
             "host",
             "version",
+            "console",
         ],
         [
             [
@@ -109,6 +115,7 @@ def list_(
                 spark_masters_cell(r["spark_masters"]),
                 r["host"],
                 r["version"],
+                console_cell(r["health_url"]),
             ]
             for r in rows
         ],
