@@ -17,6 +17,11 @@ names a batch). The watch is judged by :func:`decide`, a pure function of
                                        crashed or failed of an epoch claimed with it)
     watching -> rolled back (stalled)  its run is flagged stalled (server/health.py)
     watching -> rolled back (not healthy within D)   the deadline passed, not healthy
+    watching -> watching, deadline moved  the deadline passed while the watched
+                                      revision's run waits on a deferral (no Spark master,
+                                      S3 or PostgreSQL away: a cause outside the job, no
+                                      budget spent): health is judged only over time it
+                                      could run, so the deadline moves to now + D
     watching -> ended (unjudged)      the job's revision moved on (another update or
                                       rollback) or it is no longer wanted running
 
@@ -56,6 +61,7 @@ ACTOR = "auto-rollback"
 
 class Verdict(StrEnum):
     WATCH = "watch"  # nothing decided yet
+    EXTEND = "extend"  # past the deadline while deferred for an outside cause: watch on
     HEALTHY = "healthy"  # the revision proved itself: the watch ends
     ROLL_BACK = "roll back"  # back to the fallback revision
     ABANDON = "abandon"  # the watch no longer applies: it ends, nothing is judged
@@ -83,6 +89,9 @@ class Facts:
     stalled: bool  # the present run (of the watched revision) is flagged stalled
     running: bool  # the present run is of the watched revision, its driver running
     batch_done: bool  # ... and it completed a micro-batch
+    # The present run is of the watched revision and waits on a deferral (its latest
+    # run event is ``deferred``: a cause outside the job, S9).
+    deferred: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,9 @@ def decide(facts: Facts) -> Decision:
         return Decision(Verdict.WATCH)
     if facts.running and (facts.kind != JobKind.STREAMING or facts.batch_done):
         return Decision(Verdict.HEALTHY, reason="healthy")
+    if facts.deferred:
+        within = format_duration(facts.healthy_within_s)
+        return Decision(Verdict.EXTEND, reason=f"deferred for a cause outside it: {within} more")
     within = format_duration(facts.healthy_within_s)
     return Decision(Verdict.ROLL_BACK, Cause.UNHEALTHY, f"not healthy within {within}")
 
@@ -131,7 +143,14 @@ _FACTS = sa.text(
            COALESCE(d.revision = j.watch_revision
                     AND d.state = '{RunState.RUNNING.value}', false) AS running,
            COALESCE(d.revision = j.watch_revision AND rh.epoch = d.epoch
-                    AND rh.last_batch_id IS NOT NULL, false) AS batch_done
+                    AND rh.last_batch_id IS NOT NULL, false) AS batch_done,
+           COALESCE(d.revision = j.watch_revision
+                    AND d.state IN ('{RunState.BACKOFF.value}', '{RunState.PENDING.value}')
+                    AND (SELECT e.kind FROM job_events e
+                          WHERE e.job_id = j.id
+                            AND e.kind IN ('claimed', 'started', 'deferred', 'crashed',
+                                           'failed', 'reaped', 'stopped')
+                          ORDER BY e.id DESC LIMIT 1) = 'deferred', false) AS deferred
       FROM jobs j
       JOIN distribution d ON d.job_id = j.id
       LEFT JOIN run_health rh ON rh.job_id = j.id
@@ -162,6 +181,17 @@ def _end_watch(conn: sa.Connection, job_id: int, watched: int) -> None:
         raise jobs.JobConflict(f"job {job_id}: the watch of revision {watched} ended meanwhile")
 
 
+def _extend_watch(conn: sa.Connection, job_id: int, watched: int, within_s: float) -> None:
+    """The watch's deadline moves to now + ``within_s`` (PostgreSQL's clock)."""
+    conn.execute(
+        sa.text(
+            "UPDATE jobs SET watch_until = now() + make_interval(secs => :within) "
+            "WHERE id = :job_id AND watch_revision = :watched"
+        ),
+        {"within": within_s, "job_id": job_id, "watched": watched},
+    )
+
+
 def check_one(conn: sa.Connection, job_id: int, *, server: str) -> Applied | None:
     """Judge the watch of one job and carry the verdict out, in the caller's
     transaction; None when there is nothing to do (no watch, its row is being judged
@@ -180,10 +210,21 @@ def check_one(conn: sa.Connection, job_id: int, *, server: str) -> Applied | Non
         stalled=row.stalled,
         running=row.running,
         batch_done=row.batch_done,
+        deferred=row.deferred,
     )
     decision = decide(facts)
     if decision.verdict is Verdict.WATCH:
         return None
+    if decision.verdict is Verdict.EXTEND:
+        _extend_watch(conn, job_id, row.watched, row.healthy_within_s)
+        log.info(
+            "job %s: revision %d %s",
+            row.name,
+            row.watched,
+            decision.reason,
+            extra={"action": "auto_rollback_extend", "job": row.name},
+        )
+        return Applied(job_id, row.name, decision)
     if decision.verdict is not Verdict.ROLL_BACK:
         _end_watch(conn, job_id, row.watched)
         log.info(

@@ -392,3 +392,46 @@ def test_the_watch_loop_judges_on_its_own_and_stops_twice(engine: sa.Engine) -> 
         loop.stop()  # idempotent
     assert not loop.is_alive()
     assert len(_rolled_back(engine)) == 1
+
+
+def test_past_the_deadline_a_deferred_run_of_the_new_revision_is_watched_longer() -> None:
+    decision = A.decide(facts(past_deadline=True, running=False, deferred=True))
+    assert decision.verdict is A.Verdict.EXTEND
+    # A crash still wins; a run that is not deferred is judged at the deadline.
+    assert A.decide(facts(past_deadline=True, deferred=True, crashed=True)).verdict is (
+        A.Verdict.ROLL_BACK
+    )
+
+
+def test_an_outage_spanning_the_deadline_moves_it_instead_of_rolling_back(
+    engine: sa.Engine,
+) -> None:
+    """The new revision's claim is deferred (no Spark master answers: no budget spent)
+    past the deadline: the watch goes on, its deadline moved by healthy-within from now,
+    and the revision is judged once it could run (here: healthy)."""
+    job_id = _streaming(engine)
+    epoch = factories.row(engine, job_id).epoch
+    _update(engine, auto_rollback=True, healthy_within_s=60.0)
+    with engine.begin() as conn:
+        distribution.begin_stop(conn, job_id, S1, epoch, "rolling")
+        distribution.release(conn, job_id, S1, epoch)
+        claim = distribution.claim(conn, job_id, S1, ttl=30.0)
+        distribution.defer(
+            conn, job_id, S1, claim.epoch, "no Spark master answers", 5.0,
+            cause="spark-master-unreachable",
+        )  # fmt: skip
+    _pass_deadline(engine, job_id)
+    [applied] = _check(engine)
+    assert applied.decision.verdict is A.Verdict.EXTEND
+    assert _rolled_back(engine) == []
+    with engine.connect() as conn:
+        left = conn.execute(
+            sa.text("SELECT extract(epoch FROM watch_until - now()) FROM jobs WHERE id = :j"),
+            {"j": job_id},
+        ).scalar_one()
+    assert 50 < left <= 60
+    new_epoch = _run(engine, job_id)  # the master is back: the new revision runs
+    _batch(engine, job_id, new_epoch)
+    _pass_deadline(engine, job_id)
+    [judged] = _check(engine)
+    assert judged.decision.verdict is A.Verdict.HEALTHY and _rolled_back(engine) == []
