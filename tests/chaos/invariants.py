@@ -1741,3 +1741,22 @@ def unresolved_flag_problems(
         for (job, epoch), still in sorted(flagged.items())
         if still and health_epochs.get(job, epoch) > epoch
     ]
+
+
+RUN_EVENTS = frozenset({"claimed", "started", "deferred", "crashed", "failed", "reaped", "stopped"})
+
+
+def rollback_while_deferred_problems(events: Sequence[Mapping[str, Any]]) -> list[str]:
+    """No update is rolled back as not healthy while its run waits on a deferral (a cause
+    outside the job): its latest run event before the ``rolled_back`` is no ``deferred``
+    (docs/jobs.md, "Updates that roll themselves back")."""
+    latest: dict[str, str] = {}
+    problems = []
+    for event in events:
+        job, kind = event["job_name"], event["kind"]
+        if kind in RUN_EVENTS:
+            latest[job] = kind
+        elif kind == "rolled_back" and (event.get("detail") or {}).get("cause") == "not_healthy":
+            if latest.get(job) == "deferred":
+                problems.append(f"{job}: rolled back as not healthy while its run was deferred")
+    return problems

@@ -1421,3 +1421,24 @@ def test_unresolved_flag_problems_sees_a_replaced_runs_flag_never_cleared() -> N
     ]
     cleared = [*events, _health("health_cleared", "st", 2)]
     assert invariants.unresolved_flag_problems(cleared, {"st": 3, "live": 4}) == []
+
+
+def test_rollback_while_deferred_problems_sees_an_outage_judged_as_the_revisions() -> None:
+    def event(kind: str, cause: str | None = None) -> dict[str, Any]:
+        return {"job_name": "rb", "kind": kind, "detail": {"cause": cause} if cause else {}}
+
+    fine = [event("claimed"), event("deferred"), event("claimed"), event("started")]
+    assert (
+        invariants.rollback_while_deferred_problems([*fine, event("rolled_back", "not_healthy")])
+        == []
+    )
+    assert invariants.rollback_while_deferred_problems(
+        [event("claimed"), event("deferred"), event("rolled_back", "not_healthy")]
+    ) == ["rb: rolled back as not healthy while its run was deferred"]
+    # A crash rolls back at once, deferred or not.
+    assert (
+        invariants.rollback_while_deferred_problems(
+            [event("deferred"), event("rolled_back", "crashed")]
+        )
+        == []
+    )

@@ -1161,6 +1161,7 @@ def test_randomized_faults_and_concurrent_commands(
             )
         }
         outcome.problems += invariants.unresolved_flag_problems(trial.events(), health_epochs)
+        outcome.problems += invariants.rollback_while_deferred_problems(trial.events())
         outcome.problems += [
             f"auto-rollback {p}"
             for p in invariants.auto_rollback_problems(
