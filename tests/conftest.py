@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from resource_center import store
 from server import driver, driver_user
 from server import settings as settings_module
 from sql import database
@@ -208,6 +209,21 @@ def settings(
         # user says so (test_process, test_driver_user; tests/cluster.py for e2e).
         driver_user="",
     )
+
+
+@pytest.fixture
+def bucket(settings: settings_module.Settings) -> store.Store:
+    """This test's own bucket (created), reached with the stack's S3 credentials."""
+    bucket = store.Store(
+        endpoint=settings.s3_endpoint,
+        access_key=settings.s3_access_key.get_secret_value(),
+        secret_key=settings.s3_secret_key.get_secret_value(),
+        bucket=settings.s3_bucket,
+        secure=False,
+        region="us-east-1",
+    )
+    bucket.ensure_bucket()
+    return bucket
 
 
 @pytest.fixture

@@ -11,23 +11,8 @@ import sqlalchemy as sa
 
 from resource_center import catalog, store
 from scheduler import jobs
-from server import settings as settings_module
 from server.cli import spec as apply
 from sql import tables
-
-
-@pytest.fixture
-def bucket(settings: settings_module.Settings) -> store.Store:
-    bucket = store.Store(
-        endpoint=settings.s3_endpoint,
-        access_key=settings.s3_access_key.get_secret_value(),
-        secret_key=settings.s3_secret_key.get_secret_value(),
-        bucket=settings.s3_bucket,
-        secure=False,
-        region="us-east-1",
-    )
-    bucket.ensure_bucket()
-    return bucket
 
 
 def _write(folder: Path, text: str) -> Path:

@@ -16,24 +16,9 @@ import sqlalchemy as sa
 
 from resource_center import catalog, deps, store
 from server import job_deps
-from server import settings as settings_module
 
 # A small pure-Python package the servers' own environment does not have.
 PACKAGE = "tabulate==0.9.0"
-
-
-@pytest.fixture
-def bucket(settings: settings_module.Settings) -> store.Store:
-    bucket = store.Store(
-        endpoint=settings.s3_endpoint,
-        access_key=settings.s3_access_key.get_secret_value(),
-        secret_key=settings.s3_secret_key.get_secret_value(),
-        bucket=settings.s3_bucket,
-        secure=False,
-        region="us-east-1",
-    )
-    bucket.ensure_bucket()
-    return bucket
 
 
 def test_the_package_is_not_in_the_servers_environment() -> None:

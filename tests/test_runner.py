@@ -81,20 +81,6 @@ def stage(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.fixture
-def bucket(settings: settings_module.Settings) -> store.Store:
-    bucket = store.Store(
-        endpoint=settings.s3_endpoint,
-        access_key=settings.s3_access_key.get_secret_value(),
-        secret_key=settings.s3_secret_key.get_secret_value(),
-        bucket=settings.s3_bucket,
-        secure=False,
-        region="us-east-1",
-    )
-    bucket.ensure_bucket()
-    return bucket
-
-
 def _config(tmp_path: Path, margin: float) -> runner.RunnerConfig:
     """One server, s1, with the harness's lease timings and a work dir of the test's."""
     return runner.RunnerConfig(
