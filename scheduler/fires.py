@@ -199,12 +199,12 @@ def fire(conn: sa.Connection, job: sa.Row, server: str) -> Fired:
     """Handle the due slots of ``job``, locked by :func:`lock_due`."""
     the_schedule = schedule.Schedule.from_dict(job.schedule)
     due = schedule.due(the_schedule, job.fires_checked_until, job.now)
-    backfilled = _backfilled(conn, job.id, [slot.at for slot in due.slots if slot.at])
+    backfilled = _backfilled(conn, job.id, [slot.at for slot in due.slots if not slot.gap])
     if backfilled:
         # Fire times of the off period that a backfill queued before the schedule was
         # switched on again: each runs once, as its backfilled run.
         due = schedule.Due(
-            tuple(slot for slot in due.slots if slot.at not in backfilled),
+            tuple(slot for slot in due.slots if slot.gap or slot.at not in backfilled),
             due.next_fire,
             due.truncated,
         )
@@ -232,7 +232,7 @@ def fire(conn: sa.Connection, job: sa.Row, server: str) -> Fired:
                 raise runs.RunConflict(f"job {job.name}: a run is in progress; none started")
         run_id, fired_at = runs.open_run(conn, job.id, generation, "schedule", at), at
         detail = {"trigger": "schedule", "run_id": run_id, "generation": generation}
-        detail["scheduled_time"] = schedule.iso(at) if at else None
+        detail["scheduled_time"] = schedule.iso(at)
         if decision.action is schedule.Action.REPLACE:
             _event(conn, job.id, job.name, server, {**detail, "rerun": False}, "restart_requested")
         else:
@@ -355,7 +355,7 @@ def backfill(
     the_schedule = schedule.Schedule.from_dict(row.schedule)
     times: list[datetime] = []
     for slot in schedule.slots(the_schedule, start):
-        if slot.at is None:
+        if slot.gap:
             continue
         if slot.at > end:
             break

@@ -131,10 +131,9 @@ def open_run(
     )
 
 
-def record_skipped(
-    conn: sa.Connection, job_id: int, scheduled_time: datetime | None, reason: str
-) -> int:
-    """A fire not run, with why (a DST gap slot has no ``scheduled_time``)."""
+def record_skipped(conn: sa.Connection, job_id: int, scheduled_time: datetime, reason: str) -> int:
+    """A fire not run, with why; a DST gap slot's ``scheduled_time`` is its instant
+    of the jump (``schedule.gap_instant``), so the unique constraint holds it once."""
     return _insert(
         conn,
         job_id,

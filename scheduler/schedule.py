@@ -15,8 +15,9 @@ A schedule (:class:`Schedule`) is a SPEC, a time zone and two policies:
 
 Fire times (:func:`slots`) are UTC instants, strictly increasing. Local times the zone
 skips (a DST gap: 02:30 on the spring-forward day in Europe/Berlin) are *gap slots*:
-no fire, recorded skipped. A local time the zone repeats (the fall-back hour) fires
-once, at its first occurrence.
+no fire, recorded skipped. Each has an instant too, within the second before the jump
+over it (:func:`gap_instant`), so it is due, and fenced by its run row, like any slot.
+A local time the zone repeats (the fall-back hour) fires once, at its first occurrence.
 
 Decisions (:func:`decide`) are pure functions of the due slots, PostgreSQL's ``now``
 and whether the previous run is still running: which slot runs, which is recorded
@@ -249,23 +250,57 @@ def from_options(
 
 @dataclass(frozen=True)
 class Slot:
-    """One fire time of a schedule, or a local time its zone skips (``at`` is None)."""
+    """One fire time of a schedule, or a local time its zone skips (a gap slot)."""
 
-    at: datetime | None  # UTC; None for a gap slot
+    at: datetime  # UTC; for a gap slot, an instant of the jump over it (gap_instant)
     local: datetime  # the local wall-clock time (naive), for messages
+    gap: bool = False  # the local time does not exist: no fire, recorded skipped
 
-    @property
-    def exists(self) -> bool:
-        return self.at is not None
+
+def _wall(instant: datetime, zone: ZoneInfo) -> datetime:
+    """The zone's wall-clock time (naive) at ``instant``."""
+    return instant.astimezone(zone).replace(tzinfo=None)
 
 
 def _local_to_utc(naive: datetime, zone: ZoneInfo) -> datetime | None:
     """The first UTC instant with this wall-clock time in ``zone``; None in a gap."""
-    aware = naive.replace(tzinfo=zone, fold=0)
-    instant = aware.astimezone(UTC)
-    if instant.astimezone(zone).replace(tzinfo=None) != naive:
+    instant = naive.replace(tzinfo=zone, fold=0).astimezone(UTC)
+    if _wall(instant, zone) != naive:
         return None
     return instant
+
+
+def jump_over(naive: datetime, zone: ZoneInfo) -> datetime:
+    """The instant at which the zone's clock jumps over ``naive`` (a local time in a
+    gap): the first whole second whose wall-clock time is past it."""
+    # In a gap, fold=1 reads it with the offset after the jump (an instant before it)
+    # and fold=0 with the offset before (an instant after it).
+    before = naive.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    after = naive.replace(tzinfo=zone, fold=0).astimezone(UTC)
+    while after - before > timedelta(seconds=1):
+        middle = before + timedelta(seconds=(after - before) // timedelta(seconds=2))
+        if _wall(middle, zone) > naive:
+            after = middle
+        else:
+            before = middle
+    return after
+
+
+def gap_instant(naive: datetime, zone: ZoneInfo) -> datetime:
+    """The UTC instant a gap slot stands for (its ``scheduled_time``): the jump over
+    it, less one microsecond per second from it to the gap's end. So each local time of
+    one gap has its own instant, in order, within the second before the jump, where no
+    fire time is (fire times are whole seconds; a gap is at most a day)."""
+    jump = jump_over(naive, zone)
+    to_end = int((_wall(jump, zone) - naive).total_seconds())
+    return jump - timedelta(microseconds=min(to_end, 999_999))
+
+
+def _slot(local: datetime, zone: ZoneInfo) -> Slot:
+    at = _local_to_utc(local, zone)
+    if at is None:
+        return Slot(gap_instant(local, zone), local, gap=True)
+    return Slot(at, local)
 
 
 def slots(schedule: Schedule, start: datetime) -> Iterator[Slot]:
@@ -282,26 +317,20 @@ def slots(schedule: Schedule, start: datetime) -> Iterator[Slot]:
             at += step
     expression, with_seconds = schedule.cron
     zone = schedule.zone
-    local_start = start.astimezone(zone).replace(tzinfo=None)
     # One second back: croniter yields times strictly after its start.
     it = _croniter()(
-        expression, local_start - timedelta(seconds=1), second_at_beginning=with_seconds
+        expression, _wall(start, zone) - timedelta(seconds=1), second_at_beginning=with_seconds
     )
     while True:
-        local = it.get_next(datetime)
-        at = _local_to_utc(local, zone)
-        if at is None:
-            # A gap slot is reported once the gap is reached (its local time is past).
-            if local >= local_start:
-                yield Slot(None, local)
-        elif at >= start:
-            yield Slot(at, local)
+        slot = _slot(it.get_next(datetime), zone)
+        if slot.at >= start:
+            yield slot
 
 
 def next_fire(schedule: Schedule, after: datetime) -> datetime:
-    """The first fire time strictly after ``after``."""
+    """The first fire time strictly after ``after`` (gap slots are no fires)."""
     for slot in slots(schedule, after + timedelta(microseconds=1)):
-        if slot.at is not None:
+        if not slot.gap:
             return slot.at
     raise AssertionError("unreachable: slots never ends")
 
@@ -317,12 +346,15 @@ class Due:
 
 def due(schedule: Schedule, after: datetime, now: datetime, limit: int = MAX_DUE_SLOTS) -> Due:
     """The slots strictly after ``after`` (every slot up to it was handled) and at or
-    before ``now``: at most ``limit``, the latest; and the first fire time after ``now``."""
+    before ``now``: at most ``limit``, the latest; and the first fire time after ``now``.
+    A gap slot is due once its instant (:func:`gap_instant`) is past, as any slot."""
     start, truncated = after + timedelta(microseconds=1), False
     while True:
         found: list[Slot] = []
         for slot in slots(schedule, start):
-            if slot.at is not None and slot.at > now:
+            if slot.at > now:
+                if slot.gap:
+                    continue  # not yet due, and no fire: the next fire comes after it
                 return Due(tuple(found[-limit:]), slot.at, truncated)
             found.append(slot)
             if len(found) > 2 * limit and not truncated:
@@ -375,11 +407,11 @@ def decide(
     too. A slot that would run while the previous run is still running is recorded
     ``previous run still running`` under ``forbid``, and replaces it under ``replace``.
     Gap slots are recorded ``dst-gap``."""
-    existing = [slot for slot in due_slots if slot.at is not None]
+    existing = [slot for slot in due_slots if not slot.gap]
     latest = existing[-1] if existing else None
     decisions: list[Decision] = []
     for slot in due_slots:
-        if slot.at is None:
+        if slot.gap:
             decisions.append(Decision(slot, Action.SKIP, gap_reason(slot, schedule.timezone)))
         elif slot is not latest or not _in_time(schedule, slot.at, now, on_time):
             decisions.append(Decision(slot, Action.SKIP, SkipReason.MISFIRE.value))

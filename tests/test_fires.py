@@ -4,13 +4,13 @@ run's row following its job's distribution row (scheduler/fires.py, scheduler/ru
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from scheduler import distribution, fires, jobs, runs, schedule
+from scheduler import alerts, distribution, fires, jobs, runs, schedule
 from server import retention
 from sql import tables
 from sql.states import JobKind
@@ -580,3 +580,66 @@ def test_a_backfill_runs_the_fire_times_recorded_skipped_once(engine: sa.Engine)
         run_id = fires.start_queued(conn, "s1")
     first = next(r for r in _runs(engine, job_id) if r["run_id"] == run_id)
     assert (first["state"], first["scheduled_time"]) == ("pending", skipped[0])
+
+
+def _pass_at(engine: sa.Engine, job_id: int, now: datetime) -> fires.Fired:
+    """One firing pass over the job (``fires.fire``, as the loop runs it) as if
+    PostgreSQL's ``now()`` were ``now``: a pass on a day of a DST change, without
+    waiting for one."""
+    with engine.begin() as conn:
+        job = conn.execute(
+            sa.text(
+                "SELECT id, name, schedule, fires_checked_until, "
+                "CAST(:now AS timestamptz) AS now FROM jobs WHERE id = :j FOR UPDATE"
+            ),
+            {"j": job_id, "now": now},
+        ).one()
+        return fires.fire(conn, job, "s1")
+
+
+def _gap_rows(engine: sa.Engine, job_id: int) -> list[dict]:
+    return [r for r in _runs(engine, job_id) if (r["reason"] or "").startswith("dst-gap")]
+
+
+def test_a_dst_gap_fire_time_is_recorded_skipped_once_by_the_pass_after_the_jump(
+    engine: sa.Engine,
+) -> None:
+    """``30 2 * * *`` in Europe/Berlin: 02:30 on 2026-03-29 does not exist (02:00 CET
+    jumps to 03:00 CEST at 01:00Z). It was recorded ``skipped`` twice: by the pass of
+    the 28th's fire, a day before the jump, and again by the 30th's, both rows with no
+    scheduled time, so the unique (job, scheduled time) did not fence the second, and
+    each raised its own ``schedule_skipped`` delivery. It is now recorded once, by the
+    first pass after the jump, with an instant of the transition as its scheduled
+    time; a pass that handled it again would match the unique constraint."""
+    job_id = factories.scheduled_job(engine, spec="30 2 * * *", timezone="Europe/Berlin")
+    with engine.begin() as conn:
+        alerts.create(
+            conn,
+            "sched",
+            "http://127.0.0.1:9/hook",
+            kinds="schedule_skipped",
+            allow_networks=factories.LOOPBACK,
+        )
+    _checked_until(engine, job_id, "CAST(:t AS timestamptz)", t=datetime(2026, 3, 28, tzinfo=UTC))
+    first = _pass_at(engine, job_id, datetime(2026, 3, 28, 1, 30, 0, 400000, tzinfo=UTC))
+    assert first.scheduled_time == datetime(2026, 3, 28, 1, 30, tzinfo=UTC)
+    assert _gap_rows(engine, job_id) == [], "recorded a day before the jump"
+    _pass_at(engine, job_id, datetime(2026, 3, 30, 0, 30, 0, 400000, tzinfo=UTC))
+    (gap,) = _gap_rows(engine, job_id)
+    assert gap["state"] == "skipped"
+    assert gap["reason"] == "dst-gap: 2026-03-29 02:30:00 does not exist in Europe/Berlin"
+    jump = datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
+    assert gap["scheduled_time"] is not None
+    at = datetime.fromisoformat(gap["scheduled_time"])
+    assert jump - timedelta(seconds=1) < at < jump
+    with engine.connect() as conn:
+        reasons = conn.execute(
+            sa.text("SELECT detail->>'reason' FROM alert_deliveries WHERE job_id = :j"),
+            {"j": job_id},
+        ).scalars()
+        assert [r for r in reasons if r.startswith("dst-gap")] == [gap["reason"]]
+    # The same window handled again (a pass whose commit was not seen): fenced.
+    _checked_until(engine, job_id, "CAST(:t AS timestamptz)", t=datetime(2026, 3, 29, tzinfo=UTC))
+    with pytest.raises(runs.RunConflict):
+        _pass_at(engine, job_id, datetime(2026, 3, 29, 12, 0, tzinfo=UTC))
+    assert len(_gap_rows(engine, job_id)) == 1

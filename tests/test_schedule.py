@@ -72,14 +72,56 @@ def test_cron_fields_are_local_times_of_the_zone() -> None:
     assert schedule.next_fire(s, _utc(2026, 1, 10, 0, 0)) == _utc(2026, 1, 10, 8, 0)
 
 
+# 2026-03-29 01:00Z: Berlin jumps from 02:00 CET to 03:00 CEST; 02:00-02:59 do not exist.
+BERLIN_JUMP = _utc(2026, 3, 29, 1, 0)
+
+
+def _us(n: int) -> timedelta:
+    return timedelta(microseconds=n)
+
+
 def test_a_local_time_in_the_dst_gap_is_a_gap_slot_and_no_fire() -> None:
-    # 2026-03-29: Berlin jumps from 02:00 CET to 03:00 CEST; 02:30 does not exist.
     s = schedule.parse("30 2 * * *", timezone=BERLIN)
     found = list(_take(schedule.slots(s, _utc(2026, 3, 28, 0, 0)), 3))
     assert found[0].at == _utc(2026, 3, 28, 1, 30)
-    assert found[1].at is None and found[1].local == datetime(2026, 3, 29, 2, 30)
+    # The jump less one microsecond per second from 02:30 to the gap's end (03:00).
+    assert found[1].gap and found[1].local == datetime(2026, 3, 29, 2, 30)
+    assert found[1].at == BERLIN_JUMP - _us(1800)
     assert found[2].at == _utc(2026, 3, 30, 0, 30)  # 02:30 CEST
+    assert not found[2].gap
     assert schedule.next_fire(s, _utc(2026, 3, 28, 1, 30)) == _utc(2026, 3, 30, 0, 30)
+
+
+def test_gap_slots_have_their_own_instants_before_the_jump_and_the_fire_at_it() -> None:
+    """Four gap slots of one jump, and a fire at the jump itself (03:00 CEST), each
+    have their own instant: the unique (job, scheduled time) holds each once."""
+    quarter = schedule.parse("*/15 2,3 * * *", timezone=BERLIN)
+    found = list(_take(schedule.slots(quarter, _utc(2026, 3, 29, 0, 50)), 6))
+    assert [slot.gap for slot in found] == [True] * 4 + [False] * 2
+    assert [slot.at for slot in found] == [
+        BERLIN_JUMP - _us(3600),
+        BERLIN_JUMP - _us(2700),
+        BERLIN_JUMP - _us(1800),
+        BERLIN_JUMP - _us(900),
+        BERLIN_JUMP,  # 03:00 CEST
+        BERLIN_JUMP + timedelta(minutes=15),
+    ]
+    hourly = schedule.parse("@hourly", timezone=BERLIN)
+    gap, fire = _take(schedule.slots(hourly, _utc(2026, 3, 29, 0, 30)), 2)
+    assert (gap.gap, gap.local, gap.at) == (True, datetime(2026, 3, 29, 2), BERLIN_JUMP - _us(3600))
+    assert (fire.gap, fire.at) == (False, BERLIN_JUMP)
+
+
+def test_a_whole_skipped_day_has_its_gap_slots_within_the_second_before_the_jump() -> None:
+    # Samoa skipped 2011-12-30: 23:59:59 on the 29th (-10) was followed by 00:00 on the
+    # 31st (+14), at 2011-12-30 10:00Z.
+    s = schedule.parse("0 12 * * *", timezone="Pacific/Apia")
+    before, gap, after = _take(schedule.slots(s, _utc(2011, 12, 29)), 3)
+    jump = _utc(2011, 12, 30, 10, 0)
+    assert before.at == _utc(2011, 12, 29, 22, 0) and not before.gap
+    assert gap.gap and gap.local == datetime(2011, 12, 30, 12, 0)
+    assert gap.at == jump - _us(12 * 3600)
+    assert after.at == _utc(2011, 12, 30, 22, 0) and not after.gap
 
 
 def test_a_repeated_local_time_fires_once_at_its_first_occurrence() -> None:
@@ -92,7 +134,10 @@ def test_a_repeated_local_time_fires_once_at_its_first_occurrence() -> None:
 def test_due_records_the_gap_slot_between_two_fires() -> None:
     s = schedule.parse("30 2 * * *", timezone=BERLIN)
     result = schedule.due(s, _utc(2026, 3, 28, 1, 30), _utc(2026, 3, 30, 0, 30, 1))
-    assert [slot.at for slot in result.slots] == [None, _utc(2026, 3, 30, 0, 30)]
+    assert [slot.at for slot in result.slots] == [
+        BERLIN_JUMP - _us(1800),
+        _utc(2026, 3, 30, 0, 30),
+    ]
     assert result.next_fire == _utc(2026, 3, 31, 0, 30)
     decisions = schedule.decide(
         s, result.slots, _utc(2026, 3, 30, 0, 30, 1), previous_running=False
@@ -100,6 +145,22 @@ def test_due_records_the_gap_slot_between_two_fires() -> None:
     assert decisions[0].action is Action.SKIP
     assert decisions[0].reason == "dst-gap: 2026-03-29 02:30:00 does not exist in Europe/Berlin"
     assert decisions[1].action is Action.RUN
+
+
+def test_a_gap_slot_is_due_once_at_the_pass_after_the_jump_not_the_pass_before() -> None:
+    """The passes of the 28th's and the 30th's fires: the gap slot of the 29th is due
+    at the second only. It was due at both (the first a day early)."""
+    s = schedule.parse("30 2 * * *", timezone=BERLIN)
+    first_pass = _utc(2026, 3, 28, 1, 30, 0, 400000)
+    second_pass = _utc(2026, 3, 30, 0, 30, 0, 400000)
+    first = schedule.due(s, _utc(2026, 3, 28), first_pass)
+    assert [slot.local for slot in first.slots] == [datetime(2026, 3, 28, 2, 30)]
+    assert first.next_fire == _utc(2026, 3, 30, 0, 30)  # a gap slot is no fire
+    second = schedule.due(s, first_pass, second_pass)
+    assert [slot.local for slot in second.slots] == [
+        datetime(2026, 3, 29, 2, 30),
+        datetime(2026, 3, 30, 2, 30),
+    ]
 
 
 def test_a_long_outage_handles_only_the_latest_slots() -> None:
@@ -131,9 +192,10 @@ def test_fire_times_strictly_increase_and_next_fire_agrees(
     spec: str, zone: str, start: datetime
 ) -> None:
     s = schedule.parse(spec, timezone=zone)
-    fires = [slot.at for slot in _take(schedule.slots(s, start), 40) if slot.at is not None]
-    assert fires and fires[0] >= start
-    assert all(a < b for a, b in itertools.pairwise(fires))
+    found = _take(schedule.slots(s, start), 40)
+    assert found[0].at >= start
+    assert all(a.at < b.at for a, b in itertools.pairwise(found))  # gap slots too
+    fires = [slot.at for slot in found if not slot.gap]
     assert schedule.next_fire(s, fires[0]) == fires[1]
 
 
@@ -159,15 +221,70 @@ def test_at_most_one_due_slot_runs_and_every_other_is_skipped_with_a_reason(
     s = schedule.parse(spec, timezone=zone, misfire=misfire, concurrency=concurrency)
     now = after + timedelta(seconds=span)
     result = schedule.due(s, after, now, limit=200)
-    assert all(slot.at is None or after < slot.at <= now for slot in result.slots)
+    assert all(after < slot.at <= now for slot in result.slots)
     assert result.next_fire > now
     decisions = schedule.decide(s, result.slots, now, previous_running=running)
     started = [d for d in decisions if d.action is not Action.SKIP]
     assert len(started) <= 1
     assert all(d.reason for d in decisions if d.action is Action.SKIP)
     if started:
-        assert started[0].slot is [slot for slot in result.slots if slot.at][-1]
+        assert started[0].slot is [slot for slot in result.slots if not slot.gap][-1]
         assert (started[0].action is Action.REPLACE) == running
+
+
+# Instants a few days before spring-forward jumps: the EU (2026-03-29), the US
+# (2026-03-08), Lord Howe (30 minutes, 2026-10-04), Samoa (a whole day, 2011-12-30).
+JUMPS = st.sampled_from(
+    [
+        (BERLIN, _utc(2026, 3, 27)),
+        ("America/New_York", _utc(2026, 3, 6)),
+        ("Australia/Lord_Howe", _utc(2026, 10, 2)),
+        ("Pacific/Apia", _utc(2011, 12, 28)),
+    ]
+)
+GAP_SPECS = st.sampled_from(
+    ["30 2 * * *", "*/15 2 * * *", "0 * * * *", "30 * * * *", "*/10 * * * *", "0 12 * * *"]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    spec=GAP_SPECS,
+    jump=JUMPS,
+    offset=st.integers(min_value=0, max_value=3 * 86400),
+    steps=st.lists(st.integers(min_value=1, max_value=30 * 3600 * 10**6), min_size=1, max_size=8),
+)
+def test_consecutive_passes_handle_every_slot_once_gap_slots_included(
+    spec: str, jump: tuple[str, datetime], offset: int, steps: list[int]
+) -> None:
+    """Passes of the firing loop, each from the previous one's ``now``: together they
+    handle every slot of the schedule between the first cursor and the last ``now``
+    once, in order. A gap slot lies in the second before its zone's jump, and it is
+    handled by the first pass at or after it."""
+    zone, near = jump
+    s = schedule.parse(spec, timezone=zone)
+    after = near + timedelta(seconds=offset)
+    start = after
+    handled: list[schedule.Slot] = []
+    for step in steps:
+        now = after + timedelta(microseconds=step)
+        result = schedule.due(s, after, now, limit=10**6)
+        handled += result.slots
+        assert result.next_fire > now
+        after = now
+    expected = []
+    for slot in schedule.slots(s, start + timedelta(microseconds=1)):
+        if slot.at > after:
+            break
+        expected.append(slot)
+    assert handled == expected
+    for slot in handled:
+        local = slot.at.astimezone(s.zone).replace(tzinfo=None)
+        if slot.gap:
+            later = (slot.at + timedelta(seconds=1)).astimezone(s.zone).replace(tzinfo=None)
+            assert local < slot.local < later  # the zone's clock jumps over it
+        else:
+            assert local == slot.local
 
 
 def test_misfire_run_once_runs_the_latest_missed_fire_within_the_grace() -> None:

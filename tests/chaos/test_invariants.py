@@ -1134,6 +1134,17 @@ def test_a_run_at_a_time_the_schedule_does_not_have_is_an_extra_fire() -> None:
     assert "fired at 1970-01-01T00:01:47Z, not a fire time" in problem
 
 
+def test_a_dst_gap_row_at_its_instant_of_the_jump_is_no_extra_fire() -> None:
+    """A DST gap's skipped row has an instant (just before the zone's jump), which no
+    fire time of the schedule is: it is no extra fire. Any other row there is."""
+    gap = "dst-gap: 2026-03-29 02:30:00 does not exist in Europe/Berlin"
+    runs = [*_clean(), _run(9, 107.9982, None, None, state="skipped", reason=gap)]
+    assert _check(runs) == []
+    runs[-1]["reason"] = "misfire"
+    (problem,) = _check(runs, excused=((100.0, 120.0),))
+    assert "not a fire time" in problem
+
+
 def _at(events: list[dict], *seconds: float) -> list[dict]:
     """``events`` with PostgreSQL times ``at_s`` (one each, in order)."""
     return [{**e, "at_s": t} for e, t in zip(events, seconds, strict=True)]

@@ -531,7 +531,7 @@ def _next_fires(value: dict[str, Any] | None) -> list[str]:
     start = datetime.datetime.fromisoformat(str(value["next_fire"]).replace("Z", "+00:00"))
     found = []
     for slot in schedule.slots(the_schedule, start):
-        if slot.at is not None:
+        if not slot.gap:
             found.append(schedule.iso(slot.at))
         if len(found) == NEXT_FIRES:
             break
