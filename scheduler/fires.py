@@ -21,7 +21,10 @@ slots again; and were two passes ever to handle one slot, the second insert woul
 match the constraint and roll its whole transaction back (:class:`runs.RunConflict`).
 
 Schedule switching (``job start`` / ``job stop`` of a scheduled job) is
-:func:`switch_on` (the next fire is computed from ``now``) and :func:`switch_off`.
+:func:`switch_on` (the next fire is computed from ``now``) and :func:`switch_off`. A
+schedule change handles the due fire times of the schedule as it was
+(:func:`fire_before_change`), then takes the next fire from the new one
+(:func:`reschedule`), in the change's transaction.
 Backfill (:func:`backfill`) queues fire times; a queued run starts when the job has no
 run in progress (:func:`start_queued`), oldest first.
 """
@@ -114,26 +117,60 @@ def switch_off(conn: sa.Connection, job_id: int) -> bool:
     )
 
 
+# The job row locked, with the pass's ``now``: PostgreSQL's, or the cursor when a pass
+# that began later committed first (the cursor never moves back: a fire time it passed
+# would be due again, and its insert would match the row the pass wrote).
+_ACTIVE = sa.text(
+    """
+    SELECT j.id, j.name, j.schedule, j.fires_checked_until,
+           GREATEST(now(), j.fires_checked_until) AS now
+      FROM jobs j
+     WHERE j.id = :job_id AND j.schedule_active
+       FOR UPDATE
+    """
+)
+
+
+def fire_before_change(conn: sa.Connection, job_id: int) -> Fired | None:
+    """Before a change of an active schedule (``job update --schedule``, a policy,
+    ``--no-schedule``; ``apply``, ``rollback``), in the change's transaction: the fire
+    times of the schedule as it is that are due and not yet handled are handled as the
+    firing loop's pass would have handled them (:func:`fire`: run, or recorded skipped
+    by its misfire and concurrency policies), so that none is dropped when the change
+    moves the cursor (:func:`reschedule`). None if the schedule is not on (the fire
+    times since it was switched off are :func:`switch_on`'s), or if the firing loop
+    cannot handle them either (a zone this host's tzdata lacks, a fire time recorded
+    already): the change that fixes such a schedule must not fail with it."""
+    job = conn.execute(_ACTIVE, {"job_id": job_id}).one_or_none()
+    if job is None:
+        return None
+    try:
+        with conn.begin_nested():
+            return fire(conn, job, None)
+    except (schedule.ScheduleError, runs.RunConflict) as exc:
+        log.warning(
+            f"the schedule's due fire times were not handled before its change: {exc}",
+            extra={"action": "fire_failed", "job": job.name},
+        )
+        return None
+
+
 def reschedule(conn: sa.Connection, job_id: int) -> datetime | None:
     """After a schedule change of an active job: the next fire under the new schedule,
-    from now (slots of the old schedule not yet due are dropped). None if inactive or
-    the schedule was removed (then switched off)."""
-    row = conn.execute(
-        sa.select(tables.jobs.c.schedule, tables.jobs.c.schedule_active).where(
-            tables.jobs.c.id == job_id
-        )
-    ).one()
-    if not row.schedule_active:
+    from now. The fire times of the old schedule up to now were handled first
+    (:func:`fire_before_change`); its later ones are dropped. None if inactive or the
+    schedule was removed (then switched off)."""
+    row = conn.execute(_ACTIVE, {"job_id": job_id}).one_or_none()
+    if row is None:
         return None
     if row.schedule is None:
         switch_off(conn, job_id)
         return None
-    now = _now(conn)
-    next_fire = schedule.next_fire(schedule.Schedule.from_dict(row.schedule), now)
+    next_fire = schedule.next_fire(schedule.Schedule.from_dict(row.schedule), row.now)
     conn.execute(
         sa.update(tables.jobs)
         .where(tables.jobs.c.id == job_id)
-        .values(fires_checked_until=now, next_fire_at=next_fire)
+        .values(fires_checked_until=row.now, next_fire_at=next_fire)
     )
     return next_fire
 
@@ -168,13 +205,14 @@ def _event(
     conn: sa.Connection,
     job_id: int,
     name: str,
-    server: str,
+    server: str | None,
     detail: dict,
     kind: str = "start_requested",
 ) -> None:
     """A fire's run is a start asked by the schedule (``start_requested`` with the new
     generation, as ``job start`` of a job at rest); a replacing fire is a restart of the
-    live run (``restart_requested``, ``rerun`` false: its restart count is kept)."""
+    live run (``restart_requested``, ``rerun`` false: its restart count is kept).
+    ``server``: the firer; None when a command handled the fire (fire_before_change)."""
     conn.execute(
         sa.insert(tables.job_events).values(
             job_id=job_id, job_name=name, kind=kind, server=server, detail=detail
@@ -195,8 +233,9 @@ def fire_one(conn: sa.Connection, server: str) -> Fired | None:
     return None if job is None else fire(conn, job, server)
 
 
-def fire(conn: sa.Connection, job: sa.Row, server: str) -> Fired:
-    """Handle the due slots of ``job``, locked by :func:`lock_due`."""
+def fire(conn: sa.Connection, job: sa.Row, server: str | None) -> Fired:
+    """Handle the due slots of ``job``, locked by :func:`lock_due` (or by
+    :func:`fire_before_change`)."""
     the_schedule = schedule.Schedule.from_dict(job.schedule)
     due = schedule.due(the_schedule, job.fires_checked_until, job.now)
     backfilled = _backfilled(conn, job.id, [slot.at for slot in due.slots if not slot.gap])

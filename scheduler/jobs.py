@@ -1027,6 +1027,8 @@ def _revise(
     _insert_revision(
         conn, job_id, revision, target, actor=actor, changed=changed, rollback_of=rollback_of
     )
+    if "schedule" in changed:
+        fires.fire_before_change(conn, job_id)  # none of its due fire times is dropped
     row = conn.execute(
         _REVISE,
         {

@@ -4,6 +4,7 @@ run's row following its job's distribution row (scheduler/fires.py, scheduler/ru
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -643,3 +644,101 @@ def test_a_dst_gap_fire_time_is_recorded_skipped_once_by_the_pass_after_the_jump
     with pytest.raises(runs.RunConflict):
         _pass_at(engine, job_id, datetime(2026, 3, 29, 12, 0, tzinfo=UTC))
     assert len(_gap_rows(engine, job_id)) == 1
+
+
+def _times(rows: list[dict]) -> list[datetime]:
+    return [datetime.fromisoformat(r["scheduled_time"]) for r in rows]
+
+
+@pytest.mark.parametrize("change", ["@every 2m", "--no-schedule", "--misfire skip"])
+def test_a_schedule_change_handles_the_fire_times_due_before_it_once(
+    engine: sa.Engine, change: str
+) -> None:
+    """``job update --schedule`` (and ``--no-schedule``, or a policy of the schedule)
+    moved the schedule's cursor to now: the fire times of the schedule as it was that
+    were due but not yet handled (every server down for a restart, or the update in
+    the second after a fire time) got no run and no ``skipped`` row. The update now
+    handles them first, in its own transaction, as the firing loop's pass would have:
+    by the old schedule's policies (here ``run-once``: the latest runs late, within
+    the grace; every earlier one is recorded ``misfire``). None is handled again."""
+    old = schedule.parse("@every 1m")
+    job_id = factories.scheduled_job(engine, spec=old.spec)
+    _due(engine, job_id, 4 * 60 + 30)  # every server down for four and a half minutes
+    if change == "--no-schedule":
+        update = jobs.Change(clear_schedule=True)
+    elif change == "--misfire skip":
+        update = jobs.Change(schedule=schedule.parse(old.spec, misfire="skip").as_dict())
+    else:
+        update = jobs.Change(schedule=schedule.parse(change).as_dict())
+    with engine.begin() as conn:
+        now, checked = conn.execute(
+            sa.text("SELECT now(), fires_checked_until FROM jobs WHERE id = :j"), {"j": job_id}
+        ).one()
+        jobs.update(conn, "nightly", update)
+    due = [slot.at for slot in schedule.due(old, checked, now).slots]
+    assert len(due) >= 4
+    rows = _runs(engine, job_id)
+    assert _times(rows) == due, "fire times due before the update were dropped unrecorded"
+    assert [r["state"] for r in rows] == ["skipped"] * (len(due) - 1) + ["pending"]
+    assert {r["reason"] for r in rows[:-1]} == {"misfire"}
+    assert _fire(engine) is None  # none of them is due again
+    assert len(_runs(engine, job_id)) == len(due)
+
+
+def test_a_schedule_change_waiting_for_a_fire_never_moves_the_cursor_back(
+    engine: sa.Engine,
+) -> None:
+    """An update whose transaction began before a firing pass, and that waited for the
+    job row that pass held, moved ``fires_checked_until`` back to its own (earlier)
+    ``now()``. A fire time the pass had handled was then due again: when the new
+    schedule has it too, its insert matched the pass's row and rolled back at every
+    pass, and the schedule never fired again. The cursor now only moves forward."""
+    job_id = factories.scheduled_job(engine, spec="@every 1s")
+    update = engine.connect()
+    transaction = update.begin()
+    try:
+        began = update.execute(sa.text("SELECT now()")).scalar_one()  # the update's now()
+        _checked_until(engine, job_id, "CAST(:t AS timestamptz)", t=began)
+        time.sleep(1.2)  # a fire time of both schedules passes
+        assert _fire(engine) is not None  # the pass the update waited for
+        handled = _runs(engine, job_id)
+        jobs.update(
+            update,
+            "nightly",
+            jobs.Change(schedule=schedule.parse("@every 1s", misfire="skip").as_dict()),
+        )
+        transaction.commit()
+    finally:
+        update.close()
+    _fire(engine)  # RunConflict, at every pass, when a handled fire time is due again
+    with engine.connect() as conn:
+        checked = conn.execute(
+            sa.text("SELECT fires_checked_until FROM jobs WHERE id = :j"), {"j": job_id}
+        ).scalar_one()
+    assert checked >= max(_times(handled))
+    rows = _runs(engine, job_id)
+    assert len(set(_times(rows))) == len(rows)
+
+
+def test_a_schedule_the_firer_cannot_use_can_still_be_changed(engine: sa.Engine) -> None:
+    """A schedule whose fire fails every time (a zone this server's tzdata lacks) is
+    fixed with ``job update``: its due fire times cannot be known, so the change goes
+    through without them, as before, and the new schedule fires."""
+    job_id = factories.scheduled_job(engine)
+    _due(engine, job_id, 61)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE jobs SET schedule = jsonb_set(schedule, '{timezone}', "
+                "'\"Mars/Olympus_Mons\"') WHERE id = :j"
+            ),
+            {"j": job_id},
+        )
+    with engine.begin() as conn:
+        revised = jobs.update(
+            conn, "nightly", jobs.Change(schedule=schedule.parse("@every 1m").as_dict())
+        )
+    assert revised.changed == ("schedule",)
+    assert _runs(engine, job_id) == []
+    with engine.connect() as conn:
+        assert jobs.show(conn, "nightly")["schedule"]["timezone"] == "UTC"
