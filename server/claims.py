@@ -125,8 +125,8 @@ def _kill_lost(the_runner: runner.Runner, run: runs.Run) -> None:
 
 
 def hand_over(the_runner: runner.Runner, window: float) -> list[str]:
-    """A planned restart: extend every lease of this incarnation to ``window``
-    seconds and give each watchdog the matching deadline, then leave the drivers
+    """A planned restart: extend the lease of every local run of this incarnation to
+    ``window`` seconds and give each watchdog the matching deadline, then leave the drivers
     running for the successor to adopt (``adoption.clean_orphan``). Call after
     ``Runner.stop_loops`` (a renewal must not shorten the extended leases again), and
     before waiting for the tasks: a driver stop in flight can take the stop grace
@@ -138,6 +138,9 @@ def hand_over(the_runner: runner.Runner, window: float) -> list[str]:
     # leave time. A commit whose answer was lost may have extended the leases, and
     # giving up then would make the jobs wait out the whole window.
     with the_runner._lock:
+        local = {
+            job_id for job_id, run in the_runner._runs.items() if run.owner == the_runner.owner
+        }
         give_up = min(
             (run.deadline for run in the_runner._runs.values() if run.owner == the_runner.owner),
             default=watchdog.lease_clock(),
@@ -147,7 +150,9 @@ def hand_over(the_runner: runner.Runner, window: float) -> list[str]:
         t_sent = watchdog.lease_clock()
         try:
             with the_runner.engine.begin() as conn:
-                extended = distribution.renew_leases(conn, the_runner.owner, window)
+                # Only the leases of local runs: one held without a run (a claim whose
+                # commit answer was lost) has no driver to adopt and must expire.
+                extended = distribution.renew_leases(conn, the_runner.owner, window, local)
             break
         except DBAPIError as exc:
             if watchdog.lease_clock() + HAND_OVER_RETRY_S < give_up:

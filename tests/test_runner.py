@@ -1251,6 +1251,44 @@ def test_a_hand_over_whose_commit_answer_is_lost_is_tried_again(
     assert handle.deadlines and handle.deadlines[-1] >= before + 60.0 - 3.0
 
 
+def test_a_hand_over_extends_only_the_leases_of_local_runs(
+    engine: sa.Engine,
+    bucket: store.Store,
+    stage: Path,
+    tmp_path: Path,
+    stepped_runner: runner.Runner,
+) -> None:
+    """M8 of safety review 3: a lease this incarnation holds without a local run (a claim
+    whose commit answer was lost: no driver behind it) is not extended by the hand-over:
+    it expires at its own time, not after the whole window."""
+    local = _batch_job(engine, bucket, stage, tmp_path)
+    unknown = factories.job(engine, "no-run-here", kind=JobKind.BATCH)
+    factories.target(engine, unknown, stepped_runner.owner.server)
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, local, stepped_runner.owner, TTL)
+        distribution.claim(conn, unknown, stepped_runner.owner, TTL)
+    run = runs.Run(
+        job_id=local, name="b", kind=JobKind.BATCH, epoch=claim.epoch, attempt=1,
+        claimed_at=watchdog.lease_clock(), deadline=watchdog.lease_clock() + TTL - 3.0,
+        owner=stepped_runner.owner, phase=runner.reconcile.Phase.RUNNING,
+        driver=_ConfirmedDriver(),  # type: ignore[arg-type]
+    )  # fmt: skip
+    with stepped_runner._lock:
+        stepped_runner._runs[local] = run
+    assert stepped_runner.hand_over(600.0) == ["b"]
+    with engine.connect() as conn:
+        left = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT job_id, extract(epoch FROM lease_until - now()) FROM distribution "
+                    "WHERE job_id IN (:a, :b)"
+                ),
+                {"a": local, "b": unknown},
+            ).all()
+        )
+    assert left[local] > 500 and left[unknown] <= TTL
+
+
 # -------------------------------------------------- H6: a job re-created under its name
 
 
