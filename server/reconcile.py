@@ -363,22 +363,26 @@ def decide(
         elif row.state == states.RunState.STARTING:
             actions.append(MarkRunning(job_id))
     handled = set(handled_orphans)
-    room = conditions.capacity - len(runs)
+    # A warm driver is a driver: it takes a slot, which the claim of its own job takes
+    # over (the claim takes the warm driver), so that claim costs no other slot.
+    warm_only = {job_id for job_id in warm if job_id not in runs}
+    room = conditions.capacity - len(runs) - len(warm_only)
     for job_id in sorted(rows):
         row = rows[job_id]
         if job_id in runs:
             continue
+        own_slot = 1 if job_id in warm_only else 0
         if orphaned(row, me):
             if orphan_key(row) not in handled:
                 actions.append(HandleOrphan(job_id))
         elif (
             conditions.may_claim
-            and room > 0
+            and room + own_slot > 0
             and job_id not in conditions.dying
             and claimable(row, me)
         ):
             actions.append(Claim(job_id))
-            room -= 1
+            room -= 1 - own_slot
     actions += _warm_actions(rows, runs, conditions, warm)
     return actions
 

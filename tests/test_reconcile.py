@@ -533,3 +533,15 @@ def test_the_old_owner_waits_for_a_warm_driver_only_while_its_offer_stands(
     offered = handing_off(**{"owner": "s1", "owner_incarnation": "now", "target": "s2", **changes})
     assert reconcile.warm_wait(offered, ME, 3) is wait
     assert reconcile.warm_wait(None, ME, 3) is reconcile.WarmWait.GIVE_UP
+
+
+def test_a_warm_driver_counts_against_the_capacity_of_claims() -> None:
+    """M7 of safety review 3: claims counted only runs while pre-starts counted runs and
+    warm drivers, so a server with warm drivers ran more JVMs than its capacity. A warm
+    driver takes a slot; the claim of its own job takes that slot, not another."""
+    running, warmed, other = mine(1), row(2), row(3)
+    warming = handing_off(2)  # job 2's hand-off to this server, its warm driver started
+    actions = decide_warm([running, warming, other], [run(1)], warm={2: 4}, capacity=2)
+    assert not any(isinstance(a, reconcile.Claim) for a in actions)
+    actions = decide_warm([running, warmed], [run(1)], warm={2: 1}, capacity=2)
+    assert [a.job_id for a in actions if isinstance(a, reconcile.Claim)] == [2]
