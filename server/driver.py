@@ -150,6 +150,8 @@ class Outcome:
     # own first, so a failure is the job's own even if a stop began meanwhile). None:
     # unknown (a result of the older code, or none at all).
     stopping: bool | None = None
+    # False: a warm driver that never got its go signal (it ran nothing of the job's).
+    went: bool = True
 
 
 @dataclass(frozen=True)
@@ -438,6 +440,7 @@ class Driver:
                 stopping=result.get("stopping")
                 if isinstance(result.get("stopping"), bool)
                 else None,
+                went=result.get("went") is not False,
             )
         return Outcome(None, watchdog.Reason.KILLED, None, time.time())
 

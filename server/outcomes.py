@@ -91,6 +91,7 @@ def outcome_write(
         outcome.exit_code,
         recorded=outcome.recorded,
         shutting_down=the_runner._shutting_down.is_set(),
+        went=outcome.went,
     )
     if how is reconcile.Ending.RELEASE:
         return lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch)

@@ -175,7 +175,9 @@ class Ending(StrEnum):
     CRASH = "crash"  # its own code failed: backoff while its budget lasts, then failed
 
 
-def ending(reason: str, exit_code: int | None, *, recorded: bool, shutting_down: bool) -> Ending:
+def ending(
+    reason: str, exit_code: int | None, *, recorded: bool, shutting_down: bool, went: bool = True
+) -> Ending:
     """How to record a run that ended with the watchdog's ``reason`` and ``exit_code``.
 
     A nonzero exit is a crash for streaming and batch jobs alike: a batch job is
@@ -184,9 +186,14 @@ def ending(reason: str, exit_code: int | None, *, recorded: bool, shutting_down:
     meaning). A SIGTERM exit while this server shuts down came from the service
     manager (systemd's ``KillMode=control-group``): a hand-off, not a crash.
     ``recorded``: the run's watchdog wrote its ending itself (:func:`watchdog_ending`),
-    fenced on the run; nothing is left to write (a write would match no row anyway)."""
+    fenced on the run; nothing is left to write (a write would match no row anyway).
+    ``went``: False for a warm driver that never got its go signal (its server died
+    between taking it and the go, or it ended before): it ran nothing of the job's, so
+    its end is a release, never a crash (docs/drivers.md, "Warm hand-off")."""
     if recorded:
         return Ending.RECORDED
+    if not went:
+        return Ending.RELEASE
     if reason in ("lease_expired", "killed", "stopped"):
         return Ending.RELEASE
     if reason == "exited" and exit_code == 0:

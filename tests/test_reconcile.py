@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler import distribution
-from server import reconcile
+from server import driver, reconcile, rundir
 from server.reconcile import Phase
 from sql.states import OWNED, RunState
 
@@ -545,3 +547,23 @@ def test_a_warm_driver_counts_against_the_capacity_of_claims() -> None:
     assert not any(isinstance(a, reconcile.Claim) for a in actions)
     actions = decide_warm([running, warmed], [run(1)], warm={2: 1}, capacity=2)
     assert [a.job_id for a in actions if isinstance(a, reconcile.Claim)] == [2]
+
+
+@pytest.mark.parametrize("exit_code", [75, 1, 0, -9])
+def test_a_warm_driver_that_never_got_its_go_is_released_not_crashed(exit_code: int) -> None:
+    """M2 of safety review 3: a warm driver taken but never told to go (its server died
+    between the link and the go; the successor adopted the run) exits after its own go
+    timeout; it ran nothing of the job's: a release, never a crash of the budget."""
+    got = reconcile.ending("exited", exit_code, recorded=False, shutting_down=False, went=False)
+    assert got is reconcile.Ending.RELEASE
+
+
+def test_a_result_without_its_go_reads_as_not_went(tmp_path: Path) -> None:
+    (tmp_path / rundir.RESULT_FILE).write_text(
+        json.dumps({"reason": "exited", "exit_code": 75, "ended_at": 1.0, "went": False})
+    )
+    assert driver.Driver.outcome_of(tmp_path).went is False
+    (tmp_path / rundir.RESULT_FILE).write_text(
+        json.dumps({"reason": "exited", "exit_code": 1, "ended_at": 1.0})
+    )
+    assert driver.Driver.outcome_of(tmp_path).went is True  # a result of older code
