@@ -112,12 +112,15 @@ class Row:
     warm_allowed: bool = True
 
 
-def _event_cte(kind: str) -> str:
-    """SQL that appends one job_events row per row of the ``changed`` CTE."""
+def _event_cte(kind: str, kind_sql: str | None = None) -> str:
+    """SQL that appends one job_events row per row of the ``changed`` CTE; its kind is
+    ``kind``, or the SQL expression ``kind_sql`` over ``changed`` when it depends on
+    the state written."""
+    kind_value = kind_sql or f"'{kind}'"
     return f"""
         , event AS (
             INSERT INTO job_events (job_id, job_name, kind, server, epoch, detail)
-            SELECT job_id, name, '{kind}', :server, epoch, detail FROM changed
+            SELECT job_id, name, {kind_value}, :server, epoch, detail FROM changed
         )
     """
 
@@ -320,6 +323,7 @@ def _transition(
     state: str | None = None,
     by_watchdog: bool = False,
     after_reap: bool = False,
+    kind_sql: str | None = None,
 ) -> sa.TextClause:
     """One fenced owner write: ``owner``, ``owner_incarnation`` and ``epoch`` must match
     (with ``by_watchdog``: ``owner`` and ``epoch``, the run; :func:`finish_by_watchdog`).
@@ -359,7 +363,7 @@ def _transition(
             RETURNING d.job_id, j.name, d.epoch, d.state, d.restarts, {detail} AS detail
         )
         """
-        + _event_cte(kind)
+        + _event_cte(kind, kind_sql)
         + "SELECT job_id, state, restarts FROM changed"
     )
 
@@ -698,7 +702,8 @@ def _crash_statements(*, by_watchdog: bool) -> tuple[sa.TextClause, sa.TextClaus
            not_before = now() + make_interval(
                secs => least(:backoff_max, :backoff_base * power(2, {IN_WINDOW}))),""",
         release=True,
-        detail="jsonb_build_object('error', CAST(:error AS text), 'next', 'backoff')",
+        # next: backoff, or stopped when its operator stopped it meanwhile.
+        detail="jsonb_build_object('error', CAST(:error AS text), 'next', d.state)",
         guard=f"AND {IN_WINDOW} < j.max_restarts",
         # The failure counts; a job its operator stopped meanwhile stays stopped.
         state=_STOP_WINS + "ELSE 'backoff' END",
@@ -711,9 +716,14 @@ def _crash_statements(*, by_watchdog: bool) -> tuple[sa.TextClause, sa.TextClaus
         "last_error = :error,",
         release=True,
         state=_RESTART_WINS + "WHEN j.desired = 'stopped' THEN 'stopped' ELSE 'failed' END",
-        detail="jsonb_build_object('error', CAST(:error AS text), 'cause', CAST(:cause AS text))",
+        detail="jsonb_build_object('error', CAST(:error AS text), 'cause', CAST(:cause AS text),"
+        " 'next', d.state)",
         by_watchdog=by_watchdog,
         after_reap=True,
+        # ``failed`` only when the job ends FAILED; a restart or a stop asked meanwhile
+        # wins (pending, stopped): the run crashed, the job did not fail.
+        kind_sql=f"CASE WHEN state = 'failed' THEN '{EventKind.FAILED.value}' "
+        f"ELSE '{EventKind.CRASHED.value}' END",
     )
     return backoff, failed
 

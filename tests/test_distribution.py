@@ -630,3 +630,35 @@ def test_a_start_deferred_after_a_stop_was_asked_ends_stopped_not_in_backoff(
     with engine.begin() as conn:
         distribution.defer(conn, job_id, owner("s1"), again.epoch, "no master", 5.0)
     assert factories.row(engine, job_id).state == "backoff"
+
+
+@pytest.mark.parametrize(
+    ("command", "after", "next_state"),
+    [(jobs.restart, "pending", "pending"), (jobs.stop, "stopped", "stopped")],
+)
+def test_a_crash_past_the_budget_that_a_restart_or_stop_overtook_is_no_failure(
+    engine: sa.Engine, command: object, after: str, next_state: str
+) -> None:
+    """M3 of safety review 3: a crash that spends the budget while a restart (or a stop)
+    was asked ends the run pending (or stopped), and its event is ``crashed``, naming
+    where the job went, not ``failed`` (whose alert says the job ended FAILED)."""
+    job_id = factories.job(engine, "j", max_restarts=0)
+    factories.target(engine, job_id, "s1")
+    claim = _claim(engine, job_id, "s1")
+    with engine.begin() as conn:
+        command(conn, "j")  # type: ignore[operator]
+    with engine.begin() as conn:
+        state = distribution.record_crash(
+            conn, job_id, owner("s1"), claim.epoch, "exit 3",
+            retry=True, backoff_base=1, backoff_max=2,
+        )  # fmt: skip
+    assert state == after
+    with engine.connect() as conn:
+        ends = conn.execute(
+            sa.text(
+                "SELECT kind, detail FROM job_events WHERE job_id = :j "
+                "AND kind IN ('crashed', 'failed') ORDER BY id"
+            ),
+            {"j": job_id},
+        ).all()
+    assert [(e.kind, e.detail["next"]) for e in ends] == [("crashed", next_state)]
