@@ -129,7 +129,7 @@ def _sparkring_on_path(folder: Path) -> Path:
 
 
 @pytest.mark.spark
-@pytest.mark.long(150)
+@pytest.mark.long(120)
 def test_the_readme_commands_run_as_written_and_do_the_work(
     cluster: Cluster, tmp_path: Path, blocks: list[subprocess.Popen[bytes]]
 ) -> None:
