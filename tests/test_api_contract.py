@@ -29,6 +29,8 @@ CONFIG = Path(__file__).resolve().parent / "schemathesis.toml"
 # By hand, a longer run: fuzzing and stateful testing repeat until this many seconds
 # are spent (docs/console.md).
 MAX_SECONDS = os.environ.get("SPARKRING_FUZZ_SECONDS")
+# Concurrent workers of a pass (by hand, 2: they race each other, which is the point).
+WORKERS = os.environ.get("SPARKRING_FUZZ_WORKERS", "1")
 # A pass that takes longer than this is a hang, not a slow fuzzer.
 PASS_TIMEOUT_S = 300 + int(MAX_SECONDS or 0)
 
@@ -79,7 +81,7 @@ def schemathesis(stack: ApiStack, token: str, folder: Path) -> subprocess.Comple
             "--max-examples",
             str(MAX_EXAMPLES),
             "--workers",
-            "1",
+            WORKERS,
             "--suppress-health-check",
             "all",
             *(["--max-time", MAX_SECONDS] if MAX_SECONDS else []),
