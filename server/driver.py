@@ -103,7 +103,8 @@ class DriverSpec:
     checkpoint_dir: Path | None = None
     spark_submit: Path = field(default_factory=lambda: default_spark_submit())
     python: str = sys.executable
-    extra_env: Mapping[str, str] = field(default_factory=dict)
+    # The job's own variables, its secrets' values among them: never in a repr.
+    extra_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     revision: int | None = None  # the job revision run (SPARKRING_REVISION), if known
     job_id: int | None = None  # recorded in the watchdog's state and result (RunIdentity)
     # The OS user the driver runs as (SPARKRING_DRIVER_USER); None: the server's own.
