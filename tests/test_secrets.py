@@ -161,3 +161,13 @@ def test_a_warm_driver_holding_a_secret_given_a_new_value_since_is_not_taken(
     with engine.begin() as conn:
         secrets.put(conn, "token", b"rotated", box, None)
     assert warm._secrets_changed(the_runner, warm_run)
+
+
+def test_a_driver_spec_never_shows_its_variables_in_a_repr(tmp_path) -> None:
+    from server import driver
+
+    spec = driver.DriverSpec(
+        job="j", kind="batch", epoch=1, attempt=1, server="s1", main=tmp_path / "m.py",
+        run_dir=tmp_path, master="local[1]", extra_env={"DB_PASSWORD": VALUE.decode()},
+    )  # fmt: skip
+    assert VALUE.decode() not in repr(spec) and VALUE.decode() not in str(spec)
