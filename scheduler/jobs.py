@@ -303,16 +303,10 @@ class Change:
                 f"--restart-window must be 0 (none) to {MAX_RESTART_WINDOW_S:g} s (a year), "
                 f"not {self.restart_window_s:g} s"
             )
-        conf = dict(current.conf)
-        for key in self.unset_conf:
-            if key in self.conf:
-                raise JobError(f"conf key {key!r} is both set and unset")
-            if conf.pop(key, None) is None:
-                raise JobConflict(f"conf key {key!r} is not set, so it cannot be unset")
-        conf.update(self.conf)
-        env = _merged(current.env, self.env, self.unset_env, "--env")
+        conf = _merged(current.conf, self.conf, self.unset_conf, "conf key")
+        env = _merged(current.env, self.env, self.unset_env, "--env variable")
         secret_env = _merged(
-            current.secret_env, self.secret_env, self.unset_secret_env, "--secret-env"
+            current.secret_env, self.secret_env, self.unset_secret_env, "--secret-env variable"
         )
         if self.clear_schedule and self.schedule is not None:
             raise JobError("give --schedule or --no-schedule, not both")
@@ -349,16 +343,17 @@ class Change:
 
 
 def _merged(
-    current: Mapping[str, str], setting: Mapping[str, str], unsetting: Sequence[str], option: str
+    current: Mapping[str, str], setting: Mapping[str, str], unsetting: Sequence[str], what: str
 ) -> dict[str, str]:
-    """``current`` with ``setting`` set and ``unsetting`` removed (``--env`` and
-    ``--unset-env``, or the secret ones); a variable to unset that is not set is refused."""
+    """``current`` with ``setting`` set and ``unsetting`` removed (``--conf`` and
+    ``--unset-conf``, ``--env`` and ``--unset-env``, the secret ones); a key to unset that
+    is not set is refused, naming ``what`` it is."""
     merged = dict(current)
     for key in unsetting:
         if key in setting:
-            raise JobError(f"{option} variable {key!r} is both set and unset")
+            raise JobError(f"{what} {key!r} is both set and unset")
         if merged.pop(key, None) is None:
-            raise JobConflict(f"{option} variable {key!r} is not set, so it cannot be unset")
+            raise JobConflict(f"{what} {key!r} is not set, so it cannot be unset")
     merged.update(setting)
     return merged
 

@@ -138,13 +138,8 @@ def hand_over(the_runner: runner.Runner, window: float) -> list[str]:
     # leave time. A commit whose answer was lost may have extended the leases, and
     # giving up then would make the jobs wait out the whole window.
     with the_runner._lock:
-        local = {
-            job_id for job_id, run in the_runner._runs.items() if run.owner == the_runner.owner
-        }
-        give_up = min(
-            (run.deadline for run in the_runner._runs.values() if run.owner == the_runner.owner),
-            default=watchdog.lease_clock(),
-        )
+        local = [run for run in the_runner._runs.values() if run.owner == the_runner.owner]
+        give_up = min((run.deadline for run in local), default=watchdog.lease_clock())
     give_up = max(give_up, watchdog.lease_clock() + HAND_OVER_RETRY_S)
     while True:
         t_sent = watchdog.lease_clock()
@@ -152,7 +147,9 @@ def hand_over(the_runner: runner.Runner, window: float) -> list[str]:
             with the_runner.engine.begin() as conn:
                 # Only the leases of local runs: one held without a run (a claim whose
                 # commit answer was lost) has no driver to adopt and must expire.
-                extended = distribution.renew_leases(conn, the_runner.owner, window, local)
+                extended = distribution.renew_leases(
+                    conn, the_runner.owner, window, {run.job_id for run in local}
+                )
             break
         except DBAPIError as exc:
             if watchdog.lease_clock() + HAND_OVER_RETRY_S < give_up:

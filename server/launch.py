@@ -148,9 +148,7 @@ def build_spec(
     pinned = driver.pin_artifacts(run_dir, fetched)
     deps_zip = pinned.pop() if deps else None
     main, *py_files = pinned
-    deps_dir = (
-        job_deps.unpacked(cfg.work_dir, deps_zip, deps["sha256"]) if deps_zip and deps else None
-    )
+    deps_dir = job_deps.unpacked(cfg.work_dir, deps_zip, deps["sha256"]) if deps_zip else None
     env = {**job.get("env", {}), **_secret_values(the_runner, job.get("secret_env") or {})}
     return driver.DriverSpec(
         job=run.name,

@@ -463,5 +463,16 @@ def _text(file: Any) -> str:
     return file.read().decode("utf-8", errors="replace").replace("\r\n", "\n")
 
 
+def one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """A command that failed with exit 1 and one line on stderr, no traceback, holding
+    every fragment; that line."""
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
 if __name__ == "__main__":
     serve(sys.argv[1])

@@ -39,15 +39,6 @@ def _logs(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return cli_runner.run(("job", "logs", *args), env=env, timeout=60)
 
 
-def _error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
-
-
 def _ship(
     settings: settings_module.Settings, tmp_path: Path, job: str, job_id: int, epoch: int
 ) -> str:
@@ -79,12 +70,14 @@ def test_epoch_prints_that_drivers_log_and_says_which_is_missing(
     assert _logs(env, "talker", "--epoch", "1").stdout == first
     assert _logs(env, "talker", "--epoch", "3").stdout == last
     assert _logs(env, "talker").stdout == last  # unchanged: the last run's
-    _error(
+    cli_runner.one_line_error(
         _logs(env, "talker", "--epoch", "2"),
         "job talker: no log of epoch 2 is kept",
         "history retention",
     )
-    _error(_logs(env, "talker", "--epoch", "4"), "job talker has no epoch 4", "latest is 3")
+    cli_runner.one_line_error(
+        _logs(env, "talker", "--epoch", "4"), "job talker has no epoch 4", "latest is 3"
+    )
 
 
 def test_epoch_with_run_or_follow_and_attempt_without_run_are_refused_by_name(
@@ -93,11 +86,15 @@ def test_epoch_with_run_or_follow_and_attempt_without_run_are_refused_by_name(
     job_id = factories.job(engine, "talker", start=False)
     _set_epoch(engine, job_id, 2)
     _ship(settings, tmp_path, "talker", job_id, 1)
-    _error(_logs(env, "talker", "--epoch", "1", "--run", "1"), "--epoch", "--run", "--attempt")
-    _error(_logs(env, "talker", "--attempt", "1"), "--attempt", "--run")
+    cli_runner.one_line_error(
+        _logs(env, "talker", "--epoch", "1", "--run", "1"), "--epoch", "--run", "--attempt"
+    )
+    cli_runner.one_line_error(_logs(env, "talker", "--attempt", "1"), "--attempt", "--run")
     # Only the live driver can be followed: epoch 1 ended (and no run is live now).
-    _error(_logs(env, "talker", "--epoch", "1", "--follow"), "--follow", "epoch 1")
-    _error(_logs(env, "talker", "--run", "1"), "streaming job")
+    cli_runner.one_line_error(
+        _logs(env, "talker", "--epoch", "1", "--follow"), "--follow", "epoch 1"
+    )
+    cli_runner.one_line_error(_logs(env, "talker", "--run", "1"), "streaming job")
 
 
 def _run_with_two_attempts(engine: sa.Engine) -> tuple[int, dict]:
@@ -131,12 +128,14 @@ def test_run_attempt_prints_that_attempts_log(
     assert _logs(env, "nightly", "--run", run_id, "--attempt", "1").stdout == failed
     assert _logs(env, "nightly", "--run", run_id, "--attempt", "2").stdout == finished
     assert _logs(env, "nightly", "--run", run_id).stdout == finished  # its last attempt
-    _error(
+    cli_runner.one_line_error(
         _logs(env, "nightly", "--run", run_id, "--attempt", "3"),
         f"job nightly: run {run_id} made 2 attempts",
         "no attempt 3",
     )
-    _error(_logs(env, "nightly", "--run", "999999"), "job nightly has no run 999999")
+    cli_runner.one_line_error(
+        _logs(env, "nightly", "--run", "999999"), "job nightly has no run 999999"
+    )
 
 
 def test_a_run_attempts_log_not_kept_names_the_run_the_attempt_and_its_epoch(
@@ -145,7 +144,7 @@ def test_a_run_attempts_log_not_kept_names_the_run_the_attempt_and_its_epoch(
     job_id, run = _run_with_two_attempts(engine)
     _ship(settings, tmp_path, "nightly", job_id, run["epoch"])
     epoch = run["epoch"] - 1
-    _error(
+    cli_runner.one_line_error(
         _logs(env, "nightly", "--run", str(run["run_id"]), "--attempt", "1"),
         f"job nightly: no log of run {run['run_id']} attempt 1 (epoch {epoch}) is kept",
         "history retention",

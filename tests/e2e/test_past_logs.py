@@ -11,7 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tests import waiting
+from tests import cli_runner, waiting
 from tests.cluster import Cluster
 from tests.e2e import helpers
 
@@ -21,15 +21,6 @@ SAY = "talk says: I am epoch {epoch}"
 
 def _said(epoch: int) -> str:
     return SAY.format(epoch=epoch)
-
-
-def _one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def _logged(cluster: Cluster, *args: str, wanted: str) -> str:
@@ -68,15 +59,15 @@ def test_job_logs_epoch_shows_an_earlier_streaming_drivers_own_lines(cluster: Cl
     live = _logged(cluster, "talk", "--epoch", str(second), wanted=_said(second))
     assert _said(first) not in live, live
     # What makes no sense is refused by name, in one line.
-    _one_line_error(
+    cli_runner.one_line_error(
         cluster.cli("job", "logs", "talk", "--epoch", str(first), "--follow", check=False),
         "--follow",
         f"epoch {first}",
     )
-    _one_line_error(
+    cli_runner.one_line_error(
         cluster.cli("job", "logs", "talk", "--epoch", "99", check=False), "has no epoch 99"
     )
-    _one_line_error(
+    cli_runner.one_line_error(
         cluster.cli("job", "logs", "talk", "--epoch", "1", "--run", "1", check=False),
         "--epoch",
         "--run",
@@ -147,7 +138,7 @@ def test_job_logs_run_attempt_shows_the_failed_attempts_output(
     assert by_epoch == first
     claimed = [e["epoch"] for e in cluster.events("flaky") if e["kind"] == "claimed"]
     assert claimed == [run["epoch"] - 1, run["epoch"]], claimed
-    _one_line_error(
+    cli_runner.one_line_error(
         cluster.cli("job", "logs", "flaky", "--run", run_id, "--attempt", "3", check=False),
         f"run {run_id} made 2 attempts",
         "no attempt 3",
