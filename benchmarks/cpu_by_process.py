@@ -11,8 +11,9 @@ processes, and the rest.
 
 A process is counted from its first sample to its last one, so a process shorter than
 the interval is missed and a longer one loses at most an interval of its end: the total
-is a lower bound. Processes that were running before the command started (the stack's
-services) count only the CPU they used while it ran.
+is a lower bound. The command's own process is read once more when it exits, before it
+is reaped, so its own CPU is exact. Processes that were running before the command
+started (the stack's services) count only the CPU they used while it ran.
 
     eval "$(python3 scripts/stack.py env)"
     .venv/bin/python -m benchmarks.cpu_by_process -- \
@@ -79,6 +80,22 @@ class Sampler:
                     known.last_cpu = cpu
             except (OSError, ValueError, IndexError):
                 continue  # the process ended between listdir and the read
+
+    def exited_child(self, pid: int, command: list[str]) -> None:
+        """Read a child that exited but is not yet reaped (its cmdline is already empty)."""
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            return
+        rest = stat[stat.rindex(")") + 2 :].split()
+        cpu = (int(rest[11]) + int(rest[12])) / _TICKS
+        key = (pid, int(rest[19]))
+        known = self.seen.get(key)
+        if known is None:
+            self.seen[key] = Seen(" ".join(command), 0.0, cpu)
+        else:
+            known.last_cpu = cpu
 
     def run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -169,10 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     thread.start()
     try:
-        code = subprocess.run(command).returncode
+        child = subprocess.Popen(command)
     except OSError as exc:  # not found, not executable
         sampler.stop()
         parser.error(f"cannot run {command[0]!r}: {exc.strerror}")
+    # Wait without reaping: its /proc entry keeps its CPU seconds until wait() below.
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    sampler.exited_child(child.pid, command)
+    code = child.wait()
     wall = time.monotonic() - started
     sampler.stop()
     thread.join()

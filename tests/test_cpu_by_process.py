@@ -87,6 +87,17 @@ def test_a_command_that_burns_cpu_is_measured(capsys: pytest.CaptureFixture[str]
     assert figures["cpu_s"] >= figures["kinds"]["other Python"]["cpu_s"]
 
 
+def test_a_command_shorter_than_the_interval_is_measured_to_its_end(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # No sample falls inside its life: only the read after it exits can see its CPU.
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+    code = cpu_by_process.main(["--json", "--interval", "60", "--", sys.executable, "-c", burn])
+    figures = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert figures["kinds"]["other Python"]["cpu_s"] >= 0.5, figures
+
+
 def test_no_command_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cpu_by_process.main(["--json"])
