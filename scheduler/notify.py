@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 import psycopg
 import sqlalchemy as sa
 
+from sql import database
+
 JOBS_CHANNEL = "sparkring_jobs"
 TARGETS_CHANNEL = "sparkring_targets"
 
@@ -27,11 +29,15 @@ def notify(conn: sa.Connection, channel: str, payload: str = "") -> None:
 
 
 def conninfo(database_url: str) -> str:
-    """A libpq connection string from a SQLAlchemy URL (password kept, never logged)."""
-    url = sa.make_url(database_url)
+    """A libpq connection string from a SQLAlchemy URL (password kept, never logged):
+    every host it lists, and its options (``sslmode``, ``target_session_attrs``)."""
+    url = database.parse_url(database_url)
+    listed = database.hosts(url)
+    options = {k: v for k, v in url.query.items() if k not in ("host", "port")}
     parts = {
-        "host": url.host or "localhost",
-        "port": str(url.port or 5432),
+        **{k: v if isinstance(v, str) else v[-1] for k, v in options.items()},
+        "host": ",".join(host for host, _ in listed),
+        "port": ",".join(str(port) for _, port in listed),
         "dbname": url.database or "",
         "user": url.username or "",
         "password": url.password or "",

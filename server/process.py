@@ -58,7 +58,7 @@ from server import (
     workdir,
 )
 from server import settings as settings_module
-from sql import database, migrate
+from sql import database, migrate, replication
 from sql.states import HealthFlag
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,7 @@ class Server:
                 f"database schema is at {current or 'base'}, the code needs {', '.join(heads)}: "
                 "run 'sparkring db upgrade'"
             )
+        self._say_replication()
         bucket = clients.bucket(s)
         try:
             self._work_dir_lock = workdir.lock(s.work_dir)
@@ -260,6 +261,15 @@ class Server:
             self.own_url(),
             extra={"action": "console", "server": self.id},
         )
+
+    def _say_replication(self) -> None:
+        """Log whether the database commits synchronously to a standby (a failover to an
+        asynchronous one can lose claims: docs/deployment.md)."""
+        with self.engine.connect() as conn:
+            seen = replication.inspect(conn)
+        listed = len(database.hosts(self.engine.url))
+        level, line = seen.verdict(listed)
+        log.log(level, line, extra={"action": "replication", "server": self.id})
 
     def own_url(self) -> str:
         """This server's HTTP endpoint as its peers and people reach it (``health_url`` in

@@ -1,10 +1,21 @@
-"""Engines for PostgreSQL: URL normalisation and a connection check with a clean error."""
+"""Engines for PostgreSQL: URL normalisation and a connection check with a clean error.
+
+A URL may list several hosts, a primary and its standbys, in libpq's form
+(``postgresql://u:pw@db-a:5432,db-b:5432/sparkring``) or SQLAlchemy's
+(``postgresql://u:pw@/sparkring?host=db-a:5432&host=db-b:5432``). libpq tries them in
+order; with several hosts :func:`parse_url` asks for ``target_session_attrs=read-write``
+unless the URL says otherwise, so that a standby is never taken for the primary. After
+a failover, a session whose host became read-only (a demoted primary) or is shutting
+down is discarded with the whole pool at its first refusal (:func:`create_engine`).
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
@@ -51,7 +62,7 @@ def parse_url(raw: str) -> URL:
     name, which messages show."""
     if raw.count("@") > 1:
         raise InvalidURL(AT_PROBLEM)
-    url = _make_url(raw)
+    url = _make_url(_hosts_to_query(raw))
     if url.drivername not in POSTGRESQL_SCHEMES:
         raise InvalidURL(f"must point at PostgreSQL ({URL_FORM}), not {url.drivername!r}")
     if "@" in raw and url.username is None:
@@ -60,7 +71,60 @@ def parse_url(raw: str) -> URL:
         raise InvalidURL(PORT_PROBLEM)
     if not url.database:
         raise InvalidURL(f"names no database ({URL_FORM})")
-    return url.set(drivername="postgresql+psycopg")
+    url = url.set(drivername="postgresql+psycopg")
+    if len(hosts(url)) > 1 and "target_session_attrs" not in url.query:
+        url = url.update_query_dict({"target_session_attrs": "read-write"})
+    return url
+
+
+# libpq's multi-host form: scheme://[userinfo@]host[:port],host[:port]/rest
+_MULTI_HOST = re.compile(r"^(?P<head>[^:/]+://(?:[^@/]*@)?)(?P<hosts>[^/?]*,[^/?]*)(?P<rest>.*)$")
+
+
+def _hosts_to_query(raw: str) -> str:
+    """libpq's ``host1:port1,host2:port2`` in the authority, rewritten as SQLAlchemy's
+    ``?host=host1:port1&host=host2:port2`` (which it cannot parse otherwise)."""
+    match = _MULTI_HOST.match(raw)
+    if match is None:
+        return raw
+    params = []
+    for item in match["hosts"].split(","):
+        if not item:
+            raise InvalidURL("lists an empty host between commas")
+        if "[" in item:
+            raise InvalidURL("IPv6 addresses are not taken in a list of hosts: use host names")
+        host, _, port = item.partition(":")
+        _port_number(port or "5432")
+        params.append(f"host={host}:{port or 5432}")
+    rest = match["rest"]
+    joined = "&".join(params)
+    return f"{match['head']}{rest}{'&' if '?' in rest else '?'}{joined}"
+
+
+def _port_number(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise InvalidURL(PORT_PROBLEM)
+    return int(text)
+
+
+def hosts(url: URL) -> list[tuple[str, int]]:
+    """Every (host, port) a URL lists, in the order libpq tries them."""
+    listed = url.query.get("host")
+    if listed is None:
+        return [(url.host or "localhost", url.port or 5432)]
+    items = [listed] if isinstance(listed, str) else list(listed)
+    names = [name for item in items for name in item.split(",")]
+    ports_text = url.query.get("port")
+    ports = str(ports_text).split(",") if isinstance(ports_text, str) else []
+    result = []
+    for i, name in enumerate(names):
+        host, _, port = name.partition(":")
+        if not host:
+            raise InvalidURL("lists an empty host")
+        if not port and i < len(ports) and ports[i]:
+            port = ports[i]
+        result.append((host, _port_number(port) if port else url.port or 5432))
+    return result
 
 
 def _make_url(raw: str) -> URL:
@@ -73,8 +137,9 @@ def _make_url(raw: str) -> URL:
 
 
 def describe(url: URL) -> str:
-    """Host, port and database of a URL, for messages (never user or password)."""
-    return f"{url.host or 'localhost'}:{url.port or 5432}/{url.database}"
+    """Hosts, ports and database of a URL, for messages (never user or password)."""
+    listed = ",".join(f"{host}:{port}" for host, port in hosts(url))
+    return f"{listed}/{url.database}"
 
 
 # TCP keepalives on every connection: a peer that vanished (host down, cable cut) is
@@ -131,13 +196,29 @@ def create_engine(
     }
     if limits is not None:
         connect_args["options"] = limits.options()
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         connect_args=connect_args,
     )
+    event.listen(engine, "handle_error", _discard_after_failover)
+    return engine
+
+
+# SQLSTATEs of a session that must not be used again: its host became read-only (a
+# demoted primary after a failover: SELECT 1 still answers, every write is refused) or
+# is shutting down or restarting (admin_shutdown, crash_shutdown, cannot_connect_now).
+_GONE_OVER = frozenset({"25006", "57P01", "57P02", "57P03"})
+
+
+def _discard_after_failover(context: sa.engine.ExceptionContext) -> None:
+    """Count such a refusal as a disconnect: SQLAlchemy then discards the whole pool,
+    and the next checkout connects again (to the writable host of a multi-host URL)."""
+    state = getattr(context.original_exception, "sqlstate", None)
+    if state in _GONE_OVER:
+        context.is_disconnect = True
 
 
 def explain(exc: BaseException, url: URL) -> str:

@@ -165,6 +165,9 @@ def test_a_server_with_tls_serves_https_and_registers_an_https_url(
         wait_until(registered, 10, message="the server never registered")
         assert [info.health_url for info in registered()] == [url]
         assert f"console at {url}/console/" in caplog.messages
+        # The stack's PostgreSQL has no standby, and the server says so once.
+        said = [m for m in caplog.messages if m.startswith("PostgreSQL has no standby")]
+        assert len(said) == 1, caplog.messages
         context = tls.client_context(cert)
         with urllib.request.urlopen(f"{url}/healthz", timeout=10, context=context) as reply:
             assert reply.status == 200
