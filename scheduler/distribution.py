@@ -978,6 +978,22 @@ def poll(conn: sa.Connection, owner: Owner, also: Iterable[int] = ()) -> list[Ro
     ]
 
 
+def holds(conn: sa.Connection, job_id: int, owner: Owner, epoch: int) -> bool:
+    """Whether ``owner`` holds the job's run at ``epoch``, starting or running (a read: the
+    answer may change right after; writes stay fenced on their own)."""
+    return (
+        conn.execute(
+            sa.text(
+                "SELECT 1 FROM distribution WHERE job_id = :job_id AND owner = :server"
+                " AND owner_incarnation = :incarnation AND epoch = :epoch"
+                " AND state IN ('starting', 'running')"
+            ),
+            {"job_id": job_id, "epoch": epoch, **owner.params()},
+        ).first()
+        is not None
+    )
+
+
 def lease_remaining(conn: sa.Connection, job_id: int) -> float | None:
     """Seconds left on the job's lease by PostgreSQL's clock (negative: expired)."""
     value = conn.execute(

@@ -287,6 +287,7 @@ class HealthMonitor:
         server: str,
         advertise_host: str,
         runs: Callable[[], dict[int, Run]],
+        kill_as: Callable[[int, int, Callable[[sa.Connection], object]], Run | None],
         *,
         interval: float,
         stall_timeout: float,
@@ -298,6 +299,8 @@ class HealthMonitor:
         self.server = server
         self.advertise_host = advertise_host
         self._runs = runs
+        # Runner.kill_as: the run whose driver is to be killed, recorded as told after.
+        self._kill_as = kill_as
         self.interval = interval
         self.stall_timeout = stall_timeout
         self.resource_wait_timeout = resource_wait_timeout
@@ -579,48 +582,55 @@ class HealthMonitor:
     def _fail(
         self, tracker: Tracker, detail: dict[str, Any], spent: str, facts: dict[str, Any]
     ) -> None:
-        """A stall past the restart budget ends the job FAILED, as a crash past it does
-        (``distribution.record_crash`` without retry, cause ``stalled``: fenced by this
-        incarnation and the run's epoch), then kills the run's driver: its lease is
-        released, and a stalled query has no batch to finish. A failed write is asked
-        again at the next pass; a fenced one (the run moved on) is given up."""
-        assert tracker.owner is not None
+        """A stall past the restart budget ends the job FAILED, as a crash past it does.
+
+        The run's driver is killed first, and only then is the run recorded
+        (``distribution.record_crash`` without retry, cause ``stalled``, fenced by this
+        incarnation and the run's epoch): the record releases the lease, so a driver
+        still alive then could meet a new claim of its job (a restart or a start that
+        follows). The runner records it once the driver is dead (``Runner.kill_as``),
+        retrying while PostgreSQL is away with the lease kept, as for any run's end.
+        Nothing is done for a run that is no longer this server's at that epoch; a read
+        that failed is asked again at the next pass."""
+        owner, epoch, job_id = tracker.owner, tracker.epoch, tracker.job_id
+        assert owner is not None
         error = (
             f"stalled past its restart budget: no batch for {detail.get('no_batch_for_s')} s "
             f"({spent.partition(': ')[2] or spent})"
         )
         try:
-            with self.engine.begin() as conn:
-                state = distribution.record_crash(
-                    conn, tracker.job_id, tracker.owner, tracker.epoch, error,
-                    retry=False, backoff_base=0.0, backoff_max=0.0, cause="stalled",
-                )  # fmt: skip
+            with self.engine.connect() as conn:
+                ours = distribution.holds(conn, job_id, owner, epoch)
         except sa.exc.DBAPIError as exc:
             log.warning(
-                "job %s: failing it on stall not recorded, next pass asks again: %s",
+                "job %s: failing it on stall not done, next pass asks again: %s",
                 tracker.name,
                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                 extra={"action": "fail_on_stall_retry", **facts},
             )
             return
-        except distribution.FencedError as exc:
-            tracker.restart_asked = True
+        tracker.restart_asked = True
+
+        def failed(conn: sa.Connection) -> object:
+            return distribution.record_crash(
+                conn, job_id, owner, epoch, error,
+                retry=False, backoff_base=0.0, backoff_max=0.0, cause="stalled",
+            )  # fmt: skip
+
+        run = self._kill_as(job_id, epoch, failed) if ours else None
+        if run is None or run.driver is None:
             log.warning(
-                "job %s: failing it on stall not done: %s",
+                "job %s: failing it on stall not done: the run is no longer this server's",
                 tracker.name,
-                exc,
                 extra={"action": "fail_on_stall_fenced", **facts},
             )
             return
-        tracker.restart_asked = True
         metrics.REGISTRY.inc("sparkring_health_failed_on_stall_total")
         log.error(
-            "job %s %s: %s",
+            "job %s stalled past its restart budget: its driver is killed, then the job "
+            "recorded FAILED: %s",
             tracker.name,
-            state.value,
             error,
-            extra={"action": "fail_on_stall", "state": state.value, **facts},
+            extra={"action": "fail_on_stall", **facts},
         )
-        run = self._runs().get(tracker.job_id)
-        if run is not None and run.epoch == tracker.epoch and run.driver is not None:
-            run.driver.kill()
+        run.driver.kill()

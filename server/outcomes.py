@@ -79,6 +79,10 @@ def outcome_write(
 ) -> Callable[[sa.Connection], object]:
     """The fenced write that records how ``run`` ended."""
     cfg = the_runner.config
+    if outcome.reason == "killed" and run.killed_as is not None:
+        # Killed on a decision taken before the kill (Runner.kill_as): the driver is dead
+        # before the record lets anyone claim the job again.
+        return run.killed_as
     # A SIGTERM exit while we shut down: the service manager signalled every process
     # of the server's unit (docs/operations.md: use KillMode=mixed).
     if outcome.reason == "exited" and outcome.exit_code in exit_codes.SIGTERM_EXITS:

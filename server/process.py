@@ -340,6 +340,7 @@ class Server:
             self.id,
             s.advertise_host,
             self.runner.runs,
+            self.runner.kill_as,
             interval=s.health_interval,
             stall_timeout=s.stall_timeout,
             resource_wait_timeout=s.resource_wait_timeout,

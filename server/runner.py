@@ -204,6 +204,25 @@ class Runner:
         with self._lock:
             return dict(self._runs)
 
+    def kill_as(
+        self, job_id: int, epoch: int, write: Callable[[sa.Connection], object]
+    ) -> runs.Run | None:
+        """Make ``write`` the record of the run of ``job_id`` at ``epoch`` once its driver
+        is killed, and return the run (the caller kills its driver); None when this server
+        runs no such driver now (the run moved on, ended or is stopping)."""
+        with self._lock:
+            run = self._runs.get(job_id)
+            if (
+                run is None
+                or run.epoch != epoch
+                or run.phase is not reconcile.Phase.RUNNING
+                or run.driver is None
+                or run.killed_as is not None
+            ):
+                return None
+            run.killed_as = write
+            return run
+
     def stop_claiming(self) -> None:
         self._claiming.clear()
         self._shutting_down.set()

@@ -19,6 +19,8 @@ field, and under which guard:
   cleared by the thread that recorded it.
 - ``recording``: the one thread recording ``unrecorded`` (``outcomes.record``), under
   the runner's lock.
+- ``killed_as``: the health monitor (``Runner.kill_as``, ``server/health.py``), once,
+  under the runner's lock, before it kills the driver;
 - ``warm_offered``: whoever begins the run's stop (``stops.begin_stop``), before it
   submits the stop task that reads it;
 - ``marking``, ``marked``: the one thread recording ``running``
@@ -78,6 +80,10 @@ class Run:
     # Its stop offered the target a warm hand-off (server/warm.py): the stop waits,
     # bounded, for the target's warm driver before it stops this one.
     warm_offered: bool = False
+    # How the run ends if its driver is killed on request: decided before the kill (a
+    # stall past the restart budget is FAILED: server/health.py), recorded after it,
+    # instead of the release a kill is otherwise.
+    killed_as: Callable[[sa.Connection], object] | None = None
 
     def __setattr__(self, field: str, value: Any) -> None:
         # Another thread may hold this run by its identity (a task, the renewals): it

@@ -14,7 +14,7 @@ import json
 import os
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -295,8 +295,17 @@ def _monitor(
 ) -> health.HealthMonitor:
     """A monitor of ``run`` (or of ``runs``, a dict the test may change)."""
     live = {run.job_id: run} if runs is None else runs
+
+    def kill_as(job_id: int, epoch: int, write: Callable[[sa.Connection], object]) -> Run | None:
+        # As Runner.kill_as does, without a runner: the test records ``killed_as`` itself.
+        found = live.get(job_id)
+        if found is None or found.epoch != epoch or found.killed_as is not None:
+            return None
+        found.killed_as = write
+        return found
+
     return health.HealthMonitor(
-        engine, "s1", "host-a", lambda: live,
+        engine, "s1", "host-a", lambda: live, kill_as,
         interval=1.0, stall_timeout=60.0, resource_wait_timeout=30.0,
         clock=_no_clock, wall_clock=lambda: T0 + dt.timedelta(seconds=_no_clock()),
     )  # fmt: skip
@@ -498,9 +507,18 @@ def test_restarts_on_stall_spend_the_restart_budget_then_the_job_ends_failed(
     """A query whose first batch takes longer than the stall timeout would be restarted
     forever: the restarts are paid from the job's max_restarts, and a stall past the
     budget ends the job FAILED (event ``failed``, cause ``stalled``), like a crash past
-    it; its driver is killed (issue 26: a stall loop ends FAILED, not flagged forever)."""
+    it; its driver is killed (issue 26: a stall loop ends FAILED, not flagged forever).
+    The kill comes before the record: while the driver may live, the lease stays held
+    (M1 of safety review 3), and the runner records the end once the driver is dead."""
     killed: list[int] = []
-    monkeypatch.setattr(driver.Driver, "kill", lambda self: killed.append(self.pid))
+    held_at_kill: list[tuple[str, str | None]] = []
+
+    def kill(self: driver.Driver) -> None:
+        row = factories.row(engine, run.job_id)
+        held_at_kill.append((row.state, row.owner))
+        killed.append(self.pid)
+
+    monkeypatch.setattr(driver.Driver, "kill", kill)
     run = _running(engine, "slow", tmp_path, RESTART_ON_STALL, max_restarts=1)
     runs = {run.job_id: run}
     monitor = _monitor(engine, run, runs)
@@ -518,6 +536,10 @@ def test_restarts_on_stall_spend_the_restart_budget_then_the_job_ends_failed(
     _log(again, "x INFO MicroBatchExecution: Starting new streaming query.\n")
     check(monitor, 30)
     check(monitor, 50)  # stalled again: the budget is spent
+    assert held_at_kill == [("running", S1.server)], "the lease was let go before the kill"
+    assert again.killed_as is not None
+    with engine.begin() as conn:  # the runner's record, once the killed driver is dead
+        again.killed_as(conn)
     check(monitor, 60)
     # The first run's flag is cleared as the second run reports (why: run ended).
     assert _kinds(engine, "slow") == [

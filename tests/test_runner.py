@@ -1204,6 +1204,19 @@ class _ConfirmedDriver(_HungDriver):
         self.deadlines.append(deadline)
 
 
+def _local_run(the_runner: runner.Runner, job_id: int, epoch: int, deadline_in: float) -> runs.Run:
+    """A running batch run ``b`` of ``the_runner`` at ``epoch``, its driver a handle."""
+    run = runs.Run(
+        job_id=job_id, name="b", kind=JobKind.BATCH, epoch=epoch, attempt=1,
+        claimed_at=watchdog.lease_clock(), deadline=watchdog.lease_clock() + deadline_in,
+        owner=the_runner.owner, phase=runner.reconcile.Phase.RUNNING,
+        driver=_ConfirmedDriver(),  # type: ignore[arg-type]
+    )  # fmt: skip
+    with the_runner._lock:
+        the_runner._runs[job_id] = run
+    return run
+
+
 def test_a_hand_over_whose_commit_answer_is_lost_is_tried_again(
     engine: sa.Engine,
     bucket: store.Store,
@@ -1267,14 +1280,7 @@ def test_a_hand_over_extends_only_the_leases_of_local_runs(
     with engine.begin() as conn:
         claim = distribution.claim(conn, local, stepped_runner.owner, TTL)
         distribution.claim(conn, unknown, stepped_runner.owner, TTL)
-    run = runs.Run(
-        job_id=local, name="b", kind=JobKind.BATCH, epoch=claim.epoch, attempt=1,
-        claimed_at=watchdog.lease_clock(), deadline=watchdog.lease_clock() + TTL - 3.0,
-        owner=stepped_runner.owner, phase=runner.reconcile.Phase.RUNNING,
-        driver=_ConfirmedDriver(),  # type: ignore[arg-type]
-    )  # fmt: skip
-    with stepped_runner._lock:
-        stepped_runner._runs[local] = run
+    _local_run(stepped_runner, local, claim.epoch, deadline_in=TTL - 3.0)
     assert stepped_runner.hand_over(600.0) == ["b"]
     with engine.connect() as conn:
         left = dict(
@@ -1853,3 +1859,38 @@ def test_a_start_file_created_but_not_yet_written_is_not_a_start(tmp_path: Path)
     assert not _started(tmp_path)  # the line is not whole yet
     (tmp_path / "starts").write_text("2\n")
     assert _started(tmp_path)
+
+
+# ---------------------------------------- M1: a run killed on a decision taken before
+
+
+def test_a_run_killed_as_failed_is_recorded_failed_not_released(
+    engine: sa.Engine,
+    bucket: store.Store,
+    stage: Path,
+    tmp_path: Path,
+    stepped_runner: runner.Runner,
+) -> None:
+    """M1 of safety review 3: a stall past the budget kills the driver before the job is
+    recorded FAILED (server/health.py). A kill alone is a release (the job runs again);
+    the run carries the decided record, and its killed outcome is written as that."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, stepped_runner.owner, TTL)
+        distribution.mark_running(conn, job_id, stepped_runner.owner, claim.epoch, 1)
+    run = _local_run(stepped_runner, job_id, claim.epoch, deadline_in=TTL)
+
+    def failed(conn: sa.Connection) -> object:
+        return distribution.record_crash(
+            conn, job_id, stepped_runner.owner, claim.epoch, "stalled",
+            retry=False, backoff_base=0.0, backoff_max=0.0, cause="stalled",
+        )  # fmt: skip
+
+    assert stepped_runner.kill_as(job_id, claim.epoch + 1, failed) is None  # another epoch
+    assert stepped_runner.kill_as(job_id, claim.epoch, failed) is run
+    assert stepped_runner.kill_as(job_id, claim.epoch, failed) is None  # decided once
+    killed = driver_module.Outcome(None, watchdog.Reason.KILLED, 0.0, 1.0, recorded=False)
+    with engine.begin() as conn:
+        outcomes.outcome_write(stepped_runner, run, killed)(conn)
+    row = factories.row(engine, job_id)
+    assert (row.state, row.owner) == ("failed", None), row
