@@ -6,9 +6,9 @@ worker its share of the long ones, first: the suite's and the campaign's tests m
 ``left // (workers - k)`` items); each worker runs its chunk from the front, and an idle
 worker steals from the back of the longest queue. So a long case starts early only at
 the front of a chunk, and long cases that share a chunk run one after the other on one
-worker (stop 44's clean-clone run: the seven long cases, collected first, all fell to
+worker (the clean-clone run at 736595d: the seven long cases, collected first, all fell to
 one worker, and the campaign took as long as they did, 712 s for 526 s of work each;
-stop 45's: the suite's end-to-end tests, collected first as well, left one worker
+the one at 4c6c7d8: the suite's end-to-end tests, collected first as well, left one worker
 running the last of them for about 80 s after the others had finished).
 """
 

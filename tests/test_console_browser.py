@@ -128,7 +128,7 @@ def _text(browser: webdriver.Chrome, css: str) -> str:
 
     Found and read in one script: the console re-renders every 2 s, and an element found
     in one WebDriver call may be replaced before the next reads it (a stale element
-    failed the clean-clone CI of stop 38 this way)."""
+    failed the clean-clone CI run at cabe3be this way)."""
     text = browser.execute_script(
         "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css
     )

@@ -24,7 +24,7 @@ def test_chunk_sizes_are_worksteals_first_deal() -> None:
 
 
 def test_long_cases_lead_every_chunk_and_are_shared_out() -> None:
-    # The stop 44 campaign: long cases first in collection order, then 86 others.
+    # The campaign at 736595d: long cases first in collection order, then 86 others.
     long = [90, 60, 55, 80, 160, 200, 60]
     seconds: list[float | None] = [*long, *[None] * 86]
     order = dealing.deal(seconds, 3)

@@ -222,7 +222,7 @@ def test_a_run_ended_by_a_transaction_begun_before_a_skipping_fire_ends_after_it
     transaction began. A watchdog's or an owner's transaction that began before a fire
     time and recorded the end after a fire skipped for it ("previous run still
     running") used to stamp the run ended *before* the fire: the S6 checker then saw a
-    fire skipped while no run ran (CI of stop 35, a coordinator kill under load)."""
+    fire skipped while no run ran (CI, 2026-11-26, a coordinator kill under load)."""
     job_id = factories.scheduled_job(engine, spec="@every 1s")
     with engine.begin() as conn:
         jobs.run_now(conn, "nightly")

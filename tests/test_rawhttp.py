@@ -84,7 +84,7 @@ def test_the_body_sent_before_the_answer_tells_a_refusal_from_a_read(server) -> 
 class _SlowToCount:
     """A client socket whose ``sendall`` returns late, after the kernel took the bytes:
     the feeder thread preempted between its send and its count, as on a loaded machine
-    (CI, stop 46: 256 KiB short of the 64 MiB a reading server had read)."""
+    (CI, 2026-11-27: 256 KiB short of the 64 MiB a reading server had read)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock

@@ -132,7 +132,7 @@ def zk(zk_hosts: str) -> Iterator[KazooClient]:
 def owner(zk: KazooClient, root: str, server_id: str) -> str | None:
     """The session owning ``server_id``'s node, as of now: the ZooKeeper server this
     client reads from may be a follower behind a write made through another one (a
-    fresh registration read as missing, suite on 3 workers, stop 44), so it syncs first."""
+    fresh registration read as missing, suite on 3 workers, 2026-11-27), so it syncs first."""
     path = servers.server_path(root, server_id)
     zk.sync(path)
     stat = zk.exists(path)

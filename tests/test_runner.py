@@ -64,7 +64,7 @@ TTL = 8.0
 
 def _started(stage: Path) -> bool:
     """The gated driver wrote its start line. Its "starts" file exists a moment before
-    it holds one (CI, stop 46: read empty right after it appeared)."""
+    it holds one (CI at 18d03ea: read empty right after it appeared)."""
     starts = stage / "starts"
     return starts.exists() and starts.read_text().endswith("\n")
 
@@ -1812,7 +1812,7 @@ def test_a_start_that_keeps_failing_for_a_passing_reason_waits_longer_each_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A driver that cannot be started for a reason that may pass (here spark-submit is
-    missing; in the clean-clone CI of stop 38 the driver user could not reach a closed
+    missing; in the clean-clone CI run at cabe3be the driver user could not reach a closed
     folder) is deferred with no restart counted, and each consecutive deferral waits
     twice as long as the one before, up to the restart backoff's cap. Before, every
     deferral waited the base backoff: one server claimed the job again every 0.5 s, 290

@@ -186,7 +186,7 @@ def test_a_master_ui_that_answers_without_json_yet_is_not_yet_up(
     stack: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A master whose UI answers before its JSON is ready (an empty body) is waited for,
-    not a crash of ``spark start`` (CI, stop 43: JSONDecodeError out of wait_for)."""
+    not a crash of ``spark start`` (CI, 2026-11-27: JSONDecodeError out of wait_for)."""
     import http.server
     import threading
 

@@ -148,7 +148,7 @@ def test_a_warm_up_job_that_waits_for_executors_delays_neither_ready_nor_the_mai
 def test_a_cancelled_warm_up_ends_before_the_main_runs(tmp_path: Path) -> None:
     """The cancelled warm-up's thread prints its failure: it must be done before the
     job's main runs. A thread still printing when a short main returns aborts the
-    interpreter's exit (CI, stop 46: "Fatal Python error: _enter_buffered_busy",
+    interpreter's exit (CI, 2026-11-27: "Fatal Python error: _enter_buffered_busy",
     SIGABRT), which the watchdog reads as the driver's crash."""
     process, _ = _start(tmp_path, go_timeout=60, NO_EXECUTORS="1", CANCEL_LATENCY="0.5")
     assert process.stdout is not None

@@ -26,7 +26,7 @@ def test_a_second_lock_is_refused_naming_the_holder(tmp_path: Path) -> None:
 def test_a_refusal_in_the_moment_before_the_holder_wrote_its_pid_still_names_it(
     tmp_path: Path,
 ) -> None:
-    """The chaos case "two successors race for one work dir" (stop 33, final main): the
+    """The chaos case "two successors race for one work dir" (2026-11-25, final main): the
     loser read the lock file between the winner's flock and its pid write and said
     "pid unknown". It waits a moment for the pid."""
     holder = open(tmp_path / workdir.LOCK_FILE, "a+")

@@ -838,7 +838,7 @@ def test_handover_during_a_zookeeper_outage(trial: Trial, stack: faults.Stack, o
     each job either runs on under the driver adopted again or was claimed once more
     (its watchdog's deadline passed first), never two drivers at a time."""
     # The successor must adopt inside the hand-over window, after its Python start-up:
-    # 19 s at a 95 %-busy CI (stop 46) missed 20 s. Twice that leaves room; nothing here
+    # 19 s at a 95 %-busy CI run (2d1e325) missed 20 s. Twice that leaves room; nothing here
     # waits for the window to end.
     c = trial.start(SERVERS, extra_env=_handing_over(2 * HANDOVER_S))
     trial.populate()
@@ -898,8 +898,8 @@ def _registered_or_restarted(trial: Trial, c: Cluster, server: str) -> None:
     can come back past the successor's start-up timeout on a loaded machine: the
     successor then exits 69 (UNAVAILABLE) and its supervisor starts it again, which the
     harness does here, noted in the summary. Any other exit fails the case: a 78 (start-up
-    refused) ends the supervisor too, and every job the successor adopted moves (CI,
-    stop 49: the wait for its predecessor's node was cut short by the start-up timeout)."""
+    refused) ends the supervisor too, and every job the successor adopted moves (CI at
+    7d1e42e: the wait for its predecessor's node was cut short by the start-up timeout)."""
     successor = c.servers[server]
     waiting.wait_until(
         lambda: trial.member_pid(server) == successor.pid or successor.poll() is not None,

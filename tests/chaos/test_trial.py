@@ -176,7 +176,7 @@ def test_own_a_job_starts_one_on_a_server_whose_live_jobs_left_it(
     tmp_path: Path,
 ) -> None:
     """A partition case needs its special server to own a job when the fault comes; a
-    job that left it before (CI, stop 48's landing: "the cut-off server must own a job") is
+    job that left it before (CI at c52f6ea, 2026-11-27: "the cut-off server must own a job") is
     replaced by one placed on it, and the moves that emptied it are noted in the summary."""
     trial = Trial(
         "own a job", 1, stack_env, database_url, zk_root, s3_bucket, tmp_path, fork_servers=True

@@ -234,7 +234,7 @@ class Trial:
         if self._zk is None:
             # A server's client, which reconnects for ever: kazoo's default gives up
             # after one failed round, and a ZooKeeper outage then left this client blind
-            # to members that had registered again (CI, stop 48).
+            # to members that had registered again (CI at 837455c).
             self._zk = connection.make_client(
                 self.stack_env["SPARKRING_ZK_HOSTS"], session_timeout=5
             )
@@ -545,7 +545,7 @@ class Trial:
         The coordinator's view of the members can lag the registry: jobs placed before a
         server entered it go to the others, and move to it only after their residency,
         so a case that needs each server to own a job waits for the joins first (CI,
-        stop 43: the cut-off server of a partition case owned none after populate)."""
+        2026-11-27: the cut-off server of a partition case owned none after populate)."""
 
         def settled() -> set[str]:
             rows = self.cluster.sql(

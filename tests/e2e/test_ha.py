@@ -80,7 +80,7 @@ def test_streaming_on_the_standalone_cluster_fails_over_from_its_checkpoint(
     )  # fmt: skip
     cluster.cli("job", "start", "stream")
     first = cluster.wait_job("stream", helpers.running, 90, "streaming job running")
-    # A deadline, not a wait: in a clean-clone run at stop 39 on this loaded 2-core
+    # A deadline, not a wait: in a clean-clone run at c838dca on this loaded 2-core
     # machine the executor's JVM took 52 s to start, and 120 s ran out before batch 3.
     waiting.wait_until(
         lambda: sink.committed_batches(output) >= 3, 240, interval=0.5,
