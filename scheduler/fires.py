@@ -262,8 +262,10 @@ def fire(conn: sa.Connection, job: sa.Row, server: str | None) -> Fired:
             runs.record_skipped(conn, job.id, at, decision.reason or "skipped")
             skipped += 1
             continue
+        reset = False
         if decision.action is schedule.Action.REPLACE:
             runs.replace_unended(conn, job.id)
+            reset = runs.fresh_retries(conn, job.id)
             generation = _bump_generation(conn, job.id)
         else:
             generation = runs.rerun(conn, job.id)
@@ -273,6 +275,8 @@ def fire(conn: sa.Connection, job: sa.Row, server: str | None) -> Fired:
         detail = {"trigger": "schedule", "run_id": run_id, "generation": generation}
         detail["scheduled_time"] = schedule.iso(at)
         if decision.action is schedule.Action.REPLACE:
+            if reset:
+                detail["retries_reset"] = True
             _event(conn, job.id, job.name, server, {**detail, "rerun": False}, "restart_requested")
         else:
             _event(conn, job.id, job.name, server, detail)

@@ -645,11 +645,13 @@ def restart(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     the job is claimed afresh (possibly elsewhere). Returns 'started' or 'restarting'."""
     job_id = _job_id(conn, name, lock=True)
     batch = _kind_and_schedule(conn, job_id).kind == JobKind.BATCH
+    reset = False
     if (generation := _rerun(conn, job_id)) is not None:
         outcome = "started"
     else:
         if batch:
             runs.replace_unended(conn, job_id)
+            reset = runs.fresh_retries(conn, job_id)
         generation = conn.execute(
             sa.update(tables.jobs)
             .where(tables.jobs.c.id == job_id)
@@ -665,6 +667,8 @@ def restart(conn: sa.Connection, name: str, actor: str | None = None) -> str:
     # restart of a live run keeps the count. The chaos checker counts a FAILED job's
     # driver failures since the last reset (tests/chaos/invariants.py).
     detail: dict[str, Any] = {"generation": generation, "rerun": outcome == "started"}
+    if reset:
+        detail["retries_reset"] = True
     if batch:
         detail["run_id"] = runs.open_run(conn, job_id, generation, "manual")
     _event(conn, job_id, name, EventKind.RESTART_REQUESTED, detail, actor)

@@ -215,6 +215,25 @@ def replace_unended(conn: sa.Connection, job_id: int) -> list[int]:
     return [row.run_id for row in rows]
 
 
+def fresh_retries(conn: sa.Connection, job_id: int) -> bool:
+    """A new run of a batch job (``job restart``, a ``--concurrency replace`` fire) gets
+    retries of its own ("for that fire only": docs/schedules.md) when no driver of the
+    old run may still end: the row is unowned, waiting in backoff or pending. A run
+    still owned keeps the count until it ends: its crash, if it comes, is the old run's
+    (M4 of safety review 3). Returns whether the count was set back to 0."""
+    return (
+        conn.execute(
+            sa.text(
+                "UPDATE distribution SET restarts = 0, crash_times = '{}', updated_at = now() "
+                "WHERE job_id = :job_id AND owner IS NULL AND state IN ('backoff', 'pending') "
+                "AND (restarts > 0 OR cardinality(crash_times) > 0)"
+            ),
+            {"job_id": job_id},
+        ).rowcount
+        == 1
+    )
+
+
 def cancel_queued(conn: sa.Connection, job_id: int) -> int:
     """Queued backfill runs are dropped by a stop: recorded skipped ('stopped')."""
     return conn.execute(

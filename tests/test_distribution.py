@@ -340,6 +340,37 @@ def test_crash_backs_off_then_fails_after_max_restarts(engine: sa.Engine) -> Non
     assert row.last_error == "exit 3: boom" and row.owner is None and row.restarts == 2
 
 
+@pytest.mark.parametrize("kind", [JobKind.BATCH, JobKind.STREAMING])
+def test_a_batch_run_of_a_new_generation_gets_its_own_retries(
+    engine: sa.Engine, kind: JobKind
+) -> None:
+    """M4 of safety review 3: ``job restart`` of a batch job in backoff (or a
+    ``--concurrency replace`` fire: the same ``runs.fresh_retries``) starts a new run,
+    whose retries are its own (docs/schedules.md, "Retries": "for that fire only"). A
+    streaming job's restart keeps its count (its budget is a crash loop's, inside the
+    restart window)."""
+    job_id = factories.job(engine, "retried", kind=kind, max_restarts=1)
+    factories.target(engine, job_id, "s1")
+    claim = _claim(engine, job_id, "s1")
+    with engine.begin() as conn:
+        distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=1)
+        state = distribution.record_crash(
+            conn, job_id, owner("s1"), claim.epoch, "exit 3", retry=True,
+            backoff_base=0, backoff_max=0,
+        )  # fmt: skip
+        assert state is RunState.BACKOFF
+        jobs.restart(conn, "retried")
+        conn.execute(sa.text("UPDATE distribution SET not_before = NULL"))
+    _claim(engine, job_id, "s1")
+    row = factories.row(engine, job_id)
+    assert row.restarts == (0 if kind is JobKind.BATCH else 1), row
+    assert (row.crash_times == []) is (kind is JobKind.BATCH), row
+    with engine.connect() as conn:
+        asked = [e for e in jobs.events(conn, "retried") if e["kind"] == "restart_requested"]
+    # The chaos checker reads it to count the budget from there (failed_with_cause).
+    assert asked[-1]["detail"].get("retries_reset", False) is (kind is JobKind.BATCH)
+
+
 def test_backoff_is_not_claimable_before_not_before(engine: sa.Engine) -> None:
     job_id = factories.job(engine, "crashy")
     factories.target(engine, job_id, "s1")

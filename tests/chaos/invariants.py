@@ -30,8 +30,9 @@ generation (``start_requested`` of a terminal job, ``restart_requested``, and a
 its detail, and a claim runs the newest generation commanded before it (a claim copies
 ``jobs.generation`` in the same statement). The restart count, on the other hand,
 survives every new generation but a re-run of a job at rest (``start_requested`` with a
-generation, ``restart_requested`` with ``rerun``): :func:`failed_with_cause` counts from
-there.
+generation, ``restart_requested`` with ``rerun``) and a new run of a batch job whose
+old one waits unowned (``restart_requested`` with ``retries_reset``):
+:func:`failed_with_cause` counts from there.
 """
 
 from __future__ import annotations
@@ -433,11 +434,15 @@ def _resets_restarts(event: Mapping[str, Any], at_rest: bool) -> bool:
     scheduler/jobs.py: only a job at rest is re-run). ``start_requested`` with a
     generation always re-ran the job; ``restart_requested`` says so in ``rerun`` (events
     written before that key existed: inferred from ``at_rest``, the job's last end or
-    claim being an end). A restart of a live run (an operator's, or a stall's
-    ``restart_run``) and a rolling revision keep the count."""
+    claim being an end). A restart of a batch job whose run waits unowned (backoff,
+    pending) resets it too (``runs.fresh_retries``: ``retries_reset``). A restart of a
+    live run (an operator's, or a stall's ``restart_run``) and a rolling revision keep
+    the count."""
     if event["kind"] == "start_requested":
         return _commanded_generation(event) is not None
     if event["kind"] == "restart_requested":
+        if _detail(event).get("retries_reset"):
+            return True  # a new batch run with no driver of the old one left (M4)
         rerun = _detail(event).get("rerun")
         return bool(rerun) if rerun is not None else at_rest and "by" not in _detail(event)
     return False

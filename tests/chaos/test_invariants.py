@@ -328,6 +328,11 @@ def test_a_restart_of_a_live_run_keeps_the_failures_that_count_towards_failed() 
     # A re-run of the job at rest starts the count again: one failure since is too few.
     rerun = _event(3, "restart_requested", None, None, "b", generation=2, rerun=True)
     assert len(_lost([batch], [*head, rerun, *tail])) == 1
+    # So does a restart of a batch job waiting in backoff (runs.fresh_retries, M4).
+    fresh = _event(
+        3, "restart_requested", None, None, "b", generation=2, rerun=False, retries_reset=True
+    )
+    assert len(_lost([batch], [*head, fresh, *tail])) == 1
 
 
 def test_a_rolling_revision_gives_the_generation_its_claim_runs() -> None:
