@@ -8,20 +8,30 @@ stopped by PID. Standard library only, so it runs before the project is installe
 
     python3 scripts/stack.py up [--zk-nodes 3] [--spark-masters 2]  # idempotent
     python3 scripts/stack.py up --only zookeeper,postgresql  # these alone
+    python3 scripts/stack.py up --pg-standby     # PostgreSQL with a synchronous standby
     python3 scripts/stack.py status [--json]
     python3 scripts/stack.py env                 # SPARKRING_* exports for a shell
     python3 scripts/stack.py down                # leaves no process behind
     python3 scripts/stack.py zk stop|start N     # fault injection for chaos tests
-    python3 scripts/stack.py pg stop|start
+    python3 scripts/stack.py pg stop|kill|start  # the primary (start: every node)
+    python3 scripts/stack.py pg promote          # fail over to the standby
     python3 scripts/stack.py s3 stop|start
     python3 scripts/stack.py spark stop|start|kill  # the standalone masters and worker
 
 Ports come from environment variables (defaults in PORTS below):
 SPARKRING_STACK_ZK_PORT (first of N consecutive client ports), SPARKRING_STACK_PG_PORT,
-SPARKRING_STACK_S3_PORT, SPARKRING_STACK_SPARK_PORT, SPARKRING_STACK_SPARK_UI_PORT.
+SPARKRING_STACK_S3_PORT, SPARKRING_STACK_SPARK_PORT, SPARKRING_STACK_SPARK_UI_PORT,
+SPARKRING_STACK_PG_STANDBY_PORT (default: the PostgreSQL port + 1).
 The first ``up`` records them in the state folder (``ports.json``): every later
 command uses those, with or without the variables, and ``up`` refuses a variable that
 contradicts them. SPARKRING_STACK_DIR moves the state folder.
+
+With ``--pg-standby`` (kept by every later ``up``), PostgreSQL has a streaming standby
+that every commit waits for, and ``env`` gives the servers both nodes in one multi-host
+URL with ``target_session_attrs=read-write``. ``pg promote`` kills the primary
+(immediate) and promotes the standby; the next ``pg start`` or ``up`` copies the new
+primary into the old one's folder and starts it as the new standby
+(docs/deployment.md, "PostgreSQL with a standby").
 """
 
 from __future__ import annotations
@@ -45,6 +55,8 @@ REPO = Path(__file__).resolve().parent.parent
 PORTS = {
     "zk": 12181,
     "pg": 15432,
+    # A PostgreSQL standby's (``up --pg-standby``); by default the primary's port + 1.
+    "pg_standby": 15433,
     "s3": 19000,
     "spark": 17077,
     "spark_ui": 18080,
@@ -118,11 +130,16 @@ def recorded_ports() -> dict[str, int]:
 
 def port(name: str) -> int:
     """A service's port: as the stack folder was created, else its SPARKRING_STACK_*_PORT
-    variable, else the default (PORTS)."""
+    variable, else the default (PORTS; the PostgreSQL standby's follows the primary's)."""
     recorded = recorded_ports()
     if name in recorded:
         return recorded[name]
-    return int(os.environ.get(_port_variable(name), PORTS[name]))
+    given = os.environ.get(_port_variable(name))
+    if given:
+        return int(given)
+    if name == "pg_standby":
+        return port("pg") + 1
+    return PORTS[name]
 
 
 def check_ports() -> None:
@@ -358,6 +375,15 @@ def zk_leader() -> int | None:
 
 # ---------------------------------------------------------------- PostgreSQL
 
+# A stack made with ``up --pg-standby`` runs two PostgreSQL nodes, named here by the key
+# of their port: ``pg`` and ``pg_standby``. Which one is the primary is kept in the
+# stack folder (PG_STATE_FILE): ``pg`` until ``pg promote`` hands the role to the other.
+PG_NODES = ("pg", "pg_standby")
+PG_STATE_FILE = "postgresql.json"
+# The standby's application_name in its primary_conninfo, which the primary's
+# synchronous_standby_names lists: a commit returns once this standby has its WAL.
+PG_STANDBY_NAME = "sparkring_standby"
+
 
 def _as_postgres(argv: list[str]) -> list[str]:
     if os.geteuid() == 0:
@@ -365,12 +391,15 @@ def _as_postgres(argv: list[str]) -> list[str]:
     return argv
 
 
-def pg_data() -> Path:
-    """PostgreSQL's data folder. initdb refuses root, and the postgres user may not be
-    able to enter the repository, so the data lives in /tmp, linked from the stack dir."""
-    link = stack_dir() / "pg"
+def pg_data(node: str = "pg") -> Path:
+    """A PostgreSQL node's folder (its ``data``, log and socket). initdb refuses root, and
+    the postgres user may not be able to enter the repository, so it lives in /tmp,
+    linked from the stack dir (``pg``, ``pg-standby``)."""
+    name = node.replace("_", "-")
+    link = stack_dir() / name
     if not link.exists():
-        target = Path(f"/tmp/sparkring-pg-{_stable_key()}")
+        link.unlink(missing_ok=True)  # a link whose folder is gone (/tmp emptied)
+        target = Path(f"/tmp/sparkring-{name}-{_stable_key()}")
         target.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(target, "postgres", "postgres")
@@ -383,46 +412,139 @@ def _stable_key() -> str:
     return hashlib.sha256(str(stack_dir()).encode()).hexdigest()[:10]
 
 
-def pg_up() -> None:
-    data = pg_data() / "data"
-    if not (data / "PG_VERSION").exists():
+def pg_state() -> dict[str, object]:
+    """Whether this stack has a standby, and which node is the primary."""
+    try:
+        state = json.loads((stack_dir() / PG_STATE_FILE).read_text())
+    except FileNotFoundError:
+        return {"standby": False, "primary": "pg"}
+    except ValueError as exc:
+        raise StackError(f"{stack_dir() / PG_STATE_FILE} is not valid JSON: {exc}") from exc
+    if state.get("primary") not in PG_NODES:
+        raise StackError(f"{stack_dir() / PG_STATE_FILE} names no primary of {PG_NODES}")
+    return state
+
+
+def _write_pg_state(**changes: object) -> None:
+    state = {**pg_state(), **changes}
+    stack_dir().mkdir(parents=True, exist_ok=True)
+    (stack_dir() / PG_STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+def pg_standby_configured() -> bool:
+    return bool(pg_state()["standby"])
+
+
+def pg_primary() -> str:
+    """The node that takes writes: ``pg``, or ``pg_standby`` after a promotion."""
+    return str(pg_state()["primary"])
+
+
+def pg_standby() -> str:
+    """The node that replicates from :func:`pg_primary` (when a standby is configured)."""
+    return PG_NODES[1 - PG_NODES.index(pg_primary())]
+
+
+def pg_initdb(node: str) -> None:
+    data = pg_data(node) / "data"
+    if (data / "PG_VERSION").exists():
+        return
+    subprocess.run(
+        _as_postgres(
+            [
+                str(PG_BIN / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+            ]
+        ),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def pg_up(standby: bool = False) -> None:
+    """Start the primary (made on first use) and create the database on it; with a
+    standby (``standby``, or an earlier ``up --pg-standby``), the standby too
+    (:func:`pg_standby_up`)."""
+    if standby and not pg_standby_configured():
+        _write_pg_state(standby=True)
+    primary = pg_primary()
+    pg_initdb(primary)
+    if not port_open(port(primary)):
+        pg_start(primary)
+        _pg_create_database()
+    if pg_standby_configured():
+        pg_standby_up()
+
+
+def pg_standby_up() -> None:
+    """Make the standby (a ``pg_basebackup -R`` of the running primary) unless it is one
+    already, start it, and make the primary's commits wait for it
+    (``synchronous_standby_names``). A node that is not a standby here is the primary a
+    promotion left behind: its WAL may run past the new primary's, so it is copied anew
+    rather than started (two primaries would take writes)."""
+    primary, standby = pg_primary(), pg_standby()
+    data = pg_data(standby) / "data"
+    if not (data / "standby.signal").exists():
+        pg_stop("immediate", standby)
+        shutil.rmtree(data, ignore_errors=True)
+        conninfo = (
+            f"host=127.0.0.1 port={port(primary)} user=postgres application_name={PG_STANDBY_NAME}"
+        )
         subprocess.run(
             _as_postgres(
                 [
-                    str(PG_BIN / "initdb"),
+                    str(PG_BIN / "pg_basebackup"),
                     "-D",
                     str(data),
-                    "-U",
-                    "postgres",
-                    "-A",
-                    "trust",
+                    "--write-recovery-conf",
+                    "--wal-method=stream",
+                    "--checkpoint=fast",
                     "--no-sync",
-                    "-E",
-                    "UTF8",
-                    "--locale=C.UTF-8",
+                    "-d",
+                    conninfo,
                 ]
             ),
             check=True,
             stdout=subprocess.DEVNULL,
         )
-    if port_open(port("pg")):
-        return
-    pg_start()
-    _pg_create_database()
+    if not port_open(port(standby)):
+        pg_start(standby)
+    primary_port = port(primary)
+    if _psql(primary_port, "SHOW synchronous_standby_names") != PG_STANDBY_NAME:
+        _psql(primary_port, f"ALTER SYSTEM SET synchronous_standby_names = '{PG_STANDBY_NAME}'")
+        _psql(primary_port, "SELECT pg_reload_conf()")
+    wait_for(
+        f"synchronous replication from port {primary_port} to port {port(standby)}",
+        lambda: pg_sync_state() == "sync",
+        30,
+    )
 
 
-def pg_start() -> None:
-    data = pg_data() / "data"
+def pg_start(node: str = "pg") -> None:
+    data = pg_data(node) / "data"
     # fsync off (speed), but synchronous_commit on: a commit is acknowledged only once
-    # its WAL is written to the OS. A PostgreSQL crash (the chaos campaign's
-    # pg_immediate: ``pg_ctl -m immediate``) is a process crash, which keeps the OS page
-    # cache, so every acknowledged commit survives it; with synchronous_commit off the
-    # last acknowledged commits would be lost, which is outside the model
-    # (docs/drivers.md "Durability and clock assumptions"). Only a machine crash would
-    # lose them with fsync off, and nothing injects that.
+    # its WAL is written to the OS (and, with a standby, written by the standby too). A
+    # PostgreSQL crash (the chaos campaign's pg_immediate: ``pg_ctl -m immediate``) is a
+    # process crash, which keeps the OS page cache, so every acknowledged commit
+    # survives it; with synchronous_commit off the last acknowledged commits would be
+    # lost, which is outside the model (docs/drivers.md "Durability and clock
+    # assumptions"). Only a machine crash would lose them with fsync off, and nothing
+    # injects that. wal_keep_size lets a standby that was away catch up from the
+    # primary's WAL; wal_retrieve_retry_interval has it reconnect within a second of
+    # its primary's restart.
     options = (
-        f"-p {port('pg')} -k {pg_data()} -c listen_addresses=127.0.0.1 -c fsync=off "
-        "-c synchronous_commit=on -c full_page_writes=off -c max_connections=300"
+        f"-p {port(node)} -k {pg_data(node)} -c listen_addresses=127.0.0.1 -c fsync=off "
+        "-c synchronous_commit=on -c full_page_writes=off -c max_connections=300 "
+        "-c wal_keep_size=128MB -c wal_retrieve_retry_interval=1s"
     )
     subprocess.run(
         _as_postgres(
@@ -431,7 +553,7 @@ def pg_start() -> None:
                 "-D",
                 str(data),
                 "-l",
-                str(pg_data() / "server.log"),
+                str(pg_data(node) / "server.log"),
                 "-w",
                 "-o",
                 options,
@@ -443,8 +565,20 @@ def pg_start() -> None:
     )
 
 
-def pg_stop(mode: str = "fast") -> None:
-    data = pg_data() / "data"
+def pg_start_all() -> None:
+    """``pg start``: every configured node that is down, the standby made anew if a
+    promotion left it behind as the old primary."""
+    primary = pg_primary()
+    if not port_open(port(primary)):
+        pg_start(primary)
+    if pg_standby_configured():
+        pg_standby_up()
+
+
+def pg_stop(mode: str = "fast", node: str = "pg") -> None:
+    if not (stack_dir() / node.replace("_", "-")).exists():
+        return
+    data = pg_data(node) / "data"
     if not (data / "postmaster.pid").exists():
         return
     subprocess.run(
@@ -455,17 +589,109 @@ def pg_stop(mode: str = "fast") -> None:
     )
 
 
-def _pg_create_database() -> None:
-    psql = ["psql", "-h", "127.0.0.1", "-p", str(port("pg")), "-U", "postgres", "-tA"]
-    exists = subprocess.run(
-        [*psql, "-c", f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"],
+def pg_promote() -> None:
+    """Fail over: kill the primary (``immediate``, a crash) and promote the standby, then
+    wait until it commits a write. The next ``pg start`` or ``up`` makes the old primary
+    the new standby."""
+    if not pg_standby_configured():
+        raise StackError("this stack has no PostgreSQL standby: run `stack.py up --pg-standby`")
+    primary, standby = pg_primary(), pg_standby()
+    standby_port = port(standby)
+    if not port_open(standby_port) or not (pg_data(standby) / "data" / "standby.signal").exists():
+        raise StackError(
+            f"no standby is running on port {standby_port}: run `stack.py pg start` first"
+        )
+    started = time.monotonic()
+    pg_stop("immediate", primary)
+    # The standby's settings are a copy of the primary's: once it is the primary, a
+    # synchronous_standby_names naming a standby that is not there would hold every
+    # commit forever.
+    _psql(standby_port, "ALTER SYSTEM RESET synchronous_standby_names")
+    _psql(standby_port, "SELECT pg_reload_conf()")
+    subprocess.run(
+        _as_postgres(
+            [str(PG_BIN / "pg_ctl"), "-D", str(pg_data(standby) / "data"), "-w", "promote"]
+        ),
         check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+        stdout=subprocess.DEVNULL,
+    )
+    _write_pg_state(primary=standby)
+    wait_for(
+        f"PostgreSQL on port {standby_port} taking writes", lambda: _pg_writable(standby_port), 30
+    )
+    print(
+        f"  postgresql  port {standby_port} is the primary ({time.monotonic() - started:.1f} s)",
+        file=sys.stderr,
+    )
+
+
+def _pg_writable(p: int) -> bool:
+    """A transaction that takes a transaction id commits (so it is out of recovery, and
+    no synchronous standby it waits for is missing)."""
+    try:
+        _psql(p, "SELECT txid_current()", timeout=5)
+    except StackError:
+        return False
+    return True
+
+
+def pg_role(node: str) -> str:
+    """'primary', 'standby', 'down' or 'unknown' (listening but not answering)."""
+    if not port_open(port(node)):
+        return "down"
+    try:
+        in_recovery = _psql(port(node), "SELECT pg_is_in_recovery()", timeout=5)
+    except StackError:
+        return "unknown"
+    return "standby" if in_recovery == "t" else "primary"
+
+
+def pg_sync_state() -> str:
+    """The standby's ``sync_state`` on the primary ('sync', 'async', ...), 'none' when it
+    is not connected, 'unknown' when the primary does not answer."""
+    try:
+        state = _psql(
+            port(pg_primary()),
+            "SELECT sync_state FROM pg_stat_replication"
+            f" WHERE application_name = '{PG_STANDBY_NAME}'",
+            timeout=5,
+        )
+    except StackError:
+        return "unknown"
+    return state.splitlines()[0] if state else "none"
+
+
+def _psql(p: int, sql: str, timeout: float = 30.0) -> str:
+    """One statement on the PostgreSQL at port ``p`` (database postgres, as postgres);
+    its output, trimmed."""
+    argv = ["psql", "-X", "-h", "127.0.0.1", "-p", str(p), "-U", "postgres", "-tA", "-c", sql]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise StackError(
+            f"PostgreSQL on port {p} gave no answer to {sql!r} within {timeout:.0f} s"
+        ) from None
+    if done.returncode != 0:
+        problem = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise StackError(f"PostgreSQL on port {p} refused {sql!r}: {problem}")
+    return done.stdout.strip()
+
+
+def _pg_create_database() -> None:
+    primary_port = port(pg_primary())
+    exists = _psql(primary_port, f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'")
     if exists != "1":
-        create = [*psql, "-c", f"CREATE DATABASE {DATABASE}"]
-        subprocess.run(create, check=True, capture_output=True)
+        _psql(primary_port, f"CREATE DATABASE {DATABASE}")
+
+
+def database_url() -> str:
+    """The servers' SPARKRING_DATABASE_URL. With a standby, both nodes in libpq's
+    multi-host form with ``target_session_attrs=read-write``: a connection tries them in
+    turn and keeps the one that takes writes, whichever node is the primary."""
+    if not pg_standby_configured():
+        return f"postgresql+psycopg://postgres@127.0.0.1:{port('pg')}/{DATABASE}"
+    hosts = ",".join(f"127.0.0.1:{port(node)}" for node in PG_NODES)
+    return f"postgresql+psycopg://postgres@{hosts}/{DATABASE}?target_session_attrs=read-write"
 
 
 # ---------------------------------------------------------------- S3 (moto)
@@ -675,7 +901,7 @@ def settings_env() -> dict[str, str]:
     """The SPARKRING_* values a process on this machine uses to reach the stack."""
     root = stack_dir()
     return {
-        "SPARKRING_DATABASE_URL": f"postgresql+psycopg://postgres@127.0.0.1:{port('pg')}/{DATABASE}",
+        "SPARKRING_DATABASE_URL": database_url(),
         "SPARKRING_ZK_HOSTS": zk_hosts(),
         "SPARKRING_ZK_ROOT": "/sparkring",
         "SPARKRING_S3_ENDPOINT": f"127.0.0.1:{port('s3')}",
@@ -717,9 +943,9 @@ def status() -> dict[str, object]:
     root = stack_dir()
     base = port("zk")
     nodes = zk_nodes_configured()
-    return {
+    report: dict[str, object] = {
         "zookeeper": {f"127.0.0.1:{base + i}": zk_mode(base + i) for i in range(nodes)},
-        "postgresql": port_open(port("pg")),
+        "postgresql": port_open(port(pg_primary())),
         "s3": port_open(port("s3")) and read_pid(root / "s3" / "pid") is not None,
         "spark_master": port_open(port("spark")),
         "spark_masters": {
@@ -728,6 +954,10 @@ def status() -> dict[str, object]:
         },
         "spark_worker": _spark_workers_alive(),
     }
+    if pg_standby_configured():
+        report["postgresql_nodes"] = {f"127.0.0.1:{port(n)}": pg_role(n) for n in PG_NODES}
+        report["postgresql_replication"] = pg_sync_state()
+    return report
 
 
 SERVICES = ("zookeeper", "postgresql", "s3", "spark")
@@ -738,15 +968,21 @@ def up(
     spark: bool,
     spark_masters: int | None = None,
     only: frozenset[str] = frozenset(SERVICES),
+    pg_standby: bool = False,
 ) -> None:
     """Start the services named in ``only`` (in their order in SERVICES) that are not
-    running; ``spark`` False leaves Spark out whatever ``only`` says."""
+    running; ``spark`` False leaves Spark out whatever ``only`` says; ``pg_standby``
+    gives PostgreSQL a synchronous standby (kept by every later ``up``)."""
     root = stack_dir()
     check_ports()
     record_ports()  # before any service starts: a failed first `up` still knows them
     for sub in ("checkpoints", "work"):
         (root / sub).mkdir(exist_ok=True)
-    steps = [("zookeeper", lambda: zk_up(zk_nodes)), ("postgresql", pg_up), ("s3", s3_start)]
+    steps = [
+        ("zookeeper", lambda: zk_up(zk_nodes)),
+        ("postgresql", lambda: pg_up(pg_standby)),
+        ("s3", s3_start),
+    ]
     if spark:
         steps.append(("spark", lambda: spark_up(spark_masters)))
     for name, step in steps:
@@ -766,8 +1002,8 @@ def down() -> None:
     s3_stop()
     for i in range(1, max(zk_nodes_configured(), 3) + 1):
         zk_stop(i)
-    if (root / "pg").exists():
-        pg_stop()
+    for node in PG_NODES:
+        pg_stop("fast", node)
     # Servers and drivers the demo or tests may have left behind, by their pid files.
     for pidfile in root.glob("**/*.pid"):
         kill_pidfile(pidfile)
@@ -805,6 +1041,13 @@ def main(argv: list[str] | None = None) -> int:
         "need nothing from the venv: scripts/test.sh starts them while pip installs)",
     )
     p_up.add_argument(
+        "--pg-standby",
+        action="store_true",
+        help="give PostgreSQL a streaming standby that every commit waits for "
+        "(synchronous_standby_names), on SPARKRING_STACK_PG_STANDBY_PORT (default: the "
+        "primary's port + 1); kept by every later up",
+    )
+    p_up.add_argument(
         "--spark-masters",
         type=int,
         choices=(1, 2),
@@ -818,7 +1061,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("env", help="print SPARKRING_* exports for a shell")
     for service in ("zk", "pg", "s3", "spark"):
         p = sub.add_parser(service, help=f"stop or start {service} alone (fault injection)")
-        p.add_argument("action", choices=("start", "stop", "kill"))
+        actions = (
+            ("start", "stop", "kill", "promote") if service == "pg" else ("start", "stop", "kill")
+        )
+        p.add_argument("action", choices=actions)
         if service == "zk":
             p.add_argument("node", type=int, nargs="?", default=0, help="node (0: all, -1: leader)")
     args = parser.parse_args(argv)
@@ -829,6 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
                 spark=not args.no_spark,
                 spark_masters=args.spark_masters,
                 only=args.only,
+                pg_standby=args.pg_standby,
             )
             print("".join(f"export {k}={v}\n" for k, v in settings_env().items()), end="")
         elif args.command == "down":
@@ -839,8 +1086,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps(report, indent=2))
             else:
+                width = max(len(name) for name in report)
                 for name, value in report.items():
-                    print(f"{name:<13} {value}")
+                    print(f"{name:<{width}} {value}")
         elif args.command == "env":
             warn_ignored_ports()
             print("".join(f"export {k}={v}\n" for k, v in settings_env().items()), end="")
@@ -860,9 +1108,11 @@ def main(argv: list[str] | None = None) -> int:
             print(" ".join(str(i) for i in targets))
         elif args.command == "pg":
             if args.action == "start":
-                pg_start()
+                pg_start_all()
+            elif args.action == "promote":
+                pg_promote()
             else:
-                pg_stop("immediate" if args.action == "kill" else "fast")
+                pg_stop("immediate" if args.action == "kill" else "fast", pg_primary())
         elif args.command == "s3":
             s3_start() if args.action == "start" else s3_stop()
         elif args.command == "spark":

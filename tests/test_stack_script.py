@@ -26,7 +26,7 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.setitem(sys.modules, "stack_script", module)
     spec.loader.exec_module(module)
     monkeypatch.setenv("SPARKRING_STACK_DIR", str(tmp_path / "stack"))
-    for name in CUSTOM:
+    for name in module.PORTS:
         monkeypatch.delenv(f"SPARKRING_STACK_{name.upper()}_PORT", raising=False)
     return module
 
@@ -222,7 +222,7 @@ def test_up_only_starts_the_services_it_names_in_their_order(
     plain ``up`` afterwards starts the rest."""
     started: list[str] = []
     monkeypatch.setattr(stack, "zk_up", lambda nodes: started.append("zookeeper"))
-    monkeypatch.setattr(stack, "pg_up", lambda: started.append("postgresql"))
+    monkeypatch.setattr(stack, "pg_up", lambda standby: started.append("postgresql"))
     monkeypatch.setattr(stack, "s3_start", lambda: started.append("s3"))
     monkeypatch.setattr(stack, "spark_up", lambda masters: started.append("spark"))
     assert stack.main(["up", "--only", "postgresql,zookeeper"]) == 0
@@ -237,3 +237,55 @@ def test_up_only_starts_the_services_it_names_in_their_order(
     with pytest.raises(SystemExit):
         stack.main(["up", "--only", "zookeeper,kafka"])
     assert "unknown service kafka" in capsys.readouterr().err
+
+
+# --- a PostgreSQL standby (issue 46, "PostgreSQL fails over too") -------------------
+
+
+def test_the_standby_port_follows_the_primary_unless_its_variable_says(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _created_with_custom_ports(stack, monkeypatch)
+    assert stack.port("pg_standby") == CUSTOM["pg"] + 1
+    assert json.loads((stack.stack_dir() / "ports.json").read_text())["pg_standby"] == 25433
+    # Recorded: the variable of another shell does not move it any more.
+    monkeypatch.setenv("SPARKRING_STACK_PG_STANDBY_PORT", "25999")
+    assert stack.port("pg_standby") == 25433
+    with pytest.raises(stack.StackError, match="SPARKRING_STACK_PG_STANDBY_PORT=25433"):
+        stack.check_ports()
+
+
+def test_a_fresh_stack_takes_the_standby_port_variable(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARKRING_STACK_PG_PORT", "25432")
+    monkeypatch.setenv("SPARKRING_STACK_PG_STANDBY_PORT", "26432")
+    stack.record_ports()
+    recorded = json.loads((stack.stack_dir() / "ports.json").read_text())
+    assert (recorded["pg"], recorded["pg_standby"]) == (25432, 26432)
+
+
+def test_with_a_standby_the_database_url_names_both_nodes_for_writes(
+    stack: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _created_with_custom_ports(stack, monkeypatch)
+    single = "postgresql+psycopg://postgres@127.0.0.1:25432/sparkring"
+    assert stack.settings_env()["SPARKRING_DATABASE_URL"] == single
+    stack._write_pg_state(standby=True)
+    assert stack.settings_env()["SPARKRING_DATABASE_URL"] == (
+        "postgresql+psycopg://postgres@127.0.0.1:25432,127.0.0.1:25433/sparkring"
+        "?target_session_attrs=read-write"
+    )
+    # After a promotion the URL stays the same: libpq finds whichever node takes writes.
+    stack._write_pg_state(primary="pg_standby")
+    assert "127.0.0.1:25432,127.0.0.1:25433/" in stack.settings_env()["SPARKRING_DATABASE_URL"]
+    assert (stack.pg_primary(), stack.pg_standby()) == ("pg_standby", "pg")
+
+
+def test_promote_without_a_standby_is_one_clear_line(
+    stack: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert stack.main(["pg", "promote"]) == 1
+    assert capsys.readouterr().err == (
+        "stack: this stack has no PostgreSQL standby: run `stack.py up --pg-standby`\n"
+    )
