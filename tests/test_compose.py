@@ -30,6 +30,7 @@ DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 DEPLOYMENT_DOC = REPO / "docs" / "deployment.md"
 STANDINS_FILE = REPO / "scripts" / "compose-smoke" / "docker-compose.standins.yml"
+PG_STANDBY_FILE = REPO / "docker-compose.pg-standby.yml"
 SMOKE_SCRIPT = REPO / "scripts" / "compose-smoke.sh"
 # Services whose images are third-party: the only ones the stand-in override replaces.
 THIRD_PARTY = {"zookeeper", "postgres", "minio", "minio-setup"}
@@ -526,6 +527,56 @@ def test_no_credential_is_written_into_the_compose_file() -> None:
             if SECRET_NAME.search(name):
                 assert "${" in str(value), f"{name} is a literal, not from .env"
                 assert not URL_WITH_PASSWORD.search(str(INTERPOLATION.sub("", str(value))))
+
+
+# --- docker-compose.pg-standby.yml --------------------------------------------------
+
+
+def test_pg_standby_override_replicates_synchronously_to_a_standby_the_servers_know(
+    resolved: dict[str, Any], filled_env: Path
+) -> None:
+    """The override adds a standby that streams from the compose PostgreSQL and that
+    every commit waits for, gives the servers and the migration both nodes in one
+    multi-host URL that lands on the one taking writes, and changes nothing else."""
+    services_ = _resolved(filled_env, COMPOSE_FILE, PG_STANDBY_FILE)["services"]
+    standby = services_["postgres-standby"]
+    assert standby["image"] == resolved["services"]["postgres"]["image"]
+    assert standby["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert shell_dependent(standby["healthcheck"]["test"]) == []
+    script = standby["command"][0]
+    assert "pg_basebackup" in script and "--write-recovery-conf" in script
+    assert "application_name=postgres_standby" in script
+    assert "ALTER SYSTEM SET synchronous_standby_names = 'postgres_standby'" in script
+    assert [v.split(":")[:2] for v in standby["volumes"]] == [
+        ["postgres-standby-data", "/var/lib/postgresql/data"]
+    ]
+    assert "host replication all all scram-sha-256" in services_["postgres"]["command"][0]
+    values = _filled_values()
+    url = (
+        f"postgresql://{values['POSTGRES_USER']}:{values['POSTGRES_PASSWORD']}"
+        f"@postgres:5432,postgres-standby:5432/{values['POSTGRES_DB']}"
+        "?target_session_attrs=read-write"
+    )
+    for name in ("server", "migrate"):
+        service, before = services_[name], resolved["services"][name]
+        assert service["environment"]["SPARKRING_DATABASE_URL"] == url, name
+        assert service["environment"] == {**before["environment"], "SPARKRING_DATABASE_URL": url}
+        standby_dependency = {"postgres-standby": {"condition": "service_healthy"}}
+        assert service["depends_on"] == {**before["depends_on"], **standby_dependency}, name
+    changed = {"postgres", "postgres-standby", "server", "migrate"}
+    for name, service in services_.items():
+        if name not in changed:
+            assert service == resolved["services"][name], f"{name} changed by the override"
+
+
+def test_pg_standby_override_reads_only_documented_variables_and_writes_no_credential() -> None:
+    text = PG_STANDBY_FILE.read_text()
+    used = {m.group(1) for m in INTERPOLATION.finditer(text)}
+    assert used <= set(_env_file_values(ENV_EXAMPLE)), "read by the override, not documented"
+    for service in yaml.safe_load(text)["services"].values():
+        for name, value in (service.get("environment") or {}).items():
+            if SECRET_NAME.search(name):
+                assert "${" in str(value), f"{name} is a literal, not from .env"
 
 
 # --- Dockerfile -------------------------------------------------------------------
