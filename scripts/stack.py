@@ -1060,7 +1060,13 @@ def main(argv: list[str] | None = None) -> int:
     p_status.add_argument("--json", action="store_true")
     sub.add_parser("env", help="print SPARKRING_* exports for a shell")
     for service in ("zk", "pg", "s3", "spark"):
-        p = sub.add_parser(service, help=f"stop or start {service} alone (fault injection)")
+        about = f"stop or start {service} alone (fault injection)"
+        if service == "pg":
+            about = (
+                "stop or kill the PostgreSQL primary, start every PostgreSQL node, or "
+                "promote the standby (kill the primary first)"
+            )
+        p = sub.add_parser(service, help=about)
         actions = (
             ("start", "stop", "kill", "promote") if service == "pg" else ("start", "stop", "kill")
         )
