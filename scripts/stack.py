@@ -1064,7 +1064,7 @@ def main(argv: list[str] | None = None) -> int:
         if service == "pg":
             about = (
                 "stop or kill the PostgreSQL primary, start every PostgreSQL node, or "
-                "promote the standby (kill the primary first)"
+                "fail over (promote: kill the primary, promote the standby)"
             )
         p = sub.add_parser(service, help=about)
         actions = (
