@@ -499,22 +499,19 @@ def pg_standby_up() -> None:
         conninfo = (
             f"host=127.0.0.1 port={port(primary)} user=postgres application_name={PG_STANDBY_NAME}"
         )
-        subprocess.run(
-            _as_postgres(
-                [
-                    str(PG_BIN / "pg_basebackup"),
-                    "-D",
-                    str(data),
-                    "--write-recovery-conf",
-                    "--wal-method=stream",
-                    "--checkpoint=fast",
-                    "--no-sync",
-                    "-d",
-                    conninfo,
-                ]
-            ),
-            check=True,
-            stdout=subprocess.DEVNULL,
+        _pg_tool(
+            f"copying the primary on port {port(primary)} into {data} (pg_basebackup)",
+            [
+                str(PG_BIN / "pg_basebackup"),
+                "-D",
+                str(data),
+                "--write-recovery-conf",
+                "--wal-method=stream",
+                "--checkpoint=fast",
+                "--no-sync",
+                "-d",
+                conninfo,
+            ],
         )
     if not port_open(port(standby)):
         pg_start(standby)
@@ -608,12 +605,9 @@ def pg_promote() -> None:
     # commit forever.
     _psql(standby_port, "ALTER SYSTEM RESET synchronous_standby_names")
     _psql(standby_port, "SELECT pg_reload_conf()")
-    subprocess.run(
-        _as_postgres(
-            [str(PG_BIN / "pg_ctl"), "-D", str(pg_data(standby) / "data"), "-w", "promote"]
-        ),
-        check=True,
-        stdout=subprocess.DEVNULL,
+    _pg_tool(
+        f"promoting the standby on port {standby_port}",
+        [str(PG_BIN / "pg_ctl"), "-D", str(pg_data(standby) / "data"), "-w", "promote"],
     )
     _write_pg_state(primary=standby)
     wait_for(
@@ -623,6 +617,15 @@ def pg_promote() -> None:
         f"  postgresql  port {standby_port} is the primary ({time.monotonic() - started:.1f} s)",
         file=sys.stderr,
     )
+
+
+def _pg_tool(what: str, argv: list[str]) -> None:
+    """Run a PostgreSQL program as the postgres user; a failure is one line saying
+    ``what`` failed and the first line of the program's error."""
+    done = subprocess.run(_as_postgres(argv), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        problem = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[0]
+        raise StackError(f"{what} failed: {problem}")
 
 
 def _pg_writable(p: int) -> bool:
@@ -672,7 +675,7 @@ def _psql(p: int, sql: str, timeout: float = 30.0) -> str:
             f"PostgreSQL on port {p} gave no answer to {sql!r} within {timeout:.0f} s"
         ) from None
     if done.returncode != 0:
-        problem = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        problem = (done.stderr.strip().splitlines() or ["no message"])[0]
         raise StackError(f"PostgreSQL on port {p} refused {sql!r}: {problem}")
     return done.stdout.strip()
 
