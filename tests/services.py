@@ -21,7 +21,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from sql import migrate
+from sql import database, migrate
 from tests import waiting
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +53,7 @@ def reachable(host_port: str) -> bool:
 
 def admin_engine(database_url: str) -> sa.Engine:
     """An autocommit engine on the server's 'postgres' database (CREATE DATABASE needs it)."""
-    url = sa.make_url(database_url).set(database="postgres")
+    url = database.parse_url(database_url).set(database="postgres")
     return sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
 
 
@@ -63,7 +63,7 @@ def create_template(database_url: str) -> None:
         connection.execute(sa.text(f"DROP DATABASE IF EXISTS {TEMPLATE_DATABASE} WITH (FORCE)"))
         connection.execute(sa.text(f"CREATE DATABASE {TEMPLATE_DATABASE}"))
     admin.dispose()
-    url = sa.make_url(database_url).set(database=TEMPLATE_DATABASE)
+    url = database.parse_url(database_url).set(database=TEMPLATE_DATABASE)
     engine = sa.create_engine(url, poolclass=NullPool)
     migrate.upgrade(engine)
     engine.dispose()
@@ -76,19 +76,19 @@ def create_test_database(database_url: str, prefix: str = "t") -> str:
     with admin.connect() as connection:
         connection.execute(sa.text(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DATABASE}"))
     admin.dispose()
-    return sa.make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    return database.parse_url(database_url).set(database=name).render_as_string(hide_password=False)
 
 
 def drop_template(database_url: str) -> None:
     drop_database(
-        sa.make_url(database_url)
+        database.parse_url(database_url)
         .set(database=TEMPLATE_DATABASE)
         .render_as_string(hide_password=False)
     )
 
 
 def drop_database(database_url: str) -> None:
-    name = sa.make_url(database_url).database
+    name = database.parse_url(database_url).database
     admin = admin_engine(database_url)
     with admin.connect() as connection:
         connection.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -186,7 +186,7 @@ class ThrowawayS3:
 
 def set_connections(database_url: str, allowed: bool) -> None:
     """Open or close this test's database to new sessions; closing ends the open ones."""
-    name = sa.make_url(database_url).database
+    name = database.parse_url(database_url).database
     admin = admin_engine(database_url)
     with admin.connect() as conn:
         conn.execute(sa.text(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {allowed}'))

@@ -28,6 +28,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from server import rundir, spark_master, watchdog
+from sql import database
 from tests import services, waiting
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,11 +57,12 @@ class Stack:
 
     def __init__(self, stack_env: dict[str, str]) -> None:
         zk_first = stack_env["SPARKRING_ZK_HOSTS"].split(",")[0]
-        pg_port = sa.make_url(stack_env["SPARKRING_DATABASE_URL"]).port
+        # The first host of the URL: the stack's primary (a standby follows it).
+        (_, pg_port), *_ = database.hosts(database.parse_url(stack_env["SPARKRING_DATABASE_URL"]))
         self.zk_ports = [
             int(h.rsplit(":", 1)[1]) for h in stack_env["SPARKRING_ZK_HOSTS"].split(",")
         ]
-        self.pg_port = int(pg_port or 5432)
+        self.pg_port = pg_port
         self.s3_port = int(stack_env["SPARKRING_S3_ENDPOINT"].rsplit(":", 1)[1])
         self.env = {
             **os.environ,
@@ -84,7 +86,9 @@ class Stack:
         ours = (stack_env["SPARKRING_ZK_HOSTS"], self.pg_port)
         theirs = (
             written.get("SPARKRING_ZK_HOSTS"),
-            sa.make_url(written.get("SPARKRING_DATABASE_URL", "postgresql://x/y")).port,
+            database.hosts(
+                database.parse_url(written.get("SPARKRING_DATABASE_URL", "postgresql://x/y"))
+            )[0][1],
         )
         if ours != theirs:
             raise FaultError(
