@@ -57,7 +57,8 @@ class Stack:
 
     def __init__(self, stack_env: dict[str, str]) -> None:
         zk_first = stack_env["SPARKRING_ZK_HOSTS"].split(",")[0]
-        # The first host of the URL: the stack's primary (a standby follows it).
+        # The first host of the URL: the primary as the stack started it (the chaos stacks
+        # run one PostgreSQL; a case that promotes a standby runs a pair of its own).
         (_, pg_port), *_ = database.hosts(database.parse_url(stack_env["SPARKRING_DATABASE_URL"]))
         self.zk_ports = [
             int(h.rsplit(":", 1)[1]) for h in stack_env["SPARKRING_ZK_HOSTS"].split(",")
