@@ -41,13 +41,15 @@ def clean_orphan(the_runner: runner.Runner, row: distribution.Row) -> None:
     - its watchdog still runs here: adopt the run (:func:`_adopt`: the lease moves
       to this incarnation, the driver keeps running); if the lease cannot be
       proven ours any more, kill the run (the watchdog kills every descendant)
-      and release the job;
+      and release the job, unless its driver exited on its own meanwhile (its
+      result says so): then that outcome is recorded;
     - its run directory holds a result: record that outcome;
     - its watchdog died without a result: sweep what is left, then release;
     - nothing of it here (another host, a fresh work dir): leave the lease to
       expire. Its watchdog, wherever it is, kills the driver before that. Once
-      expired, a job wanted stopped comes back here (:func:`reconcile.orphaned`:
-      nobody else settles it) and is released.
+      expired it comes back here if the job is wanted stopped (nobody else settles
+      it) or was a previous incarnation's (:func:`reconcile.orphaned`), and is
+      released.
 
     A state or result file counts only when it names this run (job id, epoch,
     server: ``driver.RunIdentity``); another job's, such as a deleted namesake's,
@@ -67,9 +69,18 @@ def clean_orphan(the_runner: runner.Runner, row: distribution.Row) -> None:
         if _adopt(the_runner, row, previous, old):
             return
         old.kill()
-        write: Callable[[sa.Connection], object] = lambda conn: distribution.release(  # noqa: E731
-            conn, row.job_id, previous, row.epoch
-        )
+        ended = old.poll()
+        if ended is not None and ended.reason == "exited":
+            # Its driver exited on its own before the kill reached it (its watchdog wrote
+            # the result as it went): that end is the run's (M6 of safety review 3), a
+            # batch exit 0 finished, never released to run again.
+            write: Callable[[sa.Connection], object] = outcomes.outcome_write(
+                the_runner, run, ended
+            )
+        else:
+            write = lambda conn: distribution.release(  # noqa: E731
+                conn, row.job_id, previous, row.epoch
+            )
     elif identity.wrote(rundir.read_json(path / rundir.RESULT_FILE)):
         outcome = driver.Driver.outcome_of(path)
         write = outcomes.outcome_write(the_runner, run, outcome)
@@ -85,7 +96,8 @@ def clean_orphan(the_runner: runner.Runner, row: distribution.Row) -> None:
             conn, row.job_id, previous, row.epoch
         )
     elif row.lease_expired:
-        # Expired (a job wanted stopped: reconcile.orphaned): its watchdog, wherever
+        # Expired (a job wanted stopped, or a previous incarnation's:
+        # reconcile.orphaned) with no trace here: its watchdog, wherever
         # it runs, has killed the driver at its deadline, before the expiry.
         write = lambda conn: distribution.release(  # noqa: E731
             conn, row.job_id, previous, row.epoch

@@ -331,16 +331,20 @@ def claimable(row: distribution.Row, me: str) -> bool:
     return bool(row.lease_expired)
 
 
-def orphaned(row: distribution.Row, me: str) -> bool:
+def orphaned(row: distribution.Row, me: distribution.Owner) -> bool:
     """A lease of this server id (any incarnation) that is this server's to settle when
-    it has no local run: a live one, or an expired one of a job wanted stopped (nobody
+    it has no local run: a live one; an expired one of a job wanted stopped (nobody
     claims that one over the expired lease, the coordinator reaps only departed owners'
-    leases: left alone, it would stay owned for ever)."""
-    if row.owner != me:
+    leases: left alone, it would stay owned for ever); and an expired one of a previous
+    incarnation, whose run may have left how it ended in this work dir (a batch exit 0
+    or a failure whose record did not reach PostgreSQL): read before the job is claimed
+    again (M6 of safety review 3). An expired lease of this incarnation with no local
+    run (a claim whose commit answer was lost) holds no trace: claimed over."""
+    if row.owner != me.server or row.lease_expired is None:
         return False
-    return row.lease_expired is False or (
-        row.lease_expired is True and row.desired != states.Desired.RUNNING
-    )
+    if not row.lease_expired:
+        return True
+    return row.desired != states.Desired.RUNNING or row.owner_incarnation != me.incarnation
 
 
 def decide(
@@ -379,7 +383,7 @@ def decide(
         if job_id in runs:
             continue
         own_slot = 1 if job_id in warm_only else 0
-        if orphaned(row, me):
+        if orphaned(row, conditions.me):
             if orphan_key(row) not in handled:
                 actions.append(HandleOrphan(job_id))
         elif (
@@ -438,7 +442,7 @@ def orphan_key(row: distribution.Row) -> OrphanKey:
     return (row.job_id, bool(row.lease_expired))
 
 
-def live_orphans(rows: Iterable[distribution.Row], me: str) -> set[OrphanKey]:
+def live_orphans(rows: Iterable[distribution.Row], me: distribution.Owner) -> set[OrphanKey]:
     """The keys of rows that are still orphans of this server id (:func:`orphaned`:
     they stay handled until their rows move on: released, expired or claimed)."""
     return {orphan_key(row) for row in rows if orphaned(row, me)}

@@ -368,7 +368,7 @@ class Runner:
                     warm.begin(self, rows[job_id])
                 case reconcile.Discard(job_id, why):
                     warm.discard(self, job_id, why)
-        self._orphans &= reconcile.live_orphans(rows.values(), cfg.server)
+        self._orphans &= reconcile.live_orphans(rows.values(), self.owner)
         return reconcile.next_look(rows.values(), cfg.server, wait) + DUE_SLACK_S
 
     # ------------------------------------------------------------------ tasks

@@ -160,12 +160,30 @@ def test_a_live_lease_of_this_server_id_without_a_run_is_an_orphan_handled_once(
     ]
 
 
-def test_an_expired_lease_is_no_orphan_but_claimable_when_targeted_here() -> None:
+def test_an_expired_lease_of_a_previous_incarnation_is_read_here_before_any_claim() -> None:
+    """M6 of safety review 3: the previous incarnation's run may have left how it ended
+    in this work dir (a batch exit 0 whose record failed). Claimed over at once, it ran
+    again; it is an orphan first (its outcome recorded, or released), claimed after."""
     expired = row(
         owner="s1",
         owner_incarnation=BEFORE.incarnation,
         epoch=2,
         state=RunState.RUNNING,
+        lease_expired=True,
+    )
+    assert decide([expired]) == [reconcile.HandleOrphan(1)]
+    assert decide([expired], handled=((1, True),)) == []
+    assert decide([dataclasses.replace(expired, target="s2")]) == [reconcile.HandleOrphan(1)]
+    assert reconcile.live_orphans([expired], ME) == {(1, True)}
+
+
+def test_an_expired_lease_of_this_incarnation_without_a_run_is_claimable_here() -> None:
+    """A claim of this incarnation whose commit answer was lost has no trace to read."""
+    expired = row(
+        owner="s1",
+        owner_incarnation=ME.incarnation,
+        epoch=2,
+        state=RunState.STARTING,
         lease_expired=True,
     )
     assert decide([expired]) == [reconcile.Claim(1)]
@@ -189,9 +207,12 @@ def test_an_expired_lease_of_this_server_id_of_a_job_wanted_stopped_is_an_orphan
     # Handled while live (left to expire), it is handled again once expired.
     assert decide([expired], handled=((1, False),)) == [reconcile.HandleOrphan(1)]
     assert decide([expired], may_claim=False) == [reconcile.HandleOrphan(1)]
-    assert reconcile.live_orphans([expired], "s1") == {(1, True)}
-    # Wanted running, it is the target's to claim over the expired lease (above).
-    assert decide([dataclasses.replace(expired, desired="running", target="s2")]) == []
+    assert reconcile.live_orphans([expired], ME) == {(1, True)}
+    # Wanted running and targeted elsewhere, it is read here too (above), then the
+    # target's to claim.
+    assert decide([dataclasses.replace(expired, desired="running", target="s2")]) == [
+        reconcile.HandleOrphan(1)
+    ]
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import signal
 import socket
 import textwrap
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -1894,3 +1895,48 @@ def test_a_run_killed_as_failed_is_recorded_failed_not_released(
         outcomes.outcome_write(stepped_runner, run, killed)(conn)
     row = factories.row(engine, job_id)
     assert (row.state, row.owner) == ("failed", None), row
+
+
+# ------------------------------- M6: a previous incarnation's outcome left on disk
+
+
+def test_a_previous_incarnations_exit_0_left_on_disk_is_recorded_not_run_again(
+    engine: sa.Engine,
+    bucket: store.Store,
+    database_url: str,
+    stepped_runner: runner.Runner,
+    stage: Path,
+    tmp_path: Path,
+) -> None:
+    """M6 of safety review 3: a server restarts (same id, same work dir) after its
+    previous incarnation's batch driver exited 0 while neither its watchdog nor that
+    incarnation could record it (PostgreSQL away), and the lease expired meanwhile. The
+    result file is the only word on that end. Before, the successor claimed the job
+    over its own expired lease and ran the finished generation again."""
+    job_id = _batch_job(engine, bucket, stage, tmp_path)
+    previous = factories.owner(stepped_runner.owner.server, "previous")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, previous, TTL)
+        distribution.mark_running(conn, job_id, previous, claim.epoch, 1)
+    run_dir = rundir.run_dir(tmp_path / "work", job_id, claim.epoch)
+    run_dir.mkdir(parents=True)
+    now = time.time()
+    rundir.write_json_atomically(
+        run_dir / rundir.RESULT_FILE,
+        {
+            "job_id": job_id, "job": "b", "epoch": claim.epoch,
+            "server": stepped_runner.owner.server, "reason": "exited", "exit_code": 0,
+            "started_at": now - 5, "ended_at": now - 1, "recorded": False,
+        },
+    )  # fmt: skip
+    factories.expire_lease(engine, job_id)
+    stepped_runner.poll_once()  # the orphan's end is recorded (in a task)
+    waiting.wait_until(
+        lambda: factories.row(engine, job_id).state == "finished",
+        10,
+        message="the previous incarnation's exit 0 was not recorded",
+    )
+    stepped_runner.poll_once()
+    kinds = _kinds(database_url)
+    assert kinds.count("claimed") == 1 and kinds.count("finished") == 1, kinds
+    assert not _started(stage), "the finished generation ran again"
