@@ -131,6 +131,58 @@ _ACTIVE = sa.text(
 )
 
 
+# A stopped job's schedule, its row locked, with the change's ``now`` (never before the
+# cursor, as _ACTIVE).
+_STOPPED = sa.text(
+    """
+    SELECT j.id, j.name, j.schedule, j.fires_checked_until,
+           GREATEST(now(), j.fires_checked_until) AS now
+      FROM jobs j
+     WHERE j.id = :job_id AND NOT j.schedule_active AND j.schedule IS NOT NULL
+       AND j.fires_checked_until IS NOT NULL
+       FOR UPDATE
+    """
+)
+
+
+def close_off_period(conn: sa.Connection, job_id: int) -> int | None:
+    """Before a change of a stopped job's schedule: the fire times the schedule as it is
+    had since the stop (up to the change) are recorded ``skipped`` (``misfire``; none
+    runs: the job is stopped, and a start handles only what comes after), except those a
+    backfill queued, and the cursor moves to the change. Without it ``job start`` took
+    the *new* schedule's fire times since the stop for missed ones (M5 of safety review
+    3). Returns how many were recorded; None if the schedule is on, never switched on,
+    or cannot be read (a zone this host's tzdata lacks)."""
+    job = conn.execute(_STOPPED, {"job_id": job_id}).one_or_none()
+    if job is None:
+        return None
+    try:
+        the_schedule = schedule.Schedule.from_dict(job.schedule)
+        due = schedule.due(the_schedule, job.fires_checked_until, job.now)
+    except schedule.ScheduleError as exc:
+        log.warning(
+            f"the stopped schedule's fire times were not recorded before its change: {exc}",
+            extra={"action": "fire_failed", "job": job.name},
+        )
+        return None
+    backfilled = _backfilled(conn, job.id, [slot.at for slot in due.slots if not slot.gap])
+    recorded = 0
+    for slot in due.slots:
+        if slot.at in backfilled:
+            continue
+        reason = schedule.gap_reason(slot, the_schedule.timezone) if slot.gap else "misfire"
+        try:
+            with conn.begin_nested():
+                runs.record_skipped(conn, job.id, slot.at, reason)
+        except runs.RunConflict:
+            continue  # recorded already
+        recorded += 1
+    conn.execute(
+        sa.update(tables.jobs).where(tables.jobs.c.id == job.id).values(fires_checked_until=job.now)
+    )
+    return recorded
+
+
 def fire_before_change(conn: sa.Connection, job_id: int) -> Fired | None:
     """Before a change of an active schedule (``job update --schedule``, a policy,
     ``--no-schedule``; ``apply``, ``rollback``), in the change's transaction: the fire

@@ -1028,6 +1028,7 @@ def _revise(
     )
     if "schedule" in changed:
         fires.fire_before_change(conn, job_id)  # none of its due fire times is dropped
+        fires.close_off_period(conn, job_id)  # stopped: its off period's, recorded
     row = conn.execute(
         _REVISE,
         {

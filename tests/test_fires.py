@@ -685,6 +685,41 @@ def test_a_schedule_change_handles_the_fire_times_due_before_it_once(
     assert len(_runs(engine, job_id)) == len(due)
 
 
+def test_a_schedule_changed_while_stopped_records_the_old_times_and_starts_from_the_change(
+    engine: sa.Engine,
+) -> None:
+    """M5 of safety review 3: ``job update --schedule`` of a stopped job kept the cursor
+    where the stop left it, so ``job start`` handled every fire time of the *new*
+    schedule since the stop as a misfire (times it did not have then; under ``run-once``
+    a run for one of them). The change now records the old schedule's fire times of the
+    off period (``skipped``, ``misfire``: none runs, the job is stopped) and moves the
+    cursor to the change: the start handles the new schedule's times from there only."""
+    old = schedule.parse("@every 1m")
+    job_id = factories.scheduled_job(engine, spec=old.spec)
+    with engine.begin() as conn:
+        jobs.stop(conn, "nightly")
+    _due(engine, job_id, 5 * 60 + 30)  # stopped five and a half minutes ago
+    with engine.begin() as conn:
+        now, checked = conn.execute(
+            sa.text("SELECT now(), fires_checked_until FROM jobs WHERE id = :j"), {"j": job_id}
+        ).one()
+        jobs.update(conn, "nightly", jobs.Change(schedule=schedule.parse("@every 7s").as_dict()))
+    due = [slot.at for slot in schedule.due(old, checked, now).slots]
+    rows = _runs(engine, job_id)
+    assert _times(rows) == due and len(due) >= 5, "the off period's fire times went unrecorded"
+    assert {(r["state"], r["reason"]) for r in rows} == {("skipped", "misfire")}
+    with engine.begin() as conn:
+        cursor = conn.execute(
+            sa.text("SELECT fires_checked_until FROM jobs WHERE id = :j"), {"j": job_id}
+        ).scalar_one()
+        assert cursor >= now
+        jobs.start(conn, "nightly")
+    _fire(engine)
+    # The new schedule's times since the change only: a second or two of @every 7s, not
+    # five and a half minutes of them.
+    assert len(_runs(engine, job_id)) <= len(due) + 1, _runs(engine, job_id)
+
+
 def test_a_schedule_change_waiting_for_a_fire_never_moves_the_cursor_back(
     engine: sa.Engine,
 ) -> None:
