@@ -1,8 +1,9 @@
 """Fault injectors of the chaos campaign: the stack's ZooKeeper and PostgreSQL stopped and
 started (``scripts/stack.py``), a server cut off from ZooKeeper alone or from PostgreSQL
 alone (a network namespace, a veth pair and iptables), a driver's watchdog SIGKILLed,
-a server's wall clock stepped (libfaketime), a throwaway S3 server a test may kill, and
-Spark standalone masters of a trial's own that a test may SIGKILL.
+a server's wall clock stepped (libfaketime), one PostgreSQL backend SIGKILLed with WAL
+to replay (a crash recovery), a throwaway S3 server a test may kill, and Spark
+standalone masters of a trial's own that a test may SIGKILL.
 
 Stopping ZooKeeper or PostgreSQL affects everything that uses the stack at that moment:
 the chaos suite runs alone, after every other test (``scripts/test.sh``). Every
@@ -17,9 +18,11 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Sequence
@@ -453,6 +456,206 @@ def terminate_backends(engine: sa.Engine, client_ports: Sequence[int]) -> int:
                 {"ports": list(client_ports)},
             ).all()
         )
+
+
+# ---------------------------------------------------------------- PostgreSQL crash recovery
+
+
+# Held while a crash recovery fault builds its WAL (each takes a reload, no restart): no
+# checkpoint may come between the WAL built and the crash, or there is nothing to replay.
+NO_CHECKPOINTS = {"checkpoint_timeout": "1h", "max_wal_size": "64GB"}
+# The scratch table whose rows are updated until the WAL is built: 2 million narrow rows
+# (~70 MB a version, more than the stack's 128 MB of shared buffers after two updates),
+# each full update ~250 MB of WAL.
+BALLAST = "chaos_wal_ballast"
+BALLAST_ROWS = 2_000_000
+# PostgreSQL's log lines of a crash recovery (PostgreSQL 15).
+REINITIALIZING = "all server processes terminated; reinitializing"
+REDO_STARTS = "redo starts at"
+READY = "database system is ready to accept connections"
+_REDO_ELAPSED = re.compile(r"redo done at .* elapsed: ([0-9.]+) s")
+
+
+class CrashRecovery:
+    """kill -9 of one PostgreSQL backend, not the postmaster (the OOM killer's pick, an
+    operator's ``kill -9``), once there is WAL to replay. The postmaster sees a child die
+    uncleanly, terminates every other backend, reinitializes shared memory ("all server
+    processes terminated; reinitializing") and replays the WAL since the last checkpoint
+    before it accepts connections again: an outage of every connection for as long as
+    the replay, while ``pg_postmaster_start_time()`` stays where it was (unlike
+    :meth:`Stack.pg_kill`, whose restart moves it).
+
+    :meth:`build_wal` holds checkpoints off (``ALTER SYSTEM`` and a reload, so a stack
+    started by any ``stack.py`` will do) and updates a scratch table in the trial's
+    database until the WAL since the last checkpoint's redo point reaches a size. The
+    replay runs at about 200 MB/s on the 2-core development machine, quiet (2.7 GB:
+    13.7 s), and its generation takes about 1.4 times as long. :meth:`close` sets
+    checkpoints back and drops the table."""
+
+    def __init__(self, stack: Stack, database_url: str) -> None:
+        self.stack = stack
+        self.engine = sa.create_engine(
+            database_url, poolclass=sa.pool.NullPool, connect_args={"connect_timeout": 2}
+        )
+        self.log = Path(stack.env["SPARKRING_STACK_DIR"]) / "pg" / "server.log"
+        self._builder: sa.Connection | None = None
+        self._log_offset = 0
+        self._killed_at: float | None = None
+        self._postmaster_start: object = None
+
+    def _wal_to_replay(self, conn: sa.Connection) -> int:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), redo_lsn)"
+                    " FROM pg_control_checkpoint()"
+                )
+            ).scalar_one()
+        )
+
+    def build_wal(self, target: int, timeout: float) -> int:
+        """Write WAL until ``target`` bytes wait for replay (since the last checkpoint's
+        redo point) or ``timeout`` s passed; the bytes waiting then."""
+        deadline = time.monotonic() + timeout
+        conn = self._builder = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        for name, value in NO_CHECKPOINTS.items():
+            conn.execute(sa.text(f"ALTER SYSTEM SET {name} = '{value}'"))
+        conn.execute(sa.text("SELECT pg_reload_conf()"))
+        conn.execute(sa.text(f"CREATE TABLE IF NOT EXISTS {BALLAST} (id int, n int NOT NULL)"))
+        if conn.execute(sa.text(f"SELECT NOT EXISTS (SELECT FROM {BALLAST})")).scalar_one():
+            conn.execute(
+                sa.text(f"INSERT INTO {BALLAST} SELECT g, 0 FROM generate_series(1, :rows) g"),
+                {"rows": BALLAST_ROWS},
+            )
+        while (built := self._wal_to_replay(conn)) < target and time.monotonic() < deadline:
+            conn.execute(sa.text(f"UPDATE {BALLAST} SET n = n + 1"))
+        return built
+
+    def server_backends(self, server_pids: Sequence[int]) -> list[int]:
+        """The backends (their pids) serving ``server_pids``' connections to this
+        database, found by client port (:func:`postgres_client_ports`), in pid order."""
+        ports = sorted(
+            {port for pid in server_pids for port in postgres_client_ports(pid, self.stack.pg_port)}
+        )
+        if not ports:
+            return []
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND client_port = ANY(:ports) ORDER BY pid"
+                ),
+                {"ports": ports},
+            )
+            return [int(r.pid) for r in rows]
+
+    def own_backend(self) -> int:
+        """The backend of :meth:`build_wal`'s connection (one to kill when no server
+        has a connection open)."""
+        assert self._builder is not None, "build_wal() first"
+        return int(self._builder.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+
+    def kill(self, backend: int) -> None:
+        """SIGKILL of ``backend``, a PostgreSQL backend's pid (never the postmaster's)."""
+        with self.engine.connect() as conn:
+            kind = conn.execute(
+                sa.text("SELECT backend_type FROM pg_stat_activity WHERE pid = :pid"),
+                {"pid": backend},
+            ).scalar()
+            self._postmaster_start = conn.execute(
+                sa.text("SELECT pg_postmaster_start_time()")
+            ).scalar_one()
+        if kind != "client backend":
+            raise FaultError(f"{backend} is no client backend of PostgreSQL ({kind})")
+        self._log_offset = self.log.stat().st_size if self.log.exists() else 0
+        self._killed_at = time.monotonic()
+        try:
+            os.kill(backend, signal.SIGKILL)
+        except ProcessLookupError as exc:
+            raise FaultError(f"backend {backend} is gone: {exc}") from exc
+
+    def logged(self, line: str) -> bool:
+        """Whether PostgreSQL logged ``line`` since the kill."""
+        if not self.log.exists():
+            return False
+        with self.log.open("rb") as f:
+            f.seek(self._log_offset)
+            return line.encode() in f.read()
+
+    def wait_replaying(self, timeout: float = 30) -> None:
+        """Until the postmaster reinitialized and its startup process began to replay
+        (or is done already)."""
+        waiting.wait_until(
+            lambda: self.logged(REDO_STARTS) or self.logged(READY),
+            timeout,
+            interval=0.05,
+            message=f"PostgreSQL replaying its WAL after the kill ({self.log})",
+        )
+
+    def wait_recovered(self, timeout: float) -> float:
+        """Until PostgreSQL accepts connections again after its crash recovery; the
+        seconds since the kill. A postmaster that restarted is no crash recovery: a
+        :class:`FaultError`."""
+        assert self._killed_at is not None, "kill() first"
+        waiting.wait_until(
+            lambda: self.logged(REINITIALIZING),
+            30,
+            interval=0.05,
+            message=f"PostgreSQL reinitializing after the kill ({self.log})",
+        )
+        conn = self._connect(timeout)
+        took = time.monotonic() - self._killed_at
+        try:
+            started = conn.execute(sa.text("SELECT pg_postmaster_start_time()")).scalar_one()
+        finally:
+            conn.close()
+        if started != self._postmaster_start:
+            raise FaultError(
+                f"the postmaster restarted ({self._postmaster_start} -> {started}): "
+                "not a crash recovery"
+            )
+        return took
+
+    def _connect(self, timeout: float) -> sa.Connection:
+        """A connection, as soon as PostgreSQL accepts one (within ``timeout`` s)."""
+        got: list[sa.Connection] = []
+
+        def accepted() -> bool:
+            try:
+                got.append(self.engine.connect())
+            except sa.exc.DBAPIError:
+                return False
+            return True
+
+        waiting.wait_until(accepted, timeout, interval=0.1, message="PostgreSQL accepting")
+        return got[0]
+
+    def redo_seconds(self) -> float | None:
+        """How long the replay itself took, by PostgreSQL's log (None: not logged)."""
+        if not self.log.exists():
+            return None
+        with self.log.open("rb") as f:
+            f.seek(self._log_offset)
+            found = _REDO_ELAPSED.search(f.read().decode(errors="replace"))
+        return float(found.group(1)) if found else None
+
+    def close(self) -> None:
+        """Checkpoints as before, the scratch table dropped (PostgreSQL started again if
+        it is down: a case that failed mid-fault)."""
+        if self._builder is not None:
+            with contextlib.suppress(sa.exc.DBAPIError):
+                self._builder.close()
+            self._builder = None
+        self.stack.pg_start()
+        conn = self._connect(120).execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            for name in NO_CHECKPOINTS:
+                conn.execute(sa.text(f"ALTER SYSTEM RESET {name}"))
+            conn.execute(sa.text("SELECT pg_reload_conf()"))
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {BALLAST}"))
+        finally:
+            conn.close()
+            self.engine.dispose()
 
 
 # ---------------------------------------------------------------- disk
