@@ -10,13 +10,14 @@ Run alone, after every other test: some cases stop the stack's ZooKeeper or Post
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -1006,6 +1007,66 @@ def test_a_batch_failure_during_a_postgresql_outage_spends_the_budget_once(
     assert not [e for e in events if e["kind"] == "driver_started" and e["id"] > own[0]["id"]]
 
 
+def _wait_beating(trial: Trial, names: Sequence[str]) -> None:
+    """Until the driver of each of ``names`` beats (its main runs)."""
+    for name in names:
+        waiting.wait_until(
+            lambda n=name: any(b["job"] == n for b in trial.cluster.heartbeat_records()),
+            90,
+            interval=0.1,
+            message=f"{name}'s main running",
+        )
+
+
+@contextlib.contextmanager
+def _owners_paused(trial: Trial, owners: set[str], names: Sequence[str]) -> Iterator[None]:
+    """The owners of ``names``' runs SIGSTOPped (a fault of its own, so that the checker
+    allows its restart) while the block heals the outage, then until another server
+    took one of the jobs or OWNER_PAUSED_AFTER_OUTAGE_S passed: they come back after
+    the others, which must leave them the word on how their runs ended."""
+
+    def pause() -> None:
+        for owner in owners:
+            trial.cluster.signal(owner, signal.SIGSTOP)
+            trial.paused.add(owner)
+
+    trial.inject(pause)
+    try:
+        yield
+
+        def taken_elsewhere() -> bool:
+            rows = {r["name"]: r for r in trial.job_rows()}
+            return any(rows[n]["owner"] not in (None, *owners) for n in names)
+
+        waiting.poll_until(taken_elsewhere, OWNER_PAUSED_AFTER_OUTAGE_S, interval=0.2)
+    finally:
+        for owner in owners:
+            trial.cluster.signal(owner, signal.SIGCONT)
+            trial.paused.discard(owner)
+
+
+def _healed_and_both_ended(trial: Trial) -> Outcome:
+    """The fault is over: every server registered again, ``bf0`` FAILED and ``bz0``
+    FINISHED, then the verdict."""
+    trial.healed()
+    trial.wait_members(set(trial.cluster.servers), timeout=60)
+    trial.wait_state("bf0", "failed", 120)
+    trial.wait_state("bz0", "finished", 120)
+    return trial.verify()
+
+
+def _assert_one_driver_each(trial: Trial, names: Sequence[str]) -> None:
+    events = trial.events()
+    for name in names:
+        drivers = [e for e in events if e["job_name"] == name and e["kind"] == "driver_started"]
+        history = [
+            (e["kind"], e["server"], e["epoch"], e["detail"])
+            for e in events
+            if e["job_name"] == name
+        ]
+        assert len(drivers) == 1, f"{name}:\n" + "\n".join(map(str, history))
+
+
 # How long every server is cut off from a PostgreSQL that keeps running: several leases,
 # as a network fault or a failover to a standby lasts (issue 46's 40 s).
 PG_CUT_ALL_S = 40.0
@@ -1041,58 +1102,107 @@ def test_batch_runs_ending_while_every_server_is_cut_off_from_postgresql_run_onc
 
         # Cut once both mains run (their heartbeats), so that each exits on its own
         # within the lease (a driver its watchdog kills at the deadline may run again).
-        def beating(name: str) -> bool:
-            return any(b["job"] == name for b in trial.cluster.heartbeat_records())
-
-        for name in ("bf0", "bz0"):
-            waiting.wait_until(
-                lambda n=name: beating(n), 90, interval=0.1, message=f"{name}'s main running"
-            )
+        _wait_beating(trial, ("bf0", "bz0"))
         owners = {trial.owners()["bf0"], trial.owners()["bz0"]}
         assert None not in owners
         trial.inject(lambda: partition.cut([control.pg_port]))
         time.sleep(PG_CUT_ALL_S)  # the cut itself is the fault: both drivers exit meanwhile
-
-        def pause_owners() -> None:
-            for owner in owners:
-                trial.cluster.signal(owner, signal.SIGSTOP)
-                trial.paused.add(owner)
-
-        # A fault of its own (so the checker allows its restart): the owners, paused as
-        # the cut heals, come back after the others, whose coordinator may have moved
-        # the jobs they had just claimed back.
-        trial.inject(pause_owners)
-        try:
+        # Paused as the cut heals, the owners come back after the others, whose
+        # coordinator may have moved the jobs they had just claimed back.
+        with _owners_paused(trial, owners, ("bf0", "bz0")):
             partition.heal()
-
-            def taken_elsewhere() -> bool:
-                rows = {r["name"]: r for r in trial.job_rows()}
-                return any(rows[n]["owner"] not in (None, *owners) for n in ("bf0", "bz0"))
-
-            waiting.poll_until(taken_elsewhere, OWNER_PAUSED_AFTER_OUTAGE_S, interval=0.2)
-        finally:
-            for owner in owners:
-                trial.cluster.signal(owner, signal.SIGCONT)
-                trial.paused.discard(owner)
-        trial.healed()
-        trial.wait_members(set(trial.cluster.servers), timeout=60)
-        trial.wait_state("bf0", "failed", 120)
-        trial.wait_state("bz0", "finished", 120)
-        outcome = trial.verify()
+        outcome = _healed_and_both_ended(trial)
     finally:
         for sid in list(trial.cluster.servers):
             trial.cluster.kill(sid)  # before their network goes away
         partition.close()
     _assert_safe(outcome)
-    events = trial.events()
-    for name in ("bf0", "bz0"):
-        drivers = [e for e in events if e["job_name"] == name and e["kind"] == "driver_started"]
-        history = [
-            (e["kind"], e["server"], e["epoch"], e["detail"])
-            for e in events
-            if e["job_name"] == name
-        ]
-        assert len(drivers) == 1, f"{name}:\n" + "\n".join(map(str, history))
+    _assert_one_driver_each(trial, ("bf0", "bz0"))
+
+
+# WAL left for PostgreSQL to replay when one of its backends is killed: about 10 s of
+# crash recovery on the 2-core development machine, quiet (replay ~200 MB/s there; the
+# build takes ~1.4 times as long, beside the cluster's start). Past the lease (8 s):
+# every lease expires and every server withdraws while the postmaster stays up.
+CRASH_RECOVERY_WAL = 2 * 1024**3
+# How long the WAL may take to build on a loaded machine; the crash comes then anyway.
+CRASH_RECOVERY_BUILD_S = 90.0
+
+
+@pytest.mark.long(100)
+def test_batch_runs_ending_during_a_postgresql_crash_recovery_run_once(
+    trial: Trial, stack: faults.Stack
+) -> None:
+    """``pg_crash_recovery``: kill -9 of one backend of a server's (not the postmaster)
+    once CRASH_RECOVERY_WAL waits for replay. The postmaster terminates every backend,
+    reinitializes and replays the WAL before it accepts connections again, and
+    ``pg_postmaster_start_time()`` does not move (no restart to date a hold from, as
+    with ``pg_cut_all``). A batch driver with ``--max-retries 0`` exits 3 and another
+    exits 0 while PostgreSQL replays; their owners are paused before it is back, and
+    resumed once another server took a job or 9 s passed. Each job must end after its
+    one driver (FAILED, FINISHED), and the streams restart at most once.
+
+    Measured on the 2-core development machine: 2.0 GiB of WAL built in ~16 s (beside
+    the cluster's start), PostgreSQL accepting connections again 10-11 s after the kill
+    (the replay alone ~10 s, by PostgreSQL's log)."""
+    crash = faults.CrashRecovery(stack, trial.database_url)
+    gate = trial.cluster_root / "exit-now"  # the batch drivers run until it exists
+
+    def build() -> tuple[int, float]:
+        start = time.monotonic()
+        wal = crash.build_wal(CRASH_RECOVERY_WAL, CRASH_RECOVERY_BUILD_S)
+        return wal, time.monotonic() - start
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            built = pool.submit(build)
+            trial.start(SERVERS)
+            trial.populate()
+            until_gate = ["--run-for", "0.5", "--crash-while", str(gate)]
+            trial.create(
+                "bf0", kind=JobKind.BATCH, extra=[*until_gate, "--exit-code", "3"], max_restarts=0
+            )
+            trial.create("bz0", kind=JobKind.BATCH, extra=until_gate, max_restarts=0)
+            _wait_beating(trial, ("bf0", "bz0"))
+            wal, build_s = built.result()
+        owners = {trial.owners()["bf0"], trial.owners()["bz0"]}
+        assert None not in owners
+        pids = [trial.cluster.pid(sid) for sid in SERVERS]
+        victim = next(iter(crash.server_backends(pids)), None) or crash.own_backend()
+        mark = trial._max_event_id()
+        trial.inject(lambda: crash.kill(victim))
+        crash.wait_replaying()
+        gate.touch()  # both drivers exit while PostgreSQL replays
+
+        def ended(name: str) -> bool:
+            return any(
+                r["job"] == name and r["event"] == "ended" for r in trial.cluster.driver_records()
+            )
+
+        for name in ("bf0", "bz0"):
+            waiting.wait_until(
+                lambda n=name: ended(n), 30, interval=0.1, message=f"{name}'s driver ended"
+            )
+        exited_in_recovery = not crash.logged(faults.READY)
+        with _owners_paused(trial, owners, ("bf0", "bz0")):
+            recovered_s = crash.wait_recovered(300)
+        redo_s = crash.redo_seconds()
+        measured = (
+            f"crash recovery: {wal / 2**30:.2f} GiB of WAL (built in {build_s:.0f} s), "
+            f"accepting connections {recovered_s:.1f} s after the kill (replay {redo_s} s by "
+            "PostgreSQL's log)"
+        )
+        trial.outcome.notes.append(measured)
+        print(measured, file=sys.stderr)
+        assert exited_in_recovery, f"both drivers exited after the recovery: {measured}"
+        outcome = _healed_and_both_ended(trial)
+    finally:
+        crash.close()
+    _assert_safe(outcome)
+    _assert_one_driver_each(trial, ("bf0", "bz0"))
+    claims = _events_after(trial, mark, "claimed", trial.live_jobs)
+    for name in trial.live_jobs:
+        assert len([e for e in claims if e["job_name"] == name]) <= 1, claims
 
 
 @pytest.mark.long(60)
