@@ -208,6 +208,10 @@ class Partition:
             [*ns, "ip", "addr", "add", f"{self.peer}/30", "dev", self.ns_if],
             [*ns, "ip", "link", "set", self.ns_if, "up"],
             [*ns, "ip", "link", "set", "lo", "up"],
+            # Every partition's host end, not only its own: what the harness serves on
+            # one (the random mode's webhook receiver and Spark masters) reaches a
+            # server in another.
+            [*ns, "ip", "route", "add", PARTITION_NETWORK, "via", self.host],
             ["sysctl", "-qw", f"net.ipv4.conf.{self.host_if}.route_localnet=1"],
         ):
             _run(argv)

@@ -4,6 +4,7 @@ does, or a clean run proves nothing."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -131,5 +132,34 @@ def test_two_partitions_drawn_the_same_number_get_namespaces_of_their_own() -> N
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert first.name in listed and second.name in listed
     finally:
+        first.close()
+        second.close()
+
+
+def test_a_partition_reaches_what_listens_on_another_partitions_host_end() -> None:
+    """The randomized mode's webhook receiver and Spark masters listen on the first
+    partition's host end; with pg_cut_all drawn, servers live in a second namespace too
+    and must reach them (without a route there, the connection fails: unreachable)."""
+    reason = faults.namespaces_unavailable()
+    if reason:
+        unavailable(reason)
+    first, second = faults.Partition([1]), faults.Partition([1])
+    listener = socket.socket()
+    try:
+        first.create()
+        second.create()
+        listener.bind((first.host, 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        probe = f"import socket; socket.create_connection(('{first.host}', {port}), 5).close()"
+        done = subprocess.run(
+            [*second.wrapper, sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+    finally:
+        listener.close()
         first.close()
         second.close()
