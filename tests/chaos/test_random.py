@@ -66,6 +66,18 @@ Faults (one at a time; the command threads run throughout):
   that the faults drawn meanwhile meet it; one drained server at a time. Its streaming
   jobs move with a warm hand-off, and the undo makes it a joiner again. The checker
   tells these moves from a fault's restarts (``invariants.Drain``).
+- ``pg_cut_all``: every server cut off from a PostgreSQL that keeps running for 10-30 s
+  (past the lease; needs root, like ``zk_partition``): the servers but PARTITIONED live
+  in a second namespace when it is drawn (ALSO_PARTITIONED), and both drop their packets
+  to PostgreSQL. The postmaster's start does not move; the hold after the heal
+  (``cluster_clock``) must leave each owner the first word on how its runs ended.
+- ``pg_crash_recovery``: kill -9 of one PostgreSQL backend of a server's once 0.5-2 GiB
+  of WAL waits for replay (``faults.CrashRecovery``: checkpoints held off while a scratch
+  table is updated): every backend terminated, the WAL replayed (2-10 s quiet, longer
+  under load) before connections are accepted again, the postmaster's start unmoved.
+
+Each fault, these included, opens a window in which it may cost each job one restart
+(``invariants.restarts_per_fault``).
 
 The jobs: eight streaming heartbeats, four batch ones that run 2-6 s, two batch ones
 whose driver always fails (exit 3; ``--max-retries`` 0 and 1: they end FAILED, so the
@@ -209,6 +221,8 @@ FAULTS = (
     "spark_master_kill9",
     "spark_master_outage",
     "drain",
+    "pg_cut_all",
+    "pg_crash_recovery",
 )
 # Faults of the trial's own Spark masters (two, one active, one standing by): when one
 # is drawn, the streams run on both (``spark://m0,m1``) and the batch jobs on m0 alone.
@@ -223,7 +237,18 @@ OPT_IN_FAULTS: frozenset[str] = frozenset()
 DEFAULT_FAULTS = tuple(f for f in FAULTS if f not in OPT_IN_FAULTS)
 # Faults that need a network namespace and iptables (root): left out without them,
 # locally; under CI=true their absence fails the run.
-NETNS_FAULTS = frozenset({"zk_partition", "pg_partition", "packet_drop"})
+NETNS_FAULTS = frozenset({"zk_partition", "pg_partition", "packet_drop", "pg_cut_all"})
+# The servers that live in a second network namespace when pg_cut_all is drawn, so that
+# one cut of each namespace takes PostgreSQL from every server (PARTITIONED has the first).
+ALSO_PARTITIONED = tuple(sid for sid in SERVERS if sid != PARTITIONED)
+# How long pg_cut_all keeps every server from PostgreSQL: past the 8 s lease.
+CUT_ALL_S = (10.0, 30.0)
+# The WAL pg_crash_recovery leaves to replay, GiB: 2-10 s of recovery on the quiet
+# development machine (about 200 MB/s), longer under load; the crash comes once it is
+# built or after CRASH_BUILD_S, whichever is first.
+CRASH_WAL_GIB = (0.5, 2.0)
+CRASH_BUILD_S = 60.0
+CRASH_RECOVERY_S = 300.0
 # The server whose work dir is a small tmpfs when disk_full is drawn (mounting needs
 # root: left out otherwise, and under CI=true the run fails instead).
 SMALL_DISK = "s2"
@@ -298,6 +323,7 @@ class RandomChaos:
         self.root = root
         self.log = Schedule(root / "fault-log.jsonl")
         self.partition: faults.Partition | None = None
+        self.rest: faults.Partition | None = None  # ALSO_PARTITIONED's, for pg_cut_all
         self.faults: tuple[str, ...] = DEFAULT_FAULTS
         self.special: dict[str, dict[str, Any]] = {}
         self.clocks: dict[str, faults.SteppableClock] = {}
@@ -353,24 +379,17 @@ class RandomChaos:
         if not faults_used:
             pytest.skip(f"no fault left to inject: {'; '.join(left_out)}")
         if reason is None:  # s3 lives in a namespace whether or not it is partitioned
-            control = self.stack
-            self.partition = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
-            self.partition.create()
-            p = self.partition
-            self.special[PARTITIONED] = {
-                "wrapper": p.wrapper,
-                "env": {
-                    "SPARKRING_ZK_HOSTS": ",".join(p.address(port) for port in control.zk_ports),
-                    "SPARKRING_DATABASE_URL": self.trial.database_url.replace(
-                        f"127.0.0.1:{control.pg_port}", p.address(control.pg_port)
-                    ),
-                    "SPARKRING_S3_ENDPOINT": p.address(control.s3_port),
-                },
-            }
+            self.partition = self._namespace(PARTITIONED)
         self.faults = tuple(faults_used)
-        if "pg_immediate" in self.faults:
-            # A crash keeps only commits whose WAL was written: a stack started by an
-            # older stack.py runs with synchronous_commit=off, which loses acknowledged
+        if "pg_cut_all" in self.faults:
+            # The other servers in a namespace of their own (not forked warm: each start
+            # is a Python start-up), so that pg_cut_all cuts every server while the
+            # faults of PARTITIONED's namespace still hit it alone.
+            self.rest = self._namespace(*ALSO_PARTITIONED)
+        if {"pg_immediate", "pg_crash_recovery"} & set(self.faults):
+            # A crash keeps only commits whose WAL was written (a crash recovery loses
+            # the WAL buffers in shared memory too): a stack started by an older
+            # stack.py runs with synchronous_commit=off, which loses acknowledged
             # commits on a crash (outside the model, docs/drivers.md). This database
             # alone is set to on, whatever the stack's setting (new sessions read it).
             engine = database.create_engine(self.trial.database_url, pool_size=1)
@@ -418,6 +437,24 @@ class RandomChaos:
         self.trial.watch_alerts(self.partition.host if self.partition is not None else "127.0.0.1")
         for sid in SERVERS:
             self.work_dirs[sid] = self.trial.cluster.server_dir(sid) / "work"
+
+    def _namespace(self, *servers: str) -> faults.Partition:
+        """A network namespace for ``servers``, reaching the stack through its veth."""
+        control = self.stack
+        p = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
+        p.create()
+        for sid in servers:
+            self.special[sid] = {
+                "wrapper": p.wrapper,
+                "env": {
+                    "SPARKRING_ZK_HOSTS": ",".join(p.address(port) for port in control.zk_ports),
+                    "SPARKRING_DATABASE_URL": self.trial.database_url.replace(
+                        f"127.0.0.1:{control.pg_port}", p.address(control.pg_port)
+                    ),
+                    "SPARKRING_S3_ENDPOINT": p.address(control.s3_port),
+                },
+            }
+        return p
 
     def populate(self) -> None:
         t = self.trial
@@ -572,6 +609,52 @@ class RandomChaos:
             finally:
                 partition.heal()
         self.log.note("healed", server=PARTITIONED)
+
+    def pg_cut_all(self) -> None:
+        # Every server cut off from a PostgreSQL that keeps running (a network fault
+        # between the servers and the database), past the lease: every lease expires and
+        # every server withdraws, while the postmaster's start does not move. No cut is
+        # recorded for the batch check: nobody can claim while every server is cut off,
+        # and after the heal the hold leaves the owners the first word (cluster_clock,
+        # docs/distribution.md), so a generation run again is a violation here.
+        assert self.partition is not None and self.rest is not None
+        cut = round(self.rng.uniform(*CUT_ALL_S), 1)
+        self.log.note("pg_cut_all", cut_s=cut)
+        partitions = (self.partition, self.rest)
+        self.trial.inject(lambda: [p.cut([self.stack.pg_port]) for p in partitions])
+        try:
+            time.sleep(cut)  # the cut is the fault
+        finally:
+            for p in partitions:
+                p.heal()
+        self.log.note("healed", servers=list(SERVERS))
+
+    def pg_crash_recovery(self) -> None:
+        # kill -9 of one PostgreSQL backend (a server's) once a drawn size of WAL waits
+        # for replay: the postmaster terminates every backend and replays before it
+        # accepts connections again, and its start time does not move
+        # (faults.CrashRecovery). The WAL is built while the cluster runs.
+        wal = int(self.rng.uniform(*CRASH_WAL_GIB) * 2**30)
+        pick = self.rng.random()
+        self.log.note("pg_crash_recovery", wal_bytes=wal)
+        crash = faults.CrashRecovery(self.stack, self.trial.database_url)
+        try:
+            built = crash.build_wal(wal, CRASH_BUILD_S)
+            servers = self.trial.cluster.servers
+            pids = [servers[sid].pid for sid in SERVERS if sid in servers]
+            backends = crash.server_backends(pids) or [crash.own_backend()]
+            victim = backends[int(pick * len(backends))]
+            self.log.note("wal_built", wal_bytes=built, backend=victim)
+            self.trial.inject(lambda: crash.kill(victim))
+            took = crash.wait_recovered(CRASH_RECOVERY_S)
+            redo = crash.redo_seconds()
+            self.log.note("pg_recovered", after_s=round(took, 1), redo_s=redo)
+            self.trial.outcome.notes.append(
+                f"pg_crash_recovery: {built / 2**30:.2f} GiB of WAL, accepting connections "
+                f"{took:.1f} s after the kill (replay {redo} s)"
+            )
+        finally:
+            crash.close()
 
     @contextlib.contextmanager
     def _cut_from_postgresql(self, server: str) -> Iterator[None]:
@@ -1074,8 +1157,9 @@ class RandomChaos:
         """Everything back: PostgreSQL and ZooKeeper up, no partition, no pause, every
         server running (a fault interrupted by an error may have left one down)."""
         self.stack.restore()
-        if self.partition is not None:
-            self.partition.heal()
+        for partition in (self.partition, self.rest):
+            if partition is not None:
+                partition.heal()
         # A drain still on is undone now (PostgreSQL is up again), by its thread if it
         # is undoing it already, else here.
         self._healing.set()
@@ -1107,8 +1191,9 @@ class RandomChaos:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
-        if self.partition is not None:
-            self.partition.close()
+        for partition in (self.partition, self.rest):
+            if partition is not None:
+                partition.close()
         if self.commands is not None:
             self.commands.dispose()
 
