@@ -43,6 +43,8 @@ def conninfo(database_url: str) -> str:
         "password": url.password or "",
         "application_name": "sparkring-listener",
         "connect_timeout": "5",
+        # A listener cut off from PostgreSQL notices it as the servers' engines do.
+        **{k: str(v) for k, v in database.TCP_SETTINGS.items()},
     }
     return psycopg.conninfo.make_conninfo(**{k: v for k, v in parts.items() if v})
 

@@ -72,10 +72,8 @@ def test_the_listeners_conninfo_lists_every_host() -> None:
 def test_a_first_host_that_is_down_is_passed_over(postgres_url: str) -> None:
     """libpq tries the hosts in order: the primary is the one that answers writably."""
     url = database.parse_url(postgres_url)
-    ((host, port),) = database.hosts(url)
-    both = url.set(host=None, port=None).update_query_dict(
-        {"host": ["127.0.0.1:1", f"{host}:{port}"]}
-    )
+    listed = [f"{host}:{port}" for host, port in database.hosts(url)]
+    both = url.set(host=None, port=None).update_query_dict({"host": ["127.0.0.1:1", *listed]})
     engine = database.create_engine(both.render_as_string(hide_password=False), pool_size=1)
     try:
         database.check(engine)
