@@ -289,6 +289,23 @@ def _stopped_hourly_job(engine: sa.Engine) -> tuple[int, datetime, datetime]:
     return job_id, start, start + timedelta(hours=2)
 
 
+def test_a_schedule_removed_keeps_the_backfills_queued_before(engine: sa.Engine) -> None:
+    """``job update --no-schedule`` drops the schedule's future fires, not the fire times
+    an operator backfilled: each queued one still runs once, oldest first (``job stop``
+    is what drops queued backfills: recorded skipped)."""
+    job_id, start, end = _stopped_hourly_job(engine)
+    with engine.begin() as conn:
+        queued, _ = fires.backfill(conn, job_id, start, end, dry_run=False)
+        jobs.update(conn, "nightly", jobs.Change(clear_schedule=True))
+    assert len(queued) == 3
+    assert [r["state"] for r in _runs(engine, job_id)] == ["queued"] * 3
+    with engine.begin() as conn:
+        assert fires.start_queued(conn, "s1") is not None
+    rows = _runs(engine, job_id)
+    assert [r["state"] for r in rows] == ["pending", "queued", "queued"]
+    assert rows[0]["scheduled_time"] == schedule.iso(start)
+
+
 def _pg_now(engine: sa.Engine) -> datetime:
     with engine.connect() as conn:
         return conn.execute(sa.text("SELECT now()")).scalar_one()
