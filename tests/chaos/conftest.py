@@ -7,6 +7,8 @@
 - ``trial`` gives each case its own cluster (database, ZooKeeper root, bucket, folders)
   and puts the case's :class:`~tests.chaos.trial.Outcome` into the campaign's results,
   whatever the case's own result.
+- ``pg_pair_trial`` is ``trial`` on a PostgreSQL primary with a synchronous standby of
+  the case's own (``pg_pair``), which the case may fail over.
 - ``stack`` restores ZooKeeper and PostgreSQL after every case that stops them.
 - At the end, a table of every case (faults injected, double runs, early hand-offs,
   stale writes accepted, lost jobs, resurrected jobs, corrupt starts, batch generations
@@ -23,6 +25,7 @@ names ``tests/chaos``: a plain ``pytest`` over ``tests/`` never stops shared ser
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import conftest
 from tests.chaos import faults
 from tests.chaos.trial import Outcome, Trial
 
@@ -192,6 +196,60 @@ def trial(
     zk_hosts: str,
     tmp_path: Path,
 ) -> Iterator[Trial]:
+    with _recorded(
+        request, chaos_round, stack_env, database_url, zk_root, s3_bucket, tmp_path
+    ) as t:
+        yield t
+
+
+@pytest.fixture
+def pg_pair(tmp_path: Path) -> Iterator[faults.PgPair]:
+    """A PostgreSQL primary with a synchronous standby of the case's own (the stack's
+    single PostgreSQL stays intact for the other cases), brought down at the end."""
+    reason = faults.PgPair.unavailable()
+    if reason:
+        conftest.unavailable(reason)
+    pair = faults.PgPair(tmp_path / "pg-pair")
+    try:
+        pair.start()
+        yield pair
+    finally:
+        pair.close()
+
+
+@pytest.fixture
+def pg_pair_trial(
+    request: pytest.FixtureRequest,
+    chaos_round: int,
+    stack_env: dict[str, str],
+    pg_pair: faults.PgPair,
+    zk_root: str,
+    s3_bucket: str,
+    zk_hosts: str,
+    tmp_path: Path,
+) -> Iterator[Trial]:
+    """``trial`` on :func:`pg_pair`'s multi-host URL: the servers, the harness and the
+    checker all follow the primary through a failover."""
+    cluster_root = tmp_path / "cluster"
+    cluster_root.mkdir()
+    with _recorded(
+        request, chaos_round, stack_env, pg_pair.url, zk_root, s3_bucket, cluster_root
+    ) as t:
+        yield t
+
+
+@contextlib.contextmanager
+def _recorded(
+    request: pytest.FixtureRequest,
+    chaos_round: int,
+    stack_env: dict[str, str],
+    database_url: str,
+    zk_root: str,
+    s3_bucket: str,
+    root: Path,
+) -> Iterator[Trial]:
+    """A trial named after the case, whose outcome joins the campaign's results whatever
+    the case's own result."""
     fault = request.node.originalname.removeprefix("test_").replace("_", " ")
     variant = re.sub(r"-?round\d+-?", "", request.node.callspec.id)
     if variant:
@@ -203,7 +261,7 @@ def trial(
         database_url,
         zk_root,
         s3_bucket,
-        tmp_path,
+        root,
         fork_servers=True,
     )
     try:

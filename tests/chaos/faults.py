@@ -2,8 +2,9 @@
 started (``scripts/stack.py``), a server cut off from ZooKeeper alone or from PostgreSQL
 alone (a network namespace, a veth pair and iptables), a driver's watchdog SIGKILLed,
 a server's wall clock stepped (libfaketime), one PostgreSQL backend SIGKILLed with WAL
-to replay (a crash recovery), a throwaway S3 server a test may kill, and Spark
-standalone masters of a trial's own that a test may SIGKILL.
+to replay (a crash recovery), a throwaway S3 server a test may kill, Spark standalone
+masters of a trial's own that a test may SIGKILL, and a PostgreSQL primary with a
+synchronous standby of a trial's own that a test may fail over.
 
 Stopping ZooKeeper or PostgreSQL affects everything that uses the stack at that moment:
 the chaos suite runs alone, after every other test (``scripts/test.sh``). Every
@@ -19,6 +20,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,9 +31,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
 
 from server import rundir, spark_master, watchdog
-from sql import database
+from sql import database, migrate
 from tests import services, waiting
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,6 +138,83 @@ class Stack:
         """Every ZooKeeper node and PostgreSQL running again (idempotent)."""
         self.zk_start()
         self.pg_start()
+
+
+class PgPair:
+    """A PostgreSQL primary with a synchronous standby of one trial's (or benchmark's)
+    own: ``scripts/stack.py up --only postgresql --pg-standby`` in ``folder`` on free
+    ports, never the stack's, so failing it over disturbs nobody. :attr:`url` is the
+    multi-host URL (``target_session_attrs=read-write``) of its database, migrated to
+    head: whichever node takes writes, a client of that URL lands there.
+
+    :meth:`kill_primary` crashes the primary (``pg kill``: no node takes writes),
+    :meth:`promote` fails over (``pg promote``: the primary killed if it is not yet, the
+    standby promoted), :meth:`restore` makes the old primary the new standby (``pg
+    start``: copied anew from the new primary) and waits for synchronous replication.
+    :meth:`close` brings both nodes down and removes their folders."""
+
+    # stack.py's PostgreSQL programs (a standby is a pg_basebackup of the primary).
+    BIN = Path("/usr/lib/postgresql/15/bin")
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why no pair can be made here, or None."""
+        if not (cls.BIN / "pg_basebackup").exists():
+            return f"PostgreSQL 15 is not installed ({cls.BIN})"
+        return None
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.ports = (services.free_port(), services.free_port())
+        # Only this pair's folder and ports: a shell's SPARKRING_STACK_* set for another
+        # stack must not reach its stack.py.
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SPARKRING_STACK_")},
+            "SPARKRING_STACK_DIR": str(folder),
+            "SPARKRING_STACK_PG_PORT": str(self.ports[0]),
+            "SPARKRING_STACK_PG_STANDBY_PORT": str(self.ports[1]),
+        }
+        self.url = ""
+
+    def _stack(self, *args: str) -> str:
+        return _run([sys.executable, str(STACK), *args], env=self.env)
+
+    def start(self) -> str:
+        """Both nodes up, the database migrated; its URL."""
+        for line in self._stack("up", "--only", "postgresql", "--pg-standby").splitlines():
+            if line.startswith("export SPARKRING_DATABASE_URL="):
+                self.url = line.split("=", 1)[1]
+        if not self.url:
+            raise FaultError(f"stack.py up in {self.folder} printed no SPARKRING_DATABASE_URL")
+        engine = sa.create_engine(database.parse_url(self.url), poolclass=NullPool)
+        try:
+            migrate.upgrade(engine)
+        finally:
+            engine.dispose()
+        return self.url
+
+    def kill_primary(self) -> None:
+        self._stack("pg", "kill")
+
+    def promote(self) -> None:
+        self._stack("pg", "promote")
+
+    def restore(self) -> None:
+        self._stack("pg", "start")
+
+    def roles(self) -> dict[str, str]:
+        """``host:port`` -> ``primary``, ``standby`` or ``down`` (``stack.py status``)."""
+        return json.loads(self._stack("status", "--json")).get("postgresql_nodes", {})
+
+    def close(self) -> None:
+        # Each node's folder is a link to one under /tmp (stack.py: initdb refuses root).
+        links = [self.folder / name for name in ("pg", "pg-standby")]
+        data = [link.resolve() for link in links if link.is_symlink()]
+        with contextlib.suppress(FaultError, subprocess.TimeoutExpired):
+            self._stack("down")
+        for target in data:
+            if target.name.startswith("sparkring-pg") and target.is_relative_to("/tmp"):
+                shutil.rmtree(target, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- partition
