@@ -365,6 +365,14 @@ def summary(samples: list[float]) -> dict[str, Any]:
     }
 
 
+def print_summary(summaries: dict[str, dict[str, Any]]) -> None:
+    """One row per measurement that has samples: n, p50, p90 and max (:func:`summary`)."""
+    print(f"{'measurement':<28} {'n':>4} {'p50':>8} {'p90':>8} {'max':>8}")
+    for key, s in summaries.items():
+        if s["n"]:
+            print(f"{key:<28} {s['n']:>4} {s['p50']:>8.3f} {s['p90']:>8.3f} {s['max']:>8.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=20)
@@ -410,10 +418,7 @@ def main() -> None:
         f"timeouts: {args.timeouts} (ZooKeeper session {timeouts['session']:g} s, "
         f"lease {timeouts['lease']:g} s)"
     )
-    print(f"{'measurement':<28} {'n':>4} {'p50':>8} {'p90':>8} {'max':>8}")
-    for key, s in result["summary"].items():
-        if s["n"]:
-            print(f"{key:<28} {s['n']:>4} {s['p50']:>8.3f} {s['p90']:>8.3f} {s['max']:>8.3f}")
+    print_summary(result["summary"])
     if "rss" in result:
         print(
             f"server RSS: idle {result['rss']['idle_mib']} MiB, "

@@ -16,11 +16,13 @@ from benchmarks import (
     alert_delivery,
     distribution_db,
     history_prune,
+    pg_failover,
     schedule_fires,
     spark_master_failover,
 )
 from server import defaults
-from tests import services
+from tests import conftest, services
+from tests.chaos import faults
 
 PERCENTILES = {"p50_ms", "p99_ms", "max_ms"}
 PLAN = {"seq_scan", "uses_target_index", "uses_owner_index", "seq_scan_jobs", "join", "lines"}
@@ -155,3 +157,25 @@ def test_alert_delivery_benchmark_delivers_each_healthy_alert_once(
     assert figures["failing_rows"] == {"pending": 10} and figures["failing_attempts"] >= 10
     assert figures["latency_p99_s"] is not None
     assert services.bench_databases(postgres_url) == bench_databases
+
+
+@pytest.mark.long(90)
+def test_pg_failover_benchmark_measures_one_failover(
+    zk_hosts: str, s3_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``benchmarks/pg_failover.py``, one trial on three jobs: a PostgreSQL pair of its
+    own fails over while a server is killed; every figure is measured, and the
+    survivors' jobs run on where they were."""
+    reason = faults.PgPair.unavailable()
+    if reason:
+        conftest.unavailable(reason)
+    pg_failover.main(["--trials", "1", "--jobs", "3", "--json"])
+    figures = json.loads(capsys.readouterr().out)
+    summary = figures["summary"]
+    counts = {k: s["n"] for k, s in summary.items()}
+    assert counts.pop("killed_server_jobs_started") >= 1  # the victim owned a job
+    assert counts == {"promoted": 1, "start_committed": 1, "new_job_started": 1}
+    raw = figures["raw"]
+    assert 0 < raw["start_committed"][0] < raw["new_job_started"][0]
+    assert 0 < raw["killed_server_jobs_started"][0]
+    assert figures["survivor_restarts"] == 0
