@@ -206,6 +206,25 @@ class PgPair:
         """``host:port`` -> ``primary``, ``standby`` or ``down`` (``stack.py status``)."""
         return json.loads(self._stack("status", "--json")).get("postgresql_nodes", {})
 
+    def standby_up_s(self) -> float:
+        """How long the standby's postmaster has run, seconds (it answers reads)."""
+        (port,) = [int(a.rsplit(":", 1)[1]) for a, r in self.roles().items() if r == "standby"]
+        url = sa.engine.URL.create(
+            "postgresql+psycopg", username="postgres", host="127.0.0.1", port=port,
+            database=database.parse_url(self.url).database,
+        )  # fmt: skip
+        engine = sa.create_engine(url, poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                return conn.execute(
+                    sa.text(
+                        "SELECT CAST(EXTRACT(EPOCH FROM now() - pg_postmaster_start_time())"
+                        " AS double precision)"
+                    )
+                ).scalar_one()
+        finally:
+            engine.dispose()
+
     def close(self) -> None:
         # Each node's folder is a link to one under /tmp (stack.py: initdb refuses root).
         links = [self.folder / name for name in ("pg", "pg-standby")]
