@@ -19,7 +19,9 @@ just before it is spawned) and counted from the kill:
 - ``killed_server_jobs_started``: until each job of the killed server started again on
   a survivor;
 - ``survivor_restarts``: claims of the jobs the survivors owned after the kill (the
-  failover alone should cost them none).
+  failover alone should cost them none);
+- ``new_job_targets``: per trial, the servers the coordinator targeted the new job at,
+  in order (a first target that is the killed server waits for its session to expire).
 
 Between trials the old primary is copied anew from the new one and started as its
 standby (``stack.py pg start``: the URL lists both nodes, so the servers follow
@@ -140,6 +142,7 @@ def measure(trials: int, count: int) -> dict[str, Any]:
         "killed_server_jobs_started": [],
     }
     survivor_restarts = 0
+    targets: list[list[str]] = []
     with environment() as (t, pair):
         failover.start_servers(t, SERVERS, {}, capacity=CAPACITY)
         t.populate(count, sentinels=False, prefix="pgf")
@@ -178,15 +181,23 @@ def measure(trials: int, count: int) -> dict[str, Any]:
             t.wait_state(probe, "finished", UP_S)
             now = failover.epochs(t)
             survivor_restarts += sum(1 for n in kept if now[n] != before[n])
+            targets.append(
+                [
+                    e["detail"]["to"]
+                    for e in t.events()
+                    if e["job_name"] == probe and e["kind"] == "retargeted"
+                ]
+            )
             pair.restore()
             failover.start_servers(t, (victim,), {}, capacity=CAPACITY)
             failover.settle(t)
             failover.log(
                 f"trial {i + 1}/{trials}: {victim} killed with {len(lost)} job(s); promoted "
-                f"{raw['promoted'][-1]:.2f} s, new job {raw['new_job_started'][-1]:.2f} s, "
+                f"{raw['promoted'][-1]:.2f} s, new job {raw['new_job_started'][-1]:.2f} s "
+                f"(targeted at {targets[-1]}), "
                 f"killed server's jobs {raw['killed_server_jobs_started'][-len(lost) :]}"
             )
-    return {"raw": raw, "survivor_restarts": survivor_restarts}
+    return {"raw": raw, "survivor_restarts": survivor_restarts, "new_job_targets": targets}
 
 
 def main(argv: list[str] | None = None) -> None:
