@@ -159,7 +159,7 @@ def test_alert_delivery_benchmark_delivers_each_healthy_alert_once(
     assert services.bench_databases(postgres_url) == bench_databases
 
 
-@pytest.mark.long(90)
+@pytest.mark.long(45)
 def test_pg_failover_benchmark_measures_one_failover(
     zk_hosts: str, s3_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
