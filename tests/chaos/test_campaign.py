@@ -1270,58 +1270,6 @@ def test_batch_runs_ending_during_a_postgresql_failover_run_once(
     generation runs past its budget, each stream restarts once (its driver died with its
     lease), and no two drivers of a job ever ran together."""
     trial = pg_pair_trial
-    trial.start(SERVERS)
-    trial.populate()
-    owners = _start_ending_batch_runs(trial, run_for=3)
-    killed_at = time.time()
-    trial.inject(pg_pair.kill_primary)
-    time.sleep(PG_FAILOVER_S)  # the outage itself is the fault: both drivers exit meanwhile
-    promoted_at = time.time()
-    outcome = _healed_with_owners_paused(trial, owners, pg_pair.promote)
-    _assert_safe(outcome)
-    _each_ran_one_driver(trial, ENDING_BATCH_RUNS)
-    standby = f"127.0.0.1:{pg_pair.ports[1]}"
-    assert pg_pair.roles()[standby] == "primary", pg_pair.roles()
-    # Each driver exited on its own while no node took writes.
-    ends = {
-        r["job"]: r
-        for r in trial.cluster.driver_records()
-        if r["event"] == "ended" and r["job"] in ENDING_BATCH_RUNS
-    }
-    for name, code in ENDING_BATCH_RUNS.items():
-        end = ends.get(name)
-        assert end is not None and end["exit_code"] == code, (name, end)
-        assert killed_at < end["t"] < promoted_at, f"{name} did not end during the outage: {end}"
-    # Every stream's driver died with its lease and ran again after the promotion.
-    events = trial.events()
-    mark = max(e["id"] for e in events if e["at_s"] < killed_at)
-    claimed = {e["job_name"] for e in events if e["id"] > mark and e["kind"] == "claimed"}
-    assert set(trial.live_jobs) <= claimed, (trial.live_jobs, claimed)
-
-
-# How long no PostgreSQL node takes writes in the failover case: from the primary's
-# kill to the standby's promotion. A promotion alone takes under a second, less than a
-# lease; a failover manager (Patroni, RDS) first waits to be sure the primary is gone.
-# Past a lease and its margin, every lease lapses and every server withdraws.
-PG_FAILOVER_S = LEASE_S + 4
-
-
-@pytest.mark.long(100)
-def test_batch_runs_ending_during_a_postgresql_failover_run_once(
-    pg_pair_trial: Trial, pg_pair: faults.PgPair
-) -> None:
-    """``pg_failover`` (issue 46): the servers run on a multi-host URL (primary, then
-    its synchronous standby, ``target_session_attrs=read-write``) of a PostgreSQL pair
-    of the case's own. The primary is killed (``stack.py pg kill``) while a batch driver
-    with ``--max-retries 0`` exits 3 and another exits 0, each within its lease; the
-    standby is promoted (``stack.py pg promote``) PG_FAILOVER_S later, so every lease
-    lapses first. The owners of the two runs are SIGSTOPped as the standby is promoted
-    and resumed once another server took a job or 9 s passed: the promoted standby's
-    postmaster started before the outage, so only the cluster's own clock dates the
-    takeover hold. Each batch job must end after its one driver (FAILED, FINISHED), no
-    generation runs past its budget, each stream restarts once (its driver died with its
-    lease), and no two drivers of a job ever ran together."""
-    trial = pg_pair_trial
     ending = {"bf0": 3, "bz0": 0}
     trial.start(SERVERS)
     trial.populate()
