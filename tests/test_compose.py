@@ -30,6 +30,9 @@ DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 DEPLOYMENT_DOC = REPO / "docs" / "deployment.md"
 STANDINS_FILE = REPO / "scripts" / "compose-smoke" / "docker-compose.standins.yml"
+PG_STANDBY_STANDINS_FILE = (
+    REPO / "scripts" / "compose-smoke" / "docker-compose.pg-standby.standins.yml"
+)
 PG_STANDBY_FILE = REPO / "docker-compose.pg-standby.yml"
 SMOKE_SCRIPT = REPO / "scripts" / "compose-smoke.sh"
 # Services whose images are third-party: the only ones the stand-in override replaces.
@@ -567,6 +570,22 @@ def test_pg_standby_override_replicates_synchronously_to_a_standby_the_servers_k
     for name, service in services_.items():
         if name not in changed:
             assert service == resolved["services"][name], f"{name} changed by the override"
+
+
+def test_pg_standby_standins_replace_only_the_standby_s_image(filled_env: Path) -> None:
+    """The smoke's COMPOSE_SMOKE_PG_STANDBY=1 with stand-ins runs the override's own
+    commands: its stand-in override gives the standby the postgres stand-in, nothing more."""
+    override = yaml.safe_load(PG_STANDBY_STANDINS_FILE.read_text())["services"]
+    assert override == {"postgres-standby": {"image": "localhost/sparkring-standin/postgres:15"}}
+    files = (COMPOSE_FILE, PG_STANDBY_FILE)
+    plain = _resolved(filled_env, *files)["services"]
+    standins = (STANDINS_FILE, PG_STANDBY_STANDINS_FILE)
+    with_standins = _resolved(filled_env, *files, *standins)["services"]
+    for name, service in with_standins.items():
+        if name in THIRD_PARTY | {"postgres-standby"}:
+            assert service["image"].startswith("localhost/sparkring-standin/"), name
+            service = {**service, "image": plain[name]["image"]}
+        assert service == plain[name], f"{name} changed by the stand-ins"
 
 
 def test_pg_standby_override_reads_only_documented_variables_and_writes_no_credential() -> None:
