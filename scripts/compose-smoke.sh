@@ -13,8 +13,9 @@
 # output volume by the cluster's executors, each value once, its health moving, no
 # crash), run Spark's own pi.py as a batch job (its tasks on the workers, its answer in
 # its log), kill the server container that runs the stream and check that it works on
-# another server (each value still once), pi.py again, scale the servers to 4, tear
-# everything down.
+# another server (each value still once), (with COMPOSE_SMOKE_PG_STANDBY=1: kill the
+# PostgreSQL primary, promote its synchronous standby, and check that the stream goes on
+# and a new batch job runs), pi.py again, scale the servers to 4, tear everything down.
 #
 # Variables:
 #   COMPOSE_SMOKE_ENGINE     podman or docker (default: docker when `docker compose` works,
@@ -30,6 +31,10 @@
 #   COMPOSE_SMOKE_KEEP       1: leave the stack running at the end (or on failure)
 #   COMPOSE_SMOKE_PORT_BASE  host ports for the Spark UI and MinIO console are
 #                            PORT_BASE+80 and PORT_BASE+1 (default 28000)
+#   COMPOSE_SMOKE_PG_STANDBY 1: the deployment with docker-compose.pg-standby.yml (a
+#                            synchronous standby, the servers on both nodes), and the
+#                            step pg-failover after failover: the primary killed, the
+#                            standby promoted by hand as docs/deployment.md says
 #
 # The staged bring-up (infrastructure, wait healthy, one-shots with `run`, then servers
 # with --no-deps) is what podman-compose needs: it ignores depends_on conditions and
@@ -43,6 +48,7 @@ WORK=${COMPOSE_SMOKE_DIR:-/var/tmp/sparkring-compose-smoke}
 PROJECT=sparkring-smoke
 SERVER_IMAGE=localhost/sparkring:smoke
 STANDINS=${COMPOSE_SMOKE_STANDINS:-0}
+PG_STANDBY=${COMPOSE_SMOKE_PG_STANDBY:-0}
 PORT_BASE=${COMPOSE_SMOKE_PORT_BASE:-28000}
 STANDIN_PREFIX=localhost/sparkring-standin
 JOB=smoke-counter
@@ -145,17 +151,31 @@ engine_settings() {
 
 have_image() { "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
 
-# Builds IMAGE with FILE from scripts/compose-smoke unless it exists already.
+# The recipe of a stand-in: a hash of its Dockerfile and of the files it copies in.
+recipe_hash() { # DOCKERFILE
+  local sources
+  sources=$(awk 'toupper($1) == "COPY" { for (i = 2; i < NF; i++) print $i }' "$SMOKE/$1")
+  # shellcheck disable=SC2086 # one file name per word
+  (cd "$SMOKE" && cat "$1" $sources) | sha256sum | cut -c1-16
+}
+
+# Builds IMAGE with FILE from scripts/compose-smoke unless it exists already, built from
+# the same recipe (its label sparkring.standin.recipe).
 standin_image() { # IMAGE DOCKERFILE [BUILD ARGS...]
-  local image=$1 file=$2
+  local image=$1 file=$2 recipe
   shift 2
+  recipe=$(recipe_hash "$file")
   if have_image "$image" && [[ ${COMPOSE_SMOKE_REBUILD:-0} != 1 ]]; then
-    echo "  $image: reused"
-    return 0
+    if [[ $("$ENGINE" image inspect --format '{{index .Labels "sparkring.standin.recipe"}}' "$image") == "$recipe" ]]; then
+      echo "  $image: reused"
+      return 0
+    fi
+    echo "  $image: built from another recipe than $file's (or before the label): rebuilding"
   fi
   local start
   start=$(ts)
-  "$ENGINE" build "${NO_CACHE[@]}" -f "$SMOKE/$file" "$@" -t "$image" "$SMOKE" >"$WORK/build-${file%%.*}.log" 2>&1 ||
+  "$ENGINE" build "${NO_CACHE[@]}" -f "$SMOKE/$file" --label "sparkring.standin.recipe=$recipe" "$@" \
+    -t "$image" "$SMOKE" >"$WORK/build-${file%%.*}.log" 2>&1 ||
     { tail -20 "$WORK/build-${file%%.*}.log"; die "building $image failed"; }
   echo "  $image: built in $(elapsed "$start")"
 }
@@ -189,10 +209,13 @@ base_images() {
   standin_image "$STANDIN_PREFIX/s3:moto" s3.Dockerfile
   STANDIN_USED=(
     "python:3.11-slim-bookworm -> $STANDIN_PREFIX/python:3.11-slim-bookworm (Debian python3 in a venv)"
-    "postgres:15 -> $STANDIN_PREFIX/postgres:15 (Debian postgresql-15)"
+    "postgres:15 -> $STANDIN_PREFIX/postgres:15 (Debian postgresql-15, gosu)"
     "zookeeper:3.9.3 -> $STANDIN_PREFIX/zookeeper:3.8 (Debian zookeeper 3.8)"
     "minio/minio, minio/mc -> $STANDIN_PREFIX/s3:moto (moto S3 server; mc admin skipped)"
   )
+  if [[ $PG_STANDBY == 1 ]]; then
+    STANDIN_USED+=("postgres:15 of postgres-standby -> the same stand-in (scripts/compose-smoke/docker-compose.pg-standby.standins.yml)")
+  fi
 }
 
 build_image() {
@@ -209,6 +232,12 @@ build_image() {
 compose() {
   local files=(-f "$REPO/docker-compose.yml")
   [[ $STANDINS == 1 ]] && files+=(-f "$SMOKE/docker-compose.standins.yml")
+  if [[ $PG_STANDBY == 1 ]]; then
+    files+=(-f "$REPO/docker-compose.pg-standby.yml")
+    if [[ $STANDINS == 1 ]]; then
+      files+=(-f "$SMOKE/docker-compose.pg-standby.standins.yml")
+    fi
+  fi
   "${COMPOSE_CMD[@]}" --project-name "$PROJECT" "${files[@]}" --env-file "$WORK/smoke.env" "$@"
 }
 
@@ -265,12 +294,37 @@ wait_healthy() { # SERVICE COUNT TIMEOUT_S
   echo "  $service: $count healthy (${ids% })"
 }
 
+env_value() { # NAME DEFAULT: its value in the settings file (.env.example's), else DEFAULT
+  local line
+  line=$(grep -m1 "^$1=" "$WORK/smoke.env") && [[ -n ${line#*=} ]] || {
+    echo "$2"
+    return 0
+  }
+  echo "${line#*=}"
+}
+psql_in() { # SERVICE SQL: one statement through the service's own socket, unaligned
+  "$ENGINE" exec "$(first_line containers "$1")" \
+    psql -U "$(env_value POSTGRES_USER sparkring)" -d "$(env_value POSTGRES_DB sparkring)" -Atc "$2"
+}
+standby_sync() { [[ $(psql_in postgres "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'postgres_standby'") == sync ]]; }
+
+# docker-compose.pg-standby.yml's standby: started once the primary is healthy (its
+# first start copies it), healthy, and the primary's commits waiting for it.
+pg_standby_up() {
+  compose up -d --no-deps postgres-standby >>"$WORK/up.log" 2>&1 ||
+    { cat "$WORK/up.log"; die "compose up postgres-standby failed"; }
+  wait_healthy postgres-standby 1 180
+  wait_until 60 "postgres-standby a synchronous standby of postgres" standby_sync
+  echo "  postgres: streams to postgres-standby ($(psql_in postgres "SELECT application_name || ' ' || state || ', ' || sync_state FROM pg_stat_replication")), synchronous_standby_names = '$(psql_in postgres 'SHOW synchronous_standby_names')'"
+}
+
 infrastructure() {
   write_env
   compose up -d zookeeper postgres minio spark-master-1 spark-master-2 spark-worker >"$WORK/up.log" 2>&1 ||
     { cat "$WORK/up.log"; die "compose up failed"; }
   wait_healthy zookeeper 1 120
   wait_healthy postgres 1 120
+  if [[ $PG_STANDBY == 1 ]]; then pg_standby_up; fi
   wait_healthy minio 1 120
   wait_healthy spark-master-1 1 180
   wait_healthy spark-master-2 1 180
@@ -336,10 +390,11 @@ ends_and_restarts() { # JOB: "<crashed and failed events> <restarts>" (a crash l
   echo "$ends $(job_field restarts "$1")"
 }
 
-not_crash_looping() { # JOB
-  local counts
+not_crash_looping() { # JOB [ALLOWED]: at most ALLOWED (default 0) crashes and restarts
+  local counts ends restarts
   counts=$(ends_and_restarts "$1")
-  [[ $counts == "0 0" ]] ||
+  read -r ends restarts <<<"$counts"
+  ((ends <= ${2:-0} && restarts <= ${2:-0})) ||
     die "job $1 crashed (crashed/failed events, restarts: $counts): $(job_field last_error "$1")"
 }
 
@@ -374,7 +429,7 @@ health_batch_past() { # BATCH_ID: the health's last batch id is a number above i
 # the last look, its health (read by its server from the driver's UI) names executors of
 # the cluster and a last batch that moves, each value of the rate source once (none
 # duplicated, none missing: exactly once, across any failover before), no crash.
-stream_works() {
+stream_works() { # [ALLOWED]: crashes and restarts allowed (default none)
   local before last out
   before=$(stream_output | json_get batches)
   wait_until 240 "$JOB committing 3 micro-batches more than its $before" committed_at_least $((before + 3))
@@ -385,7 +440,7 @@ stream_works() {
   out=$(stream_output)
   [[ $(json_get duplicated <<<"$out") == 0 && $(json_get missing <<<"$out") == 0 ]] ||
     die "$JOB's output is not exactly once: $out"
-  not_crash_looping "$JOB"
+  not_crash_looping "$JOB" "${1:-0}"
   echo "  $JOB: committed $out"
   echo "  $JOB: health: last batch $(health_field last_batch_id), $(health_field executors) executor(s), $(health_field cores) core(s)"
 }
@@ -490,6 +545,80 @@ failover() {
     die "no output of $JOB's epoch $(job_field epoch) yet"
 }
 
+# --- PostgreSQL failover (COMPOSE_SMOKE_PG_STANDBY=1) ------------------------------
+
+# Seconds from SINCE (epoch seconds) to the first event of KIND after it, of any of the
+# jobs: "<seconds> <job>" of the earliest, or nothing.
+first_event_after() { # SINCE KIND JOB...
+  local since=$1 kind=$2 job
+  shift 2
+  for job; do
+    cli job events "$job" --json --limit 1000 | python3 -c 'import datetime, json, sys
+since, kind, job = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+ats = [datetime.datetime.fromisoformat(e["at"]).timestamp() for e in json.load(sys.stdin) if e["kind"] == kind]
+later = [at - since for at in ats if at > since]
+if later:
+    print(f"{min(later):.1f} {job}")' "$since" "$kind" "$job"
+  done | sort -n | first_line cat
+}
+
+# When the stream's lease was last written, read on the promoted node (lease_until is
+# now() + the lease TTL at each renewal or claim): epoch seconds.
+lease_written_at() { # TTL
+  local until
+  until=$(psql_in postgres-standby "SELECT extract(epoch FROM d.lease_until) FROM distribution d JOIN jobs j ON j.id = d.job_id WHERE j.name = '$JOB'")
+  python3 -c 'import sys; print(float(sys.argv[1]) - float(sys.argv[2]))' "$until" "$1"
+}
+
+since() { python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.1f}")' "$1" "$2"; }
+later_than() { python3 -c 'import sys; sys.exit(float(sys.argv[1]) <= float(sys.argv[2]))' "$1" "$2"; } # A B
+
+# docs/deployment.md's failover by hand, the primary crashing: the PostgreSQL primary
+# killed (SIGKILL), the synchronous standby promoted with pg_promote(). The stream must
+# go on (its lease written on the promoted node, its output growing, each value once, at
+# most one restart), a new batch job must be placed and run to its end, and each server
+# must have said at start that commits wait for a synchronous standby.
+pg_failover() {
+  local epoch restarts primary killed promoted ttl written=0 deadline claim start servers=0 id
+  epoch=$(job_field epoch)
+  restarts=$(job_field restarts)
+  primary=$(first_line containers postgres)
+  [[ -n $primary ]] || die "no running postgres container"
+  standby_sync || die "postgres-standby is not a synchronous standby before the failover"
+  ttl=$("$ENGINE" exec "$(any_server)" python -c 'from server.settings import Settings; print(Settings().lease_ttl)')
+  echo "  $JOB: running on server $(job_field owner), epoch $epoch, $restarts restart(s), $(stream_output | json_get batches) micro-batches committed"
+  killed=$(ts)
+  "$ENGINE" kill "$primary" >/dev/null
+  [[ $(psql_in postgres-standby 'SELECT pg_promote()') == t ]] || die "pg_promote() on postgres-standby failed"
+  promoted=$(ts)
+  [[ -z $(containers postgres) ]] || die "the killed postgres container runs again (its restart policy)"
+  [[ $(psql_in postgres-standby 'SELECT pg_is_in_recovery()') == f ]] || die "postgres-standby is still in recovery"
+  echo "  killed postgres container $primary (SIGKILL); postgres-standby promoted (pg_promote()) $(since "$killed" "$promoted") s after the kill"
+  # The newest lease write, read as fast as podman exec goes: the first one seen after
+  # the kill bounds the first renewal from above.
+  deadline=$(($(date +%s) + 60))
+  until later_than "$written" "$killed"; do
+    (($(date +%s) < deadline)) || die "$JOB's lease not written on the promoted node within 60 s"
+    written=$(lease_written_at "$ttl" 2>/dev/null) || written=0
+  done
+  echo "  $JOB: lease written on the promoted node $(since "$killed" "$written") s after the kill (the first write seen: an upper bound of the first; lease TTL $ttl s)"
+  batch_pi smoke-pi-pg
+  stream_works 1
+  (($(job_field restarts) <= restarts + 1)) || die "$JOB restarted more than once: $(job_field restarts) restarts (was $restarts)"
+  echo "  $JOB: epoch $(job_field epoch) (was $epoch), $(job_field restarts) restart(s) (was $restarts), on server $(job_field owner)"
+  claim=$(first_event_after "$killed" claimed "$JOB" smoke-pi-pg)
+  start=$(first_event_after "$killed" driver_started "$JOB" smoke-pi-pg)
+  [[ -n $claim && -n $start ]] || die "no claim or driver start after the kill (claim: '$claim', start: '$start')"
+  echo "  from the kill: first claim ${claim% *} s (${claim#* }), first driver start ${start% *} s (${start#* })"
+  for id in $(containers server); do
+    # grep -c reads the whole log: grep -q would end the pipe early (pipefail, SIGPIPE).
+    (($("$ENGINE" logs "$id" 2>&1 | grep -c 'PostgreSQL commits wait for a synchronous standby' || true) > 0)) ||
+      die "server container $id did not log 'PostgreSQL commits wait for a synchronous standby'"
+    servers=$((servers + 1))
+  done
+  echo "  $servers server(s) logged at start: PostgreSQL commits wait for a synchronous standby (action=replication)"
+}
+
 scale() {
   compose up -d --no-deps --scale server=4 server >"$WORK/scale.log" 2>&1 ||
     { cat "$WORK/scale.log"; die "compose up --scale server=4 failed"; }
@@ -553,6 +682,9 @@ step pyspark-job run_job
 step pi-batch batch_pi smoke-pi
 step data-team-job data_team_job
 step failover failover
+if [[ $PG_STANDBY == 1 ]]; then
+  step pg-failover pg_failover
+fi
 step pi-after batch_pi smoke-pi-2
 step scale-to-4 scale
 if [[ ${COMPOSE_SMOKE_KEEP:-0} == 1 ]]; then

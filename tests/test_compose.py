@@ -223,6 +223,7 @@ def test_smoke_script_runs_every_step() -> None:
         "pi-batch",
         "data-team-job",
         "failover",
+        "pg-failover",
         "pi-after",
         "scale-to-4",
         "teardown",
