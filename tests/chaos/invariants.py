@@ -1333,21 +1333,88 @@ def started_without_master(
 # reason names the local time after its prefix.
 ALLOWED_SKIPS = frozenset({"misfire", "previous run still running"})
 DST_GAP_PREFIX = "dst-gap: "
+# How a stop records a backfilled run still waiting for its turn (scheduler/runs.py
+# cancel_queued), and the prefix a skip keeps once a backfill queued it (requeue_skipped).
+STOPPED_BEFORE_ITS_TURN = "job stopped before its turn"
+BACKFILLED_AFTER_SKIP = "backfilled after a skip: "
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """One stretch of a schedule as operators changed it: ``spec`` in ``timezone``, in
+    force after ``start`` (seconds since the epoch: its switch-on, or the time of the
+    change that made it, as the change left ``fires_checked_until``) up to the next
+    piece's start. A change takes effect at its time (docs/schedules.md "Changing a
+    schedule"): the old schedule's fire times up to it are the old piece's (handled at
+    the change at the latest), its later ones are dropped, and the new schedule fires
+    from its first time after the change."""
+
+    spec: str
+    timezone: str
+    start: float
+
+
+def piece_fire_times(pieces: Sequence[Piece], until: Any) -> tuple[float, ...]:
+    """The fire times of a schedule made of ``pieces``: each piece's strictly after its
+    start and at or before the next one's (the last: ``until``)."""
+    end = _seconds(until)
+    assert end is not None
+    ordered = sorted(pieces, key=lambda p: p.start)
+    out: list[float] = []
+    for piece, following in itertools.zip_longest(ordered, ordered[1:]):
+        stop = end if following is None else min(following.start, end)
+        if stop > piece.start:
+            out += fire_times(piece.spec, piece.timezone, piece.start, stop)
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class OffPeriod:
+    """A schedule switched off by ``job stop`` at ``stopped`` and on again by ``job
+    start`` at ``until`` (math.inf: not yet). ``after`` is how far its fires had been
+    handled at the stop (``fires_checked_until``). Its fire times in (after, until] are
+    misfires (docs/schedules.md "job start, job stop"): recorded ``misfire`` (a change
+    while it is off records the old schedule's at once: ``fires.close_off_period``), and
+    the switch-on lets only the latest of those after the last change run, late, under
+    ``run-once``."""
+
+    stopped: float
+    after: float
+    until: float = math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class Backfill:
+    """A committed ``job backfill`` at ``at`` (its transaction's time): ``checked`` is
+    how far the schedule had handled its fires then (every fire time up to it has its
+    row), ``queued`` the times it queued and ``before`` the state of every row its range
+    had just before it, (time, state) pairs."""
+
+    at: float
+    checked: float
+    queued: tuple[float, ...]
+    before: tuple[tuple[float, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleWindow:
     """Where a scheduled job's fires are checked (Chronos-style): every fire time of
     ``fire_times`` (its schedule's, strictly inside the window in which it was active,
-    computed with ``scheduler/schedule.py``) must have one run row.
+    computed with ``scheduler/schedule.py``: :func:`piece_fire_times` when operators
+    changed it, ``changes`` holding the time of each change) must have one run row.
     ``concurrency`` is its policy; ``excused``: (start, end) spans in seconds since the
     epoch (faults that stopped the whole cluster: PostgreSQL down) inside which a fire
-    may be later than the bound, or recorded ``misfire``."""
+    may be later than the bound, or recorded ``misfire``; ``off``: the periods in which
+    an operator had it switched off (:class:`OffPeriod`); ``backfills``: the operators'
+    backfills of it (:class:`Backfill`)."""
 
     job: str
     fire_times: tuple[float, ...]
     concurrency: str = "forbid"
     excused: tuple[tuple[float, float], ...] = ()
+    changes: tuple[float, ...] = ()
+    off: tuple[OffPeriod, ...] = ()
+    backfills: tuple[Backfill, ...] = ()
 
 
 def fire_times(spec: str, timezone: str, after: Any, until: Any) -> tuple[float, ...]:
@@ -1397,6 +1464,20 @@ def _excused(t: float, window: ScheduleWindow) -> bool:
     return any(start <= t <= end for start, end in window.excused)
 
 
+def _off(t: float, window: ScheduleWindow) -> OffPeriod | None:
+    return next((p for p in window.off if p.after < t <= p.until), None)
+
+
+def _may_run_after_off(period: OffPeriod, window: ScheduleWindow) -> float | None:
+    """The one fire time of ``period`` that may run: the latest after the last change
+    within it (the switch-on handles its fire times from there), if it ended."""
+    if period.until == math.inf:
+        return None
+    opened = max([period.after, *(c for c in window.changes if period.after < c <= period.until)])
+    mine = [t for t in window.fire_times if opened < t <= period.until]
+    return max(mine) if mine else None
+
+
 def fire_problems(
     window: ScheduleWindow,
     runs: Iterable[Mapping[str, Any]],
@@ -1407,20 +1488,26 @@ def fire_problems(
     """S6 for one scheduled job, from its run rows (``job runs --json``):
 
     - every fire time ran exactly once, or is recorded skipped with an allowed reason
-      (a ``misfire`` only inside an excused span; ``previous run still running`` only
-      while a run of the job was in progress under ``forbid``);
-    - no run row names a fire time the schedule does not have (an early or extra fire);
-    - under ``forbid`` no two runs overlap (started_at .. ended_at, unended: open);
+      (a ``misfire`` only inside an excused span or while the schedule was off;
+      ``previous run still running`` only while a run of the job was in progress under
+      ``forbid``), or was backfilled (its row's trigger ``backfill``);
+    - no run row names a fire time the schedule does not have (an early or extra fire,
+      such as one of an old schedule after the change that replaced it);
+    - while the schedule was off none of its fire times ran, but the latest one its
+      switch-on handled (:class:`OffPeriod`);
+    - under ``forbid`` no two runs overlap (started_at .. ended_at, unended: open),
+      backfilled ones included;
     - a fire's run started at most ``lateness_bound`` seconds after its time, unless
-      its time lies in an excused span (a run not started by ``now``, the check's
-      time, counts as started then)."""
+      its time lies in an excused span or an off period (a run not started by ``now``,
+      the check's time, counts as started then);
+    - the backfills (:func:`backfill_problems`)."""
     name = window.job
     rows = [dict(r) for r in runs]
-    fired: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    at_time: dict[float, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         at = _seconds(r.get("scheduled_time"))
-        if at is not None and r.get("trigger", "schedule") == "schedule":
-            fired[at].append(r)
+        if at is not None and r.get("trigger", "schedule") in ("schedule", "backfill"):
+            at_time[at].append(r)
     expected = set(window.fire_times)
     lo, hi = (min(expected), max(expected)) if expected else (0.0, -1.0)
     problems = []
@@ -1439,31 +1526,50 @@ def fire_problems(
         for r in rows
         if r.get("state") not in ("skipped", "queued")
     ]
+    for at, mine in sorted(at_time.items()):
+        if len(mine) > 1:
+            ids = ", ".join(f"{r.get('run_id')} ({r.get('trigger', 'schedule')})" for r in mine)
+            problems.append(
+                f"{name}: the fire at {_iso_seconds(at)} ran {len(mine)} times (runs {ids})"
+            )
     for at in sorted(expected):
-        mine = fired.get(at, [])
+        mine = at_time.get(at, [])
         when = _iso_seconds(at)
         if not mine:
             problems.append(f"{name}: the fire at {when} was missed (no run, not recorded)")
             continue
-        if len(mine) > 1:
-            ids = ", ".join(str(r.get("run_id")) for r in mine)
-            problems.append(f"{name}: the fire at {when} ran {len(mine)} times (runs {ids})")
         row = mine[0]
+        if row.get("trigger", "schedule") != "schedule":
+            continue  # a backfilled run, checked with its backfill
+        off = _off(at, window)
         if row.get("state") == "skipped":
             problems += _skip_problem(window, row, at, when, in_progress)
+            continue
+        if off is not None and at != _may_run_after_off(off, window):
+            problems.append(
+                f"{name}: the fire at {when} ran (run {row.get('run_id')}) while its schedule "
+                f"was off (stopped at {_iso_seconds(off.stopped)}, "
+                + (
+                    "not on again)"
+                    if off.until == math.inf
+                    else f"on again at {_iso_seconds(off.until)})"
+                )
+            )
             continue
         started = _seconds(row.get("started_at"))
         if started is None and now is not None:
             started = now  # not started yet: at least this late
-        if started is not None and started - at > lateness_bound and not _excused(at, window):
+        late = started is not None and started - at > lateness_bound
+        if late and not _excused(at, window) and off is None:
             problems.append(
                 f"{name}: the fire at {when} started {started - at:.1f} s late "
                 f"(bound {lateness_bound:g} s)"
             )
-    for at, mine in sorted(fired.items()):
-        if at not in expected and lo <= at <= hi and not all(_gap(r) for r in mine):
+    for at, mine in sorted(at_time.items()):
+        fired = [r for r in mine if r.get("trigger", "schedule") == "schedule"]
+        if fired and at not in expected and lo <= at <= hi and not all(_gap(r) for r in fired):
             problems.append(
-                f"{name}: run {mine[0].get('run_id')} fired at {_iso_seconds(at)}, "
+                f"{name}: run {fired[0].get('run_id')} fired at {_iso_seconds(at)}, "
                 "not a fire time of its schedule"
             )
     if window.concurrency == "forbid":
@@ -1474,6 +1580,80 @@ def fire_problems(
                     f"forbid ({a.get('run_id')} "
                     + ("never ended" if a_end is None else f"ended {a_end - b_start:.1f} s late")
                     + ")"
+                )
+    return problems + backfill_problems(window, rows)
+
+
+def backfill_problems(window: ScheduleWindow, runs: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The backfills of one scheduled job (docs/schedules.md "Backfill"), from its run
+    rows and the operators' backfills (``window.backfills``):
+
+    - a backfill queues no fire time that had already run (its row, before the
+      backfill, was one that ran: only a ``skipped`` one may be queued again);
+    - a fire time of the schedule that the schedule had handled by then
+      (``Backfill.checked``) has a row when a backfill comes: one queued with none was
+      missed, and the backfill does not excuse that;
+    - every queued time has its one row (several: :func:`fire_problems` says so), with
+      trigger ``backfill``, and no run has trigger ``backfill`` at a time no backfill
+      queued;
+    - a queued time recorded ``skipped`` was dropped by a stop after it was queued
+      (``job stopped before its turn``), nothing else."""
+    name = window.job
+    at_time: dict[float, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in runs:
+        at = _seconds(r.get("scheduled_time"))
+        if at is not None:
+            at_time[at].append(r)
+    expected = set(window.fire_times)
+    queued_at: dict[float, list[Backfill]] = defaultdict(list)
+    problems = []
+    for b in sorted(window.backfills, key=lambda b: b.at):
+        before = dict(b.before)
+        for at in b.queued:
+            queued_at[at].append(b)
+            when, asked = _iso_seconds(at), _iso_seconds(b.at)
+            state = before.get(at)
+            if state is not None and state != "skipped":
+                problems.append(
+                    f"{name}: the backfill at {asked} queued the fire at {when}, which had "
+                    f"already run (its row was {state})"
+                )
+            if state is None and at in expected and at <= b.checked:
+                problems.append(
+                    f"{name}: the fire at {when} was missed: it had no row when the backfill "
+                    f"at {asked} queued it"
+                )
+            rows = at_time.get(at, [])
+            if not rows:
+                problems.append(
+                    f"{name}: the fire at {when} queued by the backfill at {asked} has no row"
+                )
+            elif all(r.get("trigger") != "backfill" for r in rows):
+                problems.append(
+                    f"{name}: the fire at {when} queued by the backfill at {asked} has no "
+                    "backfilled run"
+                )
+    for at, rows in sorted(at_time.items()):
+        for r in rows:
+            if r.get("trigger") != "backfill":
+                continue
+            when = _iso_seconds(at)
+            queued = queued_at.get(at)
+            if not queued:
+                problems.append(
+                    f"{name}: run {r.get('run_id')} was backfilled at {when}, which no "
+                    "backfill queued"
+                )
+                continue
+            if r.get("state") != "skipped":
+                continue
+            reason = str(r.get("reason") or "")
+            last = max(b.at for b in queued)
+            stopped = any(p.stopped > last for p in window.off)
+            if reason != STOPPED_BEFORE_ITS_TURN or not stopped:
+                problems.append(
+                    f"{name}: the backfilled run {r.get('run_id')} at {when} was skipped "
+                    f"({reason!r}) " + ("" if stopped else "with no stop after it was queued")
                 )
     return problems
 
@@ -1490,7 +1670,7 @@ def _skip_problem(
         return [f"{window.job}: the fire at {when} exists but was skipped as {reason!r}"]
     if reason not in ALLOWED_SKIPS:
         return [f"{window.job}: the fire at {when} was skipped for {reason!r}"]
-    if reason == "misfire" and not _excused(at, window):
+    if reason == "misfire" and not _excused(at, window) and _off(at, window) is None:
         return [f"{window.job}: the fire at {when} was a misfire on a healthy cluster"]
     if reason == "previous run still running":
         if window.concurrency != "forbid":

@@ -4,6 +4,7 @@ history (no services needed)."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from typing import Any
 
 from tests.chaos import invariants
@@ -1094,7 +1095,7 @@ def test_a_missed_fire_is_caught() -> None:
 def test_a_doubled_fire_is_caught() -> None:
     runs = [*_clean(), _run(9, 105.0, 106.0, 106.5)]
     problems = _check(runs)
-    assert any("ran 2 times (runs 2, 9)" in p for p in problems), problems
+    assert any("ran 2 times (runs 2 (schedule), 9 (schedule))" in p for p in problems), problems
 
 
 def test_overlapping_runs_under_forbid_are_caught_not_under_replace() -> None:
@@ -1148,6 +1149,210 @@ def test_a_dst_gap_row_at_its_instant_of_the_jump_is_no_extra_fire() -> None:
     runs[-1]["reason"] = "misfire"
     (problem,) = _check(runs, excused=((100.0, 120.0),))
     assert "not a fire time" in problem
+
+
+# A schedule changed at 112 from @every 5s (switched on at 100) to @every 3s, checked to 130.
+CHANGED = (
+    invariants.Piece("@every 5s", "UTC", 100.0),
+    invariants.Piece("@every 3s", "UTC", 112.0),
+)
+CHANGED_FIRES = invariants.piece_fire_times(CHANGED, 130.0)
+
+
+def _changed(runs: list[dict], **window: object) -> list[str]:
+    return invariants.fire_problems(
+        invariants.ScheduleWindow(
+            "tick",
+            CHANGED_FIRES,
+            changes=(112.0,),
+            **window,  # type: ignore[arg-type]
+        ),
+        runs,
+        lateness_bound=2.0,
+    )
+
+
+def _changed_clean() -> list[dict]:
+    return [_run(i, at, at + 0.5, at + 1.0) for i, at in enumerate(CHANGED_FIRES, 1)]
+
+
+def test_a_changed_schedule_expects_each_piece_in_its_span() -> None:
+    """The old schedule's fire times up to the change, the new one's after it: none of
+    the old one's after the change, none of the new one's before."""
+    assert CHANGED_FIRES == (105.0, 110.0, 114.0, 117.0, 120.0, 123.0, 126.0, 129.0)
+    assert _changed(_changed_clean()) == []
+
+
+def test_a_fire_of_the_old_schedule_after_the_change_is_an_extra_fire() -> None:
+    runs = [*_changed_clean(), _run(20, 115.0, 115.2, 115.4)]
+    (problem,) = _changed(runs, concurrency="replace")
+    assert "run 20 fired at 1970-01-01T00:01:55Z, not a fire time" in problem
+
+
+def test_a_missed_fire_of_the_new_schedule_is_caught() -> None:
+    runs = [r for r in _changed_clean() if r["scheduled_time"] != 117.0]
+    (problem,) = _changed(runs)
+    assert "the fire at 1970-01-01T00:01:57Z was missed" in problem
+
+
+def test_an_old_fire_time_due_at_the_change_is_handled_by_it() -> None:
+    """A change 0.4 s after a fire time the loop had not handled yet handles it in its
+    transaction (docs/schedules.md): its run is the old piece's, a little late."""
+    pieces = (CHANGED[0], invariants.Piece("@every 3s", "UTC", 110.4))
+    fires = invariants.piece_fire_times(pieces, 130.0)
+    assert fires[:3] == (105.0, 110.0, 111.0)
+    runs = [_run(i, at, at + 0.5, at + 0.9) for i, at in enumerate(fires, 1)]
+    runs[1].update(created_at=110.4, started_at=110.9, ended_at=110.95)
+    window = invariants.ScheduleWindow("tick", fires, changes=(110.4,))
+    assert invariants.fire_problems(window, runs, lateness_bound=2.0) == []
+
+
+def _utc(text: str) -> float:
+    return datetime.datetime.fromisoformat(text).replace(tzinfo=datetime.UTC).timestamp()
+
+
+def test_the_windows_of_a_zoned_schedule_are_its_zone_s() -> None:
+    """S6's windows take a schedule's fire times from scheduler/schedule.py in its zone:
+    Berlin's ``0 * * * *`` has 23 on the spring-forward day and 24 (not 25) on the
+    fall-back day; the randomized mode's cron on even local minutes of Chatham (+13:45)
+    fires on odd UTC minutes, and a change of zone alone moves its pieces' times."""
+    spring = invariants.Piece("0 * * * *", "Europe/Berlin", _utc("2026-03-28T23:00:00"))
+    assert len(invariants.piece_fire_times((spring,), _utc("2026-03-29T22:00:00"))) == 23
+    autumn = invariants.Piece("0 * * * *", "Europe/Berlin", _utc("2026-10-24T22:00:00"))
+    assert len(invariants.piece_fire_times((autumn,), _utc("2026-10-25T23:00:00"))) == 24
+    start = _utc("2026-11-28T12:00:00")
+    chatham = invariants.Piece("*/10 */2 * * * *", "Pacific/Chatham", start)
+    new_york = invariants.Piece("*/10 */2 * * * *", "America/New_York", start + 600)
+    times = invariants.piece_fire_times((chatham, new_york), start + 1200)
+    minutes = [int(t // 60) % 2 for t in times]
+    assert len(times) == 60 and minutes == [1] * 30 + [0] * 30, times
+
+
+# Switched off at 107 (its fires handled up to 105.3), changed at 112 while off, switched
+# on again at 121: 110 (old) and 114, 117 (new) are misfires; 120, the latest of the new
+# schedule's, runs late at the switch-on.
+OFF = invariants.OffPeriod(stopped=107.0, after=105.3, until=121.0)
+
+
+def _off_period_runs() -> list[dict]:
+    runs = _changed_clean()
+    for r in runs:
+        if r["scheduled_time"] in (110.0, 114.0, 117.0):
+            r.update(state="skipped", reason="misfire", started_at=None, ended_at=None)
+            r["created_at"] = 112.0 if r["scheduled_time"] == 110.0 else 121.2
+        if r["scheduled_time"] == 120.0:
+            r.update(created_at=121.2, started_at=121.6, ended_at=122.0)
+    return runs
+
+
+def test_a_schedule_off_records_its_fire_times_and_runs_only_the_latest_at_the_start() -> None:
+    runs = _off_period_runs()
+    assert _changed(runs, off=(OFF,)) == []
+    # Without the stop, those misfires came on a healthy cluster.
+    problems = _changed(runs)
+    assert len(problems) == 3, problems
+    assert all("misfire on a healthy cluster" in p for p in problems), problems
+    # Late: 120 ran 1.6 s after its time, past a bound of 1 s, excused while off.
+    window = invariants.ScheduleWindow("tick", CHANGED_FIRES, changes=(112.0,), off=(OFF,))
+    assert invariants.fire_problems(window, runs, lateness_bound=1.0) == []
+
+
+def test_a_fire_time_of_the_off_period_that_ran_is_caught() -> None:
+    for ran in (110.0, 117.0):  # the old schedule's, closed by the change; not the latest
+        runs = _off_period_runs()
+        (row,) = [r for r in runs if r["scheduled_time"] == ran]
+        row.update(state="finished", reason=None, started_at=ran + 11.5, ended_at=ran + 11.6)
+        problems = _changed(runs, off=(OFF,))
+        assert any(
+            f"{invariants._iso_seconds(ran)} ran (run {row['run_id']}) while its schedule was off"
+            in p
+            for p in problems
+        ), problems
+
+
+# A backfill at 131 (the schedule had handled its fires up to 130) of [104, 122]: 110
+# was skipped (a misfire in an outage), so it is queued again; 105 and 114 ran and are
+# left out; 107 and 113 are the current schedule's (@every 3s) times in the old piece's
+# span: never fire times then, so they have no row and are queued.
+BACKFILL = invariants.Backfill(
+    at=131.0,
+    checked=130.0,
+    queued=(107.0, 110.0, 113.0),
+    before=((105.0, "finished"), (110.0, "skipped"), (114.0, "finished")),
+)
+
+
+def _backfilled_runs() -> list[dict]:
+    runs = _changed_clean()
+    (row,) = [r for r in runs if r["scheduled_time"] == 110.0]
+    row.update(trigger="backfill", reason=f"{invariants.BACKFILLED_AFTER_SKIP}misfire")
+    row.update(started_at=132.0, ended_at=132.5)
+    extra = [_run(30, 107.0, 133.0, 133.5), _run(31, 113.0, 134.0, 134.5)]
+    return runs + [{**r, "trigger": "backfill", "created_at": 131.0} for r in extra]
+
+
+def _backfill_check(runs: list[dict], *backfills: invariants.Backfill, **window: object):
+    return _changed(runs, backfills=backfills or (BACKFILL,), excused=((108.0, 111.0),), **window)
+
+
+def test_backfilled_fire_times_each_run_once() -> None:
+    assert _backfill_check(_backfilled_runs()) == []
+
+
+def test_a_backfilled_time_that_ran_twice_is_caught() -> None:
+    runs = [*_backfilled_runs(), _run(40, 110.0, 110.5, 111.0)]  # the schedule's run too
+    problems = _backfill_check(runs)
+    assert any("1970-01-01T00:01:50Z ran 2 times (runs 2 (backfill), 40 (schedule))" in p
+               for p in problems), problems  # fmt: skip
+
+
+def test_a_backfill_of_a_time_that_had_already_run_is_caught() -> None:
+    wrong = invariants.Backfill(131.0, 130.0, (105.0, 107.0, 110.0, 113.0), BACKFILL.before)
+    runs = _backfilled_runs()
+    (row,) = [r for r in runs if r["scheduled_time"] == 105.0]
+    row["trigger"] = "backfill"  # the row was queued and ran once more
+    (problem,) = _backfill_check(runs, wrong)
+    assert (
+        "queued the fire at 1970-01-01T00:01:45Z, which had already run (its row was finished)"
+        in problem
+    )
+
+
+def test_a_backfill_does_not_excuse_a_fire_the_schedule_missed() -> None:
+    """120 had no row at the backfill though the schedule had handled its fires up to
+    130: it was missed, and running it as a backfill hides nothing."""
+    missed = invariants.Backfill(131.0, 130.0, (*BACKFILL.queued, 120.0), BACKFILL.before)
+    runs = _backfilled_runs()
+    (row,) = [r for r in runs if r["scheduled_time"] == 120.0]
+    row.update(trigger="backfill", started_at=135.0, ended_at=135.5)
+    (problem,) = _backfill_check(runs, missed)
+    assert "the fire at 1970-01-01T00:02:00Z was missed: it had no row when the backfill" in problem
+    # A backfill while the schedule is off, of its off period: not handled yet, so legal.
+    while_off = invariants.Backfill(131.0, 119.0, missed.queued, BACKFILL.before)
+    assert _backfill_check(runs, while_off) == []
+
+
+def test_backfilled_runs_nobody_queued_or_lost_are_caught() -> None:
+    runs = [r for r in _backfilled_runs() if r["scheduled_time"] != 113.0]
+    runs.append({**_run(50, 108.0, 136.0, 136.5), "trigger": "backfill"})
+    problems = _backfill_check(runs)
+    assert any("run 50 was backfilled at 1970-01-01T00:01:48Z, which no backfill" in p
+               for p in problems), problems  # fmt: skip
+    assert any("1970-01-01T00:01:53Z queued by the backfill at" in p and "has no row" in p
+               for p in problems), problems  # fmt: skip
+    assert len(problems) == 2, problems
+
+
+def test_a_queued_backfill_is_dropped_only_by_a_stop_after_it() -> None:
+    runs = _backfilled_runs()
+    (row,) = [r for r in runs if r["scheduled_time"] == 113.0]
+    row.update(state="skipped", reason=invariants.STOPPED_BEFORE_ITS_TURN)
+    row.update(started_at=None, ended_at=None)
+    (problem,) = _backfill_check(runs)
+    assert "backfilled run 31 at 1970-01-01T00:01:53Z was skipped" in problem
+    assert "with no stop after it was queued" in problem
+    stop = invariants.OffPeriod(stopped=131.5, after=130.0)
+    assert _backfill_check(runs, off=(stop,)) == []
 
 
 def _at(events: list[dict], *seconds: float) -> list[dict]:
