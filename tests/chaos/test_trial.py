@@ -4,13 +4,14 @@ history it prunes, so that the checker never reads less than what happened."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from scheduler import jobs, placement
+from scheduler import fires, jobs, placement, runs
 from server import defaults, retention
 from tests import factories
 from tests.chaos import invariants
@@ -102,7 +103,7 @@ def _ticker_with_history(engine: sa.Engine, trial: Trial, *, handled_ago: float)
             sa.text("UPDATE jobs SET fires_checked_until = :until WHERE id = :j"),
             {"until": until, "j": job_id},
         )
-    trial.scheduled["ticker"] = ("@every 5s", on)
+    trial.scheduled["ticker"] = invariants.Piece("@every 5s", "UTC", on.timestamp())
     return job_id
 
 
@@ -147,6 +148,69 @@ def test_the_fires_checker_catches_a_firer_that_stopped_handling_fires(
         # boundary depends on where now falls between two of them).
         assert 3 <= len(problems) <= 4, problems
         assert all("was missed (no run, not recorded)" in p for p in problems), problems
+    finally:
+        trial.cluster.engine.dispose()
+
+
+def _firing(engine: sa.Engine, seconds: float) -> None:
+    """A firing loop's passes for ``seconds`` (no server runs here)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with engine.begin() as conn:
+            fires.fire_one(conn, "s1")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
+
+
+def test_the_harness_schedule_commands_make_the_windows_s6_checks(
+    engine: sa.Engine, database_url: str, tmp_path: Path
+) -> None:
+    """The randomized mode's schedule commands as S6 sees them: a change while on (the
+    new piece from the change's time), a stop, a change while off and the start (an off
+    period), a backfill of the off period (its misfires queued again), and a change
+    whose transaction rolled back (no piece). The runs the product wrote for them
+    pass; checked against the first schedule alone, they do not."""
+    trial = _checking_trial(database_url, tmp_path)
+    try:
+        factories.scheduled_job(engine, "ticker", "@every 1s")
+        ((on,),) = trial.cluster.sql(
+            "SELECT EXTRACT(EPOCH FROM fires_checked_until) FROM jobs WHERE name = 'ticker'"
+        )
+        trial.scheduled["ticker"] = invariants.Piece("@every 1s", "UTC", float(on))
+        _firing(engine, 1.5)
+        with engine.begin() as conn:
+            trial.change_schedule(conn, "ticker", "@every 2s")
+        with pytest.raises(RuntimeError), engine.begin() as conn:
+            trial.change_schedule(conn, "ticker", "@every 3s")
+            raise RuntimeError("rolled back: no piece")
+        _firing(engine, 2.5)
+        with engine.begin() as conn:
+            trial.stop_schedule(conn, "ticker")
+        _firing(engine, 2.5)
+        with engine.begin() as conn:
+            trial.change_schedule(conn, "ticker", "@every 1s")
+        _firing(engine, 1.5)
+        with engine.begin() as conn:
+            assert trial.start_schedule(conn, "ticker").startswith("schedule on")
+        _firing(engine, 0.5)
+        with engine.begin() as conn:
+            now = conn.execute(sa.text("SELECT now()")).scalar_one()
+            result = trial.backfill(conn, "ticker", now - timedelta(seconds=8), now)
+        assert result.startswith("queued ") and not result.startswith("queued 0"), result
+        ((job_id, until),) = trial.cluster.sql(
+            "SELECT id, fires_checked_until FROM jobs WHERE name = 'ticker'"
+        )
+        window = trial.schedule_window("ticker", until, ())
+        assert len(window.changes) == 2 and len(window.off) == 1, window
+        assert len(window.backfills) == 1, window
+        with engine.connect() as conn:
+            rows = runs.list_runs(conn, job_id, limit=1000)
+        assert invariants.fire_problems(window, rows, lateness_bound=20.0) == []
+        first_alone = invariants.ScheduleWindow(
+            "ticker", invariants.fire_times("@every 1s", "UTC", float(on), until)
+        )
+        assert invariants.fire_problems(first_alone, rows, lateness_bound=20.0) != []
     finally:
         trial.cluster.engine.dispose()
 

@@ -121,6 +121,50 @@ class Outcome:
         return "FAIL" if bad else "ok"
 
 
+@dataclasses.dataclass(frozen=True)
+class ScheduleCommand:
+    """An operator's command on a scheduled job as the harness sent it, with what its
+    transaction read: ``kind`` the event it writes when it commits (``revised``,
+    ``stop_requested``, ``start_requested``; a backfill's is ``start_requested`` with
+    trigger ``backfill``), ``at`` its transaction's ``now()`` (that event's ``at``),
+    ``cursor`` the job's ``fires_checked_until`` after it (a change: the change's
+    time; a stop: how far its fires had been handled; a backfill: before it). Whether
+    it committed is read from the events at the check (``Trial.schedule_window``): a
+    commit whose answer was lost may have taken."""
+
+    job: str
+    kind: str
+    at: float
+    cursor: float | None = None
+    revision: int | None = None  # a change's revision
+    piece: invariants.Piece | None = None  # a change's new schedule, from ``cursor``
+    queued: tuple[float, ...] = ()  # a backfill's fire times
+    before: tuple[tuple[float, str], ...] = ()  # a backfill's range's rows before it
+
+    def committed(self, events: Sequence[dict[str, Any]]) -> bool:
+        for e in events:
+            if e["job_name"] != self.job or e["kind"] != self.kind:
+                continue
+            if abs(float(e["at_s"]) - self.at) > 1e-6:
+                continue
+            detail = e.get("detail") or {}
+            if self.kind == "revised":
+                return detail.get("revision") == self.revision
+            if self.queued:
+                return detail.get("trigger") == "backfill"
+            if self.kind == "start_requested":
+                return detail.get("schedule") == "on"
+            return True
+        return False
+
+
+_TXN_NOW = sa.text("SELECT CAST(EXTRACT(EPOCH FROM now()) AS double precision)")
+_CURSOR = sa.text(
+    "SELECT CAST(EXTRACT(EPOCH FROM fires_checked_until) AS double precision) FROM jobs "
+    "WHERE name = :name"
+)
+
+
 class Trial:
     def __init__(
         self,
@@ -158,8 +202,11 @@ class Trial:
         # (its processes keep files open there until then).
         self.disks: list[faults.SmallDisk] = []
         self._event_mark = 0
-        # Scheduled jobs (schedule_job): name -> (spec, when it was switched on).
-        self.scheduled: dict[str, tuple[str, Any]] = {}
+        # Scheduled jobs (schedule_job): name -> its schedule from its switch-on; and the
+        # operators' commands on them since (``change_schedule`` ...: S6's windows).
+        self.scheduled: dict[str, invariants.Piece] = {}
+        self.schedule_commands: list[ScheduleCommand] = []
+        self._schedule_lock = threading.Lock()
         # Events the harness pruned (``prune_history``), read before they were deleted:
         # the checker reads the whole history, so a prune must not blind it.
         self._pruned: dict[int, dict[str, Any]] = {}
@@ -377,10 +424,12 @@ class Trial:
             if start:
                 jobs.start(conn, name)
 
-    def schedule_job(self, name: str, spec: str = "@every 5s", run_for: float = 0.5) -> None:
-        """A batch heartbeat job on ``spec`` (concurrency forbid), switched on now. Its
-        fires are checked by S6 (``invariants.fire_problems``), not by S3 or settling:
-        a job that fires every few seconds is never at rest for long."""
+    def schedule_job(
+        self, name: str, spec: str = "@every 5s", run_for: float = 0.5, timezone: str = "UTC"
+    ) -> None:
+        """A batch heartbeat job on ``spec`` in ``timezone`` (concurrency forbid),
+        switched on now. Its fires are checked by S6 (``invariants.fire_problems``), not
+        by S3 or settling: a job that fires every few seconds is never at rest for long."""
         from scheduler import schedule
 
         if self.resource is None:
@@ -394,14 +443,120 @@ class Trial:
                     resource_id=self.resource.id,
                     args=[str(self.cluster.heartbeats), "--run-for", f"{run_for:g}"],
                     max_restarts=0,
-                    schedule=schedule.parse(spec).as_dict(),
+                    schedule=schedule.parse(spec, timezone=timezone).as_dict(),
                 ),
             )
             jobs.start(conn, name)
-        ((on,),) = self.cluster.sql(
-            "SELECT fires_checked_until FROM jobs WHERE name = :name", name=name
+            on = conn.execute(_CURSOR, {"name": name}).scalar_one()
+        self.scheduled[name] = invariants.Piece(spec, timezone, on)
+
+    # Operators' commands on a scheduled job, each in ``conn``'s transaction (begun by
+    # the caller, no statement run yet: its first reads the ``now()`` the command's event
+    # gets) and recorded for S6 (ScheduleCommand).
+
+    def _record(self, command: ScheduleCommand) -> None:
+        with self._schedule_lock:
+            self.schedule_commands.append(command)
+
+    def change_schedule(
+        self, conn: sa.Connection, name: str, spec: str, timezone: str = "UTC"
+    ) -> str:
+        """``job update NAME --schedule SPEC --timezone ZONE``."""
+        from scheduler import schedule
+
+        at = conn.execute(_TXN_NOW).scalar_one()
+        change = jobs.Change(schedule=schedule.parse(spec, timezone=timezone).as_dict())
+        revised = jobs.update(conn, name, change)
+        cursor = conn.execute(_CURSOR, {"name": name}).scalar_one()
+        piece = invariants.Piece(spec, timezone, cursor)
+        self._record(ScheduleCommand(name, "revised", at, cursor, revised.revision, piece))
+        return f"revision {revised.revision}: {revised.effect.value}"
+
+    def stop_schedule(self, conn: sa.Connection, name: str) -> str:
+        """``job stop NAME`` of a scheduled job: its schedule off."""
+        at = conn.execute(_TXN_NOW).scalar_one()
+        result = jobs.stop(conn, name)
+        cursor = conn.execute(_CURSOR, {"name": name}).scalar_one()
+        self._record(ScheduleCommand(name, "stop_requested", at, cursor))
+        return result
+
+    def start_schedule(self, conn: sa.Connection, name: str) -> str:
+        """``job start NAME`` of a scheduled job: its schedule on again."""
+        at = conn.execute(_TXN_NOW).scalar_one()
+        result = jobs.start(conn, name)
+        self._record(ScheduleCommand(name, "start_requested", at))
+        return result
+
+    def backfill(
+        self, conn: sa.Connection, name: str, start: datetime.datetime, end: datetime.datetime
+    ) -> str:
+        """``job backfill NAME --from START --to END``, after reading (the job row
+        locked, as the backfill locks it) every row of its range as it was."""
+        at = conn.execute(_TXN_NOW).scalar_one()
+        job_id = jobs.job_id_of(conn, name)
+        cursor = conn.execute(
+            sa.text(
+                "SELECT CAST(EXTRACT(EPOCH FROM fires_checked_until) AS double precision) "
+                "FROM jobs WHERE id = :j FOR UPDATE"
+            ),
+            {"j": job_id},
+        ).scalar_one()
+        before = conn.execute(
+            sa.text(
+                "SELECT CAST(EXTRACT(EPOCH FROM scheduled_time) AS double precision), state "
+                "FROM runs WHERE job_id = :j AND scheduled_time BETWEEN :start AND :end"
+            ),
+            {"j": job_id, "start": start, "end": end},
+        ).all()
+        queued, taken = jobs.backfill(conn, name, start, end, dry_run=False)
+        if queued:
+            self._record(
+                ScheduleCommand(
+                    name,
+                    "start_requested",
+                    at,
+                    cursor,
+                    queued=tuple(t.timestamp() for t in queued),
+                    before=tuple((float(t), state) for t, state in before),
+                )
+            )
+        return f"queued {len(queued)}, {len(taken)} had a run"
+
+    def schedule_window(
+        self, name: str, until: Any, excused: tuple[tuple[float, float], ...]
+    ) -> invariants.ScheduleWindow:
+        """S6's window of a scheduled job up to ``until``: its schedule's pieces (each
+        change that committed starts one), the periods it was off and its backfills."""
+        events = self.events()
+        with self._schedule_lock:
+            mine = [c for c in self.schedule_commands if c.job == name]
+        done = sorted((c for c in mine if c.committed(events)), key=lambda c: c.at)
+        changes = [c for c in done if c.kind == "revised"]
+        pieces = [self.scheduled[name], *(c.piece for c in changes if c.piece is not None)]
+        off: list[invariants.OffPeriod] = []
+        stop: ScheduleCommand | None = None
+        for c in done:
+            if c.kind == "stop_requested" and stop is None:
+                stop = c
+            elif c.kind == "start_requested" and not c.queued and stop is not None:
+                off.append(invariants.OffPeriod(stop.at, stop.cursor or stop.at, c.at))
+                stop = None
+        if stop is not None:
+            off.append(invariants.OffPeriod(stop.at, stop.cursor or stop.at))
+        backfills = tuple(
+            invariants.Backfill(c.at, c.cursor or c.at, c.queued, c.before)
+            for c in done
+            if c.queued
         )
-        self.scheduled[name] = (spec, on)
+        return invariants.ScheduleWindow(
+            name,
+            invariants.piece_fire_times(pieces, until),
+            "forbid",
+            excused,
+            changes=tuple(c.piece.start for c in changes if c.piece is not None),
+            off=tuple(off),
+            backfills=backfills,
+        )
 
     def _fires_finished(self, name: str) -> int:
         ((count,),) = self.cluster.sql(
@@ -422,6 +577,24 @@ class Trial:
             message=f"{count} more fires of {name} finished",
         )
 
+    def wait_backfills_ended(self, timeout: float) -> list[str]:
+        """Wait until every backfilled run of the scheduled jobs ended (each queued one
+        runs once the job has no run in progress: docs/schedules.md "Backfill"); those
+        still waiting after ``timeout`` s, as problems."""
+        query = (
+            "SELECT j.name, r.run_id, r.scheduled_time, r.state FROM runs r "
+            "JOIN jobs j ON j.id = r.job_id WHERE j.name = ANY(:names) "
+            "AND r.trigger = 'backfill' AND r.ended_at IS NULL AND r.state <> 'skipped'"
+        )
+        names = sorted(self.scheduled)
+        if waiting.poll_until(lambda: not self.cluster.sql(query, names=names), timeout, 1.0):
+            return []
+        return [
+            f"{r.name}: backfilled run {r.run_id} ({r.scheduled_time}) still {r.state} "
+            f"{timeout:g} s after the faults"
+            for r in self.cluster.sql(query, names=names)
+        ]
+
     def next_fire(self, name: str) -> float:
         """Seconds until the scheduled job's next fire, by PostgreSQL's clock."""
         ((left,),) = self.cluster.sql(
@@ -438,7 +611,7 @@ class Trial:
         and misfires."""
         excused = tuple((w.start, w.end) for w in self.fault_windows(bound))
         problems = []
-        for name, (spec, on) in sorted(self.scheduled.items()):
+        for name in sorted(self.scheduled):
             with self.cluster.engine.connect() as conn:
                 job_id, active, checked, now = conn.execute(
                     sa.text(
@@ -458,9 +631,7 @@ class Trial:
             # (PostgreSQL's clock): a firing loop that stopped handling fires for good
             # leaves fires_checked_until behind, and its fires are missed.
             until = max(checked, now - datetime.timedelta(seconds=FIRE_LATENESS_BOUND_S))
-            window = invariants.ScheduleWindow(
-                name, invariants.fire_times(spec, "UTC", on, until), "forbid", excused
-            )
+            window = self.schedule_window(name, until, excused)
             problems += invariants.fire_problems(
                 window, rows, lateness_bound=FIRE_LATENESS_BOUND_S, now=time.time()
             )
