@@ -91,6 +91,24 @@ threads send start, stop, restart, ``update`` (new args, a conf key, the other v
 of the artifact; for a batch job sometimes with ``--restart``) and ``rollback``, and now
 and then ``events prune --older-than 10-60 s`` (``Trial.prune_history``: the harness
 copies the events first, so the checker still reads the whole history).
+
+Two scheduled jobs (S6): ``ticker`` (``@every 5s`` at first) and ``zoned`` (a cron with
+seconds in Pacific/Chatham, DST and a 45-minute offset). The plain commands leave them
+alone; with probability SCHEDULE_P a command thread sends an operator's schedule
+command instead, to one of them:
+
+- ``schedule_change``: ``job update --schedule`` to another of SCHEDULES while it is on
+  (``@every 4s``, ``@every 6s``, a cron with seconds; for ``zoned`` another cron or
+  another zone);
+- ``schedule_stop`` / ``schedule_start``: ``job stop``, 3-12 s off (half the time with a
+  ``schedule_change`` in the middle, on the stopped job), ``job start`` (retried until
+  it took);
+- ``schedule_backfill``: ``job backfill`` of a range of 5-25 s ending 0-10 s ago (times
+  that ran, were skipped, or, after a change, that the schedule then did not have).
+
+S6 checks each schedule as the pieces its changes made, its off periods and its
+backfills (``Trial.schedule_window``); after the faults every backfilled run must end,
+its queue moving on (BACKFILL_STALL_S).
 """
 
 from __future__ import annotations
@@ -143,8 +161,45 @@ HANDOVER_S = 30.0
 # A streaming job that opts in to restart-on-stall: its driver logs a query start and no
 # progress (heartbeat.py --query-started), so the health monitor (every 5 s) flags it
 # stalled after STALL_S and restarts it, max_restarts times per reset of its count.
-# The scheduled job (@every 5s, forbid): no command touches it; S6 checks its fires.
+# The scheduled jobs (forbid; S6 checks every fire time of each): SCHEDULED on
+# ``@every 5s`` at first, and ZONED on a cron with seconds in ZONE, a zone with DST and
+# a 45-minute offset (+13:45 in its summer), where even local minutes are odd UTC ones:
+# a fire time computed in the wrong zone is a minute off. With probability SCHEDULE_P a
+# command loop changes one's schedule to another of SCHEDULES (``job update
+# --schedule``), switches it off for OFF_S (``job stop``; half the time with a change
+# while it is off) and on again (``job start``, retried until it took, for at most
+# START_RETRY_S), or backfills a past range of BACKFILL_S (``job backfill``). The
+# harness records each with what its transaction read (``Trial.change_schedule`` ...)
+# and S6 builds the schedule's pieces, off periods and backfills from those that
+# committed. A DST transition cannot come within a run: fire times come from
+# PostgreSQL's clock, which no fault moves, and a zone's next one is months away.
 SCHEDULED = "ticker"
+ZONED = "zoned"
+ZONE = "Pacific/Chatham"
+SCHEDULES: dict[str, tuple[tuple[str, str], ...]] = {
+    SCHEDULED: (
+        ("@every 4s", "UTC"),
+        ("@every 6s", "UTC"),
+        ("2-59/5 * * * * *", "UTC"),  # every 5 s, 2 s after @every 5s's
+        ("@every 5s", "UTC"),
+    ),
+    ZONED: (
+        ("*/10 */2 * * * *", ZONE),  # even local minutes: odd UTC ones
+        ("5-59/10 1-59/2 * * * *", ZONE),  # odd local minutes, 5 s later
+        ("*/10 */2 * * * *", "America/New_York"),  # the same cron on even UTC minutes
+    ),
+}
+SCHEDULE_P = 0.06
+SCHEDULE_ACTIONS = ("change", "off", "backfill")
+SCHEDULE_WEIGHTS = (3, 2, 2)
+OFF_S = (3.0, 12.0)
+START_RETRY_S = 120.0
+# A backfill's range: it ends 0-10 s before now and spans 5-25 s.
+BACKFILL_S = ((0.0, 10.0), (5.0, 25.0))
+# After the faults every backfilled run must end, its queue moving on at least every
+# BACKFILL_STALL_S, within BACKFILL_DRAIN_S.
+BACKFILL_STALL_S = 120.0
+BACKFILL_DRAIN_S = 600.0
 STALLING = "stall0"
 STALL_S = 6.0
 STALL_CONF = {
@@ -347,6 +402,7 @@ class RandomChaos:
         self._fresh = 0
         self._stop_commands = threading.Event()
         self._rollback_lock = threading.Lock()  # one ROLLBACKER update at a time
+        self._off_locks = {name: threading.Lock() for name in SCHEDULES}  # _schedule_off
         # The server drained now (one at a time) and the thread that undoes it; the
         # heal tells the thread to leave its undo to the heal.
         self._drained: str | None = None
@@ -480,8 +536,10 @@ class RandomChaos:
         for name in self.failing:
             t.wait_state(name, "failed", 180)
         self.names += self.failing
-        # A job on a schedule (S6), left out of the commands: every fire checked once.
+        # Jobs on a schedule (S6), left out of the plain commands: every fire checked
+        # once through the operators' schedule commands (_schedule_command).
         t.schedule_job(SCHEDULED)
+        t.schedule_job(ZONED, SCHEDULES[ZONED][0][0], timezone=SCHEDULES[ZONED][0][1])
         t.create(STALLING, extra=["--query-started"], conf=STALL_CONF)
         t.wait_state(STALLING, "running", 120)
         self.names.append(STALLING)
@@ -1109,9 +1167,73 @@ class RandomChaos:
             self.secret_values.append((digest, float(stored)))
             return version
 
+    def _on_schedule(self, command: Callable[[sa.Connection], str]) -> str:
+        """``command`` (a ``Trial`` schedule command) in a transaction of its own."""
+        assert self.commands is not None
+        try:
+            with self.commands.begin() as conn:
+                return command(conn)
+        except (sa.exc.DBAPIError, jobs.JobError, ValueError) as exc:  # ValueError: a
+            # backfill refused (BackfillTooOld: a prune meanwhile)
+            return f"error {type(getattr(exc, 'orig', None) or exc).__name__}"
+
+    def _schedule_command(self, rng: random.Random) -> None:
+        """An operator's command on a scheduled job (SCHEDULE_P)."""
+        name = rng.choice(sorted(SCHEDULES))
+        action = rng.choices(SCHEDULE_ACTIONS, weights=SCHEDULE_WEIGHTS)[0]
+        if action == "change":
+            spec, zone = rng.choice(SCHEDULES[name])
+            result = self._on_schedule(lambda c: self.trial.change_schedule(c, name, spec, zone))
+            self.log.note("schedule_change", job=name, spec=spec, timezone=zone, result=result)
+        elif action == "backfill":
+            ago, span = (round(rng.uniform(*bounds), 1) for bounds in BACKFILL_S)
+            end = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=ago)
+            start = end - datetime.timedelta(seconds=span)
+            result = self._on_schedule(lambda c: self.trial.backfill(c, name, start, end))
+            self.log.note("schedule_backfill", job=name, start=start.isoformat(),
+                          end=end.isoformat(), result=result)  # fmt: skip
+        else:
+            self._schedule_off(name, rng)
+
+    def _schedule_off(self, name: str, rng: random.Random) -> None:
+        """``job stop``, now and then a change while it is off, and ``job start`` of a
+        scheduled job; one such period at a time per job."""
+        off = round(rng.uniform(*OFF_S), 1)
+        change = rng.choice(SCHEDULES[name]) if rng.random() < 0.5 else None
+        lock = self._off_locks[name]
+        if not lock.acquire(blocking=False):
+            self.log.note("schedule_off_skipped", job=name, reason="switched off already")
+            return
+        try:
+            result = self._on_schedule(lambda c: self.trial.stop_schedule(c, name))
+            self.log.note("schedule_stop", job=name, off_s=off, result=result)
+            if change is not None:
+                self._stop_commands.wait(off / 2)
+                spec, zone = change
+                result = self._on_schedule(
+                    lambda c: self.trial.change_schedule(c, name, spec, zone)
+                )
+                self.log.note("schedule_change", job=name, spec=spec, timezone=zone,
+                              while_off=True, result=result)  # fmt: skip
+                off /= 2
+            self._stop_commands.wait(off)  # the period off; cut short at the end
+
+            def took() -> bool:
+                result = self._on_schedule(lambda c: self.trial.start_schedule(c, name))
+                self.log.note("schedule_start", job=name, result=result)
+                return result.startswith("schedule")  # "schedule on" or "... already on"
+
+            if not waiting.poll_until(took, START_RETRY_S, interval=1.0):
+                self.problems.append(f"job start {name}: not on again in {START_RETRY_S:g} s")
+        finally:
+            lock.release()
+
     def _command_loop(self, index: int) -> None:
         rng = random.Random(f"{self.seed}-commands-{index}")
         while not self._stop_commands.wait(rng.uniform(0.5, 4.0)):
+            if rng.random() < SCHEDULE_P:
+                self._schedule_command(rng)
+                continue
             if rng.random() < PRUNE_P:
                 self._prune(rng)
                 continue
@@ -1148,8 +1270,8 @@ class RandomChaos:
                 time.sleep(round(self.rng.uniform(1.0, 4.0), 1))  # a quiet gap
         finally:
             self._stop_commands.set()
-            for thread in threads:
-                thread.join(timeout=30)
+            for thread in threads:  # a schedule switched off is switched on again first
+                thread.join(timeout=START_RETRY_S + 30)
             self.crashing.unlink(missing_ok=True)  # the crash loop ends with the faults
             self.heal()
 
@@ -1198,6 +1320,29 @@ class RandomChaos:
             self.commands.dispose()
 
 
+def _schedule_counts(trial: Trial) -> str:
+    """What the operators' schedule commands did: those that committed, per job."""
+    events = trial.events()
+    done = [c for c in trial.schedule_commands if c.committed(events)]
+    out = []
+    for name in sorted(trial.scheduled):
+        mine = [c for c in done if c.job == name]
+        backfills = [c for c in mine if c.queued]
+        rows = trial.cluster.sql(
+            "SELECT r.state, count(*) AS n FROM runs r JOIN jobs j ON j.id = r.job_id "
+            "WHERE j.name = :name AND r.trigger = 'schedule' GROUP BY r.state",
+            name=name,
+        )
+        fires = ", ".join(f"{r.n} {r.state}" for r in sorted(rows, key=lambda r: r.state))
+        out.append(
+            f"{name}: {sum(c.kind == 'revised' for c in mine)} changes, "
+            f"{sum(c.kind == 'stop_requested' for c in mine)} stops, "
+            f"{len(backfills)} backfills ({sum(len(c.queued) for c in backfills)} times "
+            f"queued); fires: {fires}"
+        )
+    return "; ".join(out)
+
+
 def _cli_output(result: subprocess.CompletedProcess[str]) -> str:
     return (result.stdout.strip() or result.stderr.strip())[-300:]
 
@@ -1222,7 +1367,11 @@ def test_randomized_faults_and_concurrent_commands(
         chaos.start_cluster(chosen)
         chaos.populate()
         chaos.run(minutes)
+        unended = trial.wait_backfills_ended(BACKFILL_STALL_S, BACKFILL_DRAIN_S)
         outcome = trial.verify()
+        outcome.fires += len(unended)
+        outcome.problems += [f"S6 {p}" for p in unended]
+        print(f"randomized chaos: schedules: {_schedule_counts(trial)}", file=sys.stderr)
         if chaos.victim.read_text() != VICTIM_TEXT:
             outcome.problems.append(
                 f"hostile job: a server wrote through its link to {chaos.victim}"

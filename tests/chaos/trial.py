@@ -577,22 +577,35 @@ class Trial:
             message=f"{count} more fires of {name} finished",
         )
 
-    def wait_backfills_ended(self, timeout: float) -> list[str]:
+    def wait_backfills_ended(self, stall: float, timeout: float) -> list[str]:
         """Wait until every backfilled run of the scheduled jobs ended (each queued one
-        runs once the job has no run in progress: docs/schedules.md "Backfill"); those
-        still waiting after ``timeout`` s, as problems."""
+        runs once the job has no run in progress: docs/schedules.md "Backfill"), for as
+        long as one of them moves on (changes state) at least every ``stall`` s, and
+        at most ``timeout`` s (on a loaded machine a 0.5 s driver's run took 45 s: the
+        queue drains slowly but drains). Those still waiting then, as problems."""
         query = (
             "SELECT j.name, r.run_id, r.scheduled_time, r.state FROM runs r "
             "JOIN jobs j ON j.id = r.job_id WHERE j.name = ANY(:names) "
             "AND r.trigger = 'backfill' AND r.ended_at IS NULL AND r.state <> 'skipped'"
         )
         names = sorted(self.scheduled)
-        if waiting.poll_until(lambda: not self.cluster.sql(query, names=names), timeout, 1.0):
-            return []
+        deadline = time.monotonic() + timeout
+        seen, moved = None, time.monotonic()
+        while True:
+            left = self.cluster.sql(query, names=names)
+            if not left:
+                return []
+            now = time.monotonic()
+            state = {(r.run_id, r.state) for r in left}
+            if state != seen:
+                seen, moved = state, now
+            if now - moved >= stall or now >= deadline:
+                break
+            time.sleep(1.0)
         return [
-            f"{r.name}: backfilled run {r.run_id} ({r.scheduled_time}) still {r.state} "
-            f"{timeout:g} s after the faults"
-            for r in self.cluster.sql(query, names=names)
+            f"{r.name}: backfilled run {r.run_id} ({r.scheduled_time}) still {r.state}: "
+            f"none of the queue moved on for {now - moved:.0f} s after the faults"
+            for r in left
         ]
 
     def next_fire(self, name: str) -> float:
