@@ -196,10 +196,18 @@ class PgPair:
     def kill_primary(self) -> None:
         self._stack("pg", "kill")
 
+    def stop_primary(self) -> None:
+        """``pg stop``: the primary shut down cleanly (its standby keeps waiting for it);
+        :meth:`restore` starts it again."""
+        self._stack("pg", "stop")
+
     def promote(self) -> None:
         self._stack("pg", "promote")
 
     def restore(self) -> None:
+        """Whichever node is down started again, the standby copied anew if a promotion
+        left it behind as the old primary, synchronous replication waited for
+        (idempotent: a whole pair is left as it is)."""
         self._stack("pg", "start")
 
     def roles(self) -> dict[str, str]:
