@@ -75,6 +75,16 @@ Faults (one at a time; the command threads run throughout):
   of WAL waits for replay (``faults.CrashRecovery``: checkpoints held off while a scratch
   table is updated): every backend terminated, the WAL replayed (2-10 s quiet, longer
   under load) before connections are accepted again, the postmaster's start unmoved.
+- ``pg_failover``: the primary of a PostgreSQL pair of the run's own (``faults.PgPair``:
+  a primary and its synchronous standby; the trial's database on their multi-host URL,
+  so that the servers, the harness and the checker follow the primary) killed, the
+  standby promoted 0-12 s later (within and past the 8 s lease), then the pair restored
+  (the old primary copied anew as the new standby, synchronous again) before the next
+  fault. A run on the default list draws it with PG_FAILOVER_P (its seed decides), a run
+  whose CHAOS_FAULTS names it always; only such a run starts the pair (some seconds of
+  setup). On the pair ``pg_restart`` and ``pg_immediate`` hit its current primary,
+  ``conn_drop``, ``pg_partition``, ``packet_drop`` and ``pg_cut_all`` both nodes' ports,
+  and ``pg_crash_recovery`` (built on the stack's PostgreSQL) is left out.
 
 Each fault, these included, opens a window in which it may cost each job one restart
 (``invariants.restarts_per_fault``).
@@ -278,6 +288,7 @@ FAULTS = (
     "drain",
     "pg_cut_all",
     "pg_crash_recovery",
+    "pg_failover",
 )
 # Faults of the trial's own Spark masters (two, one active, one standing by): when one
 # is drawn, the streams run on both (``spark://m0,m1``) and the batch jobs on m0 alone.
@@ -304,6 +315,18 @@ CUT_ALL_S = (10.0, 30.0)
 CRASH_WAL_GIB = (0.5, 2.0)
 CRASH_BUILD_S = 60.0
 CRASH_RECOVERY_S = 300.0
+# pg_failover (issue 46) needs a PostgreSQL primary with a synchronous standby of the
+# run's own (faults.PgPair), whose start costs the setup some seconds more: a run on the
+# default list draws it (and the pair) with this probability, from its seed; a run whose
+# CHAOS_FAULTS names it always has it. The other runs keep the chaos stack's PostgreSQL.
+PG_FAILOVER_P = 0.25
+# From the primary's kill to the standby's promotion: within and past the 8 s lease.
+PG_FAILOVER_DELAY_S = (0.0, 12.0)
+# Faults of the chaos stack's PostgreSQL that do not act on a pair, left out of a run on
+# one (faults.CrashRecovery builds its WAL through the stack's folder and port). The
+# other PostgreSQL faults act on the pair: its current primary (pg_restart,
+# pg_immediate), or both nodes' ports (conn_drop, the partitions and packet_drop).
+STACK_PG_ONLY = frozenset({"pg_crash_recovery"})
 # The server whose work dir is a small tmpfs when disk_full is drawn (mounting needs
 # root: left out otherwise, and under CI=true the run fails instead).
 SMALL_DISK = "s2"
@@ -331,6 +354,17 @@ def chaos_faults() -> tuple[str, ...]:
             f"CHAOS_FAULTS={value!r}: unknown {unknown}; choose among {', '.join(FAULTS)}"
         )
     return chosen
+
+
+def on_pg_pair(chosen: tuple[str, ...], seed: int) -> bool:
+    """Whether the run with these faults and this seed draws ``pg_failover``, and so runs
+    on a PostgreSQL pair of its own (PG_FAILOVER_P)."""
+    if "pg_failover" not in chosen:
+        return False
+    if chosen != DEFAULT_FAULTS:
+        return True
+    # Decided by the seed alone, from a Random of its own (the replay draws it again).
+    return random.Random(f"{seed}-pg-failover").random() < PG_FAILOVER_P
 
 
 def chaos_minutes() -> float:
@@ -370,9 +404,21 @@ class Schedule:
 class RandomChaos:
     """One randomized run on a trial's cluster."""
 
-    def __init__(self, trial: Trial, stack: faults.Stack, seed: int, root: Path) -> None:
+    def __init__(
+        self,
+        trial: Trial,
+        stack: faults.Stack,
+        seed: int,
+        root: Path,
+        pair: faults.PgPair | None = None,
+    ) -> None:
         self.trial = trial
         self.stack = stack
+        # The trial's PostgreSQL: the stack's, or a pair of the run's own (pg_failover),
+        # whose primary is node ``self._primary`` of its two.
+        self.pair = pair
+        self.pg_ports = list(pair.ports) if pair is not None else [stack.pg_port]
+        self._primary = 0
         self.seed = seed
         self.rng = random.Random(seed)
         self.root = root
@@ -421,6 +467,17 @@ class RandomChaos:
             needs["clock_step"] = faults.clock_unavailable()
         faults_used = list(chosen)
         left_out: list[str] = []
+        if self.pair is None and "pg_failover" in faults_used:
+            faults_used.remove("pg_failover")
+            self.log.note(
+                "pg_failover left out",
+                reason=faults.PgPair.unavailable() or "not drawn: the stack's PostgreSQL",
+            )
+        if self.pair is not None:
+            self.log.note("pg_pair", nodes=[f"127.0.0.1:{port}" for port in self.pg_ports])
+            for name in sorted(STACK_PG_ONLY & set(faults_used)):
+                faults_used.remove(name)
+                self.log.note(f"{name} left out", reason="the run is on a PostgreSQL pair")
         for name in sorted(set(faults_used) & set(needs)):
             why_not = needs[name]
             if why_not is None:
@@ -497,16 +554,17 @@ class RandomChaos:
     def _namespace(self, *servers: str) -> faults.Partition:
         """A network namespace for ``servers``, reaching the stack through its veth."""
         control = self.stack
-        p = faults.Partition([*control.zk_ports, control.pg_port, control.s3_port])
+        p = faults.Partition([*control.zk_ports, *self.pg_ports, control.s3_port])
         p.create()
+        url = self.trial.database_url
+        for port in self.pg_ports:  # each node of a pair's multi-host URL
+            url = url.replace(f"127.0.0.1:{port}", p.address(port))
         for sid in servers:
             self.special[sid] = {
                 "wrapper": p.wrapper,
                 "env": {
                     "SPARKRING_ZK_HOSTS": ",".join(p.address(port) for port in control.zk_ports),
-                    "SPARKRING_DATABASE_URL": self.trial.database_url.replace(
-                        f"127.0.0.1:{control.pg_port}", p.address(control.pg_port)
-                    ),
+                    "SPARKRING_DATABASE_URL": url,
                     "SPARKRING_S3_ENDPOINT": p.address(control.s3_port),
                 },
             }
@@ -563,7 +621,7 @@ class RandomChaos:
         self.victim.chmod(0o644)  # the servers', readable by the driver user, not writable
         t.create(
             HOSTILE,
-            extra=["--hostile", str(self.victim), "--fake-ui-port", str(self.stack.pg_port)],
+            extra=["--hostile", str(self.victim), "--fake-ui-port", str(self.pg_ports[0])],
         )
         t.wait_state(HOSTILE, "running", 120)
         self.names.append(HOSTILE)  # started, stopped and restarted by the commands
@@ -661,7 +719,7 @@ class RandomChaos:
         self.log.note("pg_partition", server=PARTITIONED, cut_s=cut)
         partition = self.partition
         with self._cut_from_postgresql(PARTITIONED):
-            self.trial.inject(lambda: partition.cut([self.stack.pg_port]))
+            self.trial.inject(lambda: partition.cut(self.pg_ports))
             try:
                 time.sleep(cut)  # the partition is the fault
             finally:
@@ -679,7 +737,7 @@ class RandomChaos:
         cut = round(self.rng.uniform(*CUT_ALL_S), 1)
         self.log.note("pg_cut_all", cut_s=cut)
         partitions = (self.partition, self.rest)
-        self.trial.inject(lambda: [p.cut([self.stack.pg_port]) for p in partitions])
+        self.trial.inject(lambda: [p.cut(self.pg_ports) for p in partitions])
         try:
             time.sleep(cut)  # the cut is the fault
         finally:
@@ -736,7 +794,7 @@ class RandomChaos:
         target = self.rng.choice(("pg", "zk"))
         probability = round(self.rng.uniform(0.2, 0.5), 2)
         lossy = round(self.rng.uniform(5.0, 20.0), 1)
-        ports = [self.stack.pg_port] if target == "pg" else self.stack.zk_ports
+        ports = self.pg_ports if target == "pg" else self.stack.zk_ports
         self.log.note(
             "packet_drop", server=PARTITIONED, to=target, probability=probability, lossy_s=lossy
         )
@@ -769,8 +827,8 @@ class RandomChaos:
         pid = servers[victim].pid
         engine = self.trial.cluster.engine
 
-        def drop() -> int:
-            ports = faults.postgres_client_ports(pid, self.stack.pg_port)
+        def drop() -> int:  # to either node of a pair: the primary's, whichever it is
+            ports = set().union(*(faults.postgres_client_ports(pid, p) for p in self.pg_ports))
             return faults.terminate_backends(engine, sorted(ports)) if ports else 0
 
         dropped = [cast(int, self.trial.inject(drop))]
@@ -900,24 +958,65 @@ class RandomChaos:
         # A PostgreSQL crash: no shutdown checkpoint, every connection cut at once, the
         # WAL replayed on start. Acknowledged commits survive only with
         # synchronous_commit=on (the stack's, and the trial database's: start_cluster).
+        # On a pair: its primary, started again as the primary (its standby waits).
         down = round(self.rng.uniform(1.0, 10.0), 1)
         self.log.note("pg_immediate", down_s=down)
-        self.trial.inject(self.stack.pg_kill)
+        self.trial.inject(self.stack.pg_kill if self.pair is None else self.pair.kill_primary)
         try:
             time.sleep(down)  # the outage is the fault
         finally:
-            self.stack.pg_start()
+            self._pg_start()
         self.log.note("pg_started")
+
+    def _pg_start(self) -> None:
+        if self.pair is None:
+            self.stack.pg_start()
+        else:
+            self.pair.restore()
 
     def pg_restart(self) -> None:
         down = round(self.rng.uniform(1.0, 10.0), 1)
         self.log.note("pg_restart", down_s=down)
-        self.trial.inject(self.stack.pg_stop)
+        self.trial.inject(self.stack.pg_stop if self.pair is None else self.pair.stop_primary)
         try:
             time.sleep(down)  # the outage is the fault
         finally:
-            self.stack.pg_start()
+            self._pg_start()
         self.log.note("pg_started")
+
+    def pg_failover(self) -> None:
+        # The pair's primary crashed (no node takes writes), its synchronous standby
+        # promoted after a drawn delay (within or past the lease: the servers reconnect
+        # through the multi-host URL, keeping their leases or not), then the pair made
+        # whole before the next fault: the old primary copied anew from the new one as
+        # its standby, synchronous again. No acknowledged commit is lost (synchronous
+        # replication). The whole of it is one fault window.
+        pair = self.pair
+        assert pair is not None
+        delay = round(self.rng.uniform(*PG_FAILOVER_DELAY_S), 1)
+        old, new = (f"127.0.0.1:{pair.ports[i]}" for i in (self._primary, 1 - self._primary))
+        self.log.note("pg_failover", primary=old, standby=new, delay_s=delay)
+        began = time.monotonic()
+        self.trial.inject(pair.kill_primary)
+        killed = time.monotonic()
+        self.log.note("pg_primary_killed", primary=old, took_s=round(killed - began, 1))
+        time.sleep(delay)  # no node takes writes: the outage is the fault
+        pair.promote()
+        self._primary = 1 - self._primary
+        promoted = time.monotonic()
+        writes = round(promoted - killed, 1)
+        self.log.note("pg_promoted", primary=new, writes_after_s=writes,
+                      promote_s=round(promoted - killed - delay, 1))  # fmt: skip
+        pair.restore()
+        restored = round(time.monotonic() - promoted, 1)
+        roles = pair.roles()
+        self.log.note("pg_pair_restored", standby=old, took_s=restored, roles=roles)
+        if roles.get(new) != "primary" or roles.get(old) != "standby":
+            self.problems.append(f"pg_failover: the pair restored is {roles}, not {new} primary")
+        self.trial.outcome.notes.append(
+            f"pg_failover: {old} killed, {new} promoted {delay:g} s later and taking writes "
+            f"{writes:g} s after the kill; the pair restored in {restored:g} s"
+        )
 
     def planned_restart(self) -> None:
         # Only a server that finished starting can be asked to restart: its ZooKeeper
@@ -1279,6 +1378,8 @@ class RandomChaos:
         """Everything back: PostgreSQL and ZooKeeper up, no partition, no pause, every
         server running (a fault interrupted by an error may have left one down)."""
         self.stack.restore()
+        if self.pair is not None:  # a failover interrupted by an error: the pair whole
+            self.pair.restore()
         for partition in (self.partition, self.rest):
             if partition is not None:
                 partition.heal()
@@ -1349,20 +1450,37 @@ def _cli_output(result: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.mark.long(200)
 def test_randomized_faults_and_concurrent_commands(
-    trial: Trial, stack: faults.Stack, chaos_round: int, chaos_seed: int, tmp_path: Path
+    request: pytest.FixtureRequest,
+    stack: faults.Stack,
+    chaos_round: int,
+    chaos_seed: int,
+    tmp_path: Path,
 ) -> None:
     """Faults drawn from CHAOS_SEED for CHAOS_MINUTES against a dozen light jobs
     (streaming heartbeats and short batch jobs) while three threads start, stop and
-    restart them; then heal, wait for recovery and check every invariant."""
+    restart them; then heal, wait for recovery and check every invariant. A run that
+    draws ``pg_failover`` runs on a PostgreSQL pair of its own (``pg_pair_trial``)."""
     seed = chaos_seed + chaos_round - 1
     minutes = chaos_minutes()
     chosen = chaos_faults()
     replay = f"CHAOS_SEED={seed} CHAOS_MINUTES={minutes:g}"
     if chosen != DEFAULT_FAULTS:
         replay += f" CHAOS_FAULTS={','.join(chosen)}"
+    on_pair = on_pg_pair(chosen, seed)
+    if on_pair and faults.PgPair.unavailable():
+        if conftest.IN_CI:  # like every fault that cannot be injected
+            conftest.unavailable(f"pg_failover: {faults.PgPair.unavailable()}")
+        on_pair = False
+    began = time.monotonic()
+    trial = cast(Trial, request.getfixturevalue("pg_pair_trial" if on_pair else "trial"))
+    pair = cast(faults.PgPair, request.getfixturevalue("pg_pair")) if on_pair else None
     trial.outcome.fault = f"randomized ({replay})"
     print(f"randomized chaos: {replay}", file=sys.stderr)
-    chaos = RandomChaos(trial, stack, seed, tmp_path)
+    chaos = RandomChaos(trial, stack, seed, tmp_path, pair)
+    if pair is not None:
+        took = time.monotonic() - began
+        print(f"randomized chaos: on a PostgreSQL pair, started in {took:.1f} s", file=sys.stderr)
+        trial.outcome.notes.append(f"on a PostgreSQL pair of its own, started in {took:.1f} s")
     try:
         chaos.start_cluster(chosen)
         chaos.populate()
