@@ -336,6 +336,33 @@ def test_replace_stops_the_previous_run_and_starts_the_fire(engine: sa.Engine) -
         )
 
 
+def test_the_old_runs_crash_after_a_replace_is_not_the_new_runs(engine: sa.Engine) -> None:
+    """M4 of safety review 3: a ``--concurrency replace`` fire (or a ``job restart``)
+    while the old run's driver runs; that driver crashes before the stop reaches it.
+    The crash was recorded on the new run's row (``retrying``, the old exit code and
+    error), a run that had not started. The new run stays ``pending``, its own."""
+    job_id = factories.scheduled_job(engine, spec="@hourly", concurrency="replace")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET max_restarts = 2 WHERE id = :j"), {"j": job_id})
+        jobs.run_now(conn, "nightly")
+    factories.target(engine, job_id, "s1")
+    with engine.begin() as conn:
+        claim = distribution.claim(conn, job_id, OWNER, ttl=30)
+        distribution.mark_running(conn, job_id, OWNER, claim.epoch, pid=1)
+    _due_once(engine, job_id)
+    assert _fire(engine) is not None  # the replace: the old run is recorded replaced
+    with engine.begin() as conn:  # its driver crashed before the stop reached it
+        distribution.record_crash(
+            conn, job_id, OWNER, claim.epoch, "driver exited with exit code 3: boom",
+            retry=True, backoff_base=0, backoff_max=0,
+        )  # fmt: skip
+    old, new = _runs(engine, job_id)
+    assert old["state"] == "replaced"
+    assert (new["state"], new["exit_code"], new["reason"], new["attempts"]) == (
+        "pending", None, None, 0,
+    ), new  # fmt: skip
+
+
 def test_misfire_run_once_runs_the_latest_missed_fire_and_records_the_rest(
     engine: sa.Engine,
 ) -> None:
