@@ -32,8 +32,9 @@ ENDED = "r.state IN ('finished', 'failed', 'stopped', 'replaced', 'skipped')"
 
 
 def _body(own: str) -> str:
-    """The function, with ``own``: an SQL condition that the run row is the one the
-    change is about (0011: every unended row of the current generation or later)."""
+    """The function, with ``own``: an SQL condition that a crash to ``backoff`` is the
+    run row's own (0011: every unended row of the current generation or later). Only
+    that case changes: any other state reaches every such row as before."""
     return f"""
 CREATE OR REPLACE FUNCTION distribution_runs_follow() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -56,13 +57,13 @@ BEGIN
            ended_at = CASE WHEN NEW.state IN ('finished', 'failed', 'stopped')
                            THEN clock_timestamp() ELSE NULL END,
            exit_code = CASE
-               WHEN NOT ({own}) THEN r.exit_code
+               WHEN NEW.state = 'backoff' AND NOT ({own}) THEN r.exit_code
                WHEN NEW.state = 'finished' THEN 0
                WHEN NEW.state = 'failed' OR crashed THEN coalesce(
                    CAST(substring(NEW.last_error FROM 'exit code (-?[0-9]+)') AS integer),
                    r.exit_code)
                ELSE r.exit_code END,
-           reason = CASE WHEN NOT ({own}) THEN r.reason
+           reason = CASE WHEN NEW.state = 'backoff' AND NOT ({own}) THEN r.reason
                          WHEN NEW.state = 'failed' OR crashed THEN NEW.last_error
                          ELSE r.reason END
      WHERE r.job_id = NEW.job_id
