@@ -441,6 +441,21 @@ def live_watchdogs(root: Path) -> list[Watchdog]:
     return found
 
 
+def sweepable(watchdogs: list[Watchdog], work_dirs: dict[str, Path]) -> list[Watchdog]:
+    """The watchdogs whose run lies in its server's current work dir: a server started
+    there again sweeps what the watchdog's death leaves (``driver.sweep``). A run left in
+    a work dir that no incarnation of its server uses any more (same_id_fresh_dir: another
+    host took the name) is fenced by its watchdog alone; killing that one too is two faults
+    on one run at once, beyond the fault model (CHAOS_SEED=84460986: st0-3's epoch 9 had
+    no server to sweep it for 14 minutes, and the checker rightly could not tell that its
+    driver had died with the watchdog)."""
+    return [
+        w
+        for w in watchdogs
+        if w.server in work_dirs and w.run_dir.is_relative_to(work_dirs[w.server])
+    ]
+
+
 def kill_watchdog(target: Watchdog) -> None:
     """SIGKILL one watchdog (the OOM killer's or an operator's ``kill -9``): it cannot
     kill its driver or write its ``ended`` record; its server finds it dead. The

@@ -163,3 +163,19 @@ def test_a_partition_reaches_what_listens_on_another_partitions_host_end() -> No
         listener.close()
         first.close()
         second.close()
+
+
+def test_a_watchdog_is_a_target_only_in_its_servers_current_work_dir(tmp_path: Path) -> None:
+    """watchdog_kill9 spares a run that its server left behind with its work dir
+    (same_id_fresh_dir): nothing would sweep what that watchdog's death leaves."""
+    old, fresh = tmp_path / "s1" / "work", tmp_path / "s1-fresh1" / "work"
+
+    def dog(server: str, work: Path, epoch: int) -> faults.Watchdog:
+        run_dir = work / "jobs" / "4" / str(epoch)
+        return faults.Watchdog(job="st0-3", epoch=epoch, server=server, pid=epoch, run_dir=run_dir)
+
+    left_behind, current = dog("s1", old, 9), dog("s1", fresh, 10)
+    other = dog("s2", tmp_path / "s2" / "work", 11)
+    work_dirs = {"s1": fresh, "s2": tmp_path / "s2" / "work"}
+    assert faults.sweepable([left_behind, current, other], work_dirs) == [current, other]
+    assert faults.sweepable([left_behind], {"s1": old}) == [left_behind]

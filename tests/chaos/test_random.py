@@ -30,7 +30,9 @@ Faults (one at a time; the command threads run throughout):
   refused without touching any lease (it is killed after 60 s otherwise, and counted);
 - ``command_storm``: eight concurrent start/stop/restart commands on one job;
 - ``watchdog_kill9``: SIGKILL of the watchdog of a running job's driver (hole H1 when
-  its server does not sweep the driver's processes);
+  its server does not sweep the driver's processes), in its server's current work dir
+  only (``faults.sweepable``: a run left behind by same_id_fresh_dir has no server to
+  sweep it);
 - ``pg_partition``: the server living in a network namespace loses PostgreSQL (packets
   dropped) for 5-20 s while it keeps ZooKeeper (needs root, like ``zk_partition``);
 - ``planned_restart``: SIGTERM of a server (every server runs with a hand-over window of
@@ -908,7 +910,9 @@ class RandomChaos:
     def watchdog_kill9(self) -> None:
         # Sorted, so that the seed picks the same (job, server) whenever the same
         # drivers run; which ones run still follows the cluster's timing.
-        targets = sorted(self.trial.running_watchdogs(), key=lambda w: (w.job, w.server))
+        # Only a run in its server's current work dir: see faults.sweepable.
+        running = faults.sweepable(self.trial.running_watchdogs(), self.work_dirs)
+        targets = sorted(running, key=lambda w: (w.job, w.server))
         if not targets:
             self.log.note("watchdog_kill9_skipped", reason="no running job's watchdog")
             return
