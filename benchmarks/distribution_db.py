@@ -473,7 +473,7 @@ def _renew_execution_ms(
     """Median time PostgreSQL itself spends on the renewal (EXPLAIN ANALYZE, rolled back):
     the database's share of a renewal, without the client and the round trip."""
     # The very statement distribution.renew_leases runs.
-    sql = f"EXPLAIN (ANALYZE) {distribution._RENEW.text}"
+    sql = f"EXPLAIN (ANALYZE) {distribution.leases._RENEW.text}"
     times = []
     with engine.connect() as conn:
         for _ in range(calls):
@@ -755,7 +755,7 @@ def bench_poll(
     engine: sa.Engine, server: str, expected: int, calls: int, live: Sequence[str]
 ) -> dict[str, Any]:
     # The very statement distribution.poll runs, so the plan cannot drift from it.
-    sql = distribution._POLL.text
+    sql = distribution.polling._POLL.text
     with engine.connect() as conn:
         samples = _poll_latency(conn, server, expected, calls)
         custom = _plan(conn, sql, _poll_params(server))
