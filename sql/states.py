@@ -2,7 +2,7 @@
 
 A job has a *desired* state (what the operator asked for, in ``jobs.desired``) and a
 *run* state (what the cluster is doing, in ``distribution.state``). Run-state changes
-are guarded SQL statements in ``scheduler/distribution.py`` and ``scheduler/jobs.py``
+are guarded SQL statements in ``scheduler/distribution/`` and ``scheduler/jobs.py``
 whose ``WHERE state IN (...)`` clause comes from :data:`TRANSITIONS`, so the table below
 is the whole state machine:
 

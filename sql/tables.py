@@ -262,7 +262,7 @@ distribution = sa.Table(
     sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
     sa.Column("restarts", sa.Integer, nullable=False, server_default="0"),
     # The crashes of the job's current restart window (PostgreSQL's clock), pruned at
-    # each crash, cleared with ``restarts`` (scheduler/distribution.py, _IN_WINDOW).
+    # each crash, cleared with ``restarts`` (scheduler/distribution/ends.py, IN_WINDOW).
     sa.Column(
         "crash_times",
         ARRAY(sa.DateTime(timezone=True)),
@@ -372,7 +372,7 @@ coordinator = sa.Table(
 # a renewal that finds the stamp older than a lease ends an outage (every server cut
 # off, PostgreSQL down or failing over, the whole cluster stopped) and records when.
 # Another server's expired lease is claimed over or reaped only a hold after that
-# (scheduler/distribution.py, docs/distribution.md): its owner may hold the only word
+# (scheduler/distribution/clock.py, docs/distribution.md): its owner may hold the only word
 # on how its driver ended meanwhile. ``renewed_at`` is NULL until the first renewal.
 cluster_clock = sa.Table(
     "cluster_clock",
