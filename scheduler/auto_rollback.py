@@ -42,13 +42,12 @@ nothing: the next pass judges the watch again.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from enum import StrEnum
 
 import sqlalchemy as sa
 
-from scheduler import jobs, notify
+from scheduler import jobs, loop, notify
 from scheduler.schedule import format_duration
 from sql import tables
 from sql.states import Desired, EventKind, HealthFlag, JobKind, RunState
@@ -307,7 +306,7 @@ def check_all(engine: sa.Engine, *, server: str) -> list[Applied]:
     return done
 
 
-class WatchLoop:
+class WatchLoop(loop.Loop):
     """The side thread of a server that judges watches every ``interval`` seconds.
     Every server runs one (:func:`check_one` makes that safe); a failed pass is logged
     and the next one runs. :meth:`stop` is idempotent."""
@@ -315,29 +314,15 @@ class WatchLoop:
     def __init__(self, engine: sa.Engine, server: str, *, interval: float) -> None:
         self._engine = engine
         self._server = server
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="auto-rollback", daemon=True)
+        super().__init__("auto-rollback", join_timeout=10.0, interval=interval, first_wait=interval)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                check_all(self._engine, server=self._server)
-            except Exception as exc:  # one bad pass (PostgreSQL away) must not end the loop
-                log.warning(
-                    "auto-rollback pass failed; next in %.1f s: %s",
-                    self._interval,
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                    extra={"action": "auto_rollback_pass_failed"},
-                )
+    def step(self) -> None:
+        try:
+            check_all(self._engine, server=self._server)
+        except Exception as exc:  # one bad pass (PostgreSQL away) must not end the loop
+            log.warning(
+                "auto-rollback pass failed; next in %.1f s: %s",
+                self.interval,
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                extra={"action": "auto_rollback_pass_failed"},
+            )

@@ -32,7 +32,6 @@ run in progress (:func:`start_queued`), oldest first.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,7 +39,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from scheduler import notify, runs, schedule
+from scheduler import loop, notify, runs, schedule
 from sql import states, tables
 
 log = logging.getLogger(__name__)
@@ -496,7 +495,7 @@ def seconds_to_next_fire(conn: sa.Connection, passed_over: Collection[int] = ())
     return None if value is None else float(value)
 
 
-class FiringLoop:
+class FiringLoop(loop.Loop):
     """The side thread of a server that fires due schedules (:func:`fire_one`) and
     starts queued backfill runs (:func:`start_queued`), each in its own transaction;
     it sleeps until the next fire time (at most ``interval``) or a :meth:`wake`.
@@ -513,29 +512,10 @@ class FiringLoop:
     ) -> None:
         self._engine = engine
         self._server = server
-        self._interval = interval
         self._on_fired = on_fired
-        self._stop = threading.Event()
-        self._wake = threading.Event()
         # Due jobs whose fire failed in the last pass (``run_pass``).
         self._passed_over: set[int] = set()
-        self._thread = threading.Thread(target=self._loop, name="schedule-firer", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Idempotent: ask the loop to end and wait for it (a pass in flight ends first)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        super().__init__("schedule-firer", join_timeout=10.0, interval=interval)
 
     def run_pass(self, limit: int = 100) -> int:
         """Fire due jobs and start queued runs, up to ``limit`` of each; how many.
@@ -550,7 +530,7 @@ class FiringLoop:
         for lock, step in ((lock_due, fire), (lock_queued, start_queued_of)):
             passed_over: set[int] = self._passed_over if lock is lock_due else set()
             for _ in range(limit):
-                if self._stop.is_set():
+                if self.stopping.is_set():
                     break
                 outcome = self._one(lock, step, passed_over)
                 if outcome is None:
@@ -601,21 +581,21 @@ class FiringLoop:
         if self._on_fired is not None:
             self._on_fired(fired)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            wait = self._interval
-            try:
-                self.run_pass()
-                with self._engine.connect() as conn:
-                    left = seconds_to_next_fire(conn, self._passed_over)
-                if left is not None:
-                    wait = max(MIN_WAIT_S, min(wait, left))
-            except (DBAPIError, runs.RunConflict) as exc:
-                log.warning(
-                    f"schedule firing failed, retrying: {type(exc).__name__}",
-                    extra={"action": "fire_failed", "server": self._server},
-                )
-            except Exception:
-                log.exception("schedule firing failed", extra={"action": "fire_failed"})
-            self._wake.wait(wait)
-            self._wake.clear()
+    def step(self) -> float:
+        """One pass, and the wait before the next: until the next fire time, at most
+        ``interval``."""
+        wait = self.interval
+        try:
+            self.run_pass()
+            with self._engine.connect() as conn:
+                left = seconds_to_next_fire(conn, self._passed_over)
+            if left is not None:
+                wait = max(MIN_WAIT_S, min(wait, left))
+        except (DBAPIError, runs.RunConflict) as exc:
+            log.warning(
+                f"schedule firing failed, retrying: {type(exc).__name__}",
+                extra={"action": "fire_failed", "server": self._server},
+            )
+        except Exception:
+            log.exception("schedule firing failed", extra={"action": "fire_failed"})
+        return wait

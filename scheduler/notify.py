@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 import psycopg
 import sqlalchemy as sa
 
+from scheduler import loop
 from sql import database
 
 JOBS_CHANNEL = "sparkring_jobs"
@@ -49,7 +50,7 @@ def conninfo(database_url: str) -> str:
     return psycopg.conninfo.make_conninfo(**{k: v for k, v in parts.items() if v})
 
 
-class Listener:
+class Listener(loop.Loop):
     """A named daemon thread that LISTENs and calls ``on_notify(channel, payload)``.
 
     It reconnects with a capped backoff when PostgreSQL goes away; ``on_notify`` is also
@@ -68,27 +69,15 @@ class Listener:
         self._conninfo = conninfo(database_url)
         self._channels = tuple(channels)
         self._on_notify = on_notify
-        self._stop = threading.Event()
         self._connected = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
+        super().__init__(name, join_timeout=5)
 
     def wait_connected(self, timeout: float) -> bool:
         return self._connected.wait(timeout)
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run(self) -> None:
+    def run(self) -> None:
         delay = 0.2
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 with psycopg.connect(self._conninfo, autocommit=True) as conn:
                     for channel in self._channels:
@@ -96,7 +85,7 @@ class Listener:
                     self._connected.set()
                     delay = 0.2
                     self._on_notify("", "connected")
-                    while not self._stop.is_set():
+                    while not self.stopping.is_set():
                         for note in conn.notifies(timeout=0.5):
                             self._on_notify(note.channel, note.payload)
             except psycopg.Error as exc:
@@ -105,5 +94,5 @@ class Listener:
                     "listener lost PostgreSQL; reconnecting",
                     extra={"action": "listen_retry", "error": type(exc).__name__},
                 )
-                self._stop.wait(delay)
+                self.stopping.wait(delay)
                 delay = min(delay * 2, 5.0)

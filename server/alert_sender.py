@@ -26,7 +26,7 @@ from concurrent.futures import wait as wait_futures
 import httpx
 import sqlalchemy as sa
 
-from scheduler import alert_delivery, destinations
+from scheduler import alert_delivery, destinations, loop
 from server import bounded_http, metrics
 from sql.states import DeliveryStatus
 
@@ -96,7 +96,10 @@ def send(
     return answer.status, None, retry_after(answer.headers.get("retry-after"))
 
 
-class AlertSender:
+class AlertSender(loop.Loop):
+    """The side thread of a server that sends the alert outbox; :meth:`begin_stop`
+    leases no more deliveries (the sends in flight go on), :meth:`stop` ends them."""
+
     def __init__(
         self,
         engine: sa.Engine,
@@ -110,28 +113,17 @@ class AlertSender:
     ) -> None:
         self._engine = engine
         self._server = server
-        self._interval = interval
         self._console_url = console_url
         self._user_agent = user_agent
         self._allow_networks = tuple(allow_networks)
-        self._stop = threading.Event()
-        self._wake = threading.Event()
         self._client = bounded_http.client(verify, timeout=SEND_TIMEOUT_S)  # type: ignore[arg-type]
         self._pool = ThreadPoolExecutor(max_workers=BATCH, thread_name_prefix="alert-send")
         self._in_flight: set[Future[None]] = set()  # attempts started, not yet ended
         self._in_flight_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="alert-sender", daemon=True)
         self.sent = 0  # attempts made by this server (for tests and the benchmark)
+        super().__init__("alert-sender", join_timeout=5.0, interval=interval)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def begin_stop(self) -> None:
-        """Idempotent: lease no more deliveries (the sends in flight go on)."""
-        self._stop.set()
-        self._wake.set()
-
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Idempotent: lease no more, give the sends in flight STOP_GRACE_S to end (a
         receiver that answers is recorded as delivered), then cut the rest (their client
         is closed: a receiver that holds its answer cannot hold the server's shutdown)
@@ -145,14 +137,7 @@ class AlertSender:
             wait_futures(in_flight, timeout=STOP_GRACE_S)
         self._client.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        super().stop(timeout)
 
     def run_pass(self) -> int:
         """Lease, send and record one batch, and wait for its attempts; how many."""
@@ -194,7 +179,7 @@ class AlertSender:
                 "alert delivery attempt failed",
                 extra={"action": "alert_attempt_failed", "error": str(attempt.exception())},
             )
-        self._wake.set()  # a sender is free: due deliveries may wait for one
+        self.wake()  # a sender is free: due deliveries may wait for one
 
     def _attempt(self, due: alert_delivery.Due) -> None:
         status, error, later = send(self._client, due, self._user_agent, self._allow_networks)
@@ -231,16 +216,14 @@ class AlertSender:
             },
         )
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                busy = len(self._submit_pass()) > 0
-            except Exception as exc:  # logged; the next pass retries
-                busy = False
-                log.warning(
-                    "alert delivery pass failed",
-                    extra={"action": "alert_pass_failed", "error": str(exc)},
-                )
-            if not busy:
-                self._wake.wait(self._interval)
-                self._wake.clear()
+    def step(self) -> float | None:
+        """One pass; no wait before the next while deliveries were leased."""
+        try:
+            busy = len(self._submit_pass()) > 0
+        except Exception as exc:  # logged; the next pass retries
+            busy = False
+            log.warning(
+                "alert delivery pass failed",
+                extra={"action": "alert_pass_failed", "error": str(exc)},
+            )
+        return 0.0 if busy else None

@@ -38,7 +38,6 @@ import datetime as dt
 import logging
 import os
 import statistics
-import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from scheduler import distribution, health_policy, jobs, run_health
+from scheduler import distribution, health_policy, jobs, loop, run_health
 from server import metrics, reconcile, rundir, spark_status, watchdog
 from server.runs import Run
 from sql.states import HealthFlag
@@ -280,7 +279,7 @@ def read_new(path: Path, offset: int, limit: int = MAX_READ_BYTES) -> tuple[byte
     return data, offset + len(data)
 
 
-class HealthMonitor:
+class HealthMonitor(loop.Loop):
     def __init__(
         self,
         engine: sa.Engine,
@@ -301,7 +300,6 @@ class HealthMonitor:
         self._runs = runs
         # Runner.kill_as: the run whose driver is to be killed, recorded as told after.
         self._kill_as = kill_as
-        self.interval = interval
         self.stall_timeout = stall_timeout
         self.resource_wait_timeout = resource_wait_timeout
         self._clock = clock
@@ -310,32 +308,27 @@ class HealthMonitor:
         # The UI probes in flight, one per run at most (_probe).
         self._probes: dict[tuple[int, int], futures.Future[spark_status.Application]] = {}
         self._pool = futures.ThreadPoolExecutor(PROBE_WORKERS, thread_name_prefix="health-probe")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="health-monitor", daemon=True)
+        super().__init__(
+            "health-monitor",
+            join_timeout=spark_status.REST_TIMEOUT_S * 4,
+            interval=interval,
+            first_wait=interval,
+        )
 
     # ------------------------------------------------------------------ thread
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=spark_status.REST_TIMEOUT_S * 4)
+    def stop(self, timeout: float | None = None) -> None:
+        super().stop(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
 
     def flagged(self, flag: HealthFlag) -> int:
         return sum(1 for t in self.trackers.values() if t.flag == flag)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.check_once()
-            except Exception:  # one bad pass must not end the monitor
-                log.exception("health check failed; next pass in %.1f s", self.interval)
+    def step(self) -> None:
+        try:
+            self.check_once()
+        except Exception:  # one bad pass must not end the monitor
+            log.exception("health check failed; next pass in %.1f s", self.interval)
 
     # ------------------------------------------------------------------ one pass
 

@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
+from scheduler import loop
 from server import defaults, spark_master
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def _endpoints(masters: Iterable[str]) -> dict[str, spark_master.Endpoint]:
     return found
 
 
-class MasterWatch:
+class MasterWatch(loop.Loop):
     """Probes ``masters()``'s endpoints every ``interval`` seconds. ``start()`` once,
     ``stop()`` any number of times; :meth:`check` is one pass (the thread's, or a
     test's)."""
@@ -63,12 +64,14 @@ class MasterWatch:
             raise ValueError(f"master watch interval {interval!r} must be positive")
         self._masters = masters
         self._on_change = on_change
-        self._interval = interval
         self._probe = probe
         self._lock = threading.Lock()
         self._current: Report = {}
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__(
+            "sparkring-master-watch",
+            join_timeout=defaults.SPARK_MASTER_PROBE_TIMEOUT_S * 8 + 5,
+            interval=interval,
+        )
 
     def current(self) -> Report:
         """The last report: each master's ``host:port`` and whether it answered."""
@@ -101,22 +104,5 @@ class MasterWatch:
                 log.exception("master report callback failed", extra={"action": "master_watch"})
         return report
 
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name="sparkring-master-watch", daemon=True
-        )
-        self._thread.start()
-
-    def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=defaults.SPARK_MASTER_PROBE_TIMEOUT_S * 8 + 5)
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            self.check()
-            self._stopped.wait(self._interval)
+    def step(self) -> None:
+        self.check()

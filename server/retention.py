@@ -34,7 +34,6 @@ pruning is housekeeping and never stops a server.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass
@@ -42,6 +41,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+
+from scheduler import loop
 
 if TYPE_CHECKING:
     from resource_center import store
@@ -332,7 +333,7 @@ def run_pass(
             conn.commit()
 
 
-class Pruner:
+class Pruner(loop.Loop):
     """The side thread of a server that runs a pass (:func:`run_pass`) every
     ``interval`` seconds, the first after ``first_delay``. The pass is given a
     ``keep_going`` callable that turns false on :meth:`stop`, so a long prune ends at
@@ -348,46 +349,30 @@ class Pruner:
         server: str,
     ) -> None:
         self._pass = pass_
-        self._interval = interval
-        self._first_delay = first_delay
         self._server = server
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="history-pruner", daemon=True)
+        super().__init__(
+            "history-pruner", join_timeout=10.0, interval=interval, first_wait=first_delay
+        )
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Idempotent: ask the loop to end and wait for it (a batch in flight ends first)."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _loop(self) -> None:
-        wait = self._first_delay
-        while not self._stop.wait(wait):
-            wait = self._interval
-            try:
-                pruned = self._pass(lambda: not self._stop.is_set())
-            except Exception as exc:  # PostgreSQL or S3 away: housekeeping waits
-                log.warning(
-                    f"history prune failed, next try in {self._interval:.0f} s: "
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                    extra={"action": "prune_failed", "server": self._server},
-                )
-                continue
-            if pruned is not None:
-                log.info(
-                    "history pruned",
-                    extra={
-                        "action": "pruned",
-                        "server": self._server,
-                        "events": pruned.events,
-                        "batches": pruned.event_batches,
-                        "logs": pruned.logs,
-                        "longest_batch_s": pruned.longest_batch_s,
-                    },
-                )
+    def step(self) -> None:
+        try:
+            pruned = self._pass(lambda: not self.stopping.is_set())
+        except Exception as exc:  # PostgreSQL or S3 away: housekeeping waits
+            log.warning(
+                f"history prune failed, next try in {self.interval:.0f} s: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                extra={"action": "prune_failed", "server": self._server},
+            )
+            return
+        if pruned is not None:
+            log.info(
+                "history pruned",
+                extra={
+                    "action": "pruned",
+                    "server": self._server,
+                    "events": pruned.events,
+                    "batches": pruned.event_batches,
+                    "logs": pruned.logs,
+                    "longest_batch_s": pruned.longest_batch_s,
+                },
+            )
