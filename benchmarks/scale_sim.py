@@ -2,7 +2,7 @@
 
 What is real: 100 ``registry.session.Registry`` objects (ZooKeeper sessions, ephemeral
 nodes, membership watches, the coordinator election) against the stack's ZooKeeper;
-10,000 jobs in the stack's PostgreSQL; the coordinator is ``scheduler.coordinator.
+10,000 jobs in the stack's PostgreSQL; the coordinator is ``server.coordinator_loop.
 CoordinatorLoop`` started by the elected registry, as ``server/process.py`` does; every
 server claims, renews and releases with the ``scheduler.distribution`` statements the
 real runner uses, at the production intervals.
@@ -51,7 +51,7 @@ from sqlalchemy.pool import NullPool
 
 from registry import servers, session
 from scheduler import coordinator, distribution
-from server import defaults
+from server import coordinator_loop, defaults
 from sql import migrate, states
 from tests import services
 
@@ -131,7 +131,7 @@ class Simulation:
         self.registries: dict[str, session.Registry] = {}
         self.sims: dict[str, SimServer] = {}
         self.stop = threading.Event()
-        self.loop: coordinator.CoordinatorLoop | None = None
+        self.loop: coordinator_loop.CoordinatorLoop | None = None
         self.rebalances: list[tuple[float, coordinator.Rebalance]] = []
         self.victim: subprocess.Popen[str] | None = None
         self.engine: sa.Engine | None = None
@@ -186,16 +186,18 @@ class Simulation:
         if term is None:
             return
         reg = self.registries[server_id]
-        self.loop = coordinator.CoordinatorLoop(
+        self.loop = coordinator_loop.CoordinatorLoop(
             self.engine,
             server_id,
             term,
             servers=lambda: {sid: info.capacity for sid, info in reg.members().items()},
             live=lambda: list(reg.members()),
-            epsilon=defaults.PLACEMENT_EPSILON,
-            vnodes=defaults.RING_VNODES,
-            debounce=defaults.MEMBERSHIP_DEBOUNCE_S,
-            interval=self.args.poll_interval,
+            policy=coordinator.RebalancePolicy(
+                epsilon=defaults.PLACEMENT_EPSILON,
+                vnodes=defaults.RING_VNODES,
+                debounce=defaults.MEMBERSHIP_DEBOUNCE_S,
+                interval=self.args.poll_interval,
+            ),
             on_rebalance=self._rebalanced,
         )
         self.loop.start()

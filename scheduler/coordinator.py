@@ -41,7 +41,7 @@ stay (H7). So a job whose *live* owner's lease has been expired for longer than 
 ``lapse`` grace is placed elsewhere (:func:`lapsed`; the new target claims over the
 expired lease), and a live server whose every lease lapsed that long is not placeable
 at all (:func:`not_renewing`) until it renews again. The grace only counts while the
-coordinator itself has reached PostgreSQL for that long (:class:`CoordinatorLoop`):
+coordinator itself has reached PostgreSQL for that long (``server/coordinator_loop.py``):
 after an outage of PostgreSQL itself every lease has lapsed, and every owner re-claims
 its own jobs at its next poll. In the same way a server that deferred a job
 ``defer_streak`` times with no driver started since (:func:`deferring`: a full work
@@ -53,21 +53,20 @@ servers starting seconds apart do not make a job hop. ``sparkring ring rebalance
 ``coordinator.rebalance_requested_at``; the next rebalance moves every streaming job to
 a freshly balanced target and clears it.
 
-:class:`CoordinatorLoop` runs rebalances on a named thread, woken by membership or job
-changes (debounced), when a settle window ends, and by a periodic timer as a fallback.
+The server's coordinator loop (``server/coordinator_loop.py``) runs rebalances with a
+:class:`RebalancePolicy` on a named thread, woken by membership or job changes
+(debounced), when a settle window ends, and by a periodic timer as a fallback.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.exc import DBAPIError
 
 from scheduler import distribution, notify, placement, residency
 from sql import states
@@ -129,6 +128,15 @@ def _fence(conn: sa.Connection, term: int) -> None:
     ).scalar_one()
     if current != term:
         raise DeposedError(f"coordinator term {term} was superseded by term {current}")
+
+
+def reap(
+    conn: sa.Connection, term: int, live: Iterable[str], server: str, hold: float
+) -> list[tuple[int, str, int]]:
+    """Reap the departed owners' expired leases (:func:`distribution.reap`) while
+    ``term`` is still the recorded one."""
+    _fence(conn, term)
+    return distribution.reap(conn, live, server, hold=hold)
 
 
 def job_rows(conn: sa.Connection) -> list[sa.Row]:
@@ -378,6 +386,24 @@ def settling_reason(settling: Iterable[str], settle: float) -> str:
         f"membership settling: new jobs wait until {', '.join(names)} "
         f"{'has' if len(names) == 1 else 'have'} been up for the settle window ({settle:g} s)"
     )
+
+
+@dataclass(frozen=True)
+class RebalancePolicy:
+    """How the coordinator places jobs and when it looks again: the knobs of
+    :func:`rebalance` and of the server's coordinator loop, set once from the settings."""
+
+    epsilon: float  # bounded-load slack of a fresh placement (``placement``)
+    vnodes: int  # ring points per server
+    debounce: float  # seconds a burst of membership or job changes settles into one pass
+    interval: float  # seconds between two passes at most (the periodic fallback)
+    settle: float = 0.0  # the settle window: new jobs wait while a member settles
+    hold: float = 0.0  # how long a departed owner's jobs keep their targets (:func:`held`)
+    lapse: float | None = None  # grace of a live owner's expired lease (:func:`lapsed`)
+    defer_streak: int = 0  # deferrals that make a server avoided for a job (0: never)
+    defer_window: float = 0.0  # how long such a server is avoided (:func:`deferring`)
+    residency: float | None = None  # minimum residency of a gentle join (None: at once)
+    reap_hold: float = 0.0  # how long after an outage nothing is reaped (:func:`reap`)
 
 
 @dataclass(frozen=True)
@@ -681,207 +707,3 @@ def rebalance_pending(conn: sa.Connection) -> bool:
             sa.text("SELECT rebalance_requested_at IS NOT NULL FROM coordinator WHERE id = 1")
         ).scalar_one()
     )
-
-
-class CoordinatorLoop:
-    """Runs :func:`rebalance` and :func:`distribution.reap` while this server coordinates.
-
-    ``servers()`` returns the live servers that take jobs (id -> capacity) and
-    ``live()`` every live server id (including coordinator-only ones); both are read
-    from the registry's membership view. ``on_deposed`` is called once if PostgreSQL
-    reports a newer term; the loop then ends.
-
-    ``lapse`` is the grace of a live owner's expired lease (:func:`lapsed`). It applies
-    only once this loop has reached PostgreSQL without a failure for that long: after
-    an outage of PostgreSQL every lease in the table has expired, and each owner needs
-    a poll to re-claim its own jobs, which must not be moved meanwhile.
-
-    ``reap_hold``: nothing is reaped until the cluster has reached PostgreSQL again for
-    that long after an outage (:func:`distribution.reap`); a server passes its lease
-    TTL.
-    """
-
-    def __init__(
-        self,
-        engine: sa.Engine,
-        server: str,
-        term: int,
-        servers: Callable[[], Mapping[str, int]],
-        live: Callable[[], Iterable[str]],
-        *,
-        epsilon: float,
-        vnodes: int,
-        debounce: float,
-        interval: float,
-        settle: float = 0.0,
-        hold: float = 0.0,
-        lapse: float | None = None,
-        defer_streak: int = 0,
-        defer_window: float = 0.0,
-        residency: float | None = None,
-        reap_hold: float = 0.0,
-        on_deposed: Callable[[], None] = lambda: None,
-        on_rebalance: Callable[[Rebalance], None] = lambda _: None,
-        still_leader: Callable[[], bool] = lambda: False,
-    ) -> None:
-        self.engine = engine
-        self.server = server
-        self.term = term
-        self._servers = servers
-        self._live = live
-        self._epsilon = epsilon
-        self._vnodes = vnodes
-        self._debounce = debounce
-        self._interval = interval
-        self._settle = settle
-        self._hold = hold
-        self._lapse = lapse
-        self._defer_streak = defer_streak
-        self._defer_window = defer_window
-        self._residency = residency
-        self._reap_hold = reap_hold
-        # When this loop's PostgreSQL access last began (monotonic; None: failing now).
-        self._reachable_since: float | None = None
-        self._next_wait = interval
-        self._on_deposed = on_deposed
-        self._still_leader = still_leader
-        self._on_rebalance = on_rebalance
-        self._wake = threading.Event()
-        self._debounce_lock = threading.Lock()
-        self._next_debounce = debounce
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"coordinator-{term}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def wake(self, debounce: float | None = None) -> None:
-        """Rebalance soon: after ``debounce`` seconds (default: the loop's), so that a
-        burst of changes gives one pass. Job commands pass a short one: an operator
-        waiting for ``job start`` should not wait for a membership debounce."""
-        with self._debounce_lock:
-            wanted = self._debounce if debounce is None else debounce
-            self._next_debounce = min(self._next_debounce, wanted)
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run(self) -> None:
-        retry = 0.2
-        became = False
-        while not self._stop.is_set():
-            try:
-                if not became:
-                    self._become()
-                    became = True
-                    log.info(
-                        "coordinator term recorded",
-                        extra={"action": "become", "term": self.term, "server": self.server},
-                    )
-                if self._reachable_since is None:
-                    self._reachable_since = time.monotonic()
-                self._cycle()
-                retry = 0.2
-            except DeposedError as exc:
-                log.warning(str(exc), extra={"action": "deposed", "term": self.term})
-                self._on_deposed()
-                return
-            except DBAPIError as exc:
-                # The state store is slow or failing over: retry with backoff, keep the job
-                # set untouched, say so (never silently drop anything).
-                self._reachable_since = None
-                log.warning(
-                    "rebalance failed (PostgreSQL unreachable or failing over); retrying",
-                    extra={"action": "rebalance_retry", "error": type(exc.orig).__name__},
-                )
-                self._stop.wait(retry)
-                retry = min(retry * 2, 5.0)
-                continue
-            self._wake.wait(self._next_wait)
-            if self._stop.is_set():
-                return
-            # Debounce: let a burst of membership or job changes settle into one pass.
-            self._wake.clear()
-            with self._debounce_lock:
-                delay, self._next_debounce = self._next_debounce, self._debounce
-            self._stop.wait(delay)
-
-    def _become(self) -> None:
-        try:
-            with self.engine.begin() as conn:
-                become(conn, self.term, self.server)
-        except DeposedError:
-            # A larger recorded term while ZooKeeper says we lead: ZooKeeper lost its
-            # history (see take_over). Otherwise we really were deposed.
-            if not self._still_leader():
-                raise
-            with self.engine.begin() as conn:
-                old_term, old_server = take_over(conn, self.term, self.server)
-            log.warning(
-                "recorded coordinator term is from a lost ZooKeeper history; taking over",
-                extra={
-                    "action": "take_over",
-                    "term": self.term,
-                    "recorded_term": old_term,
-                    "recorded_server": old_server,
-                },
-            )
-
-    def _lapse_now(self) -> float | None:
-        """The lapse grace, once PostgreSQL has been reachable for that long."""
-        since = self._reachable_since
-        if self._lapse is None or since is None:
-            return None
-        return self._lapse if time.monotonic() - since >= self._lapse else None
-
-    def _cycle(self) -> None:
-        with self.engine.begin() as conn:
-            result = rebalance(
-                conn,
-                self.term,
-                self.server,
-                self._servers(),
-                epsilon=self._epsilon,
-                vnodes=self._vnodes,
-                settle=self._settle,
-                hold=self._hold,
-                lapse=self._lapse_now(),
-                defer_streak=self._defer_streak,
-                defer_window=self._defer_window,
-                residency=self._residency,
-            )
-        # Look again as soon as a settle window ends: a joiner then takes its jobs and
-        # held new jobs are placed.
-        # ... and as soon as a departed owner's lease expires: its jobs fail over then.
-        # ... and as soon as a deferred join move's job has run for the residency.
-        dues = [d for d in (result.settle_due, result.held_due, result.join_due) if d is not None]
-        due = min(dues, default=None)
-        self._next_wait = self._interval if due is None else min(self._interval, due + 0.05)
-        with self.engine.begin() as conn:
-            _fence(conn, self.term)
-            reaped = distribution.reap(conn, self._live(), self.server, hold=self._reap_hold)
-        if result.changed or reaped:
-            log.info(
-                "rebalanced",
-                extra={
-                    "action": "rebalance",
-                    "term": self.term,
-                    "ring_generation": result.ring_generation,
-                    "changed": result.changed,
-                    "moved": result.moved,
-                    "pending": result.pending,
-                    "reaped": len(reaped),
-                    "lapsed": result.lapsed,
-                    "deferred": result.deferred,
-                    "not_renewing": list(result.not_renewing),
-                    "seconds": round(result.seconds, 3),
-                },
-            )
-        self._on_rebalance(result)

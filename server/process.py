@@ -42,6 +42,7 @@ from scheduler import auto_rollback, coordinator, fires, jobs, notify
 from server import (
     alert_sender,
     clients,
+    coordinator_loop,
     defaults,
     driver,
     driver_network,
@@ -111,7 +112,7 @@ class Server:
         self._open_endpoint = open_endpoint
         self.id = settings.server_id
         self._stop = threading.Event()
-        self._coordinator: coordinator.CoordinatorLoop | None = None
+        self._coordinator: coordinator_loop.CoordinatorLoop | None = None
         self._coordinator_lock = threading.Lock()
         self.engine: sa.Engine | None = None
         self.registry: session.Registry | None = None
@@ -493,12 +494,7 @@ class Server:
             if term is None or self._stop.is_set():
                 return
             s = self.settings
-            self._coordinator = coordinator.CoordinatorLoop(
-                self.engine,
-                self.id,
-                term,
-                servers=self._server_capacities,
-                live=lambda: list(self.registry.members()) if self.registry else [],
+            policy = coordinator.RebalancePolicy(
                 epsilon=s.placement_epsilon,
                 vnodes=defaults.RING_VNODES,
                 debounce=defaults.MEMBERSHIP_DEBOUNCE_S,
@@ -509,11 +505,19 @@ class Server:
                 # hand-over window (set it cluster-wide).
                 hold=max(s.placement_settle, s.handover_window),
                 lapse=s.lease_lapse_grace,
-                # After an outage of PostgreSQL, its owners' word first (reap).
-                reap_hold=s.lease_lapse_grace,
                 defer_streak=s.defer_streak,
                 defer_window=s.defer_avoid,
                 residency=s.min_residency,
+                # After an outage of PostgreSQL, its owners' word first (reap).
+                reap_hold=s.lease_lapse_grace,
+            )
+            self._coordinator = coordinator_loop.CoordinatorLoop(
+                self.engine,
+                self.id,
+                term,
+                servers=self._server_capacities,
+                live=lambda: list(self.registry.members()) if self.registry else [],
+                policy=policy,
                 on_deposed=self._deposed,
                 still_leader=lambda: bool(self.registry and self.registry.confirm_leader()),
             )

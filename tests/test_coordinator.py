@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from scheduler import coordinator, jobs, notify
+from server import coordinator_loop
 from sql import states
 from tests import factories, waiting
 
@@ -157,16 +158,13 @@ def test_coordinator_loop_rebalances_on_wake_and_stops_when_deposed(engine: sa.E
     factories.job(engine, "j")
     deposed = threading.Event()
     servers = {"a": 4}
-    loop = coordinator.CoordinatorLoop(
+    loop = coordinator_loop.CoordinatorLoop(
         engine,
         "a",
         9,
         servers=lambda: dict(servers),
         live=lambda: list(servers),
-        epsilon=0.25,
-        vnodes=160,
-        debounce=0.05,
-        interval=30,
+        policy=coordinator.RebalancePolicy(epsilon=0.25, vnodes=160, debounce=0.05, interval=30),
         on_deposed=deposed.set,
     )
     loop.start()
@@ -473,16 +471,13 @@ def test_after_zookeeper_lost_its_history_the_confirmed_leader_takes_over(
     factories.job(engine, "j")
     _become(engine, 1 << 40, server="x")  # a term of the lost history
     deposed = threading.Event()
-    loop = coordinator.CoordinatorLoop(
+    loop = coordinator_loop.CoordinatorLoop(
         engine,
         "a",
         7,
         servers=lambda: {"a": 10},
         live=lambda: ["a"],
-        epsilon=0.25,
-        vnodes=160,
-        debounce=0.05,
-        interval=30,
+        policy=coordinator.RebalancePolicy(epsilon=0.25, vnodes=160, debounce=0.05, interval=30),
         on_deposed=deposed.set,
         still_leader=lambda: leader,
     )
