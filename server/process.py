@@ -28,7 +28,6 @@ import ssl
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,20 +37,18 @@ import sqlalchemy as sa
 
 from registry import connection, servers, session
 from resource_center import cache
-from scheduler import auto_rollback, coordinator, fires, jobs, notify
+from scheduler import jobs, loop, notify
 from server import (
-    alert_sender,
     clients,
+    components,
     coordinator_loop,
     defaults,
     driver,
-    driver_network,
     driver_user,
     exit_codes,
     health,
     master_watch,
     metrics,
-    retention,
     runner,
     tls,
     version,
@@ -124,25 +121,12 @@ class Server:
         self.api_engine: sa.Engine | None = None
         # The health monitor of the local drivers, with its own one-connection pool.
         self.health: health.HealthMonitor | None = None
-        self._health_engine: sa.Engine | None = None
-        # History retention: a side thread with a connection of its own (never the
-        # runner's pool), which prunes while it holds the retention advisory lock.
-        self.pruner: retention.Pruner | None = None
-        self._prune_engine: sa.Engine | None = None
-        # Fires due schedules (any server may; a row lock makes each fire one server's),
-        # with a one-connection pool of its own.
-        self.firer: fires.FiringLoop | None = None
-        self._firer_engine: sa.Engine | None = None
-        # Sends the alert outbox (any server may; a lease makes each attempt one
-        # server's), with a small pool of its own.
-        self.alert_sender: alert_sender.AlertSender | None = None
-        self._alert_engine: sa.Engine | None = None
-        # Judges auto-rollback watches (any server may; a row lock makes each verdict one
-        # server's), with a one-connection pool of its own.
-        self.rollback_watch: auto_rollback.WatchLoop | None = None
-        self._watch_engine: sa.Engine | None = None
-        # Whether the Spark masters we use answer (informational: never part of health).
+        # The side loops the server looks into (server/components.py builds them).
+        self.pruner: loop.Loop | None = None
+        self.firer: loop.Loop | None = None
         self.master_watch: master_watch.MasterWatch | None = None
+        # Every part started so far, in order: supervised, then stopped, by this list.
+        self._parts: list[components.Component] = []
         self.exit_code = exit_codes.ExitCode.OK
         self._work_dir_lock: IO[str] | None = None
         self._handing_over = False
@@ -171,34 +155,17 @@ class Server:
             self.engine,
             bucket,
             cache.Cache(root=s.work_dir / "cache", max_bytes=s.cache_max_bytes),
-            runner.RunnerConfig(
-                server=self.id,
-                # This process's incarnation: its leases are its own, never those of an
-                # earlier process with the same id (distribution.Owner).
-                incarnation=uuid.uuid4().hex,
-                capacity=capacity,
-                work_dir=s.work_dir,
-                checkpoint_root=s.checkpoint_root,
-                spark_master=s.spark_master,
-                lease_ttl=s.lease_ttl,
-                watchdog_margin=s.watchdog_margin,
-                renew_interval=s.lease_renew_interval,
-                poll_interval=s.poll_interval,
-                stop_grace=s.stop_grace,
-                backoff_base=s.restart_backoff_base,
-                backoff_max=s.restart_backoff_max,
-                fetch_retry=s.s3_fetch_retry,
-                records=s.driver_records,
-                run_as=run_as,
-                driver_nice=s.driver_nice,
-                takeover_hold=s.lease_lapse_grace,
-                warm_ready_wait=s.warm_ready_wait,
-                # A warm driver outlives the longest hand-off: the wait, the stop, a claim.
-                warm_go_timeout=s.warm_ready_wait + s.stop_grace + defaults.WARM_GO_SLACK_S,
-                driver_address=driver_network.resolve(s.advertise_host),
-                secret_box=s.secret_box(),
-            ),
+            components.runner_config(s, capacity, run_as),
             may_claim=self._may_claim,
+        )
+        # Its stops are the hand-over (shutdown); it stops claiming first of all.
+        self._parts.append(
+            components.Component(
+                "runner",
+                self.runner.threads_alive,
+                components.Watch.ALWAYS,
+                first_stop=self.runner.stop_claiming,
+            )
         )
         self._start_http(bucket)
         self._register_gauges(capacity)
@@ -231,21 +198,56 @@ class Server:
             [notify.JOBS_CHANNEL, notify.TARGETS_CHANNEL],
             self._notified,
         )
-        self.listener.start()
+        self._start(
+            components.side_loop(
+                "NOTIFY listener",
+                self.listener,
+                watch=components.Watch.ALWAYS,
+                stop_first=False,
+                stop_last=True,
+            )
+        )
         # The runner starts before registration, which may wait a whole session timeout
         # for our previous incarnation's node to go: it adopts the drivers that
         # incarnation left in our work dir (a proof that is local: the work-dir lock and
         # a live watchdog there) and renews their leases, so they outlive the wait. It
         # claims nothing, and migrates nothing, until ZooKeeper has accepted our id.
         self.runner.start()
-        self._start_health()
+        # Stopped at the end, after the hand-over, as the listener is.
+        self.health = components.health_monitor(s, self.id, self.runner)
+        self._start(
+            components.side_loop(
+                "health monitor",
+                self.health,
+                self.health.engine,
+                watch=components.Watch.NEVER,
+                stop_first=False,
+                stop_last=True,
+            )
+        )
+        self._parts += [
+            components.Component("registry", self.registry.threads_alive, components.Watch.RUNNING),
+            # Its loop comes and goes with the term (_coordinator_changed).
+            components.Component(
+                "coordinator",
+                self._coordinator_alive,
+                components.Watch.ALWAYS,
+                first_stop=self._stop_coordinator,
+            ),
+        ]
         self.registry.start(timeout=max(10.0, s.zk_session_timeout * 2))
         self.runner.registered(settle=defaults.ADOPTION_SETTLE_S)
-        self._start_pruner(bucket)
-        self._start_firer()
-        self._start_alert_sender()
-        self._start_rollback_watch()
-        self._start_master_watch()
+        pruner = components.history_pruner(s, self.id, bucket)
+        if pruner is not None:
+            self.pruner = self._start(pruner).side
+        self.firer = self._start(components.schedule_firer(s, self.id)).side
+        self._start(components.alert_outbox(s, self.id, self.own_url(), VERSION))
+        self._start(components.rollback_watch(s, self.id))
+        self.master_watch = components.spark_masters(s, lambda: self.runner, lambda: self.registry)
+        metrics.REGISTRY.spark_masters_up(self.master_watch.current)
+        self._start(
+            components.side_loop("master watch", self.master_watch, watch=components.Watch.NEVER)
+        )
         log.info(
             "server started",
             extra={
@@ -262,6 +264,13 @@ class Server:
             self.own_url(),
             extra={"action": "console", "server": self.id},
         )
+
+    def _start(self, part: components.Component) -> components.Component:
+        """Add a side loop to the parts the server supervises and stops; start it."""
+        self._parts.append(part)
+        assert part.side is not None
+        part.side.start()
+        return part
 
     def _say_replication(self) -> None:
         """Log whether the database commits synchronously to a standby (a failover to an
@@ -319,6 +328,15 @@ class Server:
         except tls.TlsError as exc:
             raise StartupError(str(exc)) from None
         self.api_engine = clients.engine(s, pool_size=defaults.HTTP_DB_POOL)
+        self._parts.append(
+            components.Component(
+                "HTTP endpoint",
+                lambda: True,
+                components.Watch.NEVER,
+                last_stop=self._stop_http,
+                engine=self.api_engine,
+            )
+        )
         place = EndpointPlace(
             server=self,
             engine=self.api_engine,
@@ -332,107 +350,9 @@ class Server:
             raise StartupError(f"SPARKRING_HEALTH_PORT: {exc}") from None
         self.http.start()
 
-    def _start_health(self) -> None:
-        s = self.settings
-        assert self.runner is not None
-        self._health_engine = clients.engine(s, pool_size=1)
-        self.health = health.HealthMonitor(
-            self._health_engine,
-            self.id,
-            s.advertise_host,
-            self.runner.runs,
-            self.runner.kill_as,
-            interval=s.health_interval,
-            stall_timeout=s.stall_timeout,
-            resource_wait_timeout=s.resource_wait_timeout,
-        )
-        self.health.start()
-
-    def _start_pruner(self, bucket: Any) -> None:
-        """Prune job events and shipped logs older than SPARKRING_HISTORY_RETENTION
-        about hourly (0: keep them forever, no thread). Housekeeping: a failed pass is
-        logged and retried, and this thread's death never stops the server."""
-        s = self.settings
-        if s.history_retention <= 0:
-            return
-        # One connection with the server's session limits, so a prune batch can never
-        # wait on a lock longer than a renewal may. Not checked here: a PostgreSQL
-        # that blinks now only fails the first pass.
-        self._prune_engine = database.create_engine(
-            s.database_url.get_secret_value(), pool_size=1, limits=clients.server_limits(s)
-        )
-        engine = self._prune_engine
-        self.pruner = retention.Pruner(
-            lambda keep_going: retention.run_pass(
-                engine,
-                bucket,
-                s.history_retention,
-                batch_size=defaults.HISTORY_PRUNE_BATCH,
-                keep_going=keep_going,
-            ),
-            interval=defaults.HISTORY_PRUNE_INTERVAL_S,
-            first_delay=defaults.HISTORY_PRUNE_FIRST_DELAY_S,
-            server=self.id,
-        )
-        self.pruner.start()
-
-    def _start_firer(self) -> None:
-        """Fire due schedules on a side thread (scheduler/fires.py). Any server fires:
-        the fire's row, committed with its run, makes each fire time happen once."""
-        s = self.settings
-        self._firer_engine = database.create_engine(
-            s.database_url.get_secret_value(), pool_size=1, limits=clients.server_limits(s)
-        )
-        self.firer = fires.FiringLoop(
-            self._firer_engine, self.id, interval=defaults.SCHEDULE_FIRE_INTERVAL_S
-        )
-        self.firer.start()
-
-    def _start_alert_sender(self) -> None:
-        """Send alert deliveries on a side thread (server/alert_sender.py)."""
-        s = self.settings
-        assert self.http is not None
-        self._alert_engine = database.create_engine(
-            s.database_url.get_secret_value(), pool_size=2, limits=clients.server_limits(s)
-        )
-        own = self.own_url()
-        self.alert_sender = alert_sender.AlertSender(
-            self._alert_engine,
-            self.id,
-            interval=s.alert_interval,
-            console_url=s.console_url or own,
-            user_agent=f"sparkring/{VERSION}",
-            verify=tls.webhook_context(s.tls_ca if s.alert_trust_cluster_ca else None),
-            allow_networks=s.alert_networks(),
-        )
-        self.alert_sender.start()
-
-    def _start_rollback_watch(self) -> None:
-        """Judge auto-rollback watches on a side thread (scheduler/auto_rollback.py)."""
-        s = self.settings
-        self._watch_engine = database.create_engine(
-            s.database_url.get_secret_value(), pool_size=1, limits=clients.server_limits(s)
-        )
-        self.rollback_watch = auto_rollback.WatchLoop(
-            self._watch_engine, self.id, interval=defaults.AUTO_ROLLBACK_INTERVAL_S
-        )
-        self.rollback_watch.start()
-
-    def _start_master_watch(self) -> None:
-        """Probe our Spark masters on a side thread and publish what answers in our
-        ZooKeeper node; the gauge reads the last report."""
-
-        def masters() -> list[str]:
-            runs = self.runner.runs().values() if self.runner else []
-            return [self.settings.spark_master, *(run.master for run in runs)]
-
-        def publish(report: master_watch.Report) -> None:
-            if self.registry is not None:
-                self.registry.publish(spark_masters=report)
-
-        self.master_watch = master_watch.MasterWatch(masters, publish)
-        metrics.REGISTRY.spark_masters_up(self.master_watch.current)
-        self.master_watch.start()
+    def _stop_http(self) -> None:
+        if self.http is not None:
+            self.http.stop()
 
     def _jobs_by_state(self) -> dict[str, int]:
         engine = self.api_engine
@@ -482,9 +402,9 @@ class Server:
         self._wake_coordinator()
 
     def _wake_coordinator(self, debounce: float | None = None) -> None:
-        loop = self._coordinator
-        if loop is not None:
-            loop.wake(debounce)
+        current = self._coordinator
+        if current is not None:
+            current.wake(debounce)
 
     def _coordinator_changed(self, term: int | None) -> None:
         with self._coordinator_lock:
@@ -493,36 +413,28 @@ class Server:
                 self._coordinator = None
             if term is None or self._stop.is_set():
                 return
-            s = self.settings
-            policy = coordinator.RebalancePolicy(
-                epsilon=s.placement_epsilon,
-                vnodes=defaults.RING_VNODES,
-                debounce=defaults.MEMBERSHIP_DEBOUNCE_S,
-                interval=s.poll_interval,
-                settle=s.placement_settle,
-                # A restarting server's successor re-registers within the settle
-                # window after its old session expired; a planned restart within the
-                # hand-over window (set it cluster-wide).
-                hold=max(s.placement_settle, s.handover_window),
-                lapse=s.lease_lapse_grace,
-                defer_streak=s.defer_streak,
-                defer_window=s.defer_avoid,
-                residency=s.min_residency,
-                # After an outage of PostgreSQL, its owners' word first (reap).
-                reap_hold=s.lease_lapse_grace,
-            )
             self._coordinator = coordinator_loop.CoordinatorLoop(
                 self.engine,
                 self.id,
                 term,
                 servers=self._server_capacities,
                 live=lambda: list(self.registry.members()) if self.registry else [],
-                policy=policy,
+                policy=components.rebalance_policy(self.settings),
                 on_deposed=self._deposed,
                 still_leader=lambda: bool(self.registry and self.registry.confirm_leader()),
             )
             self._coordinator.start()
         log.info("coordinating", extra={"action": "coordinator", "term": term, "server": self.id})
+
+    def _coordinator_alive(self) -> bool:
+        current = self._coordinator
+        return current is None or current.is_alive()
+
+    def _stop_coordinator(self) -> None:
+        with self._coordinator_lock:
+            if self._coordinator is not None:
+                self._coordinator.stop()
+                self._coordinator = None
 
     def _deposed(self) -> None:
         log.warning("deposed by a newer coordinator term", extra={"action": "deposed"})
@@ -648,25 +560,7 @@ class Server:
 
     def dead_component(self) -> str | None:
         """The name of a supervised side thread that died, if any."""
-        if self.runner is not None and not self.runner.threads_alive():
-            return "runner"
-        if self.listener is not None and not self.listener.is_alive():
-            return "NOTIFY listener"
-        if self.registry is not None and not self._stop.is_set():
-            if not self.registry.threads_alive():
-                return "registry"
-        loop = self._coordinator
-        if loop is not None and not loop.is_alive():
-            return "coordinator"
-        if self.firer is not None and not self._stop.is_set() and not self.firer.is_alive():
-            return "schedule firer"
-        sender = self.alert_sender
-        if sender is not None and not self._stop.is_set() and not sender.is_alive():
-            return "alert sender"
-        watch = self.rollback_watch
-        if watch is not None and not self._stop.is_set() and not watch.is_alive():
-            return "auto-rollback watch"
-        return None
+        return components.dead(self._parts, stopping=self._stop.is_set())
 
     def shutdown(self, hand_off: bool = True) -> None:
         """Ordered, idempotent: stop claiming, leave, hand off, release, close.
@@ -674,22 +568,11 @@ class Server:
         ``hand_off=False`` (a start-up that failed) stops no driver: the runs this
         process adopted are left to their watchdogs, for the next start to adopt."""
         self._stop.set()
-        if self.runner is not None:
-            self.runner.stop_claiming()
-        with self._coordinator_lock:
-            if self._coordinator is not None:
-                self._coordinator.stop()
-                self._coordinator = None
-        if self.pruner is not None:
-            self.pruner.stop()  # between two batches: nothing is left half-done
-        if self.firer is not None:
-            self.firer.stop()  # between two fires: each is one transaction
-        if self.alert_sender is not None:
-            self.alert_sender.begin_stop()  # no new sends; those in flight end after the hand-over
-        if self.rollback_watch is not None:
-            self.rollback_watch.stop()  # between two verdicts: each is one transaction
-        if self.master_watch is not None:
-            self.master_watch.stop()
+        # The runner stops claiming, the coordinator and the side loops stop (each
+        # between two passes: every pass is one transaction).
+        for part in self._parts:
+            if part.first_stop is not None:
+                part.first_stop()
         if self._handing_over and self.runner is not None:
             # Loops first (a renewal must not shorten the extended leases), then extend
             # the leases and the watchdogs' deadlines, then leave ZooKeeper.
@@ -702,28 +585,12 @@ class Server:
                 self.runner.hand_off(timeout=self.settings.stop_grace + 10)
         if self.runner is not None:
             self.runner.stop()  # after the hand-over: the tasks in flight end first
-        if self.alert_sender is not None:
-            # After the hand-over, which no receiver may delay: what is still in flight
-            # is cut and sent again later (at least once, same id).
-            self.alert_sender.stop()
-        if self.health is not None:
-            self.health.stop()
-        if self.listener is not None:
-            self.listener.stop()
-        if self.http is not None:
-            self.http.stop()
-        if self.api_engine is not None:
-            self.api_engine.dispose()
-        if self._health_engine is not None:
-            self._health_engine.dispose()
-        if self._prune_engine is not None:
-            self._prune_engine.dispose()
-        if self._firer_engine is not None:
-            self._firer_engine.dispose()
-        if self._alert_engine is not None:
-            self._alert_engine.dispose()
-        if self._watch_engine is not None:
-            self._watch_engine.dispose()
+        for part in reversed(self._parts):
+            if part.last_stop is not None:
+                part.last_stop()
+        for part in self._parts:
+            if part.engine is not None:
+                part.engine.dispose()
         if self.engine is not None:
             self.engine.dispose()
         if self._work_dir_lock is not None:
