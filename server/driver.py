@@ -23,9 +23,7 @@ to :func:`build_env`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
-import json
 import logging
 import math
 import os
@@ -41,11 +39,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server import driver_network, driver_user, job_deps, rundir, warm_entry, watchdog
+from server import (
+    driver_network,
+    driver_user,
+    job_deps,
+    rundir,
+    warm_entry,
+    watchdog,
+    watchdog_contract,
+)
 
 log = logging.getLogger("sparkring.driver")
 
 Reason = watchdog.Reason
+# What a run's watchdog records its driver's own exit with (the name launch.py builds).
+FinishReport = watchdog_contract.FinishReport
 
 # Generated launcher for a .zip/.egg main: spark-submit only runs a .py as a Python main.
 ZIP_LAUNCHER_FILE = "sparkring_main.py"
@@ -178,32 +186,6 @@ class RunIdentity:
         if "job_id" in record:
             return record["job_id"] == self.job_id
         return record.get("job") == self.job
-
-
-@dataclass(frozen=True)
-class FinishReport:
-    """What a run's watchdog needs to record how its driver ended itself: an exit 0
-    ``finished``, a nonzero exit a crash with the job's backoff
-    (``distribution.finish_by_watchdog``, ``record_crash_by_watchdog``), fenced on the
-    run (its server and epoch; not the incarnation, which an adoption replaces). The end
-    is then known to PostgreSQL even when the server is stalled or dead at that moment:
-    no other server runs a finished generation again, or a failed job past its budget.
-    Handed to the watchdog through a pipe, never in its argv or environment (the URL
-    carries the database password)."""
-
-    database_url: str
-    job_id: int
-    server: str
-    epoch: int
-    backoff_base: float  # the server's restart backoff (runner.RunnerConfig), seconds
-    backoff_max: float
-    log_file: str  # the run's driver.log: its first exception goes into a crash's error
-    # The job's master: a driver that exited before it registered while no master of a
-    # spark:// URL answers is deferred, not counted as a crash (server/spark_master.py).
-    spark_master: str = ""
-
-    def payload(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self)).encode()
 
 
 def default_spark_submit() -> Path:
@@ -645,7 +627,7 @@ def supervise(
     epoch: int,
     server: str,
     records: Path | None = None,
-    default_grace: float = watchdog.DEFAULT_GRACE_S,
+    default_grace: float = watchdog_contract.DEFAULT_GRACE_S,
     term_only: str | None = None,
     report: FinishReport | None = None,
     job_id: int | None = None,
@@ -668,53 +650,29 @@ def supervise(
         (run_dir / stale).unlink(missing_ok=True)
     # The lease file exists before the watchdog does: it never starts unconfirmed.
     rundir.write_lease(run_dir / rundir.LEASE_FILE, lease_deadline)
-    argv = [
-        sys.executable,
-        "-m",
-        "server.watchdog",
-        "--lease-file",
-        str(run_dir / rundir.LEASE_FILE),
-        "--result",
-        str(run_dir / rundir.RESULT_FILE),
-        "--state",
-        str(run_dir / rundir.STATE_FILE),
-        "--stop-file",
-        str(run_dir / rundir.STOP_FILE),
-        "--grace",
-        str(default_grace),
-        "--job",
-        job,
-        "--epoch",
-        str(epoch),
-        "--server",
-        server,
-        "--cwd",
-        str(_working_dir(run_dir, user)),
-    ]
-    if user is not None:
-        argv += ["--uid", str(user.uid), "--gid", str(user.gid)]
-    if job_id is not None:
-        argv += ["--job-id", str(job_id)]
-    if nice:
-        argv += ["--nice", str(nice)]
-    if records is not None:
-        argv += ["--records", str(records)]
-    if term_only is not None:
-        argv += ["--term-only", term_only]
-    if go_file is not None:
-        argv += ["--go-file", str(go_file)]
-    report_fd = None
-    if report is not None:
-        # The report waits in the pipe's buffer (far below its 64 KiB) for the watchdog
-        # to read at start-up; only the read end is inherited.
-        report_fd, report_write = os.pipe()
-        try:
-            os.write(report_write, report.payload())
-        finally:
-            os.close(report_write)
-        os.set_inheritable(report_fd, True)
-        argv += ["--report-fd", str(report_fd)]
-    argv += ["--", *command]
+    cwd = _working_dir(run_dir, user)
+    report_fd = None if report is None else report.to_pipe()
+    args = watchdog_contract.WatchdogArgs(
+        lease_file=run_dir / rundir.LEASE_FILE,
+        result=run_dir / rundir.RESULT_FILE,
+        command=tuple(command),
+        state=run_dir / rundir.STATE_FILE,
+        stop_file=run_dir / rundir.STOP_FILE,
+        grace=default_grace,
+        job=job,
+        epoch=epoch,
+        server=server,
+        cwd=cwd,
+        uid=user and user.uid,
+        gid=user and user.gid,
+        job_id=job_id,
+        nice=nice,
+        records=records,
+        term_only=term_only,
+        go_file=go_file,
+        report_fd=report_fd,
+    )
+    argv = [sys.executable, "-m", "server.watchdog", *args.to_argv()]
     env = {**env, watchdog.RUN_MARK_VARIABLE: str(run_dir)}
     if user is not None:
         # The server's HOME is not the driver's to write (Spark and Ivy keep caches

@@ -1,6 +1,7 @@
 """The watchdog: one small process per driver that kills it when its lease is overdue.
 
-Run as ``python -m server.watchdog --lease-file F --result R [options] -- CMD...``; the
+Run as ``python -m server.watchdog --lease-file F --result R [options] -- CMD...``
+(``watchdog_contract.WatchdogArgs``, which the server writes and this reads); the
 server starts it in a session of its own (``start_new_session=True``), so neither a
 signal to the server's process group nor a SIGSTOP of the server reaches it. It owns:
 
@@ -33,7 +34,7 @@ signal to the server's process group nor a SIGSTOP of the server reaches it. It 
   once everything is dead; the exit status is the matching ``exit_codes.ExitCode``.
   Both carry the run's identity (``--job-id``, ``--job``, ``--epoch``, ``--server``): a
   reader takes them for a run's only when they match it (``driver.RunIdentity``).
-- the **record of the end** (``--report-fd``, ``server.driver.FinishReport``): when the
+- the **record of the end** (``--report-fd``, ``watchdog_contract.FinishReport``): when the
   driver exits on its own, the watchdog records it in PostgreSQL itself before it
   writes the result (an exit 0 ``finished``, a nonzero exit a crash that spends the
   job's budget; ``reconcile.watchdog_ending``; but a deferral, no budget spent, when
@@ -65,11 +66,9 @@ reader concludes when the watchdog died without a result).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import faulthandler
-import json
 import logging
 import math
 import os
@@ -83,7 +82,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from server import exit_codes, rundir
+from server import exit_codes, rundir, watchdog_contract
 
 log = logging.getLogger("sparkring.watchdog")
 
@@ -93,14 +92,10 @@ def lease_clock() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-# How often the lease file is re-read when nothing else wakes the watchdog, seconds.
-DEFAULT_INTERVAL_S = 0.1
 # A supervising loop that has not gone round for this long dumps every thread's stack
 # into the driver log (faulthandler, from a thread of its own that needs no GIL): a
 # watchdog must never be stuck, and when one is, the log says where. Seconds.
 STALL_DUMP_S = 2.0
-# Grace between SIGTERM and SIGKILL when no stop file says otherwise, seconds.
-DEFAULT_GRACE_S = 20.0
 # Recording the driver's exit (--report-fd): connection and statement limits, the pause
 # between two tries while PostgreSQL is away, and how long past the lease deadline it
 # keeps trying (after that the server records it, or the job was claimed elsewhere and
@@ -228,12 +223,16 @@ def _children() -> list[int]:
 class Watchdog:
     """One supervised run of CMD; ``run()`` returns the watchdog's exit code."""
 
-    def __init__(self, args: argparse.Namespace, report: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        args: watchdog_contract.WatchdogArgs,
+        report: watchdog_contract.FinishReport | None = None,
+    ) -> None:
         self.args = args
-        # --report-fd's content (server.driver.FinishReport): record the driver's exit in
-        # PostgreSQL. Never logged: it carries the database URL.
+        # --report-fd's content: record the driver's exit in PostgreSQL. Never logged: it
+        # carries the database URL.
         self.report = report
-        self.command: list[str] = args.command
+        self.command: list[str] = list(args.command)
         self.lease_file: Path = args.lease_file
         self.deadline = -math.inf
         self.late_kills = 0  # descendants first killed after kill_everything's first round
@@ -358,46 +357,46 @@ class Watchdog:
 
                 def write(conn: Any) -> Any:
                     return distribution.finish_by_watchdog(
-                        conn, report["job_id"], report["server"], report["epoch"]
+                        conn, report.job_id, report.server, report.epoch
                     )
             elif spark_master.lost_to_outage(
-                master := report.get("spark_master") or "", Path(report["log_file"])
+                master := report.spark_master or "", Path(report.log_file)
             ):
                 # Not the job's failure: no restart counted; it runs once a master answers.
                 what = f"the exit {exit_code} as a deferral (no Spark master answers)"
                 error = driver_error.one_line(
                     spark_master.detail(master)
                     + " after "
-                    + driver_error.crash_error(str(reason), exit_code, Path(report["log_file"]))
+                    + driver_error.crash_error(str(reason), exit_code, Path(report.log_file))
                 )
 
                 def write(conn: Any) -> Any:
                     return distribution.defer_by_watchdog(
                         conn,
-                        report["job_id"],
-                        report["server"],
-                        report["epoch"],
+                        report.job_id,
+                        report.server,
+                        report.epoch,
                         error,
-                        report["backoff_base"],
+                        report.backoff_base,
                         cause=spark_master.CAUSE,
                     )
             else:
                 what = f"the exit {exit_code}"
-                error = driver_error.crash_error(str(reason), exit_code, Path(report["log_file"]))
+                error = driver_error.crash_error(str(reason), exit_code, Path(report.log_file))
 
                 def write(conn: Any) -> Any:
                     return distribution.record_crash_by_watchdog(
                         conn,
-                        report["job_id"],
-                        report["server"],
-                        report["epoch"],
+                        report.job_id,
+                        report.server,
+                        report.epoch,
                         error,
-                        backoff_base=report["backoff_base"],
-                        backoff_max=report["backoff_max"],
+                        backoff_base=report.backoff_base,
+                        backoff_max=report.backoff_max,
                     )
 
             engine = database.create_engine(
-                report["database_url"],
+                report.database_url,
                 pool_size=1,
                 connect_timeout=RECORD_CONNECT_TIMEOUT_S,
                 limits=database.SessionLimits(
@@ -703,76 +702,8 @@ def _load_recorder() -> None:
         from sql import database  # noqa: F401
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m server.watchdog",
-        description="Run CMD as a fenced driver: kill its process group when the lease "
-        "deadline in --lease-file (CLOCK_MONOTONIC seconds) passes.",
-    )
-    parser.add_argument("--lease-file", type=Path, required=True)
-    parser.add_argument("--result", type=Path, required=True)
-    parser.add_argument("--state", type=Path, default=None)
-    parser.add_argument("--records", type=Path, default=None)
-    parser.add_argument("--stop-file", type=Path, default=None)
-    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S)
-    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
-    parser.add_argument("--cwd", type=Path, default=None, help="working directory of CMD")
-    parser.add_argument(
-        "--term-only",
-        default=None,
-        metavar="ARG",
-        help="on stop, SIGTERM only the group's non-leader processes with ARG in their argv "
-        "(falls back to the whole group when none has)",
-    )
-    parser.add_argument(
-        "--uid", type=int, default=None, help="run CMD as this user id (needs --gid)"
-    )
-    parser.add_argument("--gid", type=int, default=None, help="run CMD with this group id")
-    parser.add_argument(
-        "--nice",
-        type=int,
-        choices=range(0, 20),
-        default=0,
-        metavar="0-19",
-        help="run CMD this many nice steps below the watchdog (it must outrun CMD to kill "
-        "it on time)",
-    )
-    parser.add_argument("--job", default=None)
-    parser.add_argument("--job-id", type=int, default=None)
-    parser.add_argument("--epoch", type=int, default=None)
-    parser.add_argument("--server", default=None)
-    parser.add_argument(
-        "--report-fd",
-        type=int,
-        default=None,
-        metavar="FD",
-        help="read a JSON FinishReport (server/driver.py) from FD at start-up and record "
-        "the driver's own exit in PostgreSQL with it",
-    )
-    parser.add_argument(
-        "--go-file",
-        type=Path,
-        default=None,
-        help="a warm driver: the run is the job's only once this file exists (its time "
-        "starts the lifetime record; an end before it is recorded nowhere)",
-    )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command[:1] == ["--"]:
-        args.command = args.command[1:]
-    if not args.command:
-        parser.error("no command given after --")
-    if args.grace < 0 or args.interval <= 0:
-        parser.error("--grace must be >= 0 and --interval > 0")
-    if (args.uid is None) != (args.gid is None):
-        parser.error("--uid and --gid go together")
-    if args.uid == 0:
-        parser.error("--uid 0: a driver never runs as root")
+    args = watchdog_contract.WatchdogArgs.parse(argv)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
@@ -781,7 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = None
     if args.report_fd is not None:
         with os.fdopen(args.report_fd, "rb") as pipe:
-            report = json.loads(pipe.read())
+            report = watchdog_contract.FinishReport.from_payload(pipe.read())
     # Nothing the launcher leaked (sockets, files) may reach the driver or pin resources.
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     watchdog = Watchdog(args, report)

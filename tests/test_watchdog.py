@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from server import driver, exit_codes, rundir, watchdog
+from server import driver, exit_codes, rundir, watchdog, watchdog_contract
 from tests import waiting
 
 # How late after its deadline a driver may still be alive: wake-up, killpg and reaping
@@ -618,7 +618,7 @@ def test_a_watchdog_records_its_driver_s_own_exit_but_not_a_failure_during_a_sto
         raise RuntimeError("no database in this test")
 
     monkeypatch.setattr(database, "create_engine", no_database)
-    args = watchdog._parser().parse_args(
+    args = watchdog_contract.WatchdogArgs.parse(
         [
             "--lease-file",
             str(tmp_path / "lease.json"),
@@ -630,15 +630,15 @@ def test_a_watchdog_records_its_driver_s_own_exit_but_not_a_failure_during_a_sto
             "true",
         ]
     )
-    report = {
-        "database_url": "postgresql://nowhere/x",
-        "job_id": 1,
-        "server": "s1",
-        "epoch": 1,
-        "backoff_base": 1.0,
-        "backoff_max": 2.0,
-        "log_file": str(tmp_path / "driver.log"),
-    }
+    report = watchdog_contract.FinishReport(
+        database_url="postgresql://nowhere/x",
+        job_id=1,
+        server="s1",
+        epoch=1,
+        backoff_base=1.0,
+        backoff_max=2.0,
+        log_file=str(tmp_path / "driver.log"),
+    )
     dog = watchdog.Watchdog(args, report)
     if stop == "file":
         rundir.write_json_atomically(tmp_path / "stop.json", {"grace": 1})
