@@ -1,11 +1,11 @@
 """The parts of a running server, as one ordered list: what each is called, whether
 its death stops the server, how it stops and the pool it owns.
 
-``process.Server`` appends each part as it starts and iterates the list three times:
-to find a part that died (:func:`dead`), to stop the side loops at the start of a
-shutdown (before the hand-over), and to stop the rest at its end (newest first), after
-which every part's own pool is disposed. The runner and the registry are parts too, but
-their stops are the hand-over itself, which ``process.Server.shutdown`` orders.
+``process.Server`` appends each part as it starts and iterates the list: to find a
+part that died (:func:`dead`), to stop the side loops at the start of a shutdown
+(before the hand-over), to stop the rest at its end (newest first), and then to
+dispose of every part's own pool. The runner and the registry are parts too, but their
+stops are the hand-over itself, which ``process.Server.shutdown`` orders.
 
 The parts are built here from the settings: the side loops that any server runs
 (history pruning, schedule fires, the alert outbox, auto-rollback verdicts, the Spark
