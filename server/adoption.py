@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from scheduler import distribution
-from server import driver, outcomes, reconcile, rundir, runs, watchdog
+from server import (
+    driver,
+    outcomes,
+    reconcile,
+    run_context,
+    run_table,
+    rundir,
+    runs,
+    stops,
+    watchdog,
+)
 from sql import states
-
-if TYPE_CHECKING:
-    from server import runner
 
 # The runner's log: its parts log as the runner did before they had modules of their own.
 log = logging.getLogger("server.runner")
@@ -32,7 +38,9 @@ log = logging.getLogger("server.runner")
 ADOPT_SLACK_S = 1.0
 
 
-def clean_orphan(the_runner: runner.Runner, row: distribution.Row) -> None:
+def clean_orphan(
+    table: run_table.RunTable, ctx: run_context.Context, row: distribution.Row
+) -> None:
     """A live lease of this server id without a local run: left by a previous
     incarnation (a restart), or a run this process gave up. It is ended early only
     when its driver is provably dead on this host, and then its outcome is what
@@ -55,18 +63,17 @@ def clean_orphan(the_runner: runner.Runner, row: distribution.Row) -> None:
     server: ``driver.RunIdentity``); another job's, such as a deleted namesake's,
     is nothing of it. The run directory is ``rundir.run_trace``'s.
     """
-    with the_runner._lock:
-        if row.job_id in the_runner._runs:
-            return  # adopted (or claimed) since the poll that listed it as an orphan
-    previous = distribution.Owner(the_runner.config.server, row.owner_incarnation or "")
-    path = rundir.run_trace(the_runner.config.work_dir, row.job_id, row.name, row.epoch)
+    if table.has(row.job_id):
+        return  # adopted (or claimed) since the poll that listed it as an orphan
+    previous = distribution.Owner(ctx.config.server, row.owner_incarnation or "")
+    path = rundir.run_trace(ctx.config.work_dir, row.job_id, row.name, row.epoch)
     # Files of another job's run (a deleted namesake's, hole H6) are no trace of this
     # one: a result would be recorded as this job's, a pgid swept that may be reused.
-    identity = driver.RunIdentity(row.job_id, row.name, row.epoch, the_runner.config.server)
+    identity = driver.RunIdentity(row.job_id, row.name, row.epoch, ctx.config.server)
     run = _run_of(row, previous, 0.0, reconcile.Phase.ENDED)
     old = driver.adopt(path, identity)
     if old is not None:
-        if _adopt(the_runner, row, previous, old):
+        if _adopt(table, ctx, row, previous, old):
             return
         old.kill()
         ended = old.poll()
@@ -75,7 +82,7 @@ def clean_orphan(the_runner: runner.Runner, row: distribution.Row) -> None:
             # the result as it went): that end is the run's (M6 of safety review 3), a
             # batch exit 0 finished, never released to run again.
             write: Callable[[sa.Connection], object] = outcomes.outcome_write(
-                the_runner, run, ended
+                table, ctx, run, ended
             )
         else:
             write = lambda conn: distribution.release(  # noqa: E731
@@ -83,7 +90,7 @@ def clean_orphan(the_runner: runner.Runner, row: distribution.Row) -> None:
             )
     elif identity.wrote(rundir.read_json(path / rundir.RESULT_FILE)):
         outcome = driver.Driver.outcome_of(path)
-        write = outcomes.outcome_write(the_runner, run, outcome)
+        write = outcomes.outcome_write(table, ctx, run, outcome)
     elif identity.wrote(rundir.read_json(path / rundir.STATE_FILE)):
         if left := driver.sweep(path):
             log.error(
@@ -108,20 +115,18 @@ def clean_orphan(the_runner: runner.Runner, row: distribution.Row) -> None:
             extra={"action": "orphan_left", "job": row.name, "epoch": row.epoch},
         )
         return
-    with the_runner._lock:
-        if row.job_id in the_runner._runs:
-            return
-        run.unrecorded = write
-        the_runner._runs[row.job_id] = run
+    if not table.add_ended(run, write):
+        return
     log.info(
         "recording the end of a previous incarnation's run",
         extra={"action": "orphan_released", "job": row.name, "epoch": row.epoch},
     )
-    outcomes.record(the_runner, run)
+    outcomes.record(table, ctx, run)
 
 
 def _adopt(
-    the_runner: runner.Runner,
+    table: run_table.RunTable,
+    ctx: run_context.Context,
     row: distribution.Row,
     previous: distribution.Owner,
     old: driver.Driver,
@@ -132,7 +137,7 @@ def _adopt(
     driver restart, no gap. False when the lease is not provably ours (expired or
     taken), or when the watchdog's deadline is too close for the confirmation to reach
     it (``ADOPT_SLACK_S``): the caller kills the run and releases the job."""
-    cfg = the_runner.config
+    cfg = ctx.config
     t_sent = watchdog.lease_clock()
     watchdog_deadline = rundir.read_lease(old.lease_file)
     left = None if watchdog_deadline is None else round(watchdog_deadline - t_sent, 3)
@@ -146,31 +151,29 @@ def _adopt(
         )
         return False
     try:
-        with the_runner.engine.begin() as conn:
+        with ctx.engine.begin() as conn:
             state = distribution.adopt(
-                conn, row.job_id, previous, the_runner.owner, row.epoch, cfg.lease_ttl
+                conn, row.job_id, previous, ctx.owner, row.epoch, cfg.lease_ttl
             )
     except distribution.FencedError:
         return False
     except DBAPIError:
         # Unknown: leave the run alone (its watchdog keeps its deadline), look again.
-        with the_runner._lock:
-            the_runner._orphans.discard(reconcile.orphan_key(row))
+        table.forget_orphan(reconcile.orphan_key(row))
         return True
     deadline = t_sent + cfg.lease_ttl - cfg.watchdog_margin
     old.confirm(deadline)
     stopping = state == states.RunState.STOPPING
     phase = reconcile.Phase.STOPPING if stopping else reconcile.Phase.RUNNING
-    run = _run_of(row, the_runner.owner, deadline, phase, old)
-    with the_runner._lock:
-        the_runner._runs[row.job_id] = run
+    run = _run_of(row, ctx.owner, deadline, phase, old)
+    table.add(run)
     log.info(
         "adopted a running driver of the previous incarnation",
         extra={"action": "adopted", "job": row.name, "epoch": row.epoch},
     )
     if stopping:  # it was being stopped when its server went: finish the stop
-        the_runner._tasks.submit(the_runner._stop_driver, run)
-    the_runner.wake()
+        ctx.submit(stops.stop_driver, table, ctx, run)
+    ctx.wake()
     return True
 
 

@@ -17,15 +17,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError
 
 from scheduler import distribution
-from server import launch, metrics, reconcile, rundir, runs, watchdog
-
-if TYPE_CHECKING:
-    from server import runner
+from server import launch, metrics, run_context, run_table, rundir, runs, watchdog
 
 # The runner's log: its parts log as the runner did before they had modules of their own.
 log = logging.getLogger("server.runner")
@@ -34,32 +30,31 @@ log = logging.getLogger("server.runner")
 HAND_OVER_RETRY_S = 0.25
 
 
-def _not_ended(the_runner: runner.Runner, lost: list[runs.Run]) -> list[runs.Run]:
+def _not_ended(ctx: run_context.Context, lost: list[runs.Run]) -> list[runs.Run]:
     """``lost`` (not renewed) but those whose watchdog recorded the driver's exit
     just now (it is exiting: the poll reaps it). If that cannot be read, all of them:
     a run is lost unless PostgreSQL says otherwise."""
     if not lost:
         return lost
     try:
-        with the_runner.engine.connect() as conn:
+        with ctx.engine.connect() as conn:
             ended = distribution.ended_at(conn, {r.job_id: r.epoch for r in lost})
     except DBAPIError:
         return lost
     return [run for run in lost if run.job_id not in ended]
 
 
-def renew(the_runner: runner.Runner) -> bool:
-    cfg = the_runner.config
+def renew(table: run_table.RunTable, ctx: run_context.Context) -> bool:
+    cfg = ctx.config
     # Only the leases of local runs (of this incarnation): a lease this process holds
     # without a run (a claim whose commit answer was lost) must expire. A run added
     # after this list is judged by the next renewal, not this one.
-    with the_runner._lock:
-        sent = {job_id for job_id, run in the_runner._runs.items() if run.owner == the_runner.owner}
+    sent = {run.job_id for run in table.owned_by(ctx.owner)}
     t_sent = watchdog.lease_clock()
     started = time.perf_counter()
     try:
-        with the_runner.engine.begin() as conn:
-            renewed = distribution.renew_leases(conn, the_runner.owner, cfg.lease_ttl, sent)
+        with ctx.engine.begin() as conn:
+            renewed = distribution.renew_leases(conn, ctx.owner, cfg.lease_ttl, sent)
     except DBAPIError as exc:
         metrics.REGISTRY.inc("sparkring_lease_renew_errors_total")
         log.warning(
@@ -68,31 +63,12 @@ def renew(the_runner: runner.Runner) -> bool:
         )
         return False
     metrics.REGISTRY.observe("sparkring_lease_renew_seconds", time.perf_counter() - started)
-    the_runner.last_renew_ok = watchdog.lease_clock()
+    ctx.renewed(watchdog.lease_clock())
     deadline = t_sent + cfg.lease_ttl - cfg.watchdog_margin
-    lost: list[runs.Run] = []
-    with the_runner._lock:
-        for run in the_runner._runs.values():
-            if run.phase is reconcile.Phase.ENDED or run.owner != the_runner.owner:
-                continue  # its driver is gone; only its outcome is left to record
-            if run.job_id not in sent:
-                continue  # added after the renewal was sent
-            if renewed.get(run.job_id) == run.epoch:
-                run.deadline = deadline
-                if run.driver is not None:
-                    runs.confirm(run, deadline)
-            elif run.driver is not None and run.driver.ended():
-                # The driver ended before the poll noticed (a paused server: its
-                # lease ran out meanwhile). Its outcome is what must be recorded
-                # (a batch exit 0 is 'finished', never a re-run): the poll does it.
-                continue
-            elif run.claimed_at < t_sent:
-                lost.append(run)
-    lost = _not_ended(the_runner, lost)
-    with the_runner._lock:
-        for run in lost:
-            if the_runner._runs.get(run.job_id) is run:
-                del the_runner._runs[run.job_id]
+    lost = table.renewed(ctx.owner, sent, renewed, deadline, t_sent)
+    lost = _not_ended(ctx, lost)
+    for run in lost:
+        table.remove(run)
     for run in lost:
         log.error(
             "lease lost; killing the driver",
@@ -103,28 +79,26 @@ def renew(the_runner: runner.Runner) -> bool:
             # other jobs' leases must keep being renewed meanwhile. The watchdog kills
             # the driver at its deadline anyway, before the lease can be claimed; a
             # starved watchdog may wake late, so this server does not claim the job
-            # again before the kill is over (the poll skips ``_dying``).
-            with the_runner._lock:
-                the_runner._dying.add(run.job_id)
+            # again before the kill is over (the poll skips ``RunTable.dying``).
+            table.add_dying(run.job_id)
             try:
-                the_runner._tasks.submit(_kill_lost, the_runner, run)
+                ctx.submit(_kill_lost, table, ctx, run)
             except RuntimeError:  # the pool is shut down: the process is stopping
-                _kill_lost(the_runner, run)
+                _kill_lost(table, ctx, run)
     return True
 
 
-def _kill_lost(the_runner: runner.Runner, run: runs.Run) -> None:
+def _kill_lost(table: run_table.RunTable, ctx: run_context.Context, run: runs.Run) -> None:
     """Kill the driver of a lost run; only then may this server claim its job again."""
     assert run.driver is not None
     try:
         run.driver.kill()
     finally:
-        with the_runner._lock:
-            the_runner._dying.discard(run.job_id)
-        the_runner.wake()
+        table.discard_dying(run.job_id)
+        ctx.wake()
 
 
-def hand_over(the_runner: runner.Runner, window: float) -> list[str]:
+def hand_over(table: run_table.RunTable, ctx: run_context.Context, window: float) -> list[str]:
     """A planned restart: extend the lease of every local run of this incarnation to
     ``window`` seconds and give each watchdog the matching deadline, then leave the drivers
     running for the successor to adopt (``adoption.clean_orphan``). Call after
@@ -133,22 +107,21 @@ def hand_over(the_runner: runner.Runner, window: float) -> list[str]:
     and more, and no lease is renewed meanwhile. Returns
     the jobs handed over; if PostgreSQL cannot be reached, nothing is extended and
     the drivers die at their current deadlines (then fail over as after a crash)."""
-    cfg = the_runner.config
+    cfg = ctx.config
     # The extension is idempotent: tried again while the drivers' current deadlines
     # leave time. A commit whose answer was lost may have extended the leases, and
     # giving up then would make the jobs wait out the whole window.
-    with the_runner._lock:
-        local = [run for run in the_runner._runs.values() if run.owner == the_runner.owner]
-        give_up = min((run.deadline for run in local), default=watchdog.lease_clock())
+    local = table.owned_by(ctx.owner)
+    give_up = min((run.deadline for run in local), default=watchdog.lease_clock())
     give_up = max(give_up, watchdog.lease_clock() + HAND_OVER_RETRY_S)
     while True:
         t_sent = watchdog.lease_clock()
         try:
-            with the_runner.engine.begin() as conn:
+            with ctx.engine.begin() as conn:
                 # Only the leases of local runs: one held without a run (a claim whose
                 # commit answer was lost) has no driver to adopt and must expire.
                 extended = distribution.renew_leases(
-                    conn, the_runner.owner, window, {run.job_id for run in local}
+                    conn, ctx.owner, window, {run.job_id for run in local}
                 )
             break
         except DBAPIError as exc:
@@ -165,12 +138,7 @@ def hand_over(the_runner: runner.Runner, window: float) -> list[str]:
             )
             return []
     deadline = t_sent + window - cfg.watchdog_margin
-    handed = []
-    with the_runner._lock:
-        for run in the_runner._runs.values():
-            if run.driver is not None and extended.get(run.job_id) == run.epoch:
-                runs.confirm(run, deadline)
-                handed.append(run.name)
+    handed = table.confirm_extended(extended, deadline)
     log.info(
         "leases handed over to the next incarnation",
         extra={"action": "hand_over", "jobs": sorted(handed), "window": window},
@@ -178,8 +146,8 @@ def hand_over(the_runner: runner.Runner, window: float) -> list[str]:
     return sorted(handed)
 
 
-def claim(the_runner: runner.Runner, row: distribution.Row) -> None:
-    cfg = the_runner.config
+def claim(table: run_table.RunTable, ctx: run_context.Context, row: distribution.Row) -> None:
+    cfg = ctx.config
     try:
         # Before the claim: a successor that finds this directory knows that no run
         # of the job here is in the older code's layout (rundir.run_trace).
@@ -192,14 +160,14 @@ def claim(the_runner: runner.Runner, row: distribution.Row) -> None:
         return
     t_sent = watchdog.lease_clock()
     try:
-        with the_runner.engine.begin() as conn:
+        with ctx.engine.begin() as conn:
             claim = distribution.claim(
                 conn,
                 row.job_id,
-                the_runner.owner,
+                ctx.owner,
                 cfg.lease_ttl,
                 hold=cfg.takeover_hold,
-                warm=row.job_id in the_runner._warm,
+                warm=table.has_warm(row.job_id),
             )
     except distribution.NotClaimable:
         return
@@ -218,11 +186,10 @@ def claim(the_runner: runner.Runner, row: distribution.Row) -> None:
         claimed_at=watchdog.lease_clock(),
         # From the time before the claim was sent: PostgreSQL's lease ends later.
         deadline=t_sent + cfg.lease_ttl - cfg.watchdog_margin,
-        owner=the_runner.owner,
+        owner=ctx.owner,
         revision=claim.revision,
     )
-    with the_runner._lock:
-        the_runner._runs[run.job_id] = run
+    table.add(run)
     log.info(
         "claimed",
         extra={
@@ -233,4 +200,4 @@ def claim(the_runner: runner.Runner, row: distribution.Row) -> None:
             "revision": run.revision,
         },
     )
-    the_runner._tasks.submit(launch.start, the_runner, run)
+    ctx.submit(launch.start, table, ctx, run)

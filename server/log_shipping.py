@@ -9,13 +9,9 @@ A failed upload is logged and given up: the run's outcome never waits for its lo
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
-from resource_center import errors
+from resource_center import errors, store
 from server import runs
-
-if TYPE_CHECKING:
-    from server import runner
 
 log = logging.getLogger("server.runner")
 
@@ -31,13 +27,13 @@ def legacy_log_key(job: str, epoch: int) -> str:
     return f"logs/{job}/{epoch:010d}.log"
 
 
-def ship(the_runner: runner.Runner, run: runs.Run) -> None:
+def ship(bucket: store.Store, run: runs.Run) -> None:
     """Upload ``run``'s driver log, if it has one."""
     if run.driver is None or not run.driver.log_file.exists():
         return
     path = run.driver.log_file
     try:
-        the_runner.bucket.put(log_key(run.name, run.job_id, run.epoch), path, path.stat().st_size)
+        bucket.put(log_key(run.name, run.job_id, run.epoch), path, path.stat().st_size)
     except errors.ResourceError as exc:
         log.warning(
             "could not ship the driver log",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
@@ -31,13 +30,12 @@ from server import (
     exit_codes,
     log_shipping,
     reconcile,
+    run_context,
+    run_table,
     rundir,
     runs,
     spark_master,
 )
-
-if TYPE_CHECKING:
-    from server import runner
 
 # The runner's log: its parts log as the runner did before they had modules of their own.
 log = logging.getLogger("server.runner")
@@ -47,16 +45,18 @@ log = logging.getLogger("server.runner")
 SIGTERM_SHUTDOWN_WAIT_S = 2.0
 
 
-def reap_ended(the_runner: runner.Runner) -> None:
-    for run in the_runner.runs().values():
+def reap_ended(table: run_table.RunTable, ctx: run_context.Context) -> None:
+    for run in table.snapshot().values():
         if run.phase is not reconcile.Phase.RUNNING or run.driver is None:
             continue
         outcome = run.driver.poll()
         if outcome is not None:
-            _ended(the_runner, run, outcome)
+            _ended(table, ctx, run, outcome)
 
 
-def _ended(the_runner: runner.Runner, run: runs.Run, outcome: driver.Outcome) -> None:
+def _ended(
+    table: run_table.RunTable, ctx: run_context.Context, run: runs.Run, outcome: driver.Outcome
+) -> None:
     extra = {"job": run.name, "epoch": run.epoch, "exit_code": outcome.exit_code}
     if outcome.reason == "lease_expired":
         log.error("watchdog killed the driver: lease lost", extra={"action": "lease_lost", **extra})
@@ -70,15 +70,15 @@ def _ended(the_runner: runner.Runner, run: runs.Run, outcome: driver.Outcome) ->
         )
     elif outcome.reason == "exited" and outcome.exit_code == 0:
         log.info("driver finished", extra={"action": "finished", **extra})
-    end(the_runner, run, outcome_write(the_runner, run, outcome))
-    the_runner._tasks.submit(log_shipping.ship, the_runner, run)
+    end(table, ctx, run, outcome_write(table, ctx, run, outcome))
+    ctx.submit(log_shipping.ship, ctx.bucket, run)
 
 
 def outcome_write(
-    the_runner: runner.Runner, run: runs.Run, outcome: driver.Outcome
+    table: run_table.RunTable, ctx: run_context.Context, run: runs.Run, outcome: driver.Outcome
 ) -> Callable[[sa.Connection], object]:
     """The fenced write that records how ``run`` ended."""
-    cfg = the_runner.config
+    cfg = ctx.config
     if outcome.reason == "killed" and run.killed_as is not None:
         # Killed on a decision taken before the kill (Runner.kill_as): the driver is dead
         # before the record lets anyone claim the job again.
@@ -89,12 +89,12 @@ def outcome_write(
         # A service manager that signals the whole unit (KillMode=control-group)
         # SIGTERMs the driver and this server together: the driver's exit can be
         # reaped before our own handler has begun the shutdown. Not a crash then.
-        the_runner._shutting_down.wait(SIGTERM_SHUTDOWN_WAIT_S)
+        ctx.shutting_down.wait(SIGTERM_SHUTDOWN_WAIT_S)
     how = reconcile.ending(
         outcome.reason,
         outcome.exit_code,
         recorded=outcome.recorded,
-        shutting_down=the_runner._shutting_down.is_set(),
+        shutting_down=ctx.shutting_down.is_set(),
         went=outcome.went,
     )
     if how is reconcile.Ending.RELEASE:
@@ -112,9 +112,9 @@ def outcome_write(
         run.master, where / rundir.LOG_FILE
     ):
         # It never registered, and no master answers: the outage's, not the job's.
-        return _master_defer_write(the_runner, run, error)
+        return _master_defer_write(table, ctx, run, error)
     # Batch and streaming alike: backoff while the job's budget lasts, then failed.
-    crash = _failure_write(the_runner, run, error, fail=False)
+    crash = _failure_write(ctx, run, error, fail=False)
     if how is reconcile.Ending.RECORDED:
         if outcome.exit_code != 0:
             log.warning(
@@ -136,9 +136,9 @@ def outcome_write(
 
 
 def _failure_write(
-    the_runner: runner.Runner, run: runs.Run, error: str, *, fail: bool, cause: str = "driver"
+    ctx: run_context.Context, run: runs.Run, error: str, *, fail: bool, cause: str = "driver"
 ) -> Callable[[sa.Connection], object]:
-    cfg = the_runner.config
+    cfg = ctx.config
 
     def write(conn: sa.Connection) -> None:
         state = distribution.record_crash(
@@ -161,43 +161,50 @@ def _failure_write(
 
 
 def after_failure(
-    the_runner: runner.Runner, run: runs.Run, error: str, *, fail: bool, cause: str = "driver"
+    table: run_table.RunTable,
+    ctx: run_context.Context,
+    run: runs.Run,
+    error: str,
+    *,
+    fail: bool,
+    cause: str = "driver",
 ) -> None:
-    end(the_runner, run, _failure_write(the_runner, run, error, fail=fail, cause=cause))
+    end(table, ctx, run, _failure_write(ctx, run, error, fail=fail, cause=cause))
 
 
-def defer(the_runner: runner.Runner, run: runs.Run, error: str) -> None:
+def defer(table: run_table.RunTable, ctx: run_context.Context, run: runs.Run, error: str) -> None:
     """The driver could not be started for a reason that may pass: the job waits, with
     no restart counted, ``backoff_base`` doubling with each consecutive deferral on this
     server, up to ``backoff_max`` (a cause that does not pass must not make a server
     claim the job again every second, an epoch and events each time)."""
-    cfg = the_runner.config
-    with the_runner._lock:
-        streak = the_runner._start_deferrals.get(run.job_id, 0)
-        the_runner._start_deferrals[run.job_id] = streak + 1
+    cfg = ctx.config
+    streak = table.count_start_deferral(run.job_id)
     delay = spark_master.wait_before_retry(streak, cfg.backoff_base, cfg.backoff_max)
     log.warning(
         error,
         extra={"action": "deferred", "job": run.name, "epoch": run.epoch, "retry_in_s": delay},
     )
     end(
-        the_runner,
+        table,
+        ctx,
         run,
         lambda conn: distribution.defer(conn, run.job_id, run.owner, run.epoch, error, delay),
     )
 
 
 def _master_defer_write(
-    the_runner: runner.Runner, run: runs.Run, after: str = "", master: str | None = None
+    table: run_table.RunTable,
+    ctx: run_context.Context,
+    run: runs.Run,
+    after: str = "",
+    master: str | None = None,
 ) -> Callable[[sa.Connection], object]:
     """The deferral of a run that no Spark master could take (S9): no restart
     counted, the wait doubling with each consecutive one, up to ``master_wait_max``;
     ``after``: the error of the driver that ended for it."""
-    cfg = the_runner.config
+    cfg = ctx.config
     master = run.master if master is None else master
-    with the_runner._lock:
-        streak = the_runner._master_deferrals.get(run.job_id, 0)
-        the_runner._master_deferrals[run.job_id] = streak + 1
+    streak = table.count_master_deferral(run.job_id)
     delay = spark_master.wait_before_retry(streak, cfg.backoff_base, cfg.master_wait_max)
     error = spark_master.detail(master) + (f" after {after}" if after else "")
     error = driver_error.one_line(error)
@@ -210,34 +217,37 @@ def _master_defer_write(
     )
 
 
-def defer_for_master(the_runner: runner.Runner, run: runs.Run, master: str) -> None:
-    end(the_runner, run, _master_defer_write(the_runner, run, master=master))
+def defer_for_master(
+    table: run_table.RunTable, ctx: run_context.Context, run: runs.Run, master: str
+) -> None:
+    end(table, ctx, run, _master_defer_write(table, ctx, run, master=master))
 
 
-def release(the_runner: runner.Runner, run: runs.Run) -> None:
-    end(the_runner, run, lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch))
+def release(table: run_table.RunTable, ctx: run_context.Context, run: runs.Run) -> None:
+    end(table, ctx, run, lambda conn: distribution.release(conn, run.job_id, run.owner, run.epoch))
 
 
-def end(the_runner: runner.Runner, run: runs.Run, write: Callable[[sa.Connection], object]) -> None:
+def end(
+    table: run_table.RunTable,
+    ctx: run_context.Context,
+    run: runs.Run,
+    write: Callable[[sa.Connection], object],
+) -> None:
     """The run's driver is gone: keep its outcome until PostgreSQL records it."""
-    with the_runner._lock:
-        run.phase = reconcile.Phase.ENDED
-        run.unrecorded = write
-    record(the_runner, run)
+    table.end(run, write)
+    record(table, ctx, run)
 
 
-def record(the_runner: runner.Runner, run: runs.Run) -> None:
+def record(table: run_table.RunTable, ctx: run_context.Context, run: runs.Run) -> None:
     """Write the run's outcome (fenced); forget the run once it is recorded or fenced.
 
     A failure to reach PostgreSQL keeps the outcome: the poll loop retries it, and
     the lease, still renewed meanwhile, keeps the job from being claimed again."""
-    with the_runner._lock:
-        write = run.unrecorded
-        if write is None or run.recording:
-            return
-        run.recording = True
+    write = table.begin_recording(run)
+    if write is None:
+        return
     try:
-        with the_runner.engine.begin() as conn:
+        with ctx.engine.begin() as conn:
             write(conn)
             notify.notify(conn, notify.TARGETS_CHANNEL, run.name)
     except distribution.FencedError:
@@ -252,26 +262,19 @@ def record(the_runner: runner.Runner, run: runs.Run) -> None:
             "could not record the end of a run; keeping it to retry",
             extra={"action": "write_failed", "job": run.name, "error": type(exc).__name__},
         )
-        with the_runner._lock:
-            run.recording = False
+        table.recording_failed(run)
         if isinstance(exc, DBAPIError):
             return
         raise
-    with the_runner._lock:
-        run.recording = False
-        run.unrecorded = None
-        if the_runner._runs.get(run.job_id) is run:
-            del the_runner._runs[run.job_id]
-    the_runner.wake()
+    table.recorded(run)
+    ctx.wake()
 
 
-def drop_lost(the_runner: runner.Runner, run: runs.Run, why: str) -> None:
+def drop_lost(table: run_table.RunTable, run: runs.Run, why: str) -> None:
     log.error(
         why + "; killing the driver",
         extra={"action": "lost", "job": run.name, "epoch": run.epoch},
     )
     if run.driver is not None:
         run.driver.kill()
-    with the_runner._lock:
-        if the_runner._runs.get(run.job_id) is run:
-            del the_runner._runs[run.job_id]
+    table.remove(run)

@@ -14,17 +14,23 @@ Two named threads and a small pool:
   them (SIGTERM, grace, SIGKILL, then release), so a slow stop or download never delays
   renewals or other jobs.
 
-This module keeps the loops, the lifecycle and the runner's state (its runs, lock, pool
-and events). The work of each step lives in a module of its own, whose functions take
-the runner and share its state:
+This module keeps the loops and the lifecycle, its pool and its events. The runner's
+state (its runs, warm drivers, dying jobs, orphans and deferrals, behind one lock) is a
+``run_table.RunTable``; the work of each step lives in a module of its own, whose
+functions take that table and a ``run_context.Context`` (settings, clients, owner id,
+the pool and the events):
 
 ==========================  ==============================================================
 ``server/claims.py``        claims, lease renewals, the planned restart's hand-over
 ``server/launch.py``        a claimed run's start: definition -> spec -> files -> process
+``server/launch_spec.py``   a driver's spec and finish report (a start's, a warm driver's)
 ``server/stops.py``         a running driver's stop
 ``server/outcomes.py``      end-of-run recording, kept until PostgreSQL has it
 ``server/adoption.py``      leases of this server id with no local run (a restart's)
 ``server/log_shipping.py``  a finished run's driver log, to the bucket
+``server/warm.py``          warm drivers: a planned move's next driver, started early
+``server/run_table.py``     the runs and the rest of the shared state, behind one lock
+``server/run_context.py``   the settings, clients and signals the steps are given
 ``server/runs.py``          :class:`runs.Run`, and which thread writes which of its fields
 ==========================  ==============================================================
 
@@ -57,11 +63,8 @@ import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import sqlalchemy as sa
-from cryptography.fernet import MultiFernet
 from sqlalchemy.exc import DBAPIError
 
 from resource_center import cache as cache_module
@@ -70,11 +73,11 @@ from scheduler import distribution
 from server import (
     adoption,
     claims,
-    defaults,
-    driver_user,
     launch,
     outcomes,
     reconcile,
+    run_context,
+    run_table,
     runs,
     stops,
     warm,
@@ -93,43 +96,9 @@ RENEW_RETRY_S = 0.25
 RECORD_RETRY_S = 0.5
 
 
-@dataclass
-class RunnerConfig:
-    server: str
-    incarnation: str  # drawn once per process start (distribution.Owner)
-    capacity: int
-    work_dir: Path
-    checkpoint_root: Path
-    spark_master: str
-    lease_ttl: float
-    watchdog_margin: float
-    renew_interval: float
-    poll_interval: float
-    stop_grace: float
-    backoff_base: float
-    backoff_max: float
-    fetch_retry: float
-    records: Path | None = None
-    # The user drivers run as (driver_user.resolve); None: this server's own user.
-    run_as: driver_user.DriverUser | None = None
-    # Nice steps below this server and the watchdogs its drivers run (Settings.driver_nice).
-    driver_nice: int = 0
-    # The longest wait between two looks at a Spark master that did not answer, seconds.
-    master_wait_max: float = defaults.SPARK_MASTER_WAIT_MAX_S
-    # Another server's expired lease is claimed over only once the cluster has reached
-    # PostgreSQL again for this long (distribution.HELD_OVER): after an outage, the
-    # owner's word first.
-    takeover_hold: float = 0.0
-    # Warm hand-off (server/warm.py): the old owner's wait for the target's warm driver,
-    # and a warm driver's life without its go signal, seconds.
-    warm_ready_wait: float = defaults.WARM_READY_WAIT_S
-    warm_go_timeout: float = defaults.WARM_GO_TIMEOUT_S
-    # This server's address as an IP (driver_network.resolve of SPARKRING_ADVERTISE_HOST):
-    # a driver of a cluster master binds on it and gives it to its executors.
-    driver_address: str | None = None
-    # The keys of SPARKRING_SECRET_KEYS (scheduler/secrets.py): a job's secrets are
-    # decrypted with them for its driver. None: not set, a job given secrets defers here.
-    secret_box: MultiFernet | None = None
+# The runner's settings live below its steps (``server/run_context.py``); this name stays
+# for those who build a runner (``server/process.py``).
+RunnerConfig = run_context.RunnerConfig
 
 
 class Runner:
@@ -148,20 +117,7 @@ class Runner:
         self.config = config
         self._may_claim = may_claim
         self.owner = distribution.Owner(config.server, config.incarnation)
-        self._runs: dict[int, runs.Run] = {}
-        # Warm drivers waiting for a claim here (server/warm.py), by job id. Under the lock.
-        self._warm: dict[int, warm.WarmRun] = {}
-        # Jobs whose lost run's kill is still under way (claims.renew): not claimed here
-        # until it is over. Under the lock.
-        self._dying: set[int] = set()
-        # Orphans handled (reconcile.orphan_key): a previous incarnation's lease, or one given up.
-        self._orphans: set[reconcile.OrphanKey] = set()
-        # Job id -> consecutive deferrals because no Spark master answered (the backoff).
-        self._master_deferrals: dict[int, int] = {}
-        # Job id -> consecutive deferrals of its start for any other passing reason (the
-        # backoff: outcomes.defer); forgotten when a driver of the job starts.
-        self._start_deferrals: dict[int, int] = {}
-        self._lock = threading.RLock()
+        self.table = run_table.RunTable()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._claiming = threading.Event()
@@ -187,6 +143,18 @@ class Runner:
             threading.Thread(target=self._renew_loop, name="runner-renew", daemon=True),
         ]
         self.last_renew_ok: float | None = None
+        self.ctx = run_context.Context(
+            engine=engine,
+            bucket=bucket,
+            cache=cache,
+            config=config,
+            owner=self.owner,
+            submit=self._tasks.submit,
+            wake=self.wake,
+            stop=self._stop,
+            shutting_down=self._shutting_down,
+            renewed=self._renewed,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -201,27 +169,15 @@ class Runner:
         return all(thread.is_alive() for thread in self._threads)
 
     def runs(self) -> dict[int, runs.Run]:
-        with self._lock:
-            return dict(self._runs)
+        return self.table.snapshot()
 
     def kill_as(
         self, job_id: int, epoch: int, write: Callable[[sa.Connection], object]
     ) -> runs.Run | None:
         """Make ``write`` the record of the run of ``job_id`` at ``epoch`` once its driver
         is killed, and return the run (the caller kills its driver); None when this server
-        runs no such driver now (the run moved on, ended or is stopping)."""
-        with self._lock:
-            run = self._runs.get(job_id)
-            if (
-                run is None
-                or run.epoch != epoch
-                or run.phase is not reconcile.Phase.RUNNING
-                or run.driver is None
-                or run.killed_as is not None
-            ):
-                return None
-            run.killed_as = write
-            return run
+        runs no such driver now (``RunTable.kill_as``)."""
+        return self.table.kill_as(job_id, epoch, write)
 
     def stop_claiming(self) -> None:
         self._claiming.clear()
@@ -236,7 +192,7 @@ class Runner:
     def hand_over(self, window: float) -> list[str]:
         """A planned restart: extend every lease to ``window`` s for the successor to
         adopt (``claims.hand_over``). Returns the jobs handed over."""
-        return claims.hand_over(self, window)
+        return claims.hand_over(self.table, self.ctx, window)
 
     def resume_claiming(self) -> None:
         self._shutting_down.clear()
@@ -252,18 +208,15 @@ class Runner:
         self.stop_claiming()
         deadline = watchdog.lease_clock() + timeout
         while watchdog.lease_clock() < deadline:
-            with self._lock:
-                if not self._runs:
-                    return
-                running = [
-                    run for run in self._runs.values() if run.phase is reconcile.Phase.RUNNING
-                ]
+            local = self.table.snapshot()
+            if not local:
+                return
+            running = [run for run in local.values() if run.phase is reconcile.Phase.RUNNING]
             # Runs still starting become running (or end) soon; stop them then.
             for run in running:
-                stops.begin_stop(self, run, "server shutting down")
+                stops.begin_stop(self.table, self.ctx, run, "server shutting down")
             self._stop.wait(0.05)
-        with self._lock:
-            left = list(self._runs.values())
+        left = list(self.table.snapshot().values())
         for run in left:
             if run.driver is not None:
                 run.driver.kill()
@@ -285,7 +238,7 @@ class Runner:
         running are left to their watchdogs."""
         self.stop_loops()
         self._tasks.shutdown(wait=True, cancel_futures=True)
-        warm.kill_all(self)  # they ran no job code: nothing to hand on
+        warm.kill_all(self.table)  # they ran no job code: nothing to hand on
 
     # ------------------------------------------------------------------ renew
 
@@ -297,7 +250,10 @@ class Runner:
     def renew_once(self) -> bool:
         """Renew every lease of this incarnation once (``claims.renew``). False when
         PostgreSQL could not be reached: try again soon."""
-        return claims.renew(self)
+        return claims.renew(self.table, self.ctx)
+
+    def _renewed(self, at: float) -> None:
+        self.last_renew_ok = at
 
     # ------------------------------------------------------------------ poll
 
@@ -324,8 +280,9 @@ class Runner:
         soon to look again: just after the earliest time a job targeted here becomes
         claimable, or sooner while an outcome waits to be recorded."""
         cfg = self.config
-        outcomes.reap_ended(self)  # first: a driver's end is noticed even with PostgreSQL away
-        warm.reap_ended(self)
+        # First: a driver's end is noticed even with PostgreSQL away.
+        outcomes.reap_ended(self.table, self.ctx)
+        warm.reap_ended(self.table)
         # The local runs before the rows: a task adds a run only once its write has
         # committed (an adoption), so every run listed here is already in the rows read
         # next. Listed after, a run adopted in between would meet its row as the previous
@@ -338,7 +295,7 @@ class Runner:
             capacity=cfg.capacity,
             may_claim=self._registered.is_set() and self._claiming.is_set() and self._may_claim(),
             may_migrate=watchdog.lease_clock() >= self._migrate_after,
-            dying=frozenset(self._dying),
+            dying=self.table.dying(),
         )
         local = {
             job_id: reconcile.LocalRun(
@@ -347,37 +304,37 @@ class Runner:
             for job_id, run in local_runs.items()
         }
         wait = cfg.poll_interval
-        warm_epochs = warm.warm_epochs(self)
-        for action in reconcile.decide(rows, local, conditions, self._orphans, warm_epochs):
+        warm_epochs = warm.warm_epochs(self.table)
+        for action in reconcile.decide(
+            rows, local, conditions, self.table.handled_orphans(), warm_epochs
+        ):
             match action:
                 case reconcile.Record(job_id):
-                    self._tasks.submit(outcomes.record, self, local_runs[job_id])
+                    self._tasks.submit(outcomes.record, self.table, self.ctx, local_runs[job_id])
                     wait = min(wait, RECORD_RETRY_S)
                 case reconcile.Drop(job_id, why):
-                    outcomes.drop_lost(self, local_runs[job_id], why)
+                    outcomes.drop_lost(self.table, local_runs[job_id], why)
                 case reconcile.Stop(job_id, reason, offer):
-                    stops.begin_stop(self, local_runs[job_id], reason, warm=offer)
+                    stops.begin_stop(self.table, self.ctx, local_runs[job_id], reason, warm=offer)
                 case reconcile.MarkRunning(job_id):
-                    self._tasks.submit(launch.mark_running, self, local_runs[job_id])
+                    self._tasks.submit(
+                        launch.mark_running, self.table, self.ctx, local_runs[job_id]
+                    )
                 case reconcile.HandleOrphan(job_id):
-                    self._orphans.add(reconcile.orphan_key(rows[job_id]))
+                    self.table.add_orphan(reconcile.orphan_key(rows[job_id]))
                     self._tasks.submit(self._clean_orphan, rows[job_id])
                 case reconcile.Claim(job_id):
-                    claims.claim(self, rows[job_id])
+                    claims.claim(self.table, self.ctx, rows[job_id])
                 case reconcile.PreStart(job_id):
-                    warm.begin(self, rows[job_id])
+                    warm.begin(self.table, self.ctx, rows[job_id])
                 case reconcile.Discard(job_id, why):
-                    warm.discard(self, job_id, why)
-        self._orphans &= reconcile.live_orphans(rows.values(), self.owner)
+                    warm.discard(self.table, self.ctx, job_id, why)
+        self.table.keep_orphans(reconcile.live_orphans(rows.values(), self.owner))
         return reconcile.next_look(rows.values(), cfg.server, wait) + DUE_SLACK_S
 
     # ------------------------------------------------------------------ tasks
 
-    def _stop_driver(self, run: runs.Run) -> None:
-        """The task that stops ``run``'s driver (``stops.stop_driver``)."""
-        stops.stop_driver(self, run)
-
     def _clean_orphan(self, row: distribution.Row) -> None:
         """The task that settles a lease of this server id without a local run
         (``adoption.clean_orphan``)."""
-        adoption.clean_orphan(self, row)
+        adoption.clean_orphan(self.table, self.ctx, row)

@@ -1,7 +1,9 @@
-"""A local run of a job (:class:`Run`): one driver at one epoch, as this server sees it.
+"""A local run of a job (:class:`Run`): one driver at one epoch, as this server sees it;
+and a warm driver waiting for its claim (:class:`WarmRun`, ``server/warm.py``).
 
-A run is shared by the runner's threads (``server/runner.py``). Which thread writes which
-field, and under which guard:
+A run is shared by the runner's threads (``server/runner.py``) through the run table
+(``server/run_table.py``), whose lock is "the runner's lock" below. Which thread writes
+which field, and under which guard:
 
 - ``job_id``, ``name``, ``kind``, ``epoch``, ``attempt``, ``claimed_at``, ``owner``,
   ``revision`` (the run's identity): whoever creates the run, the poll thread (a claim,
@@ -28,7 +30,7 @@ field, and under which guard:
   the thread that holds ``marking``.
 
 Every other thread reads the mutable fields under the runner's lock, or from a copy of
-the runs taken under it (``Runner.runs``).
+the runs taken under it (``RunTable.snapshot``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -91,6 +94,27 @@ class Run:
         if field in IDENTITY_FIELDS and field in self.__dict__:
             raise AttributeError(f"Run.{field} is set when the run is created, never again")
         super().__setattr__(field, value)
+
+
+@dataclass
+class WarmRun:
+    """One warm driver of this server. ``driver`` is set by its prestart task; the
+    other fields are set when the poll thread creates it."""
+
+    job_id: int
+    name: str
+    kind: str
+    epoch: int  # the claim it waits for: the offered hand-off's epoch + 1
+    attempt: int  # that claim's attempt
+    revision: int | None  # the revision it runs: the job's current one when offered
+    run_dir: Path
+    driver: driver.Driver | None = None
+    master: str = ""
+    ready: bool = False
+    discarded: bool = False  # not to be taken any more: killed by whoever sees it first
+    # The version of each secret its environment holds (secret name -> version), read
+    # before their values: a secret given a new value since is never taken warm.
+    secret_versions: dict[str, int] | None = None
 
 
 def confirm(run: Run, deadline: float) -> None:

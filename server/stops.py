@@ -14,15 +14,20 @@ stops as above. The driver keeps running, under its renewed lease, while it wait
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError
 
 from scheduler import distribution
-from server import log_shipping, metrics, outcomes, reconcile, runs, watchdog
-
-if TYPE_CHECKING:
-    from server import runner
+from server import (
+    log_shipping,
+    metrics,
+    outcomes,
+    reconcile,
+    run_context,
+    run_table,
+    runs,
+    watchdog,
+)
 
 # The runner's log: its parts log as the runner did before they had modules of their own.
 log = logging.getLogger("server.runner")
@@ -32,36 +37,39 @@ WARM_LOOK_S = 0.25
 
 
 def begin_stop(
-    the_runner: runner.Runner, run: runs.Run, reason: str, *, warm: bool = False
+    table: run_table.RunTable,
+    ctx: run_context.Context,
+    run: runs.Run,
+    reason: str,
+    *,
+    warm: bool = False,
 ) -> None:
-    with the_runner._lock:
-        if run.phase is not reconcile.Phase.RUNNING:
-            return
-        run.phase = reconcile.Phase.STOPPING
+    if not table.begin_stop(run):
+        return
     try:
-        with the_runner.engine.begin() as conn:
+        with ctx.engine.begin() as conn:
             distribution.begin_stop(conn, run.job_id, run.owner, run.epoch, reason, warm=warm)
         run.warm_offered = warm
     except distribution.FencedError:
-        outcomes.drop_lost(the_runner, run, "the job is no longer ours")
+        outcomes.drop_lost(table, run, "the job is no longer ours")
         return
     except DBAPIError:
         pass  # stopping is safe without the record; the release below is fenced
     log.info(reason, extra={"action": "stopping", "job": run.name, "epoch": run.epoch})
-    the_runner._tasks.submit(the_runner._stop_driver, run)
+    ctx.submit(stop_driver, table, ctx, run)
 
 
-def await_warm(the_runner: runner.Runner, run: runs.Run) -> reconcile.WarmWait:
+def await_warm(ctx: run_context.Context, run: runs.Run) -> reconcile.WarmWait:
     """Wait, at most ``warm_ready_wait`` seconds, until the target's warm driver is
     ready or the offer no longer stands (``reconcile.warm_wait``); GIVE_UP on timeout."""
     started = watchdog.lease_clock()
-    until = started + the_runner.config.warm_ready_wait
+    until = started + ctx.config.warm_ready_wait
     outcome = reconcile.WarmWait.GIVE_UP
-    while watchdog.lease_clock() < until and not the_runner._stop.is_set():
-        if the_runner._shutting_down.is_set() or (run.driver is not None and run.driver.ended()):
+    while watchdog.lease_clock() < until and not ctx.stop.is_set():
+        if ctx.shutting_down.is_set() or (run.driver is not None and run.driver.ended()):
             break  # a shutdown hands off at once; a driver that ended has nothing to wait for
         try:
-            with the_runner.engine.connect() as conn:
+            with ctx.engine.connect() as conn:
                 rows = distribution.poll(conn, run.owner, [run.job_id])
         except DBAPIError:
             rows = None  # PostgreSQL away: keep waiting within the bound
@@ -71,7 +79,7 @@ def await_warm(the_runner: runner.Runner, run: runs.Run) -> reconcile.WarmWait:
             if outcome is not reconcile.WarmWait.WAIT:
                 break
         outcome = reconcile.WarmWait.GIVE_UP  # unless the next look says otherwise
-        the_runner._stop.wait(WARM_LOOK_S)
+        ctx.stop.wait(WARM_LOOK_S)
     log.info(
         "warm hand-off: stopping the old driver (%s after %.1f s)",
         outcome,
@@ -81,12 +89,12 @@ def await_warm(the_runner: runner.Runner, run: runs.Run) -> reconcile.WarmWait:
     return outcome
 
 
-def stop_driver(the_runner: runner.Runner, run: runs.Run) -> None:
+def stop_driver(table: run_table.RunTable, ctx: run_context.Context, run: runs.Run) -> None:
     if run.warm_offered:
-        await_warm(the_runner, run)
+        await_warm(ctx, run)
     started = watchdog.lease_clock()
     try:
-        outcome = run.driver.stop(the_runner.config.stop_grace) if run.driver is not None else None
+        outcome = run.driver.stop(ctx.config.stop_grace) if run.driver is not None else None
     except Exception:
         # The graceful stop itself failed (its stop file could not be written: a full
         # disk, EIO, the run dir gone). Left as it was, the run stayed ``stopping``
@@ -108,7 +116,7 @@ def stop_driver(the_runner: runner.Runner, run: runs.Run) -> None:
         # is finished, never released to run again elsewhere; a failure is the
         # job's own, counted against its budget (its watchdog records it, or could
         # not: then this does), never released to run again for free.
-        outcomes.end(the_runner, run, outcomes.outcome_write(the_runner, run, outcome))
+        outcomes.end(table, ctx, run, outcomes.outcome_write(table, ctx, run, outcome))
     else:
-        outcomes.release(the_runner, run)
-    log_shipping.ship(the_runner, run)
+        outcomes.release(table, ctx, run)
+    log_shipping.ship(ctx.bucket, run)

@@ -28,7 +28,19 @@ import sqlalchemy as sa
 
 from resource_center import cache, catalog, store
 from scheduler import distribution, jobs
-from server import checkpoint, launch, log_shipping, outcomes, rundir, runner, runs, watchdog
+from server import (
+    checkpoint,
+    launch,
+    log_shipping,
+    outcomes,
+    run_context,
+    run_table,
+    rundir,
+    runner,
+    runs,
+    stops,
+    watchdog,
+)
 from server import driver as driver_module
 from server import settings as settings_module
 from sql import database
@@ -559,17 +571,17 @@ def _exit_as_the_migration_begins(
         message="the run was not recorded running",
     )
     run_dir = rundir.run_dir(tmp_path / "work", job_id, 1)
-    stop_driver = the_runner._stop_driver
+    stop_driver = stops.stop_driver
 
-    def exit_first(run: runs.Run) -> None:
+    def exit_first(table: run_table.RunTable, ctx: run_context.Context, run: runs.Run) -> None:
         # ``stopping`` is committed; the driver ends on its own before it is signalled.
         _go(stage, str(exit_code))
         waiting.wait_until(
             lambda: (run_dir / "result.json").exists(), SPARK_START_S, message="no exit"
         )
-        stop_driver(run)
+        stop_driver(table, ctx, run)
 
-    monkeypatch.setattr(the_runner, "_stop_driver", exit_first)
+    monkeypatch.setattr(stops, "stop_driver", exit_first)
     factories.target(engine, job_id, "s2")  # the coordinator moves the job
     the_runner.poll_once()  # decides the stop: stopping, then the task above
     waiting.wait_until(
@@ -858,9 +870,8 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
         owner=the_runner.owner,
         revision=claim.revision,
     )
-    with the_runner._lock:
-        the_runner._runs[job_id] = run
-    launch.start(the_runner, run)  # what the claim's task does
+    the_runner.table.add(run)
+    launch.start(the_runner.table, the_runner.ctx, run)  # what the claim's task does
     _wait_started(stage)
     assert claim.revision == 1 and not (newer / "starts").exists()
     _go(stage, "0")
@@ -1090,11 +1101,10 @@ def test_an_outcome_write_that_raised_a_bug_is_tried_again(
         phase=runner.reconcile.Phase.ENDED,
         unrecorded=write,
     )
-    with stepped_runner._lock:
-        stepped_runner._runs[1] = run
+    stepped_runner.table.add(run)
     with pytest.raises(RuntimeError):
-        outcomes.record(stepped_runner, run)
-    outcomes.record(stepped_runner, run)
+        outcomes.record(stepped_runner.table, stepped_runner.ctx, run)
+    outcomes.record(stepped_runner.table, stepped_runner.ctx, run)
     assert len(calls) == 2 and not stepped_runner.runs()
 
 
@@ -1135,8 +1145,7 @@ def test_a_hung_kill_of_a_lost_run_does_not_hold_up_the_renewals(
         phase=runner.reconcile.Phase.RUNNING,
         driver=hung,  # type: ignore[arg-type]
     )
-    with stepped_runner._lock:
-        stepped_runner._runs[1] = run
+    stepped_runner.table.add(run)
     renewal = threading.Thread(target=stepped_runner.renew_once)
     try:
         renewal.start()
@@ -1176,8 +1185,7 @@ def test_a_job_whose_lost_run_is_still_being_killed_here_is_not_claimed_here_aga
         phase=runner.reconcile.Phase.RUNNING,
         driver=hung,  # type: ignore[arg-type]
     )
-    with stepped_runner._lock:
-        stepped_runner._runs[job_id] = lost
+    stepped_runner.table.add(lost)
     try:
         stepped_runner.renew_once()
         waiting.wait_until(hung.killed.is_set, 10, message="the lost run was never killed")
@@ -1213,8 +1221,7 @@ def _local_run(the_runner: runner.Runner, job_id: int, epoch: int, deadline_in: 
         owner=the_runner.owner, phase=runner.reconcile.Phase.RUNNING,
         driver=_ConfirmedDriver(),  # type: ignore[arg-type]
     )  # fmt: skip
-    with the_runner._lock:
-        the_runner._runs[job_id] = run
+    the_runner.table.add(run)
     return run
 
 
@@ -1246,8 +1253,7 @@ def test_a_hand_over_whose_commit_answer_is_lost_is_tried_again(
         phase=runner.reconcile.Phase.RUNNING,
         driver=handle,  # type: ignore[arg-type]
     )
-    with stepped_runner._lock:
-        stepped_runner._runs[job_id] = run
+    stepped_runner.table.add(run)
     renew = distribution.renew_leases
     answers_lost: list[int] = []
 
@@ -1565,8 +1571,8 @@ def test_a_lease_file_that_cannot_be_written_does_not_stop_the_renewals(
     for jid, handle in handles.items():
         with engine.begin() as conn:
             claim = distribution.claim(conn, jid, stepped_runner.owner, TTL)
-        with stepped_runner._lock:
-            stepped_runner._runs[jid] = runs.Run(
+        stepped_runner.table.add(
+            runs.Run(
                 job_id=jid,
                 name=claim.name,
                 kind=JobKind.BATCH,
@@ -1578,6 +1584,7 @@ def test_a_lease_file_that_cannot_be_written_does_not_stop_the_renewals(
                 phase=runner.reconcile.Phase.RUNNING,
                 driver=handle,  # type: ignore[arg-type]
             )
+        )
     assert stepped_runner.renew_once()
     assert handles[other].deadlines, "the other job's driver was not confirmed"
 
@@ -1788,7 +1795,7 @@ def test_an_unregistered_exit_the_server_records_is_a_deferral_while_no_master_a
     log.write_text(sample)
     outcome = driver_module.Outcome(1, watchdog.Reason.EXITED, 0.0, 1.0, recorded=False)
     try:
-        write = outcomes.outcome_write(stepped_runner, run, outcome)
+        write = outcomes.outcome_write(stepped_runner.table, stepped_runner.ctx, run, outcome)
     finally:
         if listener is not None:
             listener.close()
@@ -1892,7 +1899,7 @@ def test_a_run_killed_as_failed_is_recorded_failed_not_released(
     assert stepped_runner.kill_as(job_id, claim.epoch, failed) is None  # decided once
     killed = driver_module.Outcome(None, watchdog.Reason.KILLED, 0.0, 1.0, recorded=False)
     with engine.begin() as conn:
-        outcomes.outcome_write(stepped_runner, run, killed)(conn)
+        outcomes.outcome_write(stepped_runner.table, stepped_runner.ctx, run, killed)(conn)
     row = factories.row(engine, job_id)
     assert (row.state, row.owner) == ("failed", None), row
 

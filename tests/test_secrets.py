@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from cryptography.fernet import MultiFernet
 
 from scheduler import jobs, secrets
+from server import runs, warm
 from server import settings as settings_module
-from server import warm
 from tests import factories
 
 VALUE = b"pa55-w0rd-that-must-never-show"
@@ -152,15 +152,15 @@ def test_a_warm_driver_holding_a_secret_given_a_new_value_since_is_not_taken(
         secrets.put(conn, "token", VALUE, box, None)
         held = secrets.versions(conn, ["token", "absent"])
     assert held == {"token": 1}
-    warm_run = warm.WarmRun(
+    warm_run = runs.WarmRun(
         job_id=1, name="j", kind="streaming", epoch=2, attempt=1, revision=1,
         run_dir=tmp_path, secret_versions=held,
     )  # fmt: skip
-    the_runner = types.SimpleNamespace(engine=engine)
-    assert not warm._secrets_changed(the_runner, warm_run)
+    ctx = types.SimpleNamespace(engine=engine)
+    assert not warm._secrets_changed(ctx, warm_run)
     with engine.begin() as conn:
         secrets.put(conn, "token", b"rotated", box, None)
-    assert warm._secrets_changed(the_runner, warm_run)
+    assert warm._secrets_changed(ctx, warm_run)
 
 
 def test_a_driver_spec_never_shows_its_variables_in_a_repr(tmp_path) -> None:

@@ -25,12 +25,12 @@ def _offering(engine: sa.Engine) -> runs.Run:
     return runs.Run(job_id, "stream", "streaming", epoch, 1, now, now + 20, S1)
 
 
-def _runner(engine: sa.Engine, wait: float) -> types.SimpleNamespace:
+def _context(engine: sa.Engine, wait: float) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         engine=engine,
         config=types.SimpleNamespace(warm_ready_wait=wait),
-        _stop=threading.Event(),
-        _shutting_down=threading.Event(),
+        stop=threading.Event(),
+        shutting_down=threading.Event(),
     )
 
 
@@ -42,7 +42,7 @@ def test_the_old_owner_stops_waiting_once_the_target_is_warm(engine: sa.Engine) 
     )
     ready.start()
     started = time.monotonic()
-    assert stops.await_warm(_runner(engine, 30.0), run) is reconcile.WarmWait.READY
+    assert stops.await_warm(_context(engine, 30.0), run) is reconcile.WarmWait.READY
     assert time.monotonic() - started < 5
 
 
@@ -54,7 +54,7 @@ def _mark_ready(engine: sa.Engine, run: runs.Run) -> None:
 def test_a_target_that_never_gets_warm_is_waited_for_a_bounded_time(engine: sa.Engine) -> None:
     run = _offering(engine)
     started = time.monotonic()
-    assert stops.await_warm(_runner(engine, 1.5), run) is reconcile.WarmWait.GIVE_UP
+    assert stops.await_warm(_context(engine, 1.5), run) is reconcile.WarmWait.GIVE_UP
     assert 1.5 <= time.monotonic() - started < 5
 
 
@@ -67,14 +67,14 @@ def test_an_offer_withdrawn_meanwhile_ends_the_wait(engine: sa.Engine) -> None:
 
     threading.Timer(0.5, stop_the_job).start()
     started = time.monotonic()
-    assert stops.await_warm(_runner(engine, 30.0), run) is reconcile.WarmWait.GIVE_UP
+    assert stops.await_warm(_context(engine, 30.0), run) is reconcile.WarmWait.GIVE_UP
     assert time.monotonic() - started < 5
 
 
 def test_a_shutdown_does_not_wait_for_the_target(engine: sa.Engine) -> None:
     run = _offering(engine)
-    the_runner = _runner(engine, 30.0)
-    the_runner._shutting_down.set()
+    ctx = _context(engine, 30.0)
+    ctx.shutting_down.set()
     started = time.monotonic()
-    assert stops.await_warm(the_runner, run) is reconcile.WarmWait.GIVE_UP
+    assert stops.await_warm(ctx, run) is reconcile.WarmWait.GIVE_UP
     assert time.monotonic() - started < 2

@@ -1,5 +1,5 @@
 """The target's side of a warm hand-off (server/warm.py) on the real PostgreSQL, with a
-stand-in runner: a warm start that cannot be launched is not tried again and tells the
+stand-in context: a warm start that cannot be launched is not tried again and tells the
 old owner to stop now."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from scheduler import distribution
-from server import reconcile, warm
+from server import reconcile, run_table, warm
 from tests import factories
 from tests.factories import owner
 
@@ -31,21 +31,20 @@ def test_a_warm_start_that_fails_is_kept_and_lets_the_old_owner_stop(
     row = _offered_to_s2(engine)
     assert reconcile.warm_wanted(row, "s2")
     submitted: list[tuple] = []
-    the_runner = types.SimpleNamespace(
+    table = run_table.RunTable()
+    ctx = types.SimpleNamespace(
         engine=engine,
         owner=S2,
         config=types.SimpleNamespace(
             work_dir=tmp_path / "work", spark_master="local[1]", warm_go_timeout=60.0
         ),
-        _lock=threading.RLock(),
-        _warm={},
-        _stop=threading.Event(),
-        _tasks=types.SimpleNamespace(submit=lambda *call: submitted.append(call)),
+        stop=threading.Event(),
+        submit=lambda *call: submitted.append(call),
     )
-    warm.begin(the_runner, row)  # type: ignore[arg-type]
+    warm.begin(table, ctx, row)  # type: ignore[arg-type]
     [(task, *args)] = submitted
     task(*args)  # the prestart: no master answers
-    assert warm.warm_epochs(the_runner) == {row.job_id: row.epoch + 1}  # type: ignore[arg-type]
+    assert warm.warm_epochs(table) == {row.job_id: row.epoch + 1}
     with engine.connect() as conn:
         seen = next(r for r in distribution.poll(conn, S1) if r.job_id == row.job_id)
     assert seen.warm_ready_epoch == row.epoch  # the old owner stops now
@@ -55,6 +54,6 @@ def test_a_warm_start_that_fails_is_kept_and_lets_the_old_owner_stop(
         {row.job_id: row},
         {},
         reconcile.Conditions(S2, 4, may_claim=True, may_migrate=True),
-        warm=warm.warm_epochs(the_runner),  # type: ignore[arg-type]
+        warm=warm.warm_epochs(table),
     )
     assert not any(isinstance(a, reconcile.PreStart) for a in decided)
