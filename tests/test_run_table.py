@@ -1,5 +1,6 @@
 """The runner's shared state (server/run_table.py): its named operations, without
-services. The table's threads and their timing are test_runner.py's."""
+services. The table's threads and their timing are
+tests/integration/test_runner_*.py's."""
 
 from __future__ import annotations
 
