@@ -29,8 +29,7 @@ from server import (
 )
 from sql import states
 
-# The runner's log: its parts log as the runner did before they had modules of their own.
-log = logging.getLogger("server.runner")
+log = logging.getLogger(__name__)
 
 # How far ahead the watchdog's deadline must be for its run to be adopted: the
 # adoption's statement and its confirmation (a file write) must land before it, and on

@@ -23,8 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from scheduler import distribution
 from server import launch, metrics, run_context, run_table, rundir, runs, watchdog
 
-# The runner's log: its parts log as the runner did before they had modules of their own.
-log = logging.getLogger("server.runner")
+log = logging.getLogger(__name__)
 
 # Pause between two tries of a hand-over's lease extension (seconds).
 HAND_OVER_RETRY_S = 0.25

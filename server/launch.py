@@ -33,8 +33,7 @@ from server import (
     watchdog,
 )
 
-# The runner's log: its parts log as the runner did before they had modules of their own.
-log = logging.getLogger("server.runner")
+log = logging.getLogger(__name__)
 
 
 def start(table: run_table.RunTable, ctx: run_context.Context, run: runs.Run) -> None:

@@ -13,7 +13,7 @@ import logging
 from resource_center import errors, store
 from server import runs
 
-log = logging.getLogger("server.runner")
+log = logging.getLogger(__name__)
 
 
 def log_key(job: str, job_id: int, epoch: int) -> str:

@@ -37,8 +37,7 @@ from server import (
     spark_master,
 )
 
-# The runner's log: its parts log as the runner did before they had modules of their own.
-log = logging.getLogger("server.runner")
+log = logging.getLogger(__name__)
 
 # How long a driver's SIGTERM exit waits for this server's own shutdown to begin before
 # it counts as the job's crash: the service manager signals both at once (seconds).

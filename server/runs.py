@@ -46,7 +46,7 @@ import sqlalchemy as sa
 from scheduler import distribution
 from server import driver, reconcile
 
-log = logging.getLogger("server.runner")
+log = logging.getLogger(__name__)
 
 # The fields that name the run: set when it is created, never again.
 IDENTITY_FIELDS = frozenset(

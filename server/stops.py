@@ -29,8 +29,7 @@ from server import (
     watchdog,
 )
 
-# The runner's log: its parts log as the runner did before they had modules of their own.
-log = logging.getLogger("server.runner")
+log = logging.getLogger(__name__)
 
 # How often the old owner of a warm hand-off looks whether the target is ready, seconds.
 WARM_LOOK_S = 0.25

@@ -59,7 +59,7 @@ from server import (
     watchdog,
 )
 
-log = logging.getLogger("server.runner")
+log = logging.getLogger(__name__)
 
 # How often a building warm driver's log is read for READY_LINE, seconds.
 READY_POLL_S = 0.2
