@@ -125,7 +125,7 @@ def mark_running(table: run_table.RunTable, ctx: run_context.Context, run: runs.
     try:
         with ctx.engine.begin() as conn:
             distribution.mark_running(conn, run.job_id, run.owner, run.epoch, run.driver.pid)
-        run.marked = True
+        run.mark = runs.Mark.MARKED
     except distribution.FencedError:
         outcomes.drop_lost(table, run, "lease lost while starting")
     except DBAPIError as exc:

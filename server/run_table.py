@@ -23,13 +23,16 @@ Transitions of a run (its ``phase``: ``reconcile.PHASE_TRANSITIONS``)::
     any       -> (none): :meth:`remove` (the job is no longer ours, or its lease was
                  lost: :meth:`renewed`)
 
-Transitions of a warm driver (``server/warm.py`` says when)::
+Transitions of a warm driver (its ``phase``: ``runs.WARM_TRANSITIONS``;
+``server/warm.py`` says when)::
 
-    (none)    -> waiting: :meth:`add_warm` (the poll thread)
-    waiting   -> waiting with its driver: :meth:`set_warm_driver` (its prestart)
-              -> (none), discarded: :meth:`take_warm` (the claim's start),
-                 :meth:`discard_warm` (the poll thread), :meth:`reap_ended_warm` (its
-                 driver ended), :meth:`discard_all_warm` (the shutdown)
+    (none)    -> building: :meth:`add_warm` (the poll thread); its driver is given
+                 by :meth:`set_warm_driver` (its prestart)
+    building  -> ready: :meth:`warm_ready` (its prestart)
+    building, ready
+              -> discarded, and out of the table: :meth:`take_warm` (the claim's
+                 start), :meth:`discard_warm` (the poll thread), :meth:`reap_ended_warm`
+                 (its driver ended), :meth:`discard_all_warm` (the shutdown)
 """
 
 from __future__ import annotations
@@ -157,14 +160,16 @@ class RunTable:
         """Whether this thread is the one to record that ``run`` runs (once: the poll
         may ask again before it sees the first record)."""
         with self._lock:
-            if run.marking or run.marked:
+            if run.mark is not runs.Mark.UNMARKED:
                 return False
-            run.marking = True
+            run.mark = runs.Mark.MARKING
             return True
 
     def end_marking(self, run: runs.Run) -> None:
+        """The thread recording ``running`` is done: marked, or to be tried again."""
         with self._lock:
-            run.marking = False
+            if run.mark is runs.Mark.MARKING:
+                run.mark = runs.Mark.UNMARKED
 
     def begin_stop(self, run: runs.Run) -> bool:
         """running -> stopping; False when ``run`` is not running."""
@@ -299,7 +304,7 @@ class RunTable:
         (then its launcher kills it)."""
         with self._lock:
             warm.driver = handle
-            return warm.discarded
+            return warm.phase is runs.WarmPhase.DISCARDED
 
     def warm_driver(self, warm: runs.WarmRun) -> driver.Driver | None:
         with self._lock:
@@ -308,7 +313,15 @@ class RunTable:
     def warm_wanted(self, warm: runs.WarmRun) -> bool:
         """Whether ``warm`` is still its job's warm driver, neither discarded nor taken."""
         with self._lock:
-            return not warm.discarded and self._warm.get(warm.job_id) is warm
+            return (
+                warm.phase is not runs.WarmPhase.DISCARDED and self._warm.get(warm.job_id) is warm
+            )
+
+    def warm_ready(self, warm: runs.WarmRun) -> None:
+        """``warm``'s SparkSession is built (unless it was discarded meanwhile)."""
+        with self._lock:
+            if warm.phase is runs.WarmPhase.BUILDING:
+                warm.phase = runs.WarmPhase.READY
 
     def take_warm(self, job_id: int) -> tuple[runs.WarmRun, driver.Driver | None] | None:
         """The warm driver of ``job_id``, discarded here (from now on nobody else may
@@ -317,7 +330,7 @@ class RunTable:
             warm = self._warm.pop(job_id, None)
             if warm is None:
                 return None
-            warm.discarded = True
+            warm.phase = runs.WarmPhase.DISCARDED
             return warm, warm.driver
 
     def discard_warm(self, job_id: int) -> runs.WarmRun | None:
@@ -325,7 +338,7 @@ class RunTable:
         with self._lock:
             warm = self._warm.pop(job_id, None)
             if warm is not None:
-                warm.discarded = True
+                warm.phase = runs.WarmPhase.DISCARDED
             return warm
 
     def reap_ended_warm(self) -> list[runs.WarmRun]:
@@ -338,7 +351,7 @@ class RunTable:
             ]
             for warm in ended:
                 del self._warm[warm.job_id]
-                warm.discarded = True
+                warm.phase = runs.WarmPhase.DISCARDED
             return ended
 
     def discard_all_warm(self) -> list[runs.WarmRun]:
@@ -347,5 +360,5 @@ class RunTable:
             left = list(self._warm.values())
             self._warm.clear()
             for warm in left:
-                warm.discarded = True
+                warm.phase = runs.WarmPhase.DISCARDED
             return left

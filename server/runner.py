@@ -40,9 +40,9 @@ thread's claim, or an adoption task) and never again; ``deadline`` is the renew
 thread's; ``driver`` and ``master`` the start task's, set once before ``phase`` becomes
 running; ``phase`` moves as ``reconcile.PHASE_TRANSITIONS`` allows, by the start task,
 the poll thread or the shutdown (a stop), and whoever ends the run; ``unrecorded`` and
-``recording`` are the recording thread's, ``marking`` and ``marked`` the thread
-recording ``running``. Every write of a mutable field holds the runner's lock, except
-``marked``, written only by the one thread that holds ``marking``.
+``recording`` are the recording thread's, ``mark`` the thread recording ``running``.
+Every write of a mutable field holds the runner's lock, except ``mark`` becoming
+``marked``, written only by the one thread that holds it ``marking``.
 
 Every database write is fenced by this server's id, its incarnation and the run's epoch
 (``scheduler/distribution.py``); a write that matches no row means the job is no longer

@@ -25,9 +25,9 @@ which field, and under which guard:
   under the runner's lock, before it kills the driver;
 - ``warm_offered``: whoever begins the run's stop (``stops.begin_stop``), before it
   submits the stop task that reads it;
-- ``marking``, ``marked``: the one thread recording ``running``
-  (``launch.mark_running``); ``marking`` under the runner's lock, ``marked`` only by
-  the thread that holds ``marking``.
+- ``mark`` (:class:`Mark`, moves as :data:`MARK_TRANSITIONS` allows): the one thread
+  recording ``running`` (``launch.mark_running``); to and from ``marking`` under the
+  runner's lock, to ``marked`` only by the thread that holds ``marking``.
 
 Every other thread reads the mutable fields under the runner's lock, or from a copy of
 the runs taken under it (``RunTable.snapshot``).
@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,37 @@ log = logging.getLogger(__name__)
 IDENTITY_FIELDS = frozenset(
     {"job_id", "name", "kind", "epoch", "attempt", "claimed_at", "owner", "revision"}
 )
+
+
+class Mark(StrEnum):
+    """Whether PostgreSQL has recorded that the run's driver runs."""
+
+    UNMARKED = "unmarked"  # not recorded yet: the row still says starting
+    MARKING = "marking"  # one thread records it now
+    MARKED = "marked"  # recorded
+
+
+# target state -> the states it may be entered from.
+MARK_TRANSITIONS: dict[Mark, frozenset[Mark]] = {
+    Mark.MARKING: frozenset({Mark.UNMARKED}),
+    Mark.MARKED: frozenset({Mark.MARKING}),
+    Mark.UNMARKED: frozenset({Mark.MARKING}),  # the write failed: the next poll tries again
+}
+
+
+class WarmPhase(StrEnum):
+    """Where a warm driver is, as its server sees it (``server/warm.py``)."""
+
+    BUILDING = "building"  # launching, or building its SparkSession; or kept driverless
+    READY = "ready"  # its log says its SparkSession is built: it waits for its claim
+    DISCARDED = "discarded"  # taken by its claim, or to be killed by whoever sees it first
+
+
+# target phase -> the phases it may be entered from.
+WARM_TRANSITIONS: dict[WarmPhase, frozenset[WarmPhase]] = {
+    WarmPhase.READY: frozenset({WarmPhase.BUILDING}),
+    WarmPhase.DISCARDED: frozenset({WarmPhase.BUILDING, WarmPhase.READY}),
+}
 
 
 @dataclass
@@ -78,8 +110,7 @@ class Run:
     # How the run ended, not yet recorded in PostgreSQL (retried until it is).
     unrecorded: Callable[[sa.Connection], object] | None = None
     recording: bool = False  # a thread is writing ``unrecorded`` now
-    marking: bool = False  # a thread is recording ``running`` now
-    marked: bool = False  # ``running`` is recorded in PostgreSQL
+    mark: Mark = Mark.UNMARKED  # whether ``running`` is recorded in PostgreSQL
     # Its stop offered the target a warm hand-off (server/warm.py): the stop waits,
     # bounded, for the target's warm driver before it stops this one.
     warm_offered: bool = False
@@ -98,8 +129,9 @@ class Run:
 
 @dataclass
 class WarmRun:
-    """One warm driver of this server. ``driver`` is set by its prestart task; the
-    other fields are set when the poll thread creates it."""
+    """One warm driver of this server. ``driver`` is set by its prestart task, ``phase``
+    moves as :data:`WARM_TRANSITIONS` allows (under the run table's lock); the other
+    fields are set when the poll thread creates it."""
 
     job_id: int
     name: str
@@ -110,8 +142,7 @@ class WarmRun:
     run_dir: Path
     driver: driver.Driver | None = None
     master: str = ""
-    ready: bool = False
-    discarded: bool = False  # not to be taken any more: killed by whoever sees it first
+    phase: WarmPhase = WarmPhase.BUILDING
     # The version of each secret its environment holds (secret name -> version), read
     # before their values: a secret given a new value since is never taken warm.
     secret_versions: dict[str, int] | None = None

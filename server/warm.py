@@ -25,6 +25,11 @@ side; the decisions are ``server/reconcile.py``'s)::
     ended     its watchdog's deadline passed without go: it ran no job code, and
               nothing is recorded (watchdog ``--go-file``)
 
+What the server keeps of it is a ``runs.WarmRun`` in the run table, whose ``phase``
+(``runs.WarmPhase``) is ``building`` (launching, failed and kept driverless, or
+building its session), ``ready``, or ``discarded`` (taken, or to be killed: out of the
+table, nobody else may take or keep it).
+
 Why this keeps one driver per job: the old driver is gone before the claim (it released
 the job after its stop, or its lease expired and its watchdog killed it), the claim
 takes epoch + 1, and the job's main runs only after the claim. Before go.json the warm
@@ -163,7 +168,7 @@ def _wait_ready(table: run_table.RunTable, ctx: run_context.Context, warm: runs.
             return False
         try:
             if warm_entry.READY_LINE in log_file.read_text(errors="replace"):
-                warm.ready = True
+                table.warm_ready(warm)
                 return True
         except OSError:
             pass

@@ -96,10 +96,13 @@ def test_an_outcome_is_recorded_by_one_thread_and_kept_until_it_is() -> None:
 def test_a_run_is_marked_running_by_one_thread_at_a_time() -> None:
     table = run_table.RunTable()
     run = _run(1)
-    assert table.begin_marking(run)
+    assert table.begin_marking(run) and run.mark is runs.Mark.MARKING
     assert not table.begin_marking(run)
+    table.end_marking(run)  # the write failed: tried again
+    assert run.mark is runs.Mark.UNMARKED and table.begin_marking(run)
+    run.mark = runs.Mark.MARKED  # by the thread that holds it marking
     table.end_marking(run)
-    assert table.begin_marking(run)
+    assert run.mark is runs.Mark.MARKED and not table.begin_marking(run)
 
 
 def test_a_start_forgets_its_start_deferrals_but_not_its_master_deferrals() -> None:
@@ -148,16 +151,20 @@ def test_a_warm_driver_is_taken_or_discarded_once(tmp_path: Path) -> None:
     warm = _warm(1, tmp_path)
     table.add_warm(warm)
     assert table.has_warm(1) and table.warm_wanted(warm)
+    table.warm_ready(warm)
+    assert warm.phase is runs.WarmPhase.READY and table.warm_wanted(warm)
     assert table.warm_epochs() == {1: 2}
     handle = _Driver()
     assert not table.set_warm_driver(warm, handle)  # type: ignore[arg-type]
     assert table.take_warm(1) == (warm, handle)
-    assert warm.discarded and not table.warm_wanted(warm)
+    assert warm.phase is runs.WarmPhase.DISCARDED and not table.warm_wanted(warm)
     assert table.take_warm(1) is None and table.discard_warm(1) is None
     # Discarded before its driver was launched: its launcher kills it.
     late = _warm(2, tmp_path)
     table.add_warm(late)
     assert table.discard_warm(2) is late
+    table.warm_ready(late)  # its session was built meanwhile: it stays discarded
+    assert late.phase is runs.WarmPhase.DISCARDED
     assert table.set_warm_driver(late, _Driver())  # type: ignore[arg-type]
 
 
@@ -170,7 +177,14 @@ def test_warm_drivers_that_ended_are_reaped_and_a_shutdown_discards_the_rest(
         table.add_warm(warm)
     table.set_warm_driver(ended, _Driver(ended=True))  # type: ignore[arg-type]
     table.set_warm_driver(running, _Driver())  # type: ignore[arg-type]
-    assert table.reap_ended_warm() == [ended] and ended.discarded
+    assert table.reap_ended_warm() == [ended] and ended.phase is runs.WarmPhase.DISCARDED
     assert table.warm_epochs() == {1: 2, 3: 2}
     assert sorted(w.job_id for w in table.discard_all_warm()) == [1, 3]
-    assert building.discarded and running.discarded and table.warm_epochs() == {}
+    assert {building.phase, running.phase} == {runs.WarmPhase.DISCARDED}
+    assert table.warm_epochs() == {}
+
+
+def test_the_declared_transitions_leave_no_state_unreachable() -> None:
+    entered = {target for target, sources in runs.MARK_TRANSITIONS.items() if sources}
+    assert entered | {runs.Mark.UNMARKED} == set(runs.Mark)
+    assert set(runs.WARM_TRANSITIONS) | {runs.WarmPhase.BUILDING} == set(runs.WarmPhase)

@@ -33,5 +33,6 @@ def test_a_run_s_state_may_change() -> None:
     run.deadline = 20.0
     run.phase = reconcile.Phase.ENDED
     run.unrecorded = None
-    run.recording = run.marking = run.marked = True
-    assert (run.deadline, run.phase, run.marked) == (20.0, reconcile.Phase.ENDED, True)
+    run.recording = True
+    run.mark = runs.Mark.MARKED
+    assert (run.deadline, run.phase, run.mark) == (20.0, reconcile.Phase.ENDED, runs.Mark.MARKED)
