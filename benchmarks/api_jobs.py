@@ -40,7 +40,7 @@ import httpx
 import sqlalchemy as sa
 
 from registry import servers
-from server.web import tokens
+from scheduler import tokens
 from sql import database
 from tests import services, waiting
 

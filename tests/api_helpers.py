@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from registry import servers
-from server.web import tokens
+from scheduler import tokens
 from tests import services, waiting
 from tests.cluster import HEARTBEAT_JOB, Cluster
 

@@ -63,7 +63,7 @@ PRELOAD = (
     "server.tls",
     "server.logs",
     "server.log_shipping",
-    "server.web.audit",
+    "scheduler.audit",
     "server.web.endpoint",
     "server.web.livelog",
     "resource_center.catalog",

@@ -15,9 +15,8 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from resource_center import store
-from scheduler import jobs
+from scheduler import jobs, tokens
 from server import log_shipping
-from server.web import tokens
 from tests.api_helpers import API, ApiStack, api_stack
 from tests.waiting import wait_until
 

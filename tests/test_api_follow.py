@@ -14,7 +14,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from server.web import api, httpd, livelog, tokens
+from scheduler import tokens
+from server.web import api, httpd, livelog
 from tests import waiting
 
 JOB = "quiet"

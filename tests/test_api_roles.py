@@ -30,7 +30,7 @@ def stack(
 @pytest.fixture(scope="module")
 def expired(stack: ApiStack) -> str:
     with stack.cluster.engine.begin() as conn:
-        from server.web import tokens
+        from scheduler import tokens
 
         token = tokens.create(conn, "lapsed", "operator", expires_in=3600)
         conn.execute(

@@ -1,4 +1,4 @@
-"""server/web/tokens.py on PostgreSQL: only hashes are stored, revocation is immediate and
+"""scheduler/tokens.py on PostgreSQL: only hashes are stored, revocation is immediate and
 guarded, the cluster credential is created once and then stable."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from server.web import tokens
+from scheduler import tokens
 from sql import tables
 
 

@@ -5,9 +5,10 @@
     2  scheduler, resource_center
     1  sql, registry
 
-The CLI may import the web (its tokens, audit trail and live logs); the web never
-imports the CLI; the process imports neither (``sparkring server run`` hands the web's
-``endpoint.open`` to ``process.Server``). Read from the code's own ``import``
+The CLI may import the web (its live logs and the endpoint ``server run`` serves); the
+web never imports the CLI; the process imports neither (``sparkring server run`` hands
+the web's ``endpoint.open`` to ``process.Server``). API tokens and the audit trail, which
+both use, are ``scheduler``'s (floor 2). Read from the code's own ``import``
 statements (every one, including those inside functions), so a new arrow that runs back
 up fails here, with the file and line."""
 

@@ -230,11 +230,11 @@ def test_history_index_comes_and_goes_with_0008_and_events_stay(engine: sa.Engin
 
 
 def test_audit_actions_are_declared_once_and_guarded(engine: sa.Engine) -> None:
-    """audit_events.action accepts exactly server.web.audit.Action (as tables.AUDIT_ACTIONS
+    """audit_events.action accepts exactly scheduler.audit.Action (as tables.AUDIT_ACTIONS
     and the latest migration that sets them, 0019, declare them)."""
     import importlib
 
-    from server.web import audit
+    from scheduler import audit
 
     latest = importlib.import_module("sql.migrations.versions.0019_job_env_and_secrets")
     assert set(latest.AUDIT_ACTIONS) == set(tables.AUDIT_ACTIONS) == {a.value for a in audit.Action}
@@ -248,7 +248,7 @@ def test_audit_actions_are_declared_once_and_guarded(engine: sa.Engine) -> None:
 
 
 def test_0013_down_drops_the_alert_audit_rows_and_keeps_the_others(engine: sa.Engine) -> None:
-    from server.web import audit
+    from scheduler import audit
 
     with engine.begin() as connection:
         audit.record(connection, "cli:a (claimed)", audit.Action.TOKEN_CREATED, "t")
@@ -269,7 +269,7 @@ def test_0013_down_drops_the_alert_audit_rows_and_keeps_the_others(engine: sa.En
 def test_tokens_made_before_expiry_keep_working_and_never_expire(engine: sa.Engine) -> None:
     """0010 on a database with tokens: they authenticate as before (no expiry) and can
     be listed with their last use; back down to 0009 they still authenticate."""
-    from server.web import tokens
+    from scheduler import tokens
 
     migrate.downgrade(engine, "0009")
     with engine.begin() as connection:

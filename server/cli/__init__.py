@@ -4,7 +4,7 @@
 (``console``).
 
 May import: the process floor (``server``'s own modules, e.g. ``process`` for
-``server run``), the web package (its tokens, audit trail and live logs), and every lower
+``server run``), the web package (its live logs and endpoint), and every lower
 package (``scheduler``, ``resource_center``, ``registry``, ``sql``). Nothing below
 imports it (``tests/test_floors.py``). Importing this package loads nothing: the CLI's
 start-up cost is what ``main`` imports (``tests/test_cli_user.py`` guards it), and

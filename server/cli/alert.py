@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from scheduler import alerts
+from scheduler import alerts, audit
 from server.cli import console
-from server.web import audit
 from sql import states
 from sql.states import AlertFormat, DeliveryStatus
 

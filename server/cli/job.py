@@ -15,11 +15,10 @@ from typing import Any
 
 import typer
 
-from scheduler import health_policy, jobs
+from scheduler import audit, health_policy, jobs, tokens
 from server import clients
 from server.cli import console, schedules
 from server.cli import resource as cli_resource
-from server.web import audit, tokens
 from sql import states
 from sql.states import JobKind, RunState
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 from sqlalchemy import exc as sa_exc
 
+from scheduler import tokens
 from server import exit_codes, version
 from server import settings as settings_module
 from server.cli import alert as cli_alert
@@ -30,7 +31,6 @@ from server.cli import ring as cli_ring
 from server.cli import secret as cli_secret
 from server.cli import servers as cli_server
 from server.cli import token as cli_token
-from server.web import tokens
 from sql import database
 
 app = typer.Typer(

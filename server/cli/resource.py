@@ -60,7 +60,7 @@ def upload(
     from rich import progress as rich_progress
 
     from resource_center import catalog
-    from server.web import audit
+    from scheduler import audit
 
     settings = _settings(ctx)
     # Refuse bad input before touching any service.
@@ -162,7 +162,7 @@ def delete(
 ) -> None:
     """Delete a version (or all versions of NAME); refused while any job uses one."""
     from resource_center import catalog
-    from server.web import audit
+    from scheduler import audit
 
     settings = _settings(ctx)
     validation.parse_reference(reference)
@@ -201,7 +201,7 @@ def deps_artifact(ctx: typer.Context, requirements: Path) -> catalog.Resource:
     """The deps artifact of ``requirements`` (resource_center/deps.py): found, or built
     with pip and stored now (said on stderr, with the audit event of its upload)."""
     from resource_center import deps
-    from server.web import audit
+    from scheduler import audit
 
     settings = _settings(ctx)
     engine, bucket = clients.engine(settings), clients.bucket(settings)

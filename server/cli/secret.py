@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from scheduler import secrets
+from scheduler import audit, secrets
 from server import exit_codes
 from server.cli import console
-from server.web import audit
 
 if TYPE_CHECKING:
     from cryptography.fernet import MultiFernet

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from scheduler import audit, tokens
 from server import settings as settings_module
 from server.cli import console
-from server.web import audit, tokens
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -1,6 +1,6 @@
 """The HTTP side of a server: the API and the console's routes (``api``), admission
-before a body is read (``admission``), bearer tokens and their checks (``tokens``,
-``auth``), the audit trail of writes (``audit``), driver logs served live
+before a body is read (``admission``), bearer-token checks (``auth``; the tokens
+and the audit trail are ``scheduler``'s), driver logs served live
 (``livelog``), the listener (``httpd``), and ``endpoint``, which builds all of that
 for one server process. The console's page and assets are in ``static/``.
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from server.web import tokens
+from scheduler import tokens
 
 _bearer = HTTPBearer(auto_error=False, description="A token from 'sparkring token create'.")
 # Where server/web/admission.py leaves the principal it checked (the ASGI scope's state).

@@ -3,7 +3,7 @@
 The server that runs a driver serves its log at ``/logs/<job>?lines=N`` to holders of
 a token (``server/web/api.py``), and with ``follow=true`` keeps the response open, sending
 what the driver writes until the run ends. Other servers and the CLI present the cluster
-credential (``server/web/tokens.py``) when they fetch it from there.
+credential (``scheduler/tokens.py``) when they fetch it from there.
 
 A follow is an asynchronous stream (it holds no worker thread while the log is idle)
 and is bounded: :class:`FollowGate` admits at most ``FOLLOWS_PER_TOKEN`` open follows

@@ -16,8 +16,8 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from scheduler import alerts
-from server.web import audit, auth, contract
+from scheduler import alerts, audit
+from server.web import auth, contract
 from sql.states import AlertFormat, DeliveryStatus
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from scheduler import jobs
-from server.web import audit, auth, contract
+from scheduler import audit, jobs
+from server.web import auth, contract
 from server.web.routes.jobs import PageSize
 
 if TYPE_CHECKING:

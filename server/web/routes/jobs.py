@@ -15,9 +15,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from resource_center import catalog
 from resource_center import errors as resource_errors
-from scheduler import fires, jobs, runs, schedule
+from scheduler import fires, jobs, runs, schedule, tokens
 from scheduler.schedule import Concurrency, Misfire
-from server.web import auth, contract, tokens
+from server.web import auth, contract
 from sql.states import JobKind, RunState
 
 if TYPE_CHECKING:

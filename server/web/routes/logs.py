@@ -16,9 +16,9 @@ from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from scheduler import jobs, runs
+from scheduler import jobs, runs, tokens
 from server import past_logs
-from server.web import auth, contract, livelog, tokens
+from server.web import auth, contract, livelog
 
 if TYPE_CHECKING:
     from server.web import api

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import APIRouter, Depends, File, UploadFile
 
 from resource_center import catalog, store
-from server.web import audit, auth, contract
+from scheduler import audit
+from server.web import auth, contract
 
 if TYPE_CHECKING:
     from server.web import api

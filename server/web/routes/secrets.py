@@ -13,8 +13,8 @@ from fastapi import APIRouter, Depends
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduler import secrets
-from server.web import audit, auth, contract
+from scheduler import audit, secrets
+from server.web import auth, contract
 
 if TYPE_CHECKING:
     from server.web import api
