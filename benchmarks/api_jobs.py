@@ -125,7 +125,7 @@ def serve(database_url: str, port: int) -> None:
     """The child process: the API app under uvicorn, as a server runs it."""
     import uvicorn
 
-    from server.web import api
+    from server.web import api, dependencies
 
     engine = database.create_engine(database_url, pool_size=4)
     started = time.time() - 3600
@@ -141,7 +141,7 @@ def serve(database_url: str, port: int) -> None:
         )
         for i in range(SERVERS)
     }
-    backend = api.Backend(
+    backend = dependencies.Backend(
         server_id="bench",
         engine=engine,
         status=lambda: (True, {"server": "bench"}),

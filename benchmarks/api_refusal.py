@@ -36,10 +36,10 @@ MIB = 1024 * 1024
 
 def serve(database_url: str, port: int) -> None:
     """The child process: the API app behind the server's own listener."""
-    from server.web import api, httpd
+    from server.web import api, dependencies, httpd
 
     engine = database.create_engine(database_url, pool_size=2)
-    backend = api.Backend(
+    backend = dependencies.Backend(
         server_id="bench",
         engine=engine,
         status=lambda: (True, {"server": "bench"}),

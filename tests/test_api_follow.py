@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from scheduler import tokens
-from server.web import api, httpd, livelog
+from server.web import api, dependencies, httpd, livelog
 from tests import waiting
 
 JOB = "quiet"
@@ -25,7 +25,7 @@ JOB = "quiet"
 def server(engine: sa.Engine, tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "driver.log"
     log.write_text("started\n")
-    backend = api.Backend(
+    backend = dependencies.Backend(
         server_id="s1",
         engine=engine,
         status=lambda: (True, {"server": "s1", "running": 1}),

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from server.web import api
+from server.web import api, dependencies
 from tests.api_helpers import API, ApiStack, api_stack
 from tests.cluster import HEARTBEAT_JOB
 
@@ -173,7 +173,7 @@ CALLERS = {
 
 
 def test_the_table_covers_every_write_route_of_the_app() -> None:
-    backend = api.Backend(
+    backend = dependencies.Backend(
         server_id="t",
         engine=sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"),
         status=lambda: (True, {}),

@@ -19,7 +19,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from registry import servers
 from server import settings as settings_module
 from server import tls
-from server.web import api, httpd, livelog
+from server.web import dependencies, httpd, livelog
 from server.web.routes import servers as server_routes
 from tests import certificates
 
@@ -120,11 +120,11 @@ def test_the_async_relay_verifies_the_peer_against_the_ca(
     assert asyncio.run(relay(untrusted)) is None
 
 
-def _backend(context: ssl.SSLContext) -> api.Backend:
+def _backend(context: ssl.SSLContext) -> dependencies.Backend:
     def unused(*_args: object) -> None:
         raise AssertionError("not used by the peer health probe")
 
-    return api.Backend(
+    return dependencies.Backend(
         server_id="self",
         engine=None,  # type: ignore[arg-type]
         status=unused,  # type: ignore[arg-type]

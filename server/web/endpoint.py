@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from server import defaults, log_shipping, process
-from server.web import api, httpd, livelog
+from server.web import api, dependencies, httpd, livelog
 
 
 def open(place: process.EndpointPlace) -> httpd.HttpServer:
@@ -26,7 +26,7 @@ def open(place: process.EndpointPlace) -> httpd.HttpServer:
             lines,
         )
 
-    backend = api.Backend(
+    backend = dependencies.Backend(
         server_id=server.id,
         engine=place.engine,
         status=server.status,

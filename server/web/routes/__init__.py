@@ -1,2 +1,3 @@
 """The API's routes, one module per noun, each a function of the server's ``Backend``
-that returns its ``APIRouter`` (``server/web/api.py`` includes them all)."""
+(``server/web/dependencies.py``, below them) that returns its ``APIRouter``
+(``server/web/api.py`` includes them all)."""

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler import alerts, audit
-from server.web import auth, contract
+from server.web import auth, contract, dependencies
 from sql.states import AlertFormat, DeliveryStatus
-
-if TYPE_CHECKING:
-    from server.web import api
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +111,7 @@ class TestQueued(BaseModel):
     delivery: str = Field(description="The id of the test delivery queued.")
 
 
-def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
+def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
     routes = APIRouter(tags=["alerts"], responses=contract.errors(*contract.READ))
     viewer = Depends(authenticator.reader)
     operator = Depends(authenticator.writer)

@@ -3,16 +3,13 @@ trail of the writes that are not a job's own."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
 from scheduler import audit, jobs
-from server.web import auth, contract
+from server.web import auth, contract, dependencies
 from server.web.routes.jobs import PageSize
-
-if TYPE_CHECKING:
-    from server.web import api
 
 # Event and audit ids are bigint.
 After = Annotated[
@@ -20,7 +17,7 @@ After = Annotated[
 ]
 
 
-def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
+def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
     routes = APIRouter(responses=contract.errors(*contract.READ, 422))
     viewer = Depends(authenticator.reader)
 

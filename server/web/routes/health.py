@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from server import metrics
-
-if TYPE_CHECKING:
-    from server.web import api
+from server.web import dependencies
 
 
-def router(backend: api.Backend) -> APIRouter:
+def router(backend: dependencies.Backend) -> APIRouter:
     routes = APIRouter(tags=["health"])
 
     @routes.get(

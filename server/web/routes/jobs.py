@@ -8,7 +8,7 @@ import datetime
 import json
 from collections.abc import Callable
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -17,11 +17,8 @@ from resource_center import catalog
 from resource_center import errors as resource_errors
 from scheduler import fires, jobs, runs, schedule, tokens
 from scheduler.schedule import Concurrency, Misfire
-from server.web import auth, contract
+from server.web import auth, contract, dependencies
 from sql.states import JobKind, RunState
-
-if TYPE_CHECKING:
-    from server.web import api
 
 # Largest page of jobs (or events) one request returns.
 MAX_PAGE = 1000
@@ -224,7 +221,7 @@ class JobRollback(BaseModel):
     restart: bool = Field(False, description="Also restart a running batch job now.")
 
 
-def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
+def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
     routes = APIRouter(tags=["jobs"], responses=contract.errors(*contract.READ))
     viewer = Depends(authenticator.reader)
     operator = Depends(authenticator.writer)

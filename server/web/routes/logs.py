@@ -7,7 +7,7 @@ a batch run's attempt (server/past_logs.py), each a tail."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import anyio.from_thread
 import anyio.to_thread
@@ -18,10 +18,7 @@ from starlette.background import BackgroundTask
 
 from scheduler import jobs, runs, tokens
 from server import past_logs
-from server.web import auth, contract, livelog
-
-if TYPE_CHECKING:
-    from server.web import api
+from server.web import auth, contract, dependencies, livelog
 
 Lines = Annotated[
     int, Query(ge=0, le=livelog.MAX_LINES, description="Lines of the tail (0: none).")
@@ -64,7 +61,7 @@ TAIL = {
 }
 
 
-def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
+def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
     routes = APIRouter(responses=contract.errors_beside_text(*contract.READ, 404, 422))
     # The routes that may stream (follow=true) may also be refused for too many follows.
     streams = {**TEXT, **contract.errors_beside_text(429)}
@@ -177,7 +174,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
 
 
 def _epoch_log(
-    backend: api.Backend,
+    backend: dependencies.Backend,
     job: dict[str, Any],
     epoch: int,
     lines: int,
@@ -198,7 +195,9 @@ def _epoch_log(
         raise contract.ApiError(404, str(exc)) from None
 
 
-def _live_log(backend: api.Backend, job: dict[str, Any], lines: int, secret: str) -> str | None:
+def _live_log(
+    backend: dependencies.Backend, job: dict[str, Any], lines: int, secret: str
+) -> str | None:
     owner = job["owner"]
     if owner is None:
         return None
@@ -212,7 +211,7 @@ def _live_log(backend: api.Backend, job: dict[str, Any], lines: int, secret: str
 
 
 async def _follow(
-    backend: api.Backend, job: dict[str, Any], lines: int, secret: str
+    backend: dependencies.Backend, job: dict[str, Any], lines: int, secret: str
 ) -> AsyncIterator[bytes] | None:
     owner, name = job["owner"], job["name"]
     if owner is None:

@@ -8,21 +8,18 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, File, UploadFile
 
 from resource_center import catalog, store
 from scheduler import audit
-from server.web import auth, contract
-
-if TYPE_CHECKING:
-    from server.web import api
+from server.web import auth, contract, dependencies
 
 log = logging.getLogger(__name__)
 
 
-def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
+def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
     routes = APIRouter(tags=["resources"], responses=contract.errors(*contract.READ))
     viewer = Depends(authenticator.reader)
     operator = Depends(authenticator.writer)

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends
 
 from scheduler import coordinator, placement, ring
-from server.web import auth, contract
-
-if TYPE_CHECKING:
-    from server.web import api
+from server.web import auth, contract, dependencies
 
 # Jobs drawn on the ring picture at most (the picture is for eyes, not for audits).
 RING_JOBS_DRAWN = 2000
 
 
-def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
+def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
     routes = APIRouter(tags=["ring"], responses=contract.errors(*contract.READ))
     viewer = Depends(authenticator.reader)
 
@@ -112,7 +109,9 @@ def _arcs(built: ring.Ring) -> list[dict[str, Any]]:
     return arcs
 
 
-def _bounds(active: list[str], placeable: dict[str, int], backend: api.Backend) -> dict[str, int]:
+def _bounds(
+    active: list[str], placeable: dict[str, int], backend: dependencies.Backend
+) -> dict[str, int]:
     """Each placeable server's bounded-load cap for the current number of active jobs."""
     if not placeable:
         return {}

@@ -7,17 +7,14 @@ log line or audit event ever does.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler import audit, secrets
-from server.web import auth, contract
-
-if TYPE_CHECKING:
-    from server.web import api
+from server.web import auth, contract, dependencies
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +58,7 @@ class SecretDeleted(BaseModel):
     outcome: str
 
 
-def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
+def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
     routes = APIRouter(tags=["secrets"], responses=contract.errors(*contract.READ, 403))
     operator = Depends(authenticator.writer)
     one = f"{contract.API}/secrets/{{name}}"

@@ -5,25 +5,22 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends
 
 from registry import servers as registry_servers
 from server import bounded_http
-from server.web import auth, contract
+from server.web import auth, contract, dependencies
 from server.web.routes import health
-
-if TYPE_CHECKING:
-    from server.web import api
 
 # How long the server list waits for a peer's /healthz, seconds.
 PEER_HEALTH_TIMEOUT_S = 1.0
 PEER_HEALTH_MAX_BYTES = 256 * 1024  # a peer's /healthz: counts and states, a few KB
 
 
-def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter:
+def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
     routes = APIRouter(responses=contract.errors(*contract.READ))
     viewer = Depends(authenticator.reader)
 
@@ -83,7 +80,7 @@ def router(backend: api.Backend, authenticator: auth.Authenticator) -> APIRouter
 
 
 def health_of(
-    backend: api.Backend, members: dict[str, registry_servers.ServerInfo]
+    backend: dependencies.Backend, members: dict[str, registry_servers.ServerInfo]
 ) -> dict[str, tuple[bool | None, dict[str, Any] | None]]:
     """Each member's /healthz (this server's own status directly), fetched in parallel."""
 

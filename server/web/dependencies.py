@@ -1,0 +1,52 @@
+"""What the API's routes share, below them all: the server's ``Backend`` (its engine, its
+view of the members, its logs and settings, as plain values and callables) and the
+dependency that hands it to a route.
+
+``api.create_app`` keeps the one ``Backend`` of the app in its state; the routers in
+``server/web/routes/`` read it from there, so nothing here imports a route or the app.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from registry import servers as registry_servers
+from resource_center import store
+from scheduler import destinations
+from server import defaults
+
+if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """What the API needs from its server process, as plain callables."""
+
+    server_id: str
+    engine: sa.Engine
+    status: Callable[[], tuple[bool, dict[str, Any]]]
+    members: Callable[[], dict[str, registry_servers.ServerInfo]]
+    log_file: Callable[[str], Path | None]
+    # (the job as jobs.show returns it, epoch, lines) -> the tail of that run's log
+    # shipped to S3, or None.
+    shipped_log: Callable[[dict[str, Any], int, int], str | None]
+    placement_epsilon: float
+    vnodes: int
+    bucket: store.Store | None = None  # the resource center (uploads and deletes)
+    max_artifact_bytes: int = defaults.MAX_ARTIFACT_BYTES
+    max_json_bytes: int = defaults.MAX_JSON_BODY_BYTES
+    # What calls to a peer's listener verify it with (server/tls.py); None: the system's
+    # trust store.
+    peer_tls: ssl.SSLContext | None = None
+    # Networks a webhook may reach although not public (SPARKRING_ALERT_ALLOW_NETWORKS).
+    alert_networks: tuple[destinations.Network, ...] = ()
+    # SPARKRING_SECRET_KEYS (scheduler/secrets.py): a secret is encrypted with it; None:
+    # not set, a secret cannot be created here (503).
+    secret_box: MultiFernet | None = None
