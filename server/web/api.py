@@ -54,6 +54,9 @@ def create_app(backend: dependencies.Backend) -> FastAPI:
         redoc_url=None,
     )
     authenticator = auth.Authenticator(backend.engine)
+    # What the routes' dependencies read (dependencies.get_backend, auth.reader/writer).
+    app.state.backend = backend
+    app.state.authenticator = authenticator
     declared = errors.Declared(app)
     errors.install(app, declared)
     # Inside the request metrics (refusals are counted), before any body is read.
@@ -65,15 +68,15 @@ def create_app(backend: dependencies.Backend) -> FastAPI:
         declared=declared,
     )
     _install_metrics_and_headers(app)
-    app.include_router(health.router(backend))
-    app.include_router(logs.router(backend, authenticator))
-    app.include_router(servers.router(backend, authenticator))
-    app.include_router(ring_routes.router(backend, authenticator))
-    app.include_router(job_routes.router(backend, authenticator))
-    app.include_router(events.router(backend, authenticator))
-    app.include_router(resources.router(backend, authenticator))
-    app.include_router(alert_routes.router(backend, authenticator))
-    app.include_router(secret_routes.router(backend, authenticator))
+    app.include_router(health.router)
+    app.include_router(logs.router(backend))
+    app.include_router(servers.router)
+    app.include_router(ring_routes.router)
+    app.include_router(job_routes.router(backend))
+    app.include_router(events.router)
+    app.include_router(resources.router)
+    app.include_router(alert_routes.router)
+    app.include_router(secret_routes.router)
 
     # ---------------------------------------------------------------- the console
 

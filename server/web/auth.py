@@ -6,7 +6,8 @@ write: 403. Tokens are never logged; a refusal names the problem, not the token.
 
 Requests that carry a body are checked before it is read (``server/web/admission.py``),
 with :meth:`Authenticator.writer_of`; the principal found there is kept in the request's
-scope, so the route's dependency does not look the token up a second time.
+scope, so the route's dependency (:func:`reader` or :func:`writer`, which find the app's
+``Authenticator`` in its state) does not look the token up a second time.
 """
 
 from __future__ import annotations
@@ -58,27 +59,31 @@ class Authenticator:
             )
         return principal
 
-    def reader(
-        self,
-        request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> tokens.Principal:
-        """Any valid token (viewer, operator or the cluster credential)."""
-        checked = request.scope.get(SCOPE_KEY)
-        if checked is not None:
-            return checked
-        return self.reader_of(request.headers.get("authorization"))
 
-    def writer(
-        self,
-        request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> tokens.Principal:
-        """An operator token."""
-        checked = request.scope.get(SCOPE_KEY)
-        if checked is not None and checked.may_write:
-            return checked
-        return self.writer_of(request.headers.get("authorization"))
+def _authenticator(request: Request) -> Authenticator:
+    return request.app.state.authenticator
+
+
+def reader(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> tokens.Principal:
+    """Any valid token (viewer, operator or the cluster credential)."""
+    checked = request.scope.get(SCOPE_KEY)
+    if checked is not None:
+        return checked
+    return _authenticator(request).reader_of(request.headers.get("authorization"))
+
+
+def writer(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> tokens.Principal:
+    """An operator token."""
+    checked = request.scope.get(SCOPE_KEY)
+    if checked is not None and checked.may_write:
+        return checked
+    return _authenticator(request).writer_of(request.headers.get("authorization"))
 
 
 # The principal a route receives (the dependency itself is chosen per route).

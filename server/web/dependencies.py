@@ -2,8 +2,9 @@
 view of the members, its logs and settings, as plain values and callables) and the
 dependency that hands it to a route.
 
-``api.create_app`` keeps the one ``Backend`` of the app in its state; the routers in
-``server/web/routes/`` read it from there, so nothing here imports a route or the app.
+``api.create_app`` keeps the one ``Backend`` of the app in its state; a route of
+``server/web/routes/`` takes it as a parameter (``backend: dependencies.AppBackend``), so
+nothing here imports a route or the app.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import dataclasses
 import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import sqlalchemy as sa
+from fastapi import Depends, Request
 
 from registry import servers as registry_servers
 from resource_center import store
@@ -50,3 +52,12 @@ class Backend:
     # SPARKRING_SECRET_KEYS (scheduler/secrets.py): a secret is encrypted with it; None:
     # not set, a secret cannot be created here (503).
     secret_box: MultiFernet | None = None
+
+
+async def get_backend(request: Request) -> Backend:
+    """The ``Backend`` of the app serving ``request`` (``api.create_app`` keeps it)."""
+    return request.app.state.backend
+
+
+# A route's parameter: the server's Backend (no input, not in the OpenAPI document).
+AppBackend = Annotated[Backend, Depends(get_backend)]

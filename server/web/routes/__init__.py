@@ -1,3 +1,5 @@
-"""The API's routes, one module per noun, each a function of the server's ``Backend``
-(``server/web/dependencies.py``, below them) that returns its ``APIRouter``
-(``server/web/api.py`` includes them all)."""
+"""The API's routes, one module per noun, each with its module-level ``router``
+(``server/web/api.py`` includes them all; ``jobs`` and ``logs`` still build theirs
+from the ``Backend``). A route takes the server's ``Backend`` as a dependency
+(``server/web/dependencies.py``, below the routes) and its caller's token check from
+``server/web/auth.py``."""

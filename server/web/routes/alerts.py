@@ -111,110 +111,121 @@ class TestQueued(BaseModel):
     delivery: str = Field(description="The id of the test delivery queued.")
 
 
-def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter(tags=["alerts"], responses=contract.errors(*contract.READ))
-    viewer = Depends(authenticator.reader)
-    operator = Depends(authenticator.writer)
-    API = contract.API
-    one = f"{API}/alerts/{{name}}"
-    by_name = {"name": "$response.body#/name"}
+router = APIRouter(tags=["alerts"], responses=contract.errors(*contract.READ))
+viewer = Depends(auth.reader)
+operator = Depends(auth.writer)
+API = contract.API
+one = f"{API}/alerts/{{name}}"
+by_name = {"name": "$response.body#/name"}
 
-    # Before /alerts/{name}: "deliveries" is no alert's name (alerts.RESERVED_NAMES).
-    @routes.get(f"{API}/alerts/deliveries", responses=contract.errors(404, 422))
-    def list_deliveries(
-        principal: auth.Caller = viewer,
-        alert: Annotated[
-            str | None,
-            Query(pattern=contract.ALERT_NAME_PATTERN, description="Only this alert's."),
-        ] = None,
-        status: Annotated[DeliveryStatus | None, Query(description="Only this status.")] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_DELIVERIES)] = 100,
-    ) -> list[DeliveryOut]:
-        """Deliveries, newest first (``alert deliveries``): status, attempts, the
-        receiver's last answer; 404 for an alert that does not exist."""
-        with backend.engine.connect() as conn:
-            found = alerts.deliveries(
-                conn, alert=alert, status=status.value if status else None, limit=limit
-            )
-        return [DeliveryOut(**d.as_dict()) for d in found]
 
-    # A concrete path wins over a template (api.Declared): a DELETE of
-    # /alerts/deliveries is a 405, not a delete of an alert named "deliveries".
-    @routes.delete(f"{API}/alerts/deliveries", include_in_schema=False)
-    def no_delete_of_deliveries() -> None:
-        raise StarletteHTTPException(405, "Method Not Allowed")
+# Before /alerts/{name}: "deliveries" is no alert's name (alerts.RESERVED_NAMES).
+@router.get(f"{API}/alerts/deliveries", responses=contract.errors(404, 422))
+def list_deliveries(
+    backend: dependencies.AppBackend,
+    principal: auth.Caller = viewer,
+    alert: Annotated[
+        str | None,
+        Query(pattern=contract.ALERT_NAME_PATTERN, description="Only this alert's."),
+    ] = None,
+    status: Annotated[DeliveryStatus | None, Query(description="Only this status.")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_DELIVERIES)] = 100,
+) -> list[DeliveryOut]:
+    """Deliveries, newest first (``alert deliveries``): status, attempts, the
+    receiver's last answer; 404 for an alert that does not exist."""
+    with backend.engine.connect() as conn:
+        found = alerts.deliveries(
+            conn, alert=alert, status=status.value if status else None, limit=limit
+        )
+    return [DeliveryOut(**d.as_dict()) for d in found]
 
-    @routes.get(f"{API}/alerts")
-    def list_alerts(principal: auth.Caller = viewer) -> list[AlertOut]:
-        """Every alert, by name (``alert list``)."""
-        with backend.engine.connect() as conn:
-            return [AlertOut(**a.as_dict()) for a in alerts.list_alerts(conn)]
 
-    @routes.get(one, responses=contract.errors(404, 422))
-    def show_alert(name: contract.AlertName, principal: auth.Caller = viewer) -> AlertOut:
-        """One alert (``alert show``)."""
-        with backend.engine.connect() as conn:
-            return AlertOut(**alerts.get(conn, name).as_dict())
+# A concrete path wins over a template (errors.Declared): a DELETE of
+# /alerts/deliveries is a 405, not a delete of an alert named "deliveries".
+@router.delete(f"{API}/alerts/deliveries", include_in_schema=False)
+def no_delete_of_deliveries() -> None:
+    raise StarletteHTTPException(405, "Method Not Allowed")
 
-    @routes.post(
-        f"{API}/alerts",
-        status_code=201,
-        responses={
-            **contract.errors(*contract.WRITE, 409),
-            **contract.linked(
-                201,
-                show=("GET", one, by_name),
-                test=("POST", f"{one}/test", by_name),
-                delete=("DELETE", one, by_name),
-                deliveries=("GET", f"{API}/alerts/deliveries", {"alert": "$response.body#/name"}),
-            ),
-        },
+
+@router.get(f"{API}/alerts")
+def list_alerts(
+    backend: dependencies.AppBackend, principal: auth.Caller = viewer
+) -> list[AlertOut]:
+    """Every alert, by name (``alert list``)."""
+    with backend.engine.connect() as conn:
+        return [AlertOut(**a.as_dict()) for a in alerts.list_alerts(conn)]
+
+
+@router.get(one, responses=contract.errors(404, 422))
+def show_alert(
+    name: contract.AlertName, backend: dependencies.AppBackend, principal: auth.Caller = viewer
+) -> AlertOut:
+    """One alert (``alert show``)."""
+    with backend.engine.connect() as conn:
+        return AlertOut(**alerts.get(conn, name).as_dict())
+
+
+@router.post(
+    f"{API}/alerts",
+    status_code=201,
+    responses={
+        **contract.errors(*contract.WRITE, 409),
+        **contract.linked(
+            201,
+            show=("GET", one, by_name),
+            test=("POST", f"{one}/test", by_name),
+            delete=("DELETE", one, by_name),
+            deliveries=("GET", f"{API}/alerts/deliveries", {"alert": "$response.body#/name"}),
+        ),
+    },
+)
+def create_alert(
+    body: AlertCreate, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> AlertOut:
+    """Create an alert (``alert create``); 409 when the name is taken."""
+    with backend.engine.begin() as conn:
+        alert = alerts.create(
+            conn,
+            body.name,
+            body.webhook,
+            secret=body.secret,
+            format=body.format.value,
+            kinds=None if body.on is None else [k.value for k in body.on],
+            job_glob=body.job,
+            actor=principal.actor,
+            allow_networks=backend.alert_networks,
+        )
+        audit.record(conn, principal.actor, audit.Action.ALERT_CREATED, alert.name, alert.as_dict())
+    # Its name and who made it: never its webhook (a credential) or its secret.
+    log.info(
+        "alert created over HTTP",
+        extra={"action": "alert_created", "alert": alert.name, "by": principal.actor},
     )
-    def create_alert(body: AlertCreate, principal: auth.Caller = operator) -> AlertOut:
-        """Create an alert (``alert create``); 409 when the name is taken."""
-        with backend.engine.begin() as conn:
-            alert = alerts.create(
-                conn,
-                body.name,
-                body.webhook,
-                secret=body.secret,
-                format=body.format.value,
-                kinds=None if body.on is None else [k.value for k in body.on],
-                job_glob=body.job,
-                actor=principal.actor,
-                allow_networks=backend.alert_networks,
-            )
-            audit.record(
-                conn, principal.actor, audit.Action.ALERT_CREATED, alert.name, alert.as_dict()
-            )
-        # Its name and who made it: never its webhook (a credential) or its secret.
-        log.info(
-            "alert created over HTTP",
-            extra={"action": "alert_created", "alert": alert.name, "by": principal.actor},
-        )
-        return AlertOut(**alert.as_dict())
+    return AlertOut(**alert.as_dict())
 
-    @routes.delete(one, responses=contract.errors(*contract.WRITE, 404))
-    def delete_alert(name: contract.AlertName, principal: auth.Caller = operator) -> AlertDeleted:
-        """Delete an alert and its deliveries (``alert delete``): those pending are
-        never sent."""
-        with backend.engine.begin() as conn:
-            gone = alerts.delete(conn, name)
-            audit.record(
-                conn, principal.actor, audit.Action.ALERT_DELETED, name, {"deliveries": gone}
-            )
-        log.info(
-            "alert deleted over HTTP",
-            extra={"action": "alert_deleted", "alert": name, "by": principal.actor},
-        )
-        return AlertDeleted(alert=name, outcome="deleted", deliveries=gone)
 
-    @routes.post(f"{one}/test", status_code=202, responses=contract.errors(*contract.WRITE, 404))
-    def test_alert(name: contract.AlertName, principal: auth.Caller = operator) -> TestQueued:
-        """Queue a ``test`` delivery (``alert test``); a live server sends it like any
-        other. Follow it in ``/api/v1/alerts/deliveries?alert=NAME``."""
-        with backend.engine.begin() as conn:
-            delivery_id = alerts.test(conn, name, actor=principal.actor)
-        return TestQueued(alert=name, delivery=delivery_id)
+@router.delete(one, responses=contract.errors(*contract.WRITE, 404))
+def delete_alert(
+    name: contract.AlertName, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> AlertDeleted:
+    """Delete an alert and its deliveries (``alert delete``): those pending are
+    never sent."""
+    with backend.engine.begin() as conn:
+        gone = alerts.delete(conn, name)
+        audit.record(conn, principal.actor, audit.Action.ALERT_DELETED, name, {"deliveries": gone})
+    log.info(
+        "alert deleted over HTTP",
+        extra={"action": "alert_deleted", "alert": name, "by": principal.actor},
+    )
+    return AlertDeleted(alert=name, outcome="deleted", deliveries=gone)
 
-    return routes
+
+@router.post(f"{one}/test", status_code=202, responses=contract.errors(*contract.WRITE, 404))
+def test_alert(
+    name: contract.AlertName, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> TestQueued:
+    """Queue a ``test`` delivery (``alert test``); a live server sends it like any
+    other. Follow it in ``/api/v1/alerts/deliveries?alert=NAME``."""
+    with backend.engine.begin() as conn:
+        delivery_id = alerts.test(conn, name, actor=principal.actor)
+    return TestQueued(alert=name, delivery=delivery_id)

@@ -17,31 +17,32 @@ After = Annotated[
 ]
 
 
-def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter(responses=contract.errors(*contract.READ, 422))
-    viewer = Depends(authenticator.reader)
+router = APIRouter(responses=contract.errors(*contract.READ, 422))
+viewer = Depends(auth.reader)
 
-    @routes.get(f"{contract.API}/events", tags=["jobs"])
-    def cluster_events(
-        principal: auth.Caller = viewer,
-        after: After = 0,
-        limit: PageSize = 100,
-    ) -> list[dict[str, Any]]:
-        """The cluster's event feed (every job), oldest first; poll with ``after``."""
-        with backend.engine.connect() as conn:
-            return contract.plain(jobs.recent_events(conn, after, limit))
 
-    @routes.get(f"{contract.API}/audit", tags=["auth"])
-    def audit_events(
-        principal: auth.Caller = viewer,
-        after: After = 0,
-        limit: PageSize = 100,
-    ) -> list[dict[str, Any]]:
-        """The audit trail of writes that are not a job's own (artifact uploads and
-        deletes, token creation and revocation, alert creation and deletion), oldest
-        first; poll with ``after``.
-        Job writes are job events (``detail.by``)."""
-        with backend.engine.connect() as conn:
-            return contract.plain(audit.recent(conn, after, limit))
+@router.get(f"{contract.API}/events", tags=["jobs"])
+def cluster_events(
+    backend: dependencies.AppBackend,
+    principal: auth.Caller = viewer,
+    after: After = 0,
+    limit: PageSize = 100,
+) -> list[dict[str, Any]]:
+    """The cluster's event feed (every job), oldest first; poll with ``after``."""
+    with backend.engine.connect() as conn:
+        return contract.plain(jobs.recent_events(conn, after, limit))
 
-    return routes
+
+@router.get(f"{contract.API}/audit", tags=["auth"])
+def audit_events(
+    backend: dependencies.AppBackend,
+    principal: auth.Caller = viewer,
+    after: After = 0,
+    limit: PageSize = 100,
+) -> list[dict[str, Any]]:
+    """The audit trail of writes that are not a job's own (artifact uploads and
+    deletes, token creation and revocation, alert creation and deletion), oldest
+    first; poll with ``after``.
+    Job writes are job events (``detail.by``)."""
+    with backend.engine.connect() as conn:
+        return contract.plain(audit.recent(conn, after, limit))

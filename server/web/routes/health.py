@@ -10,42 +10,40 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from server import metrics
 from server.web import dependencies
 
+router = APIRouter(tags=["health"])
 
-def router(backend: dependencies.Backend) -> APIRouter:
-    routes = APIRouter(tags=["health"])
 
-    @routes.get(
-        "/healthz",
-        summary="200 while healthy, 503 when not (open).",
-        responses={
-            200: {"description": "This server's status: it is healthy."},
-            503: {"description": "The same status: this server is not healthy."},
-        },
-    )
-    def healthz() -> JSONResponse:
-        healthy, body = backend.status()
-        return JSONResponse(counts_only(body), status_code=200 if healthy else 503)
+@router.get(
+    "/healthz",
+    summary="200 while healthy, 503 when not (open).",
+    responses={
+        200: {"description": "This server's status: it is healthy."},
+        503: {"description": "The same status: this server is not healthy."},
+    },
+)
+def healthz(backend: dependencies.AppBackend) -> JSONResponse:
+    healthy, body = backend.status()
+    return JSONResponse(counts_only(body), status_code=200 if healthy else 503)
 
-    @routes.get(
-        "/metrics",
-        summary="Prometheus metrics (open).",
-        response_class=PlainTextResponse,
-        responses={
-            200: {
-                "description": "Every metric in Prometheus' text exposition format.",
-                "content": {
-                    "text/plain": {
-                        "schema": {"type": "string"},
-                        "example": "# TYPE sparkring_claims counter\nsparkring_claims_total 3\n",
-                    }
-                },
-            }
-        },
-    )
-    def prometheus() -> Response:
-        return Response(metrics.REGISTRY.render(), media_type=metrics.CONTENT_TYPE)
 
-    return routes
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (open).",
+    response_class=PlainTextResponse,
+    responses={
+        200: {
+            "description": "Every metric in Prometheus' text exposition format.",
+            "content": {
+                "text/plain": {
+                    "schema": {"type": "string"},
+                    "example": "# TYPE sparkring_claims counter\nsparkring_claims_total 3\n",
+                }
+            },
+        }
+    },
+)
+def prometheus() -> Response:
+    return Response(metrics.REGISTRY.render(), media_type=metrics.CONTENT_TYPE)
 
 
 def counts_only(status: dict[str, Any]) -> dict[str, Any]:

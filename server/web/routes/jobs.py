@@ -221,10 +221,10 @@ class JobRollback(BaseModel):
     restart: bool = Field(False, description="Also restart a running batch job now.")
 
 
-def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
+def router(backend: dependencies.Backend) -> APIRouter:
     routes = APIRouter(tags=["jobs"], responses=contract.errors(*contract.READ))
-    viewer = Depends(authenticator.reader)
-    operator = Depends(authenticator.writer)
+    viewer = Depends(auth.reader)
+    operator = Depends(auth.writer)
     API = contract.API
     # A read of one job, and a command on one (each can find no such job).
     one = contract.errors(404, 422)

@@ -61,11 +61,11 @@ TAIL = {
 }
 
 
-def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
+def router(backend: dependencies.Backend) -> APIRouter:
     routes = APIRouter(responses=contract.errors_beside_text(*contract.READ, 404, 422))
     # The routes that may stream (follow=true) may also be refused for too many follows.
     streams = {**TEXT, **contract.errors_beside_text(429)}
-    viewer = Depends(authenticator.reader)
+    viewer = Depends(auth.reader)
     follows = livelog.FollowGate()
 
     def _streamed(stream: AsyncIterator[bytes], release: Callable[[], None]) -> Response:

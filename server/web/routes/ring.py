@@ -14,79 +14,80 @@ from server.web import auth, contract, dependencies
 RING_JOBS_DRAWN = 2000
 
 
-def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter(tags=["ring"], responses=contract.errors(*contract.READ))
-    viewer = Depends(authenticator.reader)
+router = APIRouter(tags=["ring"], responses=contract.errors(*contract.READ))
+viewer = Depends(auth.reader)
 
-    @routes.get(f"{contract.API}/ring")
-    def show_ring(principal: auth.Caller = viewer) -> dict[str, Any]:
-        """The ring: each live server's arcs (fractions of the circle), capacity, load and
-        bound, and where wanted-running jobs sit on it."""
-        members = backend.members()
-        with backend.engine.connect() as conn:
-            rows = coordinator.job_rows(conn)
-            placeable = coordinator.placeable(conn, {s.id: s.capacity for s in members.values()})
-        active = coordinator.active_jobs(rows)
-        built = ring.build(sorted(placeable) or sorted(members), backend.vnodes)
-        bounds = _bounds(active, placeable, backend)
-        targeted = Counter(r.target for r in rows if r.target)
-        owned = Counter(r.owner for r in rows if r.owner)
-        ids = sorted(set(members) | set(targeted) | set(owned))
-        return {
-            "vnodes": backend.vnodes,
-            "servers": [
-                {
-                    "server": sid,
-                    "live": sid in members,
-                    "capacity": members[sid].capacity if sid in members else None,
-                    "placeable": sid in placeable,
-                    "targeted": targeted.get(sid, 0),
-                    "owned": owned.get(sid, 0),
-                    "bound": bounds.get(sid),
-                }
-                for sid in ids
-            ],
-            "arcs": _arcs(built),
-            "jobs": [
-                {
-                    "name": r.name,
-                    "position": ring.position(r.name) / ring.HASH_SPACE,
-                    "target": r.target,
-                    "owner": r.owner,
-                }
-                for r in rows
-                if r.name in active
-            ][:RING_JOBS_DRAWN],
-            "pending": sorted(r.name for r in rows if r.pending_reason),
-        }
 
-    @routes.get(f"{contract.API}/ring/explain/{{job}}", responses=contract.errors(404, 409, 422))
-    def explain(job: contract.JobName, principal: auth.Caller = viewer) -> dict[str, Any]:
-        """Why JOB is placed where it is: ring position, candidates walked, overflow."""
-        members = backend.members()
-        with backend.engine.connect() as conn:
-            rows = coordinator.job_rows(conn)
-            placeable = coordinator.placeable(conn, {s.id: s.capacity for s in members.values()})
-        if job not in {r.name for r in rows}:
-            raise contract.ApiError(404, f"no job named {job!r}")
-        active = coordinator.active_jobs(rows)
-        if job not in active:
-            raise contract.ApiError(409, f"job {job!r} is not wanted running, so it has no target")
-        e = placement.explain(
-            job, active, placeable, epsilon=backend.placement_epsilon, vnodes=backend.vnodes
-        )
-        return {
-            "job": e.job,
-            "ring_position": str(e.ring_position),
-            "target": e.target,
-            "overflowed": e.overflowed,
-            "reason": e.reason,
-            "candidates": [
-                {"server": c.server, "load": c.load, "bound": c.bound} for c in e.candidates
-            ],
-        }
+@router.get(f"{contract.API}/ring")
+def show_ring(backend: dependencies.AppBackend, principal: auth.Caller = viewer) -> dict[str, Any]:
+    """The ring: each live server's arcs (fractions of the circle), capacity, load and
+    bound, and where wanted-running jobs sit on it."""
+    members = backend.members()
+    with backend.engine.connect() as conn:
+        rows = coordinator.job_rows(conn)
+        placeable = coordinator.placeable(conn, {s.id: s.capacity for s in members.values()})
+    active = coordinator.active_jobs(rows)
+    built = ring.build(sorted(placeable) or sorted(members), backend.vnodes)
+    bounds = _bounds(active, placeable, backend)
+    targeted = Counter(r.target for r in rows if r.target)
+    owned = Counter(r.owner for r in rows if r.owner)
+    ids = sorted(set(members) | set(targeted) | set(owned))
+    return {
+        "vnodes": backend.vnodes,
+        "servers": [
+            {
+                "server": sid,
+                "live": sid in members,
+                "capacity": members[sid].capacity if sid in members else None,
+                "placeable": sid in placeable,
+                "targeted": targeted.get(sid, 0),
+                "owned": owned.get(sid, 0),
+                "bound": bounds.get(sid),
+            }
+            for sid in ids
+        ],
+        "arcs": _arcs(built),
+        "jobs": [
+            {
+                "name": r.name,
+                "position": ring.position(r.name) / ring.HASH_SPACE,
+                "target": r.target,
+                "owner": r.owner,
+            }
+            for r in rows
+            if r.name in active
+        ][:RING_JOBS_DRAWN],
+        "pending": sorted(r.name for r in rows if r.pending_reason),
+    }
 
-    return routes
+
+@router.get(f"{contract.API}/ring/explain/{{job}}", responses=contract.errors(404, 409, 422))
+def explain(
+    job: contract.JobName, backend: dependencies.AppBackend, principal: auth.Caller = viewer
+) -> dict[str, Any]:
+    """Why JOB is placed where it is: ring position, candidates walked, overflow."""
+    members = backend.members()
+    with backend.engine.connect() as conn:
+        rows = coordinator.job_rows(conn)
+        placeable = coordinator.placeable(conn, {s.id: s.capacity for s in members.values()})
+    if job not in {r.name for r in rows}:
+        raise contract.ApiError(404, f"no job named {job!r}")
+    active = coordinator.active_jobs(rows)
+    if job not in active:
+        raise contract.ApiError(409, f"job {job!r} is not wanted running, so it has no target")
+    e = placement.explain(
+        job, active, placeable, epsilon=backend.placement_epsilon, vnodes=backend.vnodes
+    )
+    return {
+        "job": e.job,
+        "ring_position": str(e.ring_position),
+        "target": e.target,
+        "overflowed": e.overflowed,
+        "reason": e.reason,
+        "candidates": [
+            {"server": c.server, "load": c.load, "bound": c.bound} for c in e.candidates
+        ],
+    }
 
 
 def _arcs(built: ring.Ring) -> list[dict[str, Any]]:

@@ -58,47 +58,51 @@ class SecretDeleted(BaseModel):
     outcome: str
 
 
-def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter(tags=["secrets"], responses=contract.errors(*contract.READ, 403))
-    operator = Depends(authenticator.writer)
-    one = f"{contract.API}/secrets/{{name}}"
+router = APIRouter(tags=["secrets"], responses=contract.errors(*contract.READ, 403))
+operator = Depends(auth.writer)
+one = f"{contract.API}/secrets/{{name}}"
 
-    @routes.get(f"{contract.API}/secrets")
-    def list_secrets(principal: auth.Caller = operator) -> list[SecretOut]:
-        """Every secret (``secret list``): names, versions, the jobs given each."""
-        with backend.engine.connect() as conn:
-            return [SecretOut(**row.as_dict()) for row in secrets.listing(conn)]
 
-    @routes.post(
-        f"{contract.API}/secrets", status_code=201, responses=contract.errors(*contract.WRITE)
-    )
-    def put_secret(body: SecretPut, principal: auth.Caller = operator) -> SecretOut:
-        """Create a secret or give it a new value (``secret create``; its ``version``
-        counts the values): drivers started from then on get it. 503 when this server
-        holds no SPARKRING_SECRET_KEYS."""
-        name = body.name
-        if backend.secret_box is None:
-            raise secrets.KeyProblem(
-                f"{secrets.KEYS_SETTING} is not set on this server: it cannot encrypt a secret"
-            )
-        with backend.engine.begin() as conn:
-            version = secrets.put(
-                conn, name, body.value.encode("utf-8"), backend.secret_box, principal.actor
-            )
-            audit.record(conn, principal.actor, audit.Action.SECRET_PUT, name, {"version": version})
-            listed = next(row for row in secrets.listing(conn) if row.name == name)
-        log.info(
-            "secret put over HTTP",
-            extra={"action": "secret_put", "secret": name, "by": principal.actor},
+@router.get(f"{contract.API}/secrets")
+def list_secrets(
+    backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> list[SecretOut]:
+    """Every secret (``secret list``): names, versions, the jobs given each."""
+    with backend.engine.connect() as conn:
+        return [SecretOut(**row.as_dict()) for row in secrets.listing(conn)]
+
+
+@router.post(f"{contract.API}/secrets", status_code=201, responses=contract.errors(*contract.WRITE))
+def put_secret(
+    body: SecretPut, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> SecretOut:
+    """Create a secret or give it a new value (``secret create``; its ``version``
+    counts the values): drivers started from then on get it. 503 when this server
+    holds no SPARKRING_SECRET_KEYS."""
+    name = body.name
+    if backend.secret_box is None:
+        raise secrets.KeyProblem(
+            f"{secrets.KEYS_SETTING} is not set on this server: it cannot encrypt a secret"
         )
-        return SecretOut(**listed.as_dict())
+    with backend.engine.begin() as conn:
+        version = secrets.put(
+            conn, name, body.value.encode("utf-8"), backend.secret_box, principal.actor
+        )
+        audit.record(conn, principal.actor, audit.Action.SECRET_PUT, name, {"version": version})
+        listed = next(row for row in secrets.listing(conn) if row.name == name)
+    log.info(
+        "secret put over HTTP",
+        extra={"action": "secret_put", "secret": name, "by": principal.actor},
+    )
+    return SecretOut(**listed.as_dict())
 
-    @routes.delete(one, responses=contract.errors(*contract.WRITE, 404, 409))
-    def delete_secret(name: SecretName, principal: auth.Caller = operator) -> SecretDeleted:
-        """Delete a secret (``secret delete``); 409 while a job's definition gives it."""
-        with backend.engine.begin() as conn:
-            secrets.delete(conn, name)
-            audit.record(conn, principal.actor, audit.Action.SECRET_DELETED, name)
-        return SecretDeleted(secret=name, outcome="deleted")
 
-    return routes
+@router.delete(one, responses=contract.errors(*contract.WRITE, 404, 409))
+def delete_secret(
+    name: SecretName, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> SecretDeleted:
+    """Delete a secret (``secret delete``); 409 while a job's definition gives it."""
+    with backend.engine.begin() as conn:
+        secrets.delete(conn, name)
+        audit.record(conn, principal.actor, audit.Action.SECRET_DELETED, name)
+    return SecretDeleted(secret=name, outcome="deleted")

@@ -20,63 +20,64 @@ PEER_HEALTH_TIMEOUT_S = 1.0
 PEER_HEALTH_MAX_BYTES = 256 * 1024  # a peer's /healthz: counts and states, a few KB
 
 
-def router(backend: dependencies.Backend, authenticator: auth.Authenticator) -> APIRouter:
-    routes = APIRouter(responses=contract.errors(*contract.READ))
-    viewer = Depends(authenticator.reader)
+router = APIRouter(responses=contract.errors(*contract.READ))
+viewer = Depends(auth.reader)
 
-    @routes.get(f"{contract.API}/whoami", tags=["auth"])
-    def whoami(principal: auth.Caller = viewer) -> dict[str, Any]:
-        """The token's name and role (the console's login check)."""
-        return {"name": principal.name, "role": principal.role.value, "server": backend.server_id}
 
-    @routes.get(f"{contract.API}/servers", tags=["servers"])
-    def list_servers(principal: auth.Caller = viewer) -> list[dict[str, Any]]:
-        """Live servers: role, capacity, coordinator, drained, load and health."""
-        members = backend.members()
-        with backend.engine.connect() as conn:
-            coordinator_row = conn.execute(
-                sa.text("SELECT server, term FROM coordinator WHERE id = 1")
-            ).one_or_none()
-            drained = set(conn.execute(sa.text("SELECT server FROM drains")).scalars())
-            owned = dict(
-                conn.execute(
-                    sa.text(
-                        "SELECT owner, count(*) FROM distribution "
-                        "WHERE owner IS NOT NULL GROUP BY owner"
-                    )
-                ).all()
-            )
-            targeted = dict(
-                conn.execute(
-                    sa.text(
-                        "SELECT target, count(*) FROM distribution "
-                        "WHERE target IS NOT NULL GROUP BY target"
-                    )
-                ).all()
-            )
-        health_by_id = health_of(backend, members)
-        now = time.time()
-        rows = []
-        for sid, info in sorted(members.items()):
-            healthy, status = health_by_id.get(sid, (None, None))
-            rows.append(
-                {
-                    **info.to_dict(),
-                    "coordinator": coordinator_row is not None and coordinator_row.server == sid,
-                    "term": coordinator_row.term
-                    if coordinator_row is not None and coordinator_row.server == sid
-                    else None,
-                    "draining": sid in drained,
-                    "owned": owned.get(sid, 0),
-                    "targeted": targeted.get(sid, 0),
-                    "uptime_s": round(max(now - info.started_at, 0.0), 3),
-                    "healthy": healthy,
-                    "status": status,
-                }
-            )
-        return rows
+@router.get(f"{contract.API}/whoami", tags=["auth"])
+def whoami(backend: dependencies.AppBackend, principal: auth.Caller = viewer) -> dict[str, Any]:
+    """The token's name and role (the console's login check)."""
+    return {"name": principal.name, "role": principal.role.value, "server": backend.server_id}
 
-    return routes
+
+@router.get(f"{contract.API}/servers", tags=["servers"])
+def list_servers(
+    backend: dependencies.AppBackend, principal: auth.Caller = viewer
+) -> list[dict[str, Any]]:
+    """Live servers: role, capacity, coordinator, drained, load and health."""
+    members = backend.members()
+    with backend.engine.connect() as conn:
+        coordinator_row = conn.execute(
+            sa.text("SELECT server, term FROM coordinator WHERE id = 1")
+        ).one_or_none()
+        drained = set(conn.execute(sa.text("SELECT server FROM drains")).scalars())
+        owned = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT owner, count(*) FROM distribution "
+                    "WHERE owner IS NOT NULL GROUP BY owner"
+                )
+            ).all()
+        )
+        targeted = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT target, count(*) FROM distribution "
+                    "WHERE target IS NOT NULL GROUP BY target"
+                )
+            ).all()
+        )
+    health_by_id = health_of(backend, members)
+    now = time.time()
+    rows = []
+    for sid, info in sorted(members.items()):
+        healthy, status = health_by_id.get(sid, (None, None))
+        rows.append(
+            {
+                **info.to_dict(),
+                "coordinator": coordinator_row is not None and coordinator_row.server == sid,
+                "term": coordinator_row.term
+                if coordinator_row is not None and coordinator_row.server == sid
+                else None,
+                "draining": sid in drained,
+                "owned": owned.get(sid, 0),
+                "targeted": targeted.get(sid, 0),
+                "uptime_s": round(max(now - info.started_at, 0.0), 3),
+                "healthy": healthy,
+                "status": status,
+            }
+        )
+    return rows
 
 
 def health_of(
