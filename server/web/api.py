@@ -32,7 +32,7 @@ from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from server import metrics
-from server.web import admission, auth, contract, dependencies, errors
+from server.web import admission, auth, contract, dependencies, errors, livelog
 from server.web.routes import alerts as alert_routes
 from server.web.routes import events, health, logs, resources, servers
 from server.web.routes import jobs as job_routes
@@ -57,6 +57,7 @@ def create_app(backend: dependencies.Backend) -> FastAPI:
     # What the routes' dependencies read (dependencies.get_backend, auth.reader/writer).
     app.state.backend = backend
     app.state.authenticator = authenticator
+    app.state.follows = livelog.FollowGate()  # open log follows (routes/logs.py)
     declared = errors.Declared(app)
     errors.install(app, declared)
     # Inside the request metrics (refusals are counted), before any body is read.
@@ -69,10 +70,10 @@ def create_app(backend: dependencies.Backend) -> FastAPI:
     )
     _install_metrics_and_headers(app)
     app.include_router(health.router)
-    app.include_router(logs.router(backend))
+    app.include_router(logs.router)
     app.include_router(servers.router)
     app.include_router(ring_routes.router)
-    app.include_router(job_routes.router(backend))
+    app.include_router(job_routes.router)
     app.include_router(events.router)
     app.include_router(resources.router)
     app.include_router(alert_routes.router)

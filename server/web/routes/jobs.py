@@ -221,290 +221,330 @@ class JobRollback(BaseModel):
     restart: bool = Field(False, description="Also restart a running batch job now.")
 
 
-def router(backend: dependencies.Backend) -> APIRouter:
-    routes = APIRouter(tags=["jobs"], responses=contract.errors(*contract.READ))
-    viewer = Depends(auth.reader)
-    operator = Depends(auth.writer)
-    API = contract.API
-    # A read of one job, and a command on one (each can find no such job).
-    one = contract.errors(404, 422)
-    command = contract.errors(*contract.WRITE, 404)
+router = APIRouter(tags=["jobs"], responses=contract.errors(*contract.READ))
+viewer = Depends(auth.reader)
+operator = Depends(auth.writer)
+API = contract.API
+# A read of one job, and a command on one (each can find no such job).
+one = contract.errors(404, 422)
+command = contract.errors(*contract.WRITE, 404)
 
-    # ---------------------------------------------------------------- reads
+# ---------------------------------------------------------------- reads
 
-    @routes.get(f"{API}/jobs", responses=contract.errors(422))
-    def list_jobs(
-        principal: auth.Caller = viewer,
-        state: Annotated[RunState | None, Query(description="Run state.")] = None,
-        desired: Annotated[Literal["running", "stopped"] | None, Query()] = None,
-        kind: Annotated[JobKind | None, Query()] = None,
-        owner: Annotated[
-            str | None,
-            Query(max_length=256, pattern=contract.TEXT_PATTERN, description="Owning server."),
-        ] = None,
-        q: Annotated[
-            str | None,
-            Query(max_length=128, pattern=contract.TEXT_PATTERN, description="Part of the name."),
-        ] = None,
-        limit: PageSize = 100,
-        offset: Annotated[int, Query(ge=0, le=contract.BIGINT_MAX)] = 0,
-    ) -> Response:
-        """Jobs by name, filtered and paged: ``total`` counts every match."""
-        f = jobs.Filter(
-            state=state.value if state else None,
-            desired=desired,
-            kind=kind.value if kind else None,
-            owner=owner,
-            search=q or None,
-        )
-        with backend.engine.connect() as conn:
-            total, page = jobs.page(conn, f, limit=limit, offset=offset)
-        # Encoded in one pass (the hot path of the console): a 1,000-job page is ~1 MB.
-        body = {"total": total, "limit": limit, "offset": offset, "jobs": page}
-        return Response(json.dumps(body, default=contract.default), media_type="application/json")
 
-    @routes.get(f"{API}/jobs/{{name}}", responses=one)
-    def show_job(name: contract.JobName, principal: auth.Caller = viewer) -> dict[str, Any]:
-        """The job in full (``job show --json``); a job with an active schedule also
-        has ``next_fires``, its next five fire times."""
-        with backend.engine.connect() as conn:
-            job = jobs.show(conn, name)
-        return contract.plain({**job, "next_fires": _next_fires(job["schedule"])})
-
-    @routes.get(f"{API}/jobs/{{name}}/events", responses=one)
-    def job_events(
-        name: contract.JobName,
-        principal: auth.Caller = viewer,
-        limit: PageSize = 100,
-    ) -> list[dict[str, Any]]:
-        """The job's newest events, oldest first; ``detail.by`` names who asked. A 404
-        once no job has the name: a deleted job's history stays in ``/api/v1/events``
-        and ``sparkring job events NAME``."""
-        with backend.engine.connect() as conn:
-            jobs.job_id_of(conn, name)
-            return contract.plain(jobs.events(conn, name, limit))
-
-    @routes.get(f"{API}/jobs/{{name}}/runs", responses=one)
-    def job_runs(
-        name: contract.JobName,
-        principal: auth.Caller = viewer,
-        limit: PageSize = 20,
-        state: Annotated[RunsState | None, Query(description="Only runs in this state.")] = None,
-    ) -> list[dict[str, Any]]:
-        """The job's runs, newest first (``job runs``; docs/schedules.md)."""
-        with backend.engine.connect() as conn:
-            job_id = jobs.job_id_of(conn, name)
-            return contract.plain(
-                runs.list_runs(conn, job_id, limit=limit, state=state.value if state else None)
-            )
-
-    # ---------------------------------------------------------------- commands
-
-    def _artifact(reference: str) -> catalog.Resource:
-        """An artifact a body names. One that does not exist is a 409: a 404 from
-        ``/jobs/<name>/revisions`` would say the job is missing (Schemathesis' stateful
-        phase read it so: 'created resource not found')."""
-        try:
-            return catalog.resolve(backend.engine, reference)
-        except resource_errors.UnknownResource as exc:
-            raise contract.ApiError(409, str(exc)) from None
-
-    job = f"{API}/jobs/{{name}}"
-    by_name = {"name": "$response.body#/name"}
-
-    @routes.post(
-        f"{API}/jobs",
-        status_code=201,
-        responses={
-            **contract.errors(*contract.WRITE, 409),
-            **contract.linked(
-                201,
-                show=("GET", job, by_name),
-                start=("POST", f"{job}/start", by_name),
-                stop=("POST", f"{job}/stop", by_name),
-                revisions=("GET", f"{job}/revisions", by_name),
-                events=("GET", f"{job}/events", by_name),
-                logs=("GET", f"{job}/logs", by_name),
-                runs=("GET", f"{job}/runs", by_name),
-                run=("POST", f"{job}/run", by_name),
-                backfill=("POST", f"{job}/backfill", by_name),
-                delete=("DELETE", job, by_name),
-            ),
-        },
+@router.get(f"{API}/jobs", responses=contract.errors(422))
+def list_jobs(
+    backend: dependencies.AppBackend,
+    principal: auth.Caller = viewer,
+    state: Annotated[RunState | None, Query(description="Run state.")] = None,
+    desired: Annotated[Literal["running", "stopped"] | None, Query()] = None,
+    kind: Annotated[JobKind | None, Query()] = None,
+    owner: Annotated[
+        str | None,
+        Query(max_length=256, pattern=contract.TEXT_PATTERN, description="Owning server."),
+    ] = None,
+    q: Annotated[
+        str | None,
+        Query(max_length=128, pattern=contract.TEXT_PATTERN, description="Part of the name."),
+    ] = None,
+    limit: PageSize = 100,
+    offset: Annotated[int, Query(ge=0, le=contract.BIGINT_MAX)] = 0,
+) -> Response:
+    """Jobs by name, filtered and paged: ``total`` counts every match."""
+    f = jobs.Filter(
+        state=state.value if state else None,
+        desired=desired,
+        kind=kind.value if kind else None,
+        owner=owner,
+        search=q or None,
     )
-    def create_job(body: JobCreate, principal: auth.Caller = operator) -> dict[str, Any]:
-        """Define a job (stopped); artifact versions are pinned now."""
-        conf = {k: str(v) for k, v in body.conf.items()}
-        the_schedule = body.schedule_over()
-        main = _artifact(body.resource)
-        extra = [_artifact(ref) for ref in body.py_files]
-        deps = _artifact(body.deps) if body.deps else None
-        with backend.engine.begin() as conn:
-            job_id = jobs.create(
-                conn,
-                jobs.JobSpec(
-                    name=body.name,
-                    kind=body.kind,
-                    resource_id=main.id,
-                    py_file_ids=[r.id for r in extra],
-                    conf=conf,
-                    args=body.args,
-                    env=body.env,
-                    secret_env=body.secret_env,
-                    deps_id=deps.id if deps else None,
-                    spark_master=body.spark_master,
-                    max_restarts=jobs.restart_budget(
-                        body.kind, body.max_restarts, body.max_retries
-                    ),
-                    restart_window_s=body.restart_window_s,
-                    auto_rollback=body.auto_rollback,
-                    healthy_within_s=body.healthy_within_s,
-                    schedule=the_schedule,
-                ),
-                actor=principal.actor,
-            )
-            return contract.plain(jobs.get(conn, job_id))
+    with backend.engine.connect() as conn:
+        total, page = jobs.page(conn, f, limit=limit, offset=offset)
+    # Encoded in one pass (the hot path of the console): a 1,000-job page is ~1 MB.
+    body = {"total": total, "limit": limit, "offset": offset, "jobs": page}
+    return Response(json.dumps(body, default=contract.default), media_type="application/json")
 
-    def _command(name: str, action: Callable[..., str], principal: tokens.Principal) -> dict:
-        with backend.engine.begin() as conn:
-            outcome = action(conn, name, actor=principal.actor)
-        return {"job": name, "outcome": outcome}
 
-    @routes.post(f"{job}/start", responses=command)
-    def start_job(name: contract.JobName, principal: auth.Caller = operator) -> dict[str, str]:
-        """Run the job (idempotent). ``outcome``: started, resumed or already running."""
-        return _command(name, jobs.start, principal)
+@router.get(f"{API}/jobs/{{name}}", responses=one)
+def show_job(
+    name: contract.JobName, backend: dependencies.AppBackend, principal: auth.Caller = viewer
+) -> dict[str, Any]:
+    """The job in full (``job show --json``); a job with an active schedule also
+    has ``next_fires``, its next five fire times."""
+    with backend.engine.connect() as conn:
+        job = jobs.show(conn, name)
+    return contract.plain({**job, "next_fires": _next_fires(job["schedule"])})
 
-    @routes.post(f"{job}/stop", responses=command)
-    def stop_job(name: contract.JobName, principal: auth.Caller = operator) -> dict[str, str]:
-        """Stop the job gracefully (idempotent). ``outcome``: stopping, stopped or
-        already stopped."""
-        return _command(name, jobs.stop, principal)
 
-    @routes.post(f"{job}/restart", responses=command)
-    def restart_job(name: contract.JobName, principal: auth.Caller = operator) -> dict[str, str]:
-        """Stop the current driver and run the job again (a new generation)."""
-        return _command(name, jobs.restart, principal)
+@router.get(f"{API}/jobs/{{name}}/events", responses=one)
+def job_events(
+    name: contract.JobName,
+    backend: dependencies.AppBackend,
+    principal: auth.Caller = viewer,
+    limit: PageSize = 100,
+) -> list[dict[str, Any]]:
+    """The job's newest events, oldest first; ``detail.by`` names who asked. A 404
+    once no job has the name: a deleted job's history stays in ``/api/v1/events``
+    and ``sparkring job events NAME``."""
+    with backend.engine.connect() as conn:
+        jobs.job_id_of(conn, name)
+        return contract.plain(jobs.events(conn, name, limit))
 
-    @routes.post(f"{job}/run", responses=contract.errors(*contract.WRITE, 404, 409))
-    def run_job(name: contract.JobName, principal: auth.Caller = operator) -> dict[str, Any]:
-        """Run a batch job once now, outside its schedule (``job run``); 409 while a
-        run is in progress."""
-        with backend.engine.begin() as conn:
-            return {"job": name, "run_id": jobs.run_now(conn, name, actor=principal.actor)}
 
-    @routes.post(f"{job}/backfill", responses=contract.errors(*contract.WRITE, 404, 409))
-    def backfill_job(
-        name: contract.JobName, body: Backfill, principal: auth.Caller = operator
-    ) -> dict[str, Any]:
-        """Queue each fire time of the schedule in [from, to] that never ran (no run,
-        or recorded skipped), oldest first (``job backfill``); ``queued``: the times
-        (with dry_run: that would be), ``already``: those that have a run. 409 for a
-        job without a schedule; 400 for a range out of order, outside 1970-9000 or
-        holding more than 1,000 fire times (what OpenAPI cannot state: the command
-        refuses it, naming the field)."""
-        for field, at in (("from", body.start), ("to", body.end)):
-            if not EARLIEST <= at <= LATEST:
-                raise contract.ApiError(
-                    400, f"{field}: {at.isoformat()} is not between 1970 and 9000"
-                )
-        if body.end < body.start:
-            raise contract.ApiError(400, "to: is before from")
-        with backend.engine.begin() as conn:
-            try:
-                queued, taken = jobs.backfill(
-                    conn, name, body.start, body.end, dry_run=body.dry_run, actor=principal.actor
-                )
-            except fires.ScheduleMissing:
-                raise contract.ApiError(409, f"job {name!r} has no schedule") from None
-            except runs.RunConflict as exc:
-                raise contract.ApiError(409, str(exc)) from None
-            except ValueError as exc:
-                raise contract.ApiError(400, str(exc)) from None
-        return {
-            "job": name,
-            "queued": [schedule.iso(at) for at in queued],
-            "already": [schedule.iso(at) for at in taken],
-            "dry_run": body.dry_run,
-        }
-
-    @routes.get(f"{job}/revisions", responses=one)
-    def job_revisions(
-        name: contract.JobName, principal: auth.Caller = viewer
-    ) -> list[dict[str, Any]]:
-        """Every revision of the job, oldest first, with ``diff`` from the one before,
-        ``current`` and ``running`` marked (docs/jobs.md)."""
-        with backend.engine.connect() as conn:
-            return contract.plain(jobs.history(conn, name))
-
-    @routes.post(f"{job}/revisions", responses=contract.errors(*contract.WRITE, 404, 409))
-    def update_job(
-        name: contract.JobName, body: JobUpdate, principal: auth.Caller = operator
-    ) -> dict:
-        """Make a new revision (``job update``). ``effect``: unchanged (no revision was
-        made), rolling, next claim, kept (a running batch run) or at rest.
-        ``watched_until``: the deadline of the auto-rollback watch it started, if any."""
-        new_schedule = None
-        given = any(p is not None for p in body.policies())
-        if body.no_schedule and given:
-            raise contract.ApiError(400, "no_schedule excludes schedule and its policies")
-        if given:
-            with backend.engine.connect() as conn:
-                current = jobs.show(conn, name)["schedule"]
-            kept = {k: v for k, v in (current or {}).items() if k not in ("active", "next_fire")}
-            new_schedule = body.schedule_over(kept)
-        main = _artifact(body.resource) if body.resource else None
-        extra = [_artifact(ref) for ref in body.py_files or []]
-        deps = _artifact(body.deps) if body.deps else None
-        change = jobs.Change(
-            resource_id=main.id if main is not None else None,
-            py_file_ids=None if body.py_files is None else [r.id for r in extra],
-            conf=body.conf,
-            unset_conf=body.unset_conf,
-            args=body.args,
-            env=body.env,
-            unset_env=body.unset_env,
-            secret_env=body.secret_env,
-            unset_secret_env=body.unset_secret_env,
-            deps_id=deps.id if deps else None,
-            clear_deps=body.no_deps,
-            spark_master=body.spark_master,
-            max_restarts=body.max_restarts,
-            restart_window_s=body.restart_window_s,
-            schedule=new_schedule,
-            clear_schedule=body.no_schedule,
+@router.get(f"{API}/jobs/{{name}}/runs", responses=one)
+def job_runs(
+    name: contract.JobName,
+    backend: dependencies.AppBackend,
+    principal: auth.Caller = viewer,
+    limit: PageSize = 20,
+    state: Annotated[RunsState | None, Query(description="Only runs in this state.")] = None,
+) -> list[dict[str, Any]]:
+    """The job's runs, newest first (``job runs``; docs/schedules.md)."""
+    with backend.engine.connect() as conn:
+        job_id = jobs.job_id_of(conn, name)
+        return contract.plain(
+            runs.list_runs(conn, job_id, limit=limit, state=state.value if state else None)
         )
-        with backend.engine.begin() as conn:
-            revised = jobs.update(
-                conn,
-                name,
-                change,
-                restart=body.restart,
-                actor=principal.actor,
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _artifact(backend: dependencies.Backend, reference: str) -> catalog.Resource:
+    """An artifact a body names. One that does not exist is a 409: a 404 from
+    ``/jobs/<name>/revisions`` would say the job is missing (Schemathesis' stateful
+    phase read it so: 'created resource not found')."""
+    try:
+        return catalog.resolve(backend.engine, reference)
+    except resource_errors.UnknownResource as exc:
+        raise contract.ApiError(409, str(exc)) from None
+
+
+job = f"{API}/jobs/{{name}}"
+by_name = {"name": "$response.body#/name"}
+
+
+@router.post(
+    f"{API}/jobs",
+    status_code=201,
+    responses={
+        **contract.errors(*contract.WRITE, 409),
+        **contract.linked(
+            201,
+            show=("GET", job, by_name),
+            start=("POST", f"{job}/start", by_name),
+            stop=("POST", f"{job}/stop", by_name),
+            revisions=("GET", f"{job}/revisions", by_name),
+            events=("GET", f"{job}/events", by_name),
+            logs=("GET", f"{job}/logs", by_name),
+            runs=("GET", f"{job}/runs", by_name),
+            run=("POST", f"{job}/run", by_name),
+            backfill=("POST", f"{job}/backfill", by_name),
+            delete=("DELETE", job, by_name),
+        ),
+    },
+)
+def create_job(
+    body: JobCreate, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> dict[str, Any]:
+    """Define a job (stopped); artifact versions are pinned now."""
+    conf = {k: str(v) for k, v in body.conf.items()}
+    the_schedule = body.schedule_over()
+    main = _artifact(backend, body.resource)
+    extra = [_artifact(backend, ref) for ref in body.py_files]
+    deps = _artifact(backend, body.deps) if body.deps else None
+    with backend.engine.begin() as conn:
+        job_id = jobs.create(
+            conn,
+            jobs.JobSpec(
+                name=body.name,
+                kind=body.kind,
+                resource_id=main.id,
+                py_file_ids=[r.id for r in extra],
+                conf=conf,
+                args=body.args,
+                env=body.env,
+                secret_env=body.secret_env,
+                deps_id=deps.id if deps else None,
+                spark_master=body.spark_master,
+                max_restarts=jobs.restart_budget(body.kind, body.max_restarts, body.max_retries),
+                restart_window_s=body.restart_window_s,
                 auto_rollback=body.auto_rollback,
                 healthy_within_s=body.healthy_within_s,
+                schedule=the_schedule,
+            ),
+            actor=principal.actor,
+        )
+        return contract.plain(jobs.get(conn, job_id))
+
+
+def _command(
+    backend: dependencies.Backend,
+    name: str,
+    action: Callable[..., str],
+    principal: tokens.Principal,
+) -> dict:
+    with backend.engine.begin() as conn:
+        outcome = action(conn, name, actor=principal.actor)
+    return {"job": name, "outcome": outcome}
+
+
+@router.post(f"{job}/start", responses=command)
+def start_job(
+    name: contract.JobName, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> dict[str, str]:
+    """Run the job (idempotent). ``outcome``: started, resumed or already running."""
+    return _command(backend, name, jobs.start, principal)
+
+
+@router.post(f"{job}/stop", responses=command)
+def stop_job(
+    name: contract.JobName, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> dict[str, str]:
+    """Stop the job gracefully (idempotent). ``outcome``: stopping, stopped or
+    already stopped."""
+    return _command(backend, name, jobs.stop, principal)
+
+
+@router.post(f"{job}/restart", responses=command)
+def restart_job(
+    name: contract.JobName, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> dict[str, str]:
+    """Stop the current driver and run the job again (a new generation)."""
+    return _command(backend, name, jobs.restart, principal)
+
+
+@router.post(f"{job}/run", responses=contract.errors(*contract.WRITE, 404, 409))
+def run_job(
+    name: contract.JobName, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> dict[str, Any]:
+    """Run a batch job once now, outside its schedule (``job run``); 409 while a
+    run is in progress."""
+    with backend.engine.begin() as conn:
+        return {"job": name, "run_id": jobs.run_now(conn, name, actor=principal.actor)}
+
+
+@router.post(f"{job}/backfill", responses=contract.errors(*contract.WRITE, 404, 409))
+def backfill_job(
+    name: contract.JobName,
+    body: Backfill,
+    backend: dependencies.AppBackend,
+    principal: auth.Caller = operator,
+) -> dict[str, Any]:
+    """Queue each fire time of the schedule in [from, to] that never ran (no run,
+    or recorded skipped), oldest first (``job backfill``); ``queued``: the times
+    (with dry_run: that would be), ``already``: those that have a run. 409 for a
+    job without a schedule; 400 for a range out of order, outside 1970-9000 or
+    holding more than 1,000 fire times (what OpenAPI cannot state: the command
+    refuses it, naming the field)."""
+    for field, at in (("from", body.start), ("to", body.end)):
+        if not EARLIEST <= at <= LATEST:
+            raise contract.ApiError(400, f"{field}: {at.isoformat()} is not between 1970 and 9000")
+    if body.end < body.start:
+        raise contract.ApiError(400, "to: is before from")
+    with backend.engine.begin() as conn:
+        try:
+            queued, taken = jobs.backfill(
+                conn, name, body.start, body.end, dry_run=body.dry_run, actor=principal.actor
             )
-        return _revised(name, revised)
+        except fires.ScheduleMissing:
+            raise contract.ApiError(409, f"job {name!r} has no schedule") from None
+        except runs.RunConflict as exc:
+            raise contract.ApiError(409, str(exc)) from None
+        except ValueError as exc:
+            raise contract.ApiError(400, str(exc)) from None
+    return {
+        "job": name,
+        "queued": [schedule.iso(at) for at in queued],
+        "already": [schedule.iso(at) for at in taken],
+        "dry_run": body.dry_run,
+    }
 
-    @routes.post(f"{job}/rollback", responses=contract.errors(*contract.WRITE, 404, 409))
-    def rollback_job(
-        name: contract.JobName, body: JobRollback, principal: auth.Caller = operator
-    ) -> dict:
-        """Make an earlier revision current again, as a new revision (``job rollback``)."""
-        with backend.engine.begin() as conn:
-            revised = jobs.rollback(
-                conn, name, body.to, restart=body.restart, actor=principal.actor
-            )
-        return _revised(name, revised)
 
-    @routes.delete(job, responses=contract.errors(*contract.WRITE, 404, 409))
-    def delete_job(name: contract.JobName, principal: auth.Caller = operator) -> dict[str, str]:
-        """Delete a stopped job (its events are kept)."""
-        with backend.engine.begin() as conn:
-            jobs.delete(conn, name, actor=principal.actor)
-        return {"job": name, "outcome": "deleted"}
+@router.get(f"{job}/revisions", responses=one)
+def job_revisions(
+    name: contract.JobName, backend: dependencies.AppBackend, principal: auth.Caller = viewer
+) -> list[dict[str, Any]]:
+    """Every revision of the job, oldest first, with ``diff`` from the one before,
+    ``current`` and ``running`` marked (docs/jobs.md)."""
+    with backend.engine.connect() as conn:
+        return contract.plain(jobs.history(conn, name))
 
-    return routes
+
+@router.post(f"{job}/revisions", responses=contract.errors(*contract.WRITE, 404, 409))
+def update_job(
+    name: contract.JobName,
+    body: JobUpdate,
+    backend: dependencies.AppBackend,
+    principal: auth.Caller = operator,
+) -> dict:
+    """Make a new revision (``job update``). ``effect``: unchanged (no revision was
+    made), rolling, next claim, kept (a running batch run) or at rest.
+    ``watched_until``: the deadline of the auto-rollback watch it started, if any."""
+    new_schedule = None
+    given = any(p is not None for p in body.policies())
+    if body.no_schedule and given:
+        raise contract.ApiError(400, "no_schedule excludes schedule and its policies")
+    if given:
+        with backend.engine.connect() as conn:
+            current = jobs.show(conn, name)["schedule"]
+        kept = {k: v for k, v in (current or {}).items() if k not in ("active", "next_fire")}
+        new_schedule = body.schedule_over(kept)
+    main = _artifact(backend, body.resource) if body.resource else None
+    extra = [_artifact(backend, ref) for ref in body.py_files or []]
+    deps = _artifact(backend, body.deps) if body.deps else None
+    change = jobs.Change(
+        resource_id=main.id if main is not None else None,
+        py_file_ids=None if body.py_files is None else [r.id for r in extra],
+        conf=body.conf,
+        unset_conf=body.unset_conf,
+        args=body.args,
+        env=body.env,
+        unset_env=body.unset_env,
+        secret_env=body.secret_env,
+        unset_secret_env=body.unset_secret_env,
+        deps_id=deps.id if deps else None,
+        clear_deps=body.no_deps,
+        spark_master=body.spark_master,
+        max_restarts=body.max_restarts,
+        restart_window_s=body.restart_window_s,
+        schedule=new_schedule,
+        clear_schedule=body.no_schedule,
+    )
+    with backend.engine.begin() as conn:
+        revised = jobs.update(
+            conn,
+            name,
+            change,
+            restart=body.restart,
+            actor=principal.actor,
+            auto_rollback=body.auto_rollback,
+            healthy_within_s=body.healthy_within_s,
+        )
+    return _revised(name, revised)
+
+
+@router.post(f"{job}/rollback", responses=contract.errors(*contract.WRITE, 404, 409))
+def rollback_job(
+    name: contract.JobName,
+    body: JobRollback,
+    backend: dependencies.AppBackend,
+    principal: auth.Caller = operator,
+) -> dict:
+    """Make an earlier revision current again, as a new revision (``job rollback``)."""
+    with backend.engine.begin() as conn:
+        revised = jobs.rollback(conn, name, body.to, restart=body.restart, actor=principal.actor)
+    return _revised(name, revised)
+
+
+@router.delete(job, responses=contract.errors(*contract.WRITE, 404, 409))
+def delete_job(
+    name: contract.JobName, backend: dependencies.AppBackend, principal: auth.Caller = operator
+) -> dict[str, str]:
+    """Delete a stopped job (its events are kept)."""
+    with backend.engine.begin() as conn:
+        jobs.delete(conn, name, actor=principal.actor)
+    return {"job": name, "outcome": "deleted"}
 
 
 def _revised(name: str, revised: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import anyio.from_thread
 import anyio.to_thread
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
@@ -61,116 +61,132 @@ TAIL = {
 }
 
 
-def router(backend: dependencies.Backend) -> APIRouter:
-    routes = APIRouter(responses=contract.errors_beside_text(*contract.READ, 404, 422))
-    # The routes that may stream (follow=true) may also be refused for too many follows.
-    streams = {**TEXT, **contract.errors_beside_text(429)}
-    viewer = Depends(auth.reader)
-    follows = livelog.FollowGate()
+router = APIRouter(responses=contract.errors_beside_text(*contract.READ, 404, 422))
+# The routes that may stream (follow=true) may also be refused for too many follows.
+streams = {**TEXT, **contract.errors_beside_text(429)}
+viewer = Depends(auth.reader)
 
-    def _streamed(stream: AsyncIterator[bytes], release: Callable[[], None]) -> Response:
-        # The release also runs as a background task: a stream never iterated (the
-        # client gone before the first byte) gives its place back too.
-        return StreamingResponse(
-            livelog.gated(stream, release),
-            media_type="text/plain",
-            background=BackgroundTask(release),
-        )
 
-    def _admit(principal: tokens.Principal) -> Callable[[], None]:
-        try:
-            return follows.admit(principal.name, counted=principal.role != tokens.Role.CLUSTER)
-        except livelog.FollowRefused as exc:
-            raise contract.ApiError(429, str(exc)) from None
+async def _follow_gate(request: Request) -> livelog.FollowGate:
+    """The app's gate on open follows (``api.create_app`` keeps one per app)."""
+    return request.app.state.follows
 
-    @routes.get("/logs/{job}", tags=["logs"], response_class=PlainTextResponse, responses=streams)
-    async def local_log(
-        job: contract.JobName,
-        principal: auth.Caller = viewer,
-        lines: Lines = 200,
-        follow: Follow = False,
-    ) -> Response:
-        """The tail of a driver log of a job running on this server (``lines=0`` with
-        ``follow``: only what is written from now on)."""
-        path = backend.log_file(job)
-        if path is None or not path.exists():
-            raise contract.ApiError(404, f"no run of {job} here")
-        if follow:
-            release = _admit(principal)
-            stream = livelog.follow(path, lines, lambda: backend.log_file(job) == path)
+
+# A route's parameter: the follows this server admits (no input, not in the OpenAPI
+# document).
+Follows = Annotated[livelog.FollowGate, Depends(_follow_gate)]
+
+
+def _streamed(stream: AsyncIterator[bytes], release: Callable[[], None]) -> Response:
+    # The release also runs as a background task: a stream never iterated (the
+    # client gone before the first byte) gives its place back too.
+    return StreamingResponse(
+        livelog.gated(stream, release),
+        media_type="text/plain",
+        background=BackgroundTask(release),
+    )
+
+
+def _admit(follows: livelog.FollowGate, principal: tokens.Principal) -> Callable[[], None]:
+    try:
+        return follows.admit(principal.name, counted=principal.role != tokens.Role.CLUSTER)
+    except livelog.FollowRefused as exc:
+        raise contract.ApiError(429, str(exc)) from None
+
+
+@router.get("/logs/{job}", tags=["logs"], response_class=PlainTextResponse, responses=streams)
+async def local_log(
+    job: contract.JobName,
+    backend: dependencies.AppBackend,
+    follows: Follows,
+    principal: auth.Caller = viewer,
+    lines: Lines = 200,
+    follow: Follow = False,
+) -> Response:
+    """The tail of a driver log of a job running on this server (``lines=0`` with
+    ``follow``: only what is written from now on)."""
+    path = backend.log_file(job)
+    if path is None or not path.exists():
+        raise contract.ApiError(404, f"no run of {job} here")
+    if follow:
+        release = _admit(follows, principal)
+        stream = livelog.follow(path, lines, lambda: backend.log_file(job) == path)
+        return _streamed(stream, release)
+    text = await anyio.to_thread.run_sync(livelog.tail, path, lines)
+    return PlainTextResponse(text)
+
+
+@router.get(
+    f"{contract.API}/jobs/{{name}}/logs",
+    tags=["jobs"],
+    response_class=PlainTextResponse,
+    responses=streams,
+)
+def job_logs(
+    name: contract.JobName,
+    backend: dependencies.AppBackend,
+    follows: Follows,
+    principal: auth.Caller = viewer,
+    lines: Lines = 200,
+    follow: Follow = False,
+    epoch: Epoch = None,
+) -> Response:
+    """The driver log of the current run (wherever it runs) or of the last run; with
+    ``epoch``, of that epoch's driver (from its owner while it is the live one, else
+    as shipped to S3). With ``follow=true`` and a run live (of ``epoch``, if given),
+    the response streams what the driver writes (an asynchronous stream, at most 4
+    per token and 32 per server; it ends with a line saying why: the run ended, idle
+    for 300 s, or open for an hour); an ended driver's log is answered whole."""
+    with backend.engine.begin() as conn:
+        job = jobs.show(conn, name)
+        secret = tokens.cluster_secret(conn)
+    live = epoch is None or past_logs.is_live(job, epoch)
+    if follow and live and job["owner"] is not None:
+        release = _admit(follows, principal)
+        stream = anyio.from_thread.run(_follow, backend, job, lines, secret)
+        if stream is not None:
             return _streamed(stream, release)
-        text = await anyio.to_thread.run_sync(livelog.tail, path, lines)
-        return PlainTextResponse(text)
+        release()
+    if epoch is not None:
+        return PlainTextResponse(_epoch_log(backend, job, epoch, lines, secret))
+    text = _live_log(backend, job, lines, secret)
+    if text is None:
+        for older in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
+            text = backend.shipped_log(job, older, lines)
+            if text is not None:
+                break
+    if text is None:
+        raise contract.ApiError(404, f"job {name} has no driver log yet")
+    return PlainTextResponse(text)
 
-    @routes.get(
-        f"{contract.API}/jobs/{{name}}/logs",
-        tags=["jobs"],
-        response_class=PlainTextResponse,
-        responses=streams,
-    )
-    def job_logs(
-        name: contract.JobName,
-        principal: auth.Caller = viewer,
-        lines: Lines = 200,
-        follow: Follow = False,
-        epoch: Epoch = None,
-    ) -> Response:
-        """The driver log of the current run (wherever it runs) or of the last run; with
-        ``epoch``, of that epoch's driver (from its owner while it is the live one, else
-        as shipped to S3). With ``follow=true`` and a run live (of ``epoch``, if given),
-        the response streams what the driver writes (an asynchronous stream, at most 4
-        per token and 32 per server; it ends with a line saying why: the run ended, idle
-        for 300 s, or open for an hour); an ended driver's log is answered whole."""
-        with backend.engine.begin() as conn:
-            job = jobs.show(conn, name)
-            secret = tokens.cluster_secret(conn)
-        live = epoch is None or past_logs.is_live(job, epoch)
-        if follow and live and job["owner"] is not None:
-            release = _admit(principal)
-            stream = anyio.from_thread.run(_follow, backend, job, lines, secret)
-            if stream is not None:
-                return _streamed(stream, release)
-            release()
-        if epoch is not None:
-            return PlainTextResponse(_epoch_log(backend, job, epoch, lines, secret))
-        text = _live_log(backend, job, lines, secret)
-        if text is None:
-            for older in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
-                text = backend.shipped_log(job, older, lines)
-                if text is not None:
-                    break
-        if text is None:
-            raise contract.ApiError(404, f"job {name} has no driver log yet")
-        return PlainTextResponse(text)
 
-    @routes.get(
-        f"{contract.API}/jobs/{{name}}/runs/{{run_id}}/logs",
-        tags=["jobs"],
-        response_class=PlainTextResponse,
-        responses=TAIL,
-    )
-    def run_logs(
-        name: contract.JobName,
-        run_id: RunId,
-        principal: auth.Caller = viewer,
-        lines: Lines = 200,
-        attempt: Attempt = None,
-    ) -> Response:
-        """The driver log of a batch run's attempt (its last by default): each attempt,
-        a retry or a run again after a lost server, is an epoch of its own. From its
-        owner while it runs, else as shipped to S3 (kept under history retention)."""
-        with backend.engine.begin() as conn:
-            job = jobs.show(conn, name)
-            secret = tokens.cluster_secret(conn)
-            run = runs.of_job(conn, job["id"], run_id)
-        try:
-            attempt, epoch = past_logs.run_attempt(job, run_id, run, attempt)
-        except past_logs.Missing as exc:
-            raise contract.ApiError(404, str(exc)) from None
-        what = past_logs.attempt_label(run_id, attempt, epoch)
-        return PlainTextResponse(_epoch_log(backend, job, epoch, lines, secret, what))
-
-    return routes
+@router.get(
+    f"{contract.API}/jobs/{{name}}/runs/{{run_id}}/logs",
+    tags=["jobs"],
+    response_class=PlainTextResponse,
+    responses=TAIL,
+)
+def run_logs(
+    name: contract.JobName,
+    run_id: RunId,
+    backend: dependencies.AppBackend,
+    principal: auth.Caller = viewer,
+    lines: Lines = 200,
+    attempt: Attempt = None,
+) -> Response:
+    """The driver log of a batch run's attempt (its last by default): each attempt,
+    a retry or a run again after a lost server, is an epoch of its own. From its
+    owner while it runs, else as shipped to S3 (kept under history retention)."""
+    with backend.engine.begin() as conn:
+        job = jobs.show(conn, name)
+        secret = tokens.cluster_secret(conn)
+        run = runs.of_job(conn, job["id"], run_id)
+    try:
+        attempt, epoch = past_logs.run_attempt(job, run_id, run, attempt)
+    except past_logs.Missing as exc:
+        raise contract.ApiError(404, str(exc)) from None
+    what = past_logs.attempt_label(run_id, attempt, epoch)
+    return PlainTextResponse(_epoch_log(backend, job, epoch, lines, secret, what))
 
 
 def _epoch_log(
