@@ -17,6 +17,7 @@ import json
 from typing import Annotated, Any
 
 from fastapi import Path as PathParam
+from fastapi import Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -104,6 +105,11 @@ SecretEnv = Annotated[
     dict[EnvName, SecretName],
     Field(json_schema_extra={"propertyNames": {"pattern": VARIABLE_PATTERN}}),
 ]
+
+# Largest page of jobs (or events) one request returns.
+MAX_PAGE = 1000
+# A page size parameter (limit) of a listing.
+PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 
 
 class ErrorBody(BaseModel):

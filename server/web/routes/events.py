@@ -9,7 +9,6 @@ from fastapi import APIRouter, Depends, Query
 
 from scheduler import audit, jobs
 from server.web import auth, contract, dependencies
-from server.web.routes.jobs import PageSize
 
 # Event and audit ids are bigint.
 After = Annotated[
@@ -26,7 +25,7 @@ def cluster_events(
     backend: dependencies.AppBackend,
     principal: auth.Caller = viewer,
     after: After = 0,
-    limit: PageSize = 100,
+    limit: contract.PageSize = 100,
 ) -> list[dict[str, Any]]:
     """The cluster's event feed (every job), oldest first; poll with ``after``."""
     with backend.engine.connect() as conn:
@@ -38,7 +37,7 @@ def audit_events(
     backend: dependencies.AppBackend,
     principal: auth.Caller = viewer,
     after: After = 0,
-    limit: PageSize = 100,
+    limit: contract.PageSize = 100,
 ) -> list[dict[str, Any]]:
     """The audit trail of writes that are not a job's own (artifact uploads and
     deletes, token creation and revocation, alert creation and deletion), oldest

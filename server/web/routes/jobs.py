@@ -20,10 +20,6 @@ from scheduler.schedule import Concurrency, Misfire
 from server.web import auth, contract, dependencies
 from sql.states import JobKind, RunState
 
-# Largest page of jobs (or events) one request returns.
-MAX_PAGE = 1000
-# A page size parameter (limit) of a listing.
-PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 # How many fire times a job's page lists.
 NEXT_FIRES = 5
 
@@ -247,7 +243,7 @@ def list_jobs(
         str | None,
         Query(max_length=128, pattern=contract.TEXT_PATTERN, description="Part of the name."),
     ] = None,
-    limit: PageSize = 100,
+    limit: contract.PageSize = 100,
     offset: Annotated[int, Query(ge=0, le=contract.BIGINT_MAX)] = 0,
 ) -> Response:
     """Jobs by name, filtered and paged: ``total`` counts every match."""
@@ -281,7 +277,7 @@ def job_events(
     name: contract.JobName,
     backend: dependencies.AppBackend,
     principal: auth.Caller = viewer,
-    limit: PageSize = 100,
+    limit: contract.PageSize = 100,
 ) -> list[dict[str, Any]]:
     """The job's newest events, oldest first; ``detail.by`` names who asked. A 404
     once no job has the name: a deleted job's history stays in ``/api/v1/events``
@@ -296,7 +292,7 @@ def job_runs(
     name: contract.JobName,
     backend: dependencies.AppBackend,
     principal: auth.Caller = viewer,
-    limit: PageSize = 20,
+    limit: contract.PageSize = 20,
     state: Annotated[RunsState | None, Query(description="Only runs in this state.")] = None,
 ) -> list[dict[str, Any]]:
     """The job's runs, newest first (``job runs``; docs/schedules.md)."""
