@@ -1,4 +1,6 @@
-"""The HTTP side of a server: the API and the console's routes (``api``), admission
+"""The HTTP side of a server: the app (``api``: the console's pages, and the API's
+routers, one per noun in ``routes/``), what the routes share (``dependencies``: the
+server's ``Backend``), the API's contract and errors (``contract``, ``errors``), admission
 before a body is read (``admission``), bearer-token checks (``auth``; the tokens
 and the audit trail are ``scheduler``'s), driver logs served live
 (``livelog``), the listener (``httpd``), and ``endpoint``, which builds all of that
