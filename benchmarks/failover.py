@@ -44,7 +44,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from scheduler import jobs
+from scheduler import job_spec, jobs
 from server import defaults
 from sql import migrate
 from sql.states import JobKind
@@ -295,7 +295,7 @@ def measure_streaming(trials: int, extra_env: dict[str, str]) -> dict[str, list[
         with t.cluster.engine.begin() as conn:
             jobs.create(
                 conn,
-                jobs.JobSpec(
+                job_spec.JobSpec(
                     name="stream",
                     kind=JobKind.STREAMING,
                     resource_id=resource.id,

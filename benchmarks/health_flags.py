@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import failover
-from scheduler import jobs
+from scheduler import job_events, job_spec, job_views, jobs
 from tests import services
 
 STALLABLE_JOB = Path(__file__).resolve().parents[1] / "tests" / "jobs" / "stallable_stream.py"
@@ -37,14 +37,14 @@ def _health_events(t: Any, after: int) -> list[dict[str, Any]]:
     with t.cluster.engine.connect() as conn:
         return [
             e
-            for e in jobs.events(conn, "stalls", limit=1000)
+            for e in job_events.events(conn, "stalls", limit=1000)
             if e["id"] > after and e["kind"].startswith("health_")
         ]
 
 
 def _last_event_id(t: Any) -> int:
     with t.cluster.engine.connect() as conn:
-        return max((e["id"] for e in jobs.events(conn, "stalls", limit=1000)), default=0)
+        return max((e["id"] for e in job_events.events(conn, "stalls", limit=1000)), default=0)
 
 
 def _wait_event(t: Any, kind: str, after: int, timeout: float) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def measure(trials: int, stall_timeout: float, interval: float, master: str) -> 
         with t.cluster.engine.begin() as conn:
             jobs.create(
                 conn,
-                jobs.JobSpec(
+                job_spec.JobSpec(
                     name="stalls",
                     kind="streaming",
                     resource_id=resource.id,
@@ -80,7 +80,7 @@ def measure(trials: int, stall_timeout: float, interval: float, master: str) -> 
 
         def batches() -> bool:
             with t.cluster.engine.connect() as conn:
-                health = jobs.show(conn, "stalls")["health"] or {}
+                health = job_views.show(conn, "stalls")["health"] or {}
             return (health.get("last_batch_id") or 0) >= 3
 
         failover.wait_for(batches, 180, "three batches")

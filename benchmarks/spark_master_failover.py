@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import failover  # benchmarks/failover.py: its cluster set-up
-from scheduler import jobs
+from scheduler import job_spec, jobs
 from sql.states import JobKind
 from tests import services, sink, waiting
 from tests.chaos import faults
@@ -120,7 +120,7 @@ def create(t: trial_module.Trial, name: str, kind: JobKind, resource_id: int, ar
     with t.cluster.engine.begin() as conn:
         jobs.create(
             conn,
-            jobs.JobSpec(name=name, kind=kind, resource_id=resource_id, args=args, conf=CONF,
+            job_spec.JobSpec(name=name, kind=kind, resource_id=resource_id, args=args, conf=CONF,
                          spark_master=master, max_restarts=3),
         )  # fmt: skip
         jobs.start(conn, name)

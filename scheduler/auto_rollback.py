@@ -2,7 +2,7 @@
 
 An update (``job update``, ``sparkring apply``, the API) of a streaming job whose
 auto-rollback setting is on (``jobs.auto_rollback``) and that rolls the job starts a
-*watch*, in the same statement as the revision (``scheduler/jobs.py`` ``_REVISE``): the
+*watch*, in the same statement as the revision (``scheduler/job_revisions.py`` ``_REVISE``): the
 job row records the new revision, the one it replaced (the *fallback*), and a deadline
 ``healthy_within_s`` after the update, by PostgreSQL's clock. The watch lives in the job
 row, so it survives the server that started it.
@@ -25,7 +25,7 @@ names a batch). The watch is judged by :func:`decide`, a pure function of
     watching -> ended (unjudged)      the job's revision moved on (another update or
                                       rollback) or it is no longer wanted running
 
-A rollback is ``jobs.rollback`` to the fallback (the same fenced roll as ``job
+A rollback is ``job_revisions.rollback`` to the fallback (the same fenced roll as ``job
 rollback``: stop, then a claim from the same checkpoint; a new revision made by
 ``auto-rollback``), plus an event ``rolled_back`` whose detail says why. A job the new
 revision left FAILED is started again. A rollback is never watched itself, so a bad
@@ -34,7 +34,7 @@ fallback is not rolled back in turn (no loop).
 Any server may judge any watch (:class:`WatchLoop` runs on every server): each watch is
 judged in one transaction holding its job row (``FOR UPDATE SKIP LOCKED``: a row another
 server is judging is skipped), and the rollback is conditional on the watched revision
-still being the job's current one (``jobs._revise`` checks ``revision = previous``). So
+still being the job's current one (``job_revisions._revise`` checks ``revision = previous``). So
 two servers never both roll a watch back, and a server that dies halfway commits
 nothing: the next pass judges the watch again.
 """
@@ -47,7 +47,7 @@ from enum import StrEnum
 
 import sqlalchemy as sa
 
-from scheduler import jobs, loop, notify
+from scheduler import job_revisions, job_spec, jobs, loop, notify
 from scheduler.schedule import format_duration
 from sql import tables
 from sql.states import Desired, EventKind, HealthFlag, JobKind, RunState
@@ -177,7 +177,7 @@ def _end_watch(conn: sa.Connection, job_id: int, watched: int) -> None:
         .values(watch_revision=None, watch_fallback=None, watch_since=None, watch_until=None)
     ).rowcount
     if ended != 1:
-        raise jobs.JobConflict(f"job {job_id}: the watch of revision {watched} ended meanwhile")
+        raise job_spec.JobConflict(f"job {job_id}: the watch of revision {watched} ended meanwhile")
 
 
 def _extend_watch(conn: sa.Connection, job_id: int, watched: int, within_s: float) -> None:
@@ -234,8 +234,8 @@ def check_one(conn: sa.Connection, job_id: int, *, server: str) -> Applied | Non
             extra={"action": "auto_rollback_" + decision.verdict.value, "job": row.name},
         )
         return Applied(job_id, row.name, decision)
-    # The roll ends the watch (jobs._revise) and is never watched itself.
-    revised = jobs.rollback(conn, row.name, row.fallback, actor=ACTOR)
+    # The roll ends the watch (job_revisions._revise) and is never watched itself.
+    revised = job_revisions.rollback(conn, row.name, row.fallback, actor=ACTOR)
     state = conn.execute(
         sa.select(tables.distribution.c.state).where(tables.distribution.c.job_id == job_id)
     ).scalar_one()
@@ -293,7 +293,7 @@ def check_all(engine: sa.Engine, *, server: str) -> list[Applied]:
         try:
             with engine.begin() as conn:
                 applied = check_one(conn, job_id, server=server)
-        except (jobs.JobError, sa.exc.DBAPIError) as exc:
+        except (job_spec.JobError, sa.exc.DBAPIError) as exc:
             log.warning(
                 "job %d: auto-rollback watch not judged: %s; next pass tries again",
                 job_id,

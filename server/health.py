@@ -46,7 +46,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from scheduler import distribution, health_policy, jobs, loop, run_health
+from scheduler import distribution, health_policy, job_spec, jobs, loop, run_health
 from server import metrics, reconcile, rundir, spark_status, watchdog
 from server.runs import Run
 from sql.states import HealthFlag
@@ -397,7 +397,7 @@ class HealthMonitor(loop.Loop):
         try:
             with self.engine.connect() as conn:
                 conf = jobs.run_definition(conn, run.job_id, run.revision)["conf"]
-        except jobs.JobNotFound:
+        except job_spec.JobNotFound:
             return None  # deleted meanwhile
         try:
             return health_policy.of(conf, self.stall_timeout, self.resource_wait_timeout)
@@ -543,11 +543,11 @@ class HealthMonitor(loop.Loop):
                 extra={"action": "restart_on_stall_retry", **facts},
             )
             return
-        except jobs.RestartBudgetSpent as exc:
+        except job_spec.RestartBudgetSpent as exc:
             metrics.REGISTRY.inc("sparkring_health_restarts_refused_total")
             self._fail(tracker, detail, str(exc), facts)
             return
-        except (distribution.FencedError, jobs.JobError) as exc:
+        except (distribution.FencedError, job_spec.JobError) as exc:
             tracker.restart_asked = True
             log.warning(
                 "job %s: restart on stall not done: %s",

@@ -27,7 +27,7 @@ from kazoo.exceptions import KazooException
 
 from registry import connection
 from registry import servers as registry_servers
-from scheduler import jobs
+from scheduler import job_events, job_views
 from server import driver
 from sql import database
 from tests import cli_runner, waiting
@@ -218,11 +218,11 @@ class Cluster:
 
     def job(self, name: str) -> dict[str, Any]:
         with self.engine.connect() as conn:
-            return jobs.show(conn, name)
+            return job_views.show(conn, name)
 
     def events(self, name: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
-            return jobs.events(conn, name, limit=1000)
+            return job_events.events(conn, name, limit=1000)
 
     def wait_job(
         self, name: str, predicate: Callable[[dict[str, Any]], bool], timeout: float, what: str

@@ -6,7 +6,7 @@ import hashlib
 
 import sqlalchemy as sa
 
-from scheduler import destinations, distribution, jobs, schedule
+from scheduler import destinations, distribution, job_spec, jobs, schedule
 from sql import tables
 from sql.states import JobKind, RunState
 
@@ -48,7 +48,7 @@ def job(
     with engine.begin() as conn:
         job_id = jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name=name,
                 kind=kind,
                 resource_id=resource(conn),
@@ -69,7 +69,7 @@ def scheduled_job(
     with engine.begin() as conn:
         job_id = jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name=name,
                 kind=JobKind.BATCH,
                 resource_id=resource(conn),

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from resource_center import store
-from scheduler import jobs, tokens
+from scheduler import job_events, jobs, tokens
 from server import log_shipping
 from tests.api_helpers import API, ApiStack, api_stack
 from tests.waiting import wait_until
@@ -303,7 +303,7 @@ def test_a_deleted_jobs_events_are_a_404_by_name_and_stay_in_the_feed_and_the_cl
         feed = http.get(f"{API}/events", params={"limit": 1000}).json()
     assert [e["kind"] for e in feed if e["job"] == name] == ["created", "deleted"]
     with stack.cluster.engine.connect() as conn:  # the CLI's `job events NAME`
-        assert [e["kind"] for e in jobs.events(conn, name)] == ["created", "deleted"]
+        assert [e["kind"] for e in job_events.events(conn, name)] == ["created", "deleted"]
 
 
 def test_revisions_through_the_api(stack: ApiStack) -> None:

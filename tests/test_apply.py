@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from resource_center import catalog, store
-from scheduler import jobs
+from scheduler import job_revisions, job_spec, job_views, jobs
 from server.cli import spec as apply
 from sql import tables
 
@@ -79,7 +79,7 @@ def test_apply_creates_then_changes_nothing_the_second_time(
     assert _resources(engine) == [("lib", 1)]  # a plan writes nothing
     _apply(engine, bucket, spec_file)
     with engine.connect() as conn:
-        clicks, nightly = jobs.show(conn, "clicks"), jobs.show(conn, "nightly")
+        clicks, nightly = job_views.show(conn, "clicks"), job_views.show(conn, "nightly")
     assert (clicks["desired"], clicks["label"], clicks["revision"]) == ("running", "team-a", 1)
     assert clicks["conf"] == {"spark.sql.shuffle.partitions": "4"}
     assert (nightly["desired"], nightly["max_restarts"]) == ("stopped", 2)
@@ -113,7 +113,7 @@ def test_a_changed_file_makes_a_revision_uploading_only_new_content(
     _apply(engine, bucket, spec_file)
     assert _resources(engine) == [("clicks", 1), ("clicks", 2), ("helpers", 1), ("lib", 1)]
     with engine.connect() as conn:
-        history = jobs.history(conn, "clicks")
+        history = job_revisions.history(conn, "clicks")
     assert [h["revision"] for h in history] == [1, 2]
     assert history[-1]["diff"] == [
         "resource clicks:1 -> clicks:2",
@@ -131,13 +131,13 @@ def test_prune_deletes_the_jobs_of_the_label_no_longer_in_the_file(
 ) -> None:
     _apply(engine, bucket, _write(folder, SPEC.format(max_restarts=2)))
     with engine.begin() as conn:  # a job of no label: never pruned
-        jobs.create(conn, jobs.JobSpec("other", "batch", catalog.resolve(engine, "lib").id))
+        jobs.create(conn, job_spec.JobSpec("other", "batch", catalog.resolve(engine, "lib").id))
     only_clicks = _write(folder, SPEC.format(max_restarts=2).split("[jobs.nightly]")[0])
     assert _plan(engine, only_clicks) == ["unchanged clicks"]
     assert _plan(engine, only_clicks, prune=True) == ["unchanged clicks", "delete    nightly"]
     _apply(engine, bucket, only_clicks, prune=True)
     with engine.connect() as conn:
-        assert [j["name"] for j in jobs.list_jobs(conn)] == ["clicks", "other"]
+        assert [j["name"] for j in job_views.list_jobs(conn)] == ["clicks", "other"]
     assert _plan(engine, only_clicks, prune=True) == ["unchanged clicks"]
 
 
@@ -193,7 +193,7 @@ def test_an_invalid_spec_lists_every_error_with_its_location_and_applies_nothing
         "jobs.b.resource",
     ]
     with engine.connect() as conn:
-        assert jobs.list_jobs(conn) == []
+        assert job_views.list_jobs(conn) == []
     assert _resources(engine) == [("lib", 1)]
     broken = folder / "broken.toml"
     broken.write_text("[jobs.x\n")
@@ -226,7 +226,7 @@ def test_a_schedule_in_a_spec_is_created_switched_on_and_revised(
     spec_file = _write(folder, SCHEDULED.format(spec="0 * * * *"))
     _apply(engine, bucket, spec_file)
     with engine.connect() as conn:
-        shown = jobs.show(conn, "hourly")["schedule"]
+        shown = job_views.show(conn, "hourly")["schedule"]
     assert (shown["spec"], shown["timezone"], shown["concurrency"]) == (
         "0 * * * *",
         "Europe/Berlin",
@@ -240,7 +240,7 @@ def test_a_schedule_in_a_spec_is_created_switched_on_and_revised(
     assert "-> '@every 5m' Europe/Berlin" in line
     _apply(engine, bucket, changed)
     with engine.connect() as conn:
-        assert jobs.show(conn, "hourly")["schedule"]["spec"] == "@every 5m"
+        assert job_views.show(conn, "hourly")["schedule"]["spec"] == "@every 5m"
 
 
 def test_a_bad_schedule_in_a_spec_is_refused_with_its_location(folder: Path) -> None:
@@ -277,8 +277,8 @@ def test_a_restart_window_in_a_spec_is_applied_revised_and_checked(
         "args = [", 'restart_window = "30m"\n    args = ['))  # fmt: skip
     _apply(engine, bucket, windowed)
     with engine.connect() as conn:
-        assert jobs.show(conn, "clicks")["restart_window_s"] == 1800.0
-        assert jobs.show(conn, "nightly")["restart_window_s"] == 0.0  # batch: none
+        assert job_views.show(conn, "clicks")["restart_window_s"] == 1800.0
+        assert job_views.show(conn, "nightly")["restart_window_s"] == 0.0  # batch: none
     assert _plan(engine, windowed) == ["unchanged clicks", "unchanged nightly"]
     default = _write(folder, SPEC.format(max_restarts=2))
     assert _plan(engine, default) == [
@@ -317,14 +317,14 @@ def test_auto_rollback_in_a_spec_is_applied_planned_and_checked(
         "args = [", 'auto_rollback = true\n    healthy_within = "2m"\n    args = ['))  # fmt: skip
     _apply(engine, bucket, watched)
     with engine.connect() as conn:
-        setting = jobs.show(conn, "clicks")["auto_rollback"]
+        setting = job_views.show(conn, "clicks")["auto_rollback"]
     assert setting == {"enabled": True, "healthy_within_s": 120.0, "watch": None}
     assert _plan(engine, watched) == ["unchanged clicks", "unchanged nightly"]
     # A new main artifact: the revision rolls the running job, and is watched.
     (folder / "clicks.py").write_text("print('clicks v2')\n")
     _apply(engine, bucket, watched)
     with engine.connect() as conn:
-        watch = jobs.show(conn, "clicks")["auto_rollback"]["watch"]
+        watch = job_views.show(conn, "clicks")["auto_rollback"]["watch"]
     assert watch is not None and (watch["revision"], watch["fallback"]) == (2, 1)
     # The file without it turns it off (and ends the watch): a setting, not a revision.
     plain = _write(folder, SPEC.format(max_restarts=2))
@@ -334,7 +334,7 @@ def test_auto_rollback_in_a_spec_is_applied_planned_and_checked(
     ]
     _apply(engine, bucket, plain)
     with engine.connect() as conn:
-        shown = jobs.show(conn, "clicks")
+        shown = job_views.show(conn, "clicks")
     assert shown["auto_rollback"] == {"enabled": False, "healthy_within_s": 300.0, "watch": None}
     assert shown["revision"] == 2
     bad = _write(

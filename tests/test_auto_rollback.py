@@ -10,7 +10,16 @@ import dataclasses
 import pytest
 import sqlalchemy as sa
 
-from scheduler import auto_rollback, distribution, jobs, run_health
+from scheduler import (
+    auto_rollback,
+    distribution,
+    job_events,
+    job_revisions,
+    job_spec,
+    job_views,
+    jobs,
+    run_health,
+)
 from sql.states import JobKind
 from tests import factories, waiting
 from tests.factories import owner
@@ -94,7 +103,7 @@ def _streaming(engine: sa.Engine, name: str = "stream", **spec: object) -> int:
     with engine.begin() as conn:
         job_id = jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name=name,
                 kind=JobKind.STREAMING,
                 resource_id=factories.resource(conn, "app"),
@@ -126,10 +135,10 @@ def _roll(engine: sa.Engine, job_id: int, epoch: int) -> int:
     return _run(engine, job_id)
 
 
-def _update(engine: sa.Engine, name: str = "stream", **settings: object) -> jobs.Revised:
+def _update(engine: sa.Engine, name: str = "stream", **settings: object) -> job_revisions.Revised:
     with engine.begin() as conn:
         v2 = factories.resource(conn, "app", content=b"raise SystemExit(3)\n")
-        return jobs.update(conn, name, jobs.Change(resource_id=v2), **settings)  # type: ignore[arg-type]
+        return job_revisions.update(conn, name, job_spec.Change(resource_id=v2), **settings)  # type: ignore[arg-type]
 
 
 def _check(engine: sa.Engine) -> list[A.Applied]:
@@ -139,17 +148,17 @@ def _check(engine: sa.Engine) -> list[A.Applied]:
 
 def _watch(engine: sa.Engine, name: str = "stream") -> dict[str, object] | None:
     with engine.connect() as conn:
-        return jobs.show(conn, name)["auto_rollback"]["watch"]
+        return job_views.show(conn, name)["auto_rollback"]["watch"]
 
 
 def _kinds(engine: sa.Engine, name: str = "stream") -> list[str]:
     with engine.connect() as conn:
-        return [e["kind"] for e in jobs.events(conn, name)]
+        return [e["kind"] for e in job_events.events(conn, name)]
 
 
 def _rolled_back(engine: sa.Engine, name: str = "stream") -> list[dict[str, object]]:
     with engine.connect() as conn:
-        return [e["detail"] for e in jobs.events(conn, name) if e["kind"] == "rolled_back"]
+        return [e["detail"] for e in job_events.events(conn, name) if e["kind"] == "rolled_back"]
 
 
 def _pass_deadline(engine: sa.Engine, job_id: int) -> None:
@@ -179,7 +188,7 @@ def test_an_update_with_auto_rollback_is_watched_until_its_deadline(engine: sa.E
     watch = _watch(engine)
     assert watch is not None and (watch["revision"], watch["fallback"]) == (2, 1)
     with engine.connect() as conn:
-        setting = jobs.show(conn, "stream")["auto_rollback"]
+        setting = job_views.show(conn, "stream")["auto_rollback"]
     assert (setting["enabled"], setting["healthy_within_s"]) == (True, 120.0)
     assert _check(engine) == []  # nothing to decide yet
     assert _watch(engine) is not None
@@ -199,8 +208,8 @@ def test_a_crash_of_the_new_revision_rolls_back_to_the_previous_one(engine: sa.E
     applied = _check(engine)
     assert [(a.name, a.decision.cause) for a in applied] == [("stream", A.Cause.CRASHED)]
     with engine.connect() as conn:
-        shown = jobs.show(conn, "stream")
-        history = jobs.history(conn, "stream")
+        shown = job_views.show(conn, "stream")
+        history = job_revisions.history(conn, "stream")
     assert shown["revision"] == 3 and history[-1]["rollback_of"] == 1
     assert history[-1]["created_by"] == "auto-rollback"
     assert shown["auto_rollback"]["watch"] is None, "the rollback itself is never watched"
@@ -259,7 +268,7 @@ def test_not_healthy_by_the_deadline_rolls_back(engine: sa.Engine) -> None:
     assert applied.decision.cause is A.Cause.UNHEALTHY
     assert _rolled_back(engine)[0]["reason"] == "not healthy within 1m"
     with engine.connect() as conn:
-        assert jobs.show(conn, "stream")["generation"] == 3  # update roll + rollback roll
+        assert job_views.show(conn, "stream")["generation"] == 3  # update roll + rollback roll
 
 
 def test_a_healthy_revision_ends_the_watch_and_stays(engine: sa.Engine) -> None:
@@ -275,7 +284,7 @@ def test_a_healthy_revision_ends_the_watch_and_stays(engine: sa.Engine) -> None:
     assert _watch(engine) is None
     assert "rolled_back" not in _kinds(engine)
     with engine.connect() as conn:
-        assert jobs.show(conn, "stream")["revision"] == 2
+        assert job_views.show(conn, "stream")["revision"] == 2
 
 
 def test_the_jobs_setting_watches_every_later_update_until_turned_off(
@@ -291,9 +300,9 @@ def test_the_jobs_setting_watches_every_later_update_until_turned_off(
 def test_turning_the_setting_on_alone_makes_no_revision(engine: sa.Engine) -> None:
     _streaming(engine)
     with engine.begin() as conn:
-        revised = jobs.update(conn, "stream", jobs.Change(), auto_rollback=True)
-        assert revised.effect is jobs.Effect.UNCHANGED
-        assert jobs.show(conn, "stream")["auto_rollback"]["enabled"] is True
+        revised = job_revisions.update(conn, "stream", job_spec.Change(), auto_rollback=True)
+        assert revised.effect is job_revisions.Effect.UNCHANGED
+        assert job_views.show(conn, "stream")["auto_rollback"]["enabled"] is True
 
 
 def test_an_update_by_hand_during_a_watch_ends_it_without_a_rollback(engine: sa.Engine) -> None:
@@ -301,7 +310,7 @@ def test_an_update_by_hand_during_a_watch_ends_it_without_a_rollback(engine: sa.
     epoch = factories.row(engine, job_id).epoch
     _update(engine, auto_rollback=True)
     with engine.begin() as conn:
-        jobs.rollback(conn, "stream")  # the operator was faster
+        job_revisions.rollback(conn, "stream")  # the operator was faster
     new_epoch = _roll(engine, job_id, epoch)
     with engine.begin() as conn:
         distribution.record_crash(
@@ -328,29 +337,31 @@ def test_a_job_failed_by_the_new_revision_is_rolled_back_and_runs_again(
     row = factories.row(engine, job_id)
     assert row.state == "pending", "the rolled-back job was left FAILED"
     with engine.connect() as conn:
-        started = [e for e in jobs.events(conn, "stream") if e["kind"] == "start_requested"]
+        started = [e for e in job_events.events(conn, "stream") if e["kind"] == "start_requested"]
     assert started[-1]["detail"]["by"] == "auto-rollback"  # a start, said so (S4)
 
 
 def test_auto_rollback_is_refused_for_a_batch_job(engine: sa.Engine) -> None:
-    with engine.begin() as conn, pytest.raises(jobs.JobError, match="streaming"):
+    with engine.begin() as conn, pytest.raises(job_spec.JobError, match="streaming"):
         jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name="nightly", kind=JobKind.BATCH, resource_id=factories.resource(conn),
                 auto_rollback=True,
             ),
         )  # fmt: skip
     factories.job(engine, "nightly", kind=JobKind.BATCH)
-    with engine.begin() as conn, pytest.raises(jobs.JobError, match="streaming"):
-        jobs.update(conn, "nightly", jobs.Change(), auto_rollback=True)
+    with engine.begin() as conn, pytest.raises(job_spec.JobError, match="streaming"):
+        job_revisions.update(conn, "nightly", job_spec.Change(), auto_rollback=True)
 
 
 @pytest.mark.parametrize("seconds", [0.0, -1.0, 8 * 86400.0])
 def test_a_deadline_out_of_range_is_refused(engine: sa.Engine, seconds: float) -> None:
     _streaming(engine)
-    with engine.begin() as conn, pytest.raises(jobs.JobError, match="healthy-within"):
-        jobs.update(conn, "stream", jobs.Change(), auto_rollback=True, healthy_within_s=seconds)
+    with engine.begin() as conn, pytest.raises(job_spec.JobError, match="healthy-within"):
+        job_revisions.update(
+            conn, "stream", job_spec.Change(), auto_rollback=True, healthy_within_s=seconds
+        )
 
 
 def test_two_servers_deciding_at_once_roll_back_once(engine: sa.Engine) -> None:

@@ -8,7 +8,7 @@ import json
 
 import sqlalchemy as sa
 
-from scheduler import jobs
+from scheduler import job_views, jobs
 from sql.states import JobKind
 from tests import factories
 from tests.test_cli_revisions import _error, run  # noqa: F401 (the fixture)
@@ -16,7 +16,7 @@ from tests.test_cli_revisions import _error, run  # noqa: F401 (the fixture)
 
 def _setting(engine: sa.Engine, name: str) -> dict[str, object]:
     with engine.connect() as conn:
-        return jobs.show(conn, name)["auto_rollback"]
+        return job_views.show(conn, name)["auto_rollback"]
 
 
 def test_create_and_update_set_the_jobs_auto_rollback_and_an_update_is_watched(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from scheduler import jobs
+from scheduler import job_views
 from tests import cli_runner, factories
 
 
@@ -85,7 +85,7 @@ def test_apply_plans_applies_and_refuses_an_invalid_file(
         "dry run: 1 to create; nothing applied",
     ]
     with engine.connect() as conn:
-        assert jobs.list_jobs(conn) == []
+        assert job_views.list_jobs(conn) == []
     assert run("apply", "-f", str(spec)).stdout.splitlines()[-1] == "applied: 1 create"
     again = run("apply", "-f", str(spec))
     assert again.stdout.splitlines() == ["unchanged a", "nothing to change"]

@@ -7,7 +7,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from scheduler import distribution, jobs
+from scheduler import distribution, job_events, jobs
 from sql.states import JobKind, RunState
 from tests import factories
 from tests.factories import owner
@@ -111,7 +111,7 @@ def test_reap_only_after_the_lease_expired_and_owner_left(engine: sa.Engine) -> 
     row = factories.row(engine, job_id)
     assert (row.owner, row.state, row.lease_until) == (None, "pending", None)
     with engine.connect() as conn:
-        kinds = [e["kind"] for e in jobs.events(conn, "a")]
+        kinds = [e["kind"] for e in job_events.events(conn, "a")]
     assert kinds[-1] == "reaped"
 
 
@@ -366,7 +366,7 @@ def test_a_batch_run_of_a_new_generation_gets_its_own_retries(
     assert row.restarts == (0 if kind is JobKind.BATCH else 1), row
     assert (row.crash_times == []) is (kind is JobKind.BATCH), row
     with engine.connect() as conn:
-        asked = [e for e in jobs.events(conn, "retried") if e["kind"] == "restart_requested"]
+        asked = [e for e in job_events.events(conn, "retried") if e["kind"] == "restart_requested"]
     # The chaos checker reads it to count the budget from there (failed_with_cause).
     assert asked[-1]["detail"].get("retries_reset", False) is (kind is JobKind.BATCH)
 
@@ -446,7 +446,7 @@ def test_a_successor_adopts_a_live_lease_of_its_previous_incarnation_only(
     with engine.begin() as conn, pytest.raises(distribution.FencedError):
         distribution.adopt(conn, job_id, after, owner("s1", "third"), claim.epoch, TTL)
     with engine.connect() as conn:
-        assert [e["kind"] for e in jobs.events(conn, "a")][-1] == "adopted"
+        assert [e["kind"] for e in job_events.events(conn, "a")][-1] == "adopted"
 
 
 def _watchdog_writes(job_id: int, server: str, epoch: int) -> list:
@@ -536,7 +536,7 @@ def test_a_crash_recorded_by_a_watchdog_is_counted_once(engine: sa.Engine) -> No
         "exit 3: boom",
     )
     with engine.connect() as conn:
-        kinds = [e["kind"] for e in jobs.events(conn, "crashy")]
+        kinds = [e["kind"] for e in job_events.events(conn, "crashy")]
     assert kinds.count("crashed") == 1 and kinds.count("failed") == 1, kinds
 
 

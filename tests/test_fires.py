@@ -11,7 +11,17 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from scheduler import alerts, distribution, fires, jobs, runs, schedule
+from scheduler import (
+    alerts,
+    distribution,
+    fires,
+    job_revisions,
+    job_spec,
+    job_views,
+    jobs,
+    runs,
+    schedule,
+)
 from server import retention
 from sql import tables
 from sql.states import JobKind
@@ -63,7 +73,7 @@ def _state(engine: sa.Engine, job_id: int) -> str:
 def test_start_switches_the_schedule_on_and_runs_nothing_yet(engine: sa.Engine) -> None:
     job_id = factories.scheduled_job(engine)
     with engine.connect() as conn:
-        shown = jobs.show(conn, "nightly")
+        shown = job_views.show(conn, "nightly")
     assert shown["schedule"]["active"] is True
     assert shown["schedule"]["next_fire"].endswith(":00Z")
     assert _state(engine, job_id) == "stopped"
@@ -200,7 +210,7 @@ def test_a_run_that_fails_for_good_keeps_its_exit_code(engine: sa.Engine) -> Non
     (run,) = _runs(engine, job_id)
     assert (run["state"], run["exit_code"]) == ("failed", 7)
     with engine.connect() as conn:
-        assert jobs.show(conn, "nightly")["last_run"]["state"] == "failed"
+        assert job_views.show(conn, "nightly")["last_run"]["state"] == "failed"
 
 
 def test_forbid_records_a_fire_skipped_while_the_previous_run_runs(engine: sa.Engine) -> None:
@@ -296,7 +306,7 @@ def test_a_schedule_removed_keeps_the_backfills_queued_before(engine: sa.Engine)
     job_id, start, end = _stopped_hourly_job(engine)
     with engine.begin() as conn:
         queued, _ = fires.backfill(conn, job_id, start, end, dry_run=False)
-        jobs.update(conn, "nightly", jobs.Change(clear_schedule=True))
+        job_revisions.update(conn, "nightly", job_spec.Change(clear_schedule=True))
     assert len(queued) == 3
     assert [r["state"] for r in _runs(engine, job_id)] == ["queued"] * 3
     with engine.begin() as conn:
@@ -395,7 +405,7 @@ def test_stop_switches_the_schedule_off_and_stops_the_run(engine: sa.Engine) -> 
     (run,) = _runs(engine, job_id)
     assert run["state"] == "stopped"
     with engine.connect() as conn:
-        assert jobs.show(conn, "nightly")["schedule"]["active"] is False
+        assert job_views.show(conn, "nightly")["schedule"]["active"] is False
     assert _fire(engine) is None
 
 
@@ -405,7 +415,7 @@ def test_a_manual_run_and_a_start_of_an_unscheduled_batch_job_have_run_rows(
     job_id = factories.job(engine, "adhoc", kind=JobKind.BATCH)
     (run,) = _runs(engine, job_id)
     assert (run["trigger"], run["state"], run["scheduled_time"]) == ("manual", "pending", None)
-    with engine.begin() as conn, pytest.raises(jobs.JobConflict, match="run in progress"):
+    with engine.begin() as conn, pytest.raises(job_spec.JobConflict, match="run in progress"):
         jobs.run_now(conn, "adhoc")
     with engine.begin() as conn:
         jobs.stop(conn, "adhoc")
@@ -414,10 +424,10 @@ def test_a_manual_run_and_a_start_of_an_unscheduled_batch_job_have_run_rows(
 
 
 def test_a_schedule_on_a_streaming_job_is_refused(engine: sa.Engine) -> None:
-    with engine.begin() as conn, pytest.raises(jobs.JobError, match="for batch jobs"):
+    with engine.begin() as conn, pytest.raises(job_spec.JobError, match="for batch jobs"):
         jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name="stream",
                 kind=JobKind.STREAMING,
                 resource_id=factories.resource(conn),
@@ -429,14 +439,14 @@ def test_a_schedule_on_a_streaming_job_is_refused(engine: sa.Engine) -> None:
 def test_a_schedule_change_is_a_revision_and_reschedules(engine: sa.Engine) -> None:
     factories.scheduled_job(engine)
     with engine.begin() as conn:
-        revised = jobs.update(
-            conn, "nightly", jobs.Change(schedule=schedule.parse("@every 5s").as_dict())
+        revised = job_revisions.update(
+            conn, "nightly", job_spec.Change(schedule=schedule.parse("@every 5s").as_dict())
         )
         assert revised.changed == ("schedule",)
-        shown = jobs.show(conn, "nightly")
+        shown = job_views.show(conn, "nightly")
         assert shown["schedule"]["spec"] == "@every 5s" and shown["schedule"]["active"]
-        jobs.update(conn, "nightly", jobs.Change(clear_schedule=True))
-        assert jobs.show(conn, "nightly")["schedule"] is None
+        job_revisions.update(conn, "nightly", job_spec.Change(clear_schedule=True))
+        assert job_views.show(conn, "nightly")["schedule"] is None
 
 
 def test_backfill_queues_fire_times_once_and_runs_them_oldest_first(engine: sa.Engine) -> None:
@@ -709,16 +719,16 @@ def test_a_schedule_change_handles_the_fire_times_due_before_it_once(
     job_id = factories.scheduled_job(engine, spec=old.spec)
     _due(engine, job_id, 4 * 60 + 30)  # every server down for four and a half minutes
     if change == "--no-schedule":
-        update = jobs.Change(clear_schedule=True)
+        update = job_spec.Change(clear_schedule=True)
     elif change == "--misfire skip":
-        update = jobs.Change(schedule=schedule.parse(old.spec, misfire="skip").as_dict())
+        update = job_spec.Change(schedule=schedule.parse(old.spec, misfire="skip").as_dict())
     else:
-        update = jobs.Change(schedule=schedule.parse(change).as_dict())
+        update = job_spec.Change(schedule=schedule.parse(change).as_dict())
     with engine.begin() as conn:
         now, checked = conn.execute(
             sa.text("SELECT now(), fires_checked_until FROM jobs WHERE id = :j"), {"j": job_id}
         ).one()
-        jobs.update(conn, "nightly", update)
+        job_revisions.update(conn, "nightly", update)
     due = [slot.at for slot in schedule.due(old, checked, now).slots]
     assert len(due) >= 4
     rows = _runs(engine, job_id)
@@ -747,7 +757,9 @@ def test_a_schedule_changed_while_stopped_records_the_old_times_and_starts_from_
         now, checked = conn.execute(
             sa.text("SELECT now(), fires_checked_until FROM jobs WHERE id = :j"), {"j": job_id}
         ).one()
-        jobs.update(conn, "nightly", jobs.Change(schedule=schedule.parse("@every 7s").as_dict()))
+        job_revisions.update(
+            conn, "nightly", job_spec.Change(schedule=schedule.parse("@every 7s").as_dict())
+        )
     due = [slot.at for slot in schedule.due(old, checked, now).slots]
     rows = _runs(engine, job_id)
     assert _times(rows) == due and len(due) >= 5, "the off period's fire times went unrecorded"
@@ -781,10 +793,10 @@ def test_a_schedule_change_waiting_for_a_fire_never_moves_the_cursor_back(
         time.sleep(1.2)  # a fire time of both schedules passes
         assert _fire(engine) is not None  # the pass the update waited for
         handled = _runs(engine, job_id)
-        jobs.update(
+        job_revisions.update(
             update,
             "nightly",
-            jobs.Change(schedule=schedule.parse("@every 1s", misfire="skip").as_dict()),
+            job_spec.Change(schedule=schedule.parse("@every 1s", misfire="skip").as_dict()),
         )
         transaction.commit()
     finally:
@@ -814,10 +826,10 @@ def test_a_schedule_the_firer_cannot_use_can_still_be_changed(engine: sa.Engine)
             {"j": job_id},
         )
     with engine.begin() as conn:
-        revised = jobs.update(
-            conn, "nightly", jobs.Change(schedule=schedule.parse("@every 1m").as_dict())
+        revised = job_revisions.update(
+            conn, "nightly", job_spec.Change(schedule=schedule.parse("@every 1m").as_dict())
         )
     assert revised.changed == ("schedule",)
     assert _runs(engine, job_id) == []
     with engine.connect() as conn:
-        assert jobs.show(conn, "nightly")["schedule"]["timezone"] == "UTC"
+        assert job_views.show(conn, "nightly")["schedule"]["timezone"] == "UTC"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from scheduler import distribution, health_policy, jobs, run_health
+from scheduler import distribution, health_policy, job_events, job_spec, job_views, jobs, run_health
 from server import driver, health, reconcile, rundir, spark_status
 from server.runs import Run
 from sql import tables
@@ -212,10 +212,10 @@ def test_the_policy_comes_from_the_conf_and_refuses_bad_values() -> None:
 
 
 def test_a_job_with_an_invalid_health_conf_is_refused(engine: sa.Engine) -> None:
-    with engine.begin() as conn, pytest.raises(jobs.JobError, match="stallTimeout"):
+    with engine.begin() as conn, pytest.raises(job_spec.JobError, match="stallTimeout"):
         jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name="bad", kind=JobKind.STREAMING, resource_id=factories.resource(conn),
                 conf={health_policy.STALL_TIMEOUT: "soon"},
             ),
@@ -241,7 +241,7 @@ def _running(
     with engine.begin() as conn:
         job_id = jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name=name, kind=JobKind.STREAMING, resource_id=factories.resource(conn),
                 conf=conf, max_restarts=max_restarts,
             ),
@@ -321,14 +321,14 @@ def _events(engine: sa.Engine, name: str) -> list[tuple[str, dict[str, object]]]
     with engine.connect() as conn:
         return [
             (e["kind"], e["detail"])
-            for e in jobs.events(conn, name)
+            for e in job_events.events(conn, name)
             if e["kind"].startswith("health") or e["kind"] == "restart_requested"
         ]
 
 
 def _shown(engine: sa.Engine, name: str) -> dict[str, object]:
     with engine.connect() as conn:
-        shown = jobs.show(conn, name)["health"]
+        shown = job_views.show(conn, name)["health"]
     assert shown is not None
     return shown
 
@@ -369,7 +369,7 @@ def test_a_stall_is_recorded_with_an_event_then_cleared(
     assert events[1][1]["flag"] == "stalled"
     # Nothing was restarted: the job did not opt in.
     with engine.connect() as conn:
-        assert jobs.show(conn, "stream")["generation"] == 1
+        assert job_views.show(conn, "stream")["generation"] == 1
 
 
 def test_a_job_without_cores_is_flagged_waiting_for_resources(
@@ -401,7 +401,7 @@ def _kinds(engine: sa.Engine, name: str) -> list[str]:
 
 def _generation(engine: sa.Engine, name: str) -> int:
     with engine.connect() as conn:
-        return int(jobs.show(conn, name)["generation"])
+        return int(job_views.show(conn, name)["generation"])
 
 
 def test_a_job_that_opted_in_is_restarted_once_when_it_stalls(
@@ -550,7 +550,7 @@ def test_restarts_on_stall_spend_the_restart_budget_then_the_job_ends_failed(
     assert (row.state, row.owner, row.epoch, row.restarts) == ("failed", None, again.epoch, 1)
     assert "stalled" in row.last_error and "restart budget" in row.last_error
     with engine.connect() as conn:
-        failed = [e for e in jobs.events(conn, "slow") if e["kind"] == "failed"]
+        failed = [e for e in job_events.events(conn, "slow") if e["kind"] == "failed"]
     assert [(e["epoch"], e["detail"]["cause"]) for e in failed] == [(again.epoch, "stalled")]
     assert killed == [os.getpid()], "the failed run's driver was left running"
     assert monitor.trackers[(again.job_id, again.epoch)].restart_asked
@@ -574,7 +574,7 @@ def test_a_stall_past_the_budget_of_a_run_no_longer_ours_fails_nothing(
     check(monitor, 20)
     assert factories.row(engine, run.job_id).state == "running"
     with engine.connect() as conn:
-        assert "failed" not in [e["kind"] for e in jobs.events(conn, "spent")]
+        assert "failed" not in [e["kind"] for e in job_events.events(conn, "spent")]
     assert killed == []
 
 

@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from resource_center import catalog, errors
-from scheduler import distribution, jobs
+from scheduler import distribution, job_events, job_revisions, job_spec, job_views, jobs
 from server import reconcile
 from sql import tables
 from sql.states import JobKind
@@ -17,24 +17,28 @@ from tests.factories import owner
 S1 = owner("s1")
 
 
-def _update(engine: sa.Engine, name: str, change: jobs.Change, **kw: object) -> jobs.Revised:
+def _update(
+    engine: sa.Engine, name: str, change: job_spec.Change, **kw: object
+) -> job_revisions.Revised:
     with engine.begin() as conn:
-        return jobs.update(conn, name, change, **kw)
+        return job_revisions.update(conn, name, change, **kw)
 
 
-def _rollback(engine: sa.Engine, name: str, to: int | None = None, **kw: object) -> jobs.Revised:
+def _rollback(
+    engine: sa.Engine, name: str, to: int | None = None, **kw: object
+) -> job_revisions.Revised:
     with engine.begin() as conn:
-        return jobs.rollback(conn, name, to, **kw)
+        return job_revisions.rollback(conn, name, to, **kw)
 
 
 def _history(engine: sa.Engine, name: str) -> list[dict]:
     with engine.connect() as conn:
-        return jobs.history(conn, name)
+        return job_revisions.history(conn, name)
 
 
 def _show(engine: sa.Engine, name: str) -> dict:
     with engine.connect() as conn:
-        return jobs.show(conn, name)
+        return job_views.show(conn, name)
 
 
 def _counts(engine: sa.Engine) -> tuple[int, int, int]:
@@ -81,7 +85,7 @@ def test_update_makes_the_next_revision_with_a_field_diff(engine: sa.Engine) -> 
     revised = _update(
         engine,
         "etl",
-        jobs.Change(
+        job_spec.Change(
             resource_id=newer,
             py_file_ids=[lib],
             conf={"spark.sql.shuffle.partitions": "4"},
@@ -91,7 +95,11 @@ def test_update_makes_the_next_revision_with_a_field_diff(engine: sa.Engine) -> 
         ),
         actor="cli:alice",
     )
-    assert (revised.revision, revised.previous, revised.effect) == (2, 1, jobs.Effect.AT_REST)
+    assert (revised.revision, revised.previous, revised.effect) == (
+        2,
+        1,
+        job_revisions.Effect.AT_REST,
+    )
     assert revised.changed == ("resource", "py_files", "conf", "args", "master", "max_restarts")
     shown = _show(engine, "etl")
     assert shown["revision"] == 2
@@ -122,14 +130,14 @@ def test_update_makes_the_next_revision_with_a_field_diff(engine: sa.Engine) -> 
     third = _update(
         engine,
         "etl",
-        jobs.Change(conf={"spark.x": "1"}, unset_conf=["spark.sql.shuffle.partitions"]),
+        job_spec.Change(conf={"spark.x": "1"}, unset_conf=["spark.sql.shuffle.partitions"]),
     )
     assert third.changed == ("conf",)
     assert _history(engine, "etl")[-1]["diff"] == [
         "conf spark.sql.shuffle.partitions unset (was '4')",
         "conf spark.x='1' added",
     ]
-    fourth = _update(engine, "etl", jobs.Change(spark_master="", py_file_ids=()))
+    fourth = _update(engine, "etl", job_spec.Change(spark_master="", py_file_ids=()))
     assert fourth.changed == ("py_files", "master")
     shown = _show(engine, "etl")
     assert (shown["spark_master"], shown["py_files"], shown["conf"]) == (
@@ -138,25 +146,25 @@ def test_update_makes_the_next_revision_with_a_field_diff(engine: sa.Engine) -> 
         {"spark.x": "1"},
     )
     with engine.connect() as conn:
-        revised_events = [e for e in jobs.events(conn, "etl") if e["kind"] == "revised"]
+        revised_events = [e for e in job_events.events(conn, "etl") if e["kind"] == "revised"]
     assert [e["detail"]["revision"] for e in revised_events] == [2, 3, 4]
     assert revised_events[0]["detail"]["by"] == "cli:alice"
 
 
 def test_an_update_that_changes_nothing_is_a_noop(engine: sa.Engine) -> None:
     factories.job(engine, "etl", start=False)
-    _update(engine, "etl", jobs.Change(conf={"spark.x": "1"}))
+    _update(engine, "etl", job_spec.Change(conf={"spark.x": "1"}))
     before = _counts(engine)
     shown = _show(engine, "etl")
     same = _update(
         engine,
         "etl",
-        jobs.Change(
+        job_spec.Change(
             resource_id=shown["resource"]["id"], conf={"spark.x": "1"}, max_restarts=3, args=()
         ),
     )
-    assert (same.revision, same.changed, same.effect) == (2, (), jobs.Effect.UNCHANGED)
-    assert _update(engine, "etl", jobs.Change()).effect is jobs.Effect.UNCHANGED
+    assert (same.revision, same.changed, same.effect) == (2, (), job_revisions.Effect.UNCHANGED)
+    assert _update(engine, "etl", job_spec.Change()).effect is job_revisions.Effect.UNCHANGED
     assert _counts(engine) == before
     assert _show(engine, "etl")["updated_at"] == shown["updated_at"]
 
@@ -165,31 +173,31 @@ def test_bad_input_is_refused_and_nothing_is_written(engine: sa.Engine) -> None:
     factories.job(engine, "etl", start=False)
     before, shown = _counts(engine), _show(engine, "etl")
     refused = [
-        (lambda: _update(engine, "nope", jobs.Change(max_restarts=1)), "no job named 'nope'"),
+        (lambda: _update(engine, "nope", job_spec.Change(max_restarts=1)), "no job named 'nope'"),
         (
-            lambda: _update(engine, "etl", jobs.Change(unset_conf=["spark.nope"])),
+            lambda: _update(engine, "etl", job_spec.Change(unset_conf=["spark.nope"])),
             "conf key 'spark.nope' is not set",
         ),
         (
-            lambda: _update(engine, "etl", jobs.Change(conf={"a": "1"}, unset_conf=["a"])),
+            lambda: _update(engine, "etl", job_spec.Change(conf={"a": "1"}, unset_conf=["a"])),
             "both set and unset",
         ),
-        (lambda: _update(engine, "etl", jobs.Change(max_restarts=-1)), "0 or more"),
+        (lambda: _update(engine, "etl", job_spec.Change(max_restarts=-1)), "0 or more"),
         (lambda: _rollback(engine, "etl"), "only revision 1"),
         (lambda: _rollback(engine, "etl", 7), "has no revision 7"),
         (lambda: _rollback(engine, "nope", 1), "no job named 'nope'"),
     ]
     for command, message in refused:
-        with pytest.raises(jobs.JobError, match=message):
+        with pytest.raises(job_spec.JobError, match=message):
             command()
-    with pytest.raises(jobs.JobError, match="is not KEY=VALUE"):
-        jobs.parse_conf(["nokey"])
+    with pytest.raises(job_spec.JobError, match="is not KEY=VALUE"):
+        job_spec.parse_conf(["nokey"])
     # An artifact that does not exist is refused by name before any write.
     with pytest.raises(errors.UnknownResource):
         catalog.resolve(engine, "app:9")
     # The schema refuses a resource id that does not exist: the whole update rolls back.
     with pytest.raises(sa.exc.IntegrityError):
-        _update(engine, "etl", jobs.Change(resource_id=10**9))
+        _update(engine, "etl", job_spec.Change(resource_id=10**9))
     assert _counts(engine) == before
     assert _show(engine, "etl") == shown
 
@@ -198,7 +206,7 @@ def test_rollback_restores_an_earlier_revision_as_a_new_one(engine: sa.Engine) -
     factories.job(engine, "etl", start=False)
     original = _show(engine, "etl")
     newer = _new_resource(engine)
-    _update(engine, "etl", jobs.Change(resource_id=newer, conf={"spark.x": "2"}))
+    _update(engine, "etl", job_spec.Change(resource_id=newer, conf={"spark.x": "2"}))
     back = _rollback(engine, "etl", actor="cli:bob")
     assert (back.revision, back.previous, back.changed) == (3, 2, ("resource", "conf"))
     shown = _show(engine, "etl")
@@ -210,24 +218,24 @@ def test_rollback_restores_an_earlier_revision_as_a_new_one(engine: sa.Engine) -
     assert _rollback(engine, "etl").revision == 4
     assert _show(engine, "etl")["resource"]["id"] == newer
     # Rolling back to what is current changes nothing.
-    assert _rollback(engine, "etl", to=2).effect is jobs.Effect.UNCHANGED
+    assert _rollback(engine, "etl", to=2).effect is job_revisions.Effect.UNCHANGED
 
 
 def test_every_revision_keeps_its_artifact_versions_pinned(engine: sa.Engine) -> None:
     job_id = factories.job(engine, "etl", start=False)
     first = _show(engine, "etl")["resource"]["id"]
     lib = _new_resource(engine, "lib")
-    _update(engine, "etl", jobs.Change(resource_id=_new_resource(engine), py_file_ids=[lib]))
-    _update(engine, "etl", jobs.Change(py_file_ids=()))
+    _update(engine, "etl", job_spec.Change(resource_id=_new_resource(engine), py_file_ids=[lib]))
+    _update(engine, "etl", job_spec.Change(py_file_ids=()))
     # Revision 1's main and revision 2's py-file are not current, yet undeletable.
     for rid in (first, lib):
         assert catalog.referencing_jobs(engine, catalog.get(engine, rid)) == ["etl"]
         with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
             conn.execute(sa.delete(tables.resources).where(tables.resources.c.id == rid))
     with engine.connect() as conn:
-        pinned = jobs.revision_definition(conn, job_id, 2)
+        pinned = job_revisions.revision_definition(conn, job_id, 2)
         assert pinned is not None and [p["id"] for p in pinned["py_files"]] == [lib]
-        assert jobs.revision_definition(conn, job_id, 9) is None
+        assert job_revisions.revision_definition(conn, job_id, 9) is None
 
 
 def test_a_running_streaming_job_rolls_to_the_new_revision(engine: sa.Engine) -> None:
@@ -237,11 +245,11 @@ def test_a_running_streaming_job_rolls_to_the_new_revision(engine: sa.Engine) ->
     job_id = factories.job(engine, "stream")
     claim = _running(engine, job_id)
     assert claim.revision == 1
-    revised = _update(engine, "stream", jobs.Change(args=["--v2"]))
-    assert (revised.effect, revised.run_revision) == (jobs.Effect.ROLLING, 1)
+    revised = _update(engine, "stream", job_spec.Change(args=["--v2"]))
+    assert (revised.effect, revised.run_revision) == (job_revisions.Effect.ROLLING, 1)
     with engine.connect() as conn:
         (row,) = distribution.poll(conn, S1)
-        pinned = jobs.revision_definition(conn, job_id, claim.revision)
+        pinned = job_revisions.revision_definition(conn, job_id, claim.revision)
     assert pinned is not None and pinned["args"] == []
     assert reconcile.stop_reason(row, "s1", may_migrate=True) == "rolling to revision 2"
     with engine.begin() as conn:
@@ -258,11 +266,17 @@ def test_a_streaming_job_not_running_takes_the_revision_at_its_next_claim(
     engine: sa.Engine,
 ) -> None:
     job_id = factories.job(engine, "stream", start=False)
-    assert _update(engine, "stream", jobs.Change(args=["a"])).effect is jobs.Effect.AT_REST
+    assert (
+        _update(engine, "stream", job_spec.Change(args=["a"])).effect
+        is job_revisions.Effect.AT_REST
+    )
     with engine.begin() as conn:
         jobs.start(conn, "stream")
     # Pending, no owner: the generation moves on and the claim starts revision 3.
-    assert _update(engine, "stream", jobs.Change(args=["b"])).effect is jobs.Effect.NEXT_CLAIM
+    assert (
+        _update(engine, "stream", job_spec.Change(args=["b"])).effect
+        is job_revisions.Effect.NEXT_CLAIM
+    )
     factories.target(engine, job_id, "s1")
     with engine.begin() as conn:
         assert distribution.claim(conn, job_id, S1, 10).revision == 3
@@ -271,8 +285,8 @@ def test_a_streaming_job_not_running_takes_the_revision_at_its_next_claim(
 def test_a_running_batch_job_keeps_its_revision_until_its_next_run(engine: sa.Engine) -> None:
     job_id = factories.job(engine, "nightly", kind=JobKind.BATCH)
     claim = _running(engine, job_id)
-    revised = _update(engine, "nightly", jobs.Change(args=["--v2"]))
-    assert (revised.effect, revised.run_revision) == (jobs.Effect.KEPT, 1)
+    revised = _update(engine, "nightly", job_spec.Change(args=["--v2"]))
+    assert (revised.effect, revised.run_revision) == (job_revisions.Effect.KEPT, 1)
     with engine.connect() as conn:
         (row,) = distribution.poll(conn, S1)
     assert row.job_generation == row.generation
@@ -294,8 +308,8 @@ def test_a_running_batch_job_keeps_its_revision_until_its_next_run(engine: sa.En
 def test_update_with_restart_rolls_a_running_batch_job(engine: sa.Engine) -> None:
     job_id = factories.job(engine, "nightly", kind=JobKind.BATCH)
     claim = _running(engine, job_id)
-    revised = _update(engine, "nightly", jobs.Change(args=["--v2"]), restart=True)
-    assert revised.effect is jobs.Effect.ROLLING
+    revised = _update(engine, "nightly", job_spec.Change(args=["--v2"]), restart=True)
+    assert revised.effect is job_revisions.Effect.ROLLING
     with engine.connect() as conn:
         (row,) = distribution.poll(conn, S1)
     assert reconcile.stop_reason(row, "s1", may_migrate=True) == "rolling to revision 2"
@@ -318,8 +332,8 @@ def test_describe_changes_names_each_field() -> None:
         }
         return {**base, **changes}
 
-    assert jobs.describe_changes(revision(), revision()) == []
-    assert jobs.describe_changes(
+    assert job_revisions.describe_changes(revision(), revision()) == []
+    assert job_revisions.describe_changes(
         revision(),
         revision(
             py_files=[{"name": "lib", "version": 2}, {"name": "util", "version": 1}],

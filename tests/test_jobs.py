@@ -8,7 +8,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from scheduler import distribution, jobs
+from scheduler import distribution, job_events, job_spec, job_views, jobs
 from sql.states import JobKind, RunState
 from tests import factories
 from tests.factories import owner
@@ -35,7 +35,7 @@ def test_duplicate_concurrent_starts_make_one_generation(engine: sa.Engine) -> N
         t.join()
     assert sorted(outcomes) == ["already running"] * 5 + ["started"]
     with engine.connect() as conn:
-        shown = jobs.show(conn, "etl")
+        shown = job_views.show(conn, "etl")
     assert (shown["desired"], shown["state"], shown["generation"]) == ("running", "pending", 1)
 
 
@@ -44,7 +44,7 @@ def test_stop_without_owner_is_immediate_and_idempotent(engine: sa.Engine) -> No
     assert _do(engine, jobs.stop, "etl") == "stopped"
     assert _do(engine, jobs.stop, "etl") == "already stopped"
     with engine.connect() as conn:
-        assert jobs.show(conn, "etl")["state"] == "stopped"
+        assert job_views.show(conn, "etl")["state"] == "stopped"
 
 
 def test_stop_with_owner_leaves_the_driver_to_its_owner(engine: sa.Engine) -> None:
@@ -72,7 +72,7 @@ def test_stop_of_a_failed_job_says_that_nothing_runs(engine: sa.Engine) -> None:
     assert _do(engine, jobs.stop, "b") == "stopped (failed: no driver runs)"
     assert _do(engine, jobs.stop, "b") == "already stopped"
     with engine.connect() as conn:
-        shown = jobs.show(conn, "b")
+        shown = job_views.show(conn, "b")
     assert (shown["desired"], shown["state"], shown["owner"]) == ("stopped", "failed", None)
 
 
@@ -85,7 +85,7 @@ def test_start_reruns_a_finished_job_with_a_new_generation(engine: sa.Engine) ->
         distribution.finish(conn, job_id, owner("s1"), claim.epoch)
     assert _do(engine, jobs.start, "b") == "started"
     with engine.connect() as conn:
-        shown = jobs.show(conn, "b")
+        shown = job_views.show(conn, "b")
     assert (shown["state"], shown["generation"]) == ("pending", 2)
 
 
@@ -126,8 +126,8 @@ def test_a_run_restarted_by_its_owner_gets_one_new_generation_and_spends_a_resta
     with pytest.raises(distribution.FencedError, match="generation 1 of 2"):
         _restart_run(engine, job_id, epoch)
     with engine.connect() as conn:
-        shown = jobs.show(conn, "s")
-        events = jobs.events(conn, "s")
+        shown = job_views.show(conn, "s")
+        events = job_events.events(conn, "s")
     assert (shown["generation"], shown["restarts"], shown["owner"]) == (2, 1, "s1")
     restarts = [e for e in events if e["kind"] == "restart_requested"]
     assert len(restarts) == 1
@@ -160,8 +160,8 @@ def test_a_run_restart_is_fenced_by_owner_incarnation_epoch_and_a_live_lease(
     with pytest.raises(distribution.FencedError, match=re.escape(names)):
         _restart_run(engine, job_id, epoch)
     with engine.connect() as conn:
-        shown = jobs.show(conn, "s")
-        kinds = [e["kind"] for e in jobs.events(conn, "s")]
+        shown = job_views.show(conn, "s")
+        kinds = [e["kind"] for e in job_events.events(conn, "s")]
     assert (shown["generation"], shown["restarts"]) == (1, before.restarts)
     assert "restart_requested" not in kinds
 
@@ -176,7 +176,7 @@ def test_a_run_restart_waits_for_nothing_the_operator_asked(engine: sa.Engine) -
     with pytest.raises(distribution.FencedError, match="desired stopped"):
         _restart_run(engine, job_id, epoch)
     with engine.connect() as conn:
-        assert jobs.show(conn, "s")["generation"] == 2
+        assert job_views.show(conn, "s")["generation"] == 2
 
 
 def test_a_run_restart_waiting_behind_a_stop_sees_the_stop(engine: sa.Engine) -> None:
@@ -201,7 +201,7 @@ def test_a_run_restart_waiting_behind_a_stop_sees_the_stop(engine: sa.Engine) ->
         waiter.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], distribution.FencedError), outcome
     with engine.connect() as conn:
-        shown = jobs.show(conn, "s")
+        shown = job_views.show(conn, "s")
     assert (shown["desired"], shown["generation"], shown["restarts"]) == ("stopped", 1, 0)
 
 
@@ -214,7 +214,7 @@ def test_run_restarts_share_the_crash_budget(engine: sa.Engine) -> None:
         distribution.release(conn, job_id, owner("s1"), epoch)
         claim = distribution.claim(conn, job_id, owner("s1"), 60)
         distribution.mark_running(conn, job_id, owner("s1"), claim.epoch, pid=2)
-    with pytest.raises(jobs.RestartBudgetSpent, match="1 of 1 restarts"):
+    with pytest.raises(job_spec.RestartBudgetSpent, match="1 of 1 restarts"):
         _restart_run(engine, job_id, claim.epoch)
     assert factories.row(engine, job_id).state == "running"  # refused: left running
     # A crash now finds the budget spent too: failed, not backoff.
@@ -230,42 +230,42 @@ def test_a_stopped_job_is_never_restarted_by_a_run_restart(engine: sa.Engine) ->
     job_id = factories.job(engine, "idle", start=False)
     with pytest.raises(distribution.FencedError):
         _restart_run(engine, job_id, 0)
-    with pytest.raises(jobs.JobNotFound):
+    with pytest.raises(job_spec.JobNotFound):
         _restart_run(engine, 424242, 1)
 
 
 def test_delete_refuses_a_running_job_and_keeps_events(engine: sa.Engine) -> None:
     factories.job(engine, "etl")
-    with pytest.raises(jobs.JobError, match="stop it first"):
+    with pytest.raises(job_spec.JobError, match="stop it first"):
         _do(engine, jobs.delete, "etl")
     _do(engine, jobs.stop, "etl")
     _do(engine, jobs.delete, "etl")
     with engine.connect() as conn:
-        kinds = [e["kind"] for e in jobs.events(conn, "etl")]
-        with pytest.raises(jobs.JobError, match="no job named 'etl'"):
-            jobs.show(conn, "etl")
+        kinds = [e["kind"] for e in job_events.events(conn, "etl")]
+        with pytest.raises(job_spec.JobError, match="no job named 'etl'"):
+            job_views.show(conn, "etl")
     assert kinds == ["created", "start_requested", "stop_requested", "deleted"]
 
 
 def test_bad_input_is_refused_clearly(engine: sa.Engine) -> None:
-    with pytest.raises(jobs.JobError, match="is not KEY=VALUE"):
-        jobs.parse_conf(["spark.x=1", "oops"])
-    assert jobs.parse_conf(["a=b=c"]) == {"a": "b=c"}
+    with pytest.raises(job_spec.JobError, match="is not KEY=VALUE"):
+        job_spec.parse_conf(["spark.x=1", "oops"])
+    assert job_spec.parse_conf(["a=b=c"]) == {"a": "b=c"}
     factories.job(engine, "etl", start=False)
     with engine.begin() as conn:
         rid = factories.resource(conn)
-        with pytest.raises(jobs.JobError, match="already exists"):
-            jobs.create(conn, jobs.JobSpec("etl", JobKind.BATCH, rid))
-        with pytest.raises(jobs.JobError, match="job name"):
-            jobs.create(conn, jobs.JobSpec("../etc", JobKind.BATCH, rid))
-    with pytest.raises(jobs.JobError, match="no job named 'nope'"):
+        with pytest.raises(job_spec.JobError, match="already exists"):
+            jobs.create(conn, job_spec.JobSpec("etl", JobKind.BATCH, rid))
+        with pytest.raises(job_spec.JobError, match="job name"):
+            jobs.create(conn, job_spec.JobSpec("../etc", JobKind.BATCH, rid))
+    with pytest.raises(job_spec.JobError, match="no job named 'nope'"):
         _do(engine, jobs.start, "nope")
 
 
 def test_show_carries_the_public_fields(engine: sa.Engine) -> None:
     factories.job(engine, "etl")
     with engine.connect() as conn:
-        shown = jobs.show(conn, "etl")
+        shown = job_views.show(conn, "etl")
     for key in (
         "name kind desired state owner target epoch attempt restarts resource "
         "started_at updated_at last_error"
@@ -276,25 +276,25 @@ def test_show_carries_the_public_fields(engine: sa.Engine) -> None:
 
 
 def test_the_restart_budget_is_per_kind_and_max_retries_is_its_batch_name() -> None:
-    assert jobs.restart_budget(JobKind.STREAMING) == 3
-    assert jobs.restart_budget(JobKind.BATCH) == 0
-    assert jobs.restart_budget(JobKind.BATCH, max_retries=2) == 2
-    assert jobs.restart_budget("batch", max_restarts=5) == 5  # one column, both names
-    assert jobs.restart_budget(JobKind.STREAMING, max_restarts=0) == 0
+    assert job_spec.restart_budget(JobKind.STREAMING) == 3
+    assert job_spec.restart_budget(JobKind.BATCH) == 0
+    assert job_spec.restart_budget(JobKind.BATCH, max_retries=2) == 2
+    assert job_spec.restart_budget("batch", max_restarts=5) == 5  # one column, both names
+    assert job_spec.restart_budget(JobKind.STREAMING, max_restarts=0) == 0
     for kind, restarts, retries, message in [
         (JobKind.STREAMING, None, 1, "--max-retries is for batch jobs"),
         (JobKind.BATCH, 1, 1, "not both"),
         (JobKind.BATCH, None, -1, "--max-retries must be 0 or more"),
         (JobKind.STREAMING, -2, None, "--max-restarts must be 0 or more"),
     ]:
-        with pytest.raises(jobs.JobError, match=message):
-            jobs.restart_budget(kind, restarts, retries)
+        with pytest.raises(job_spec.JobError, match=message):
+            job_spec.restart_budget(kind, restarts, retries)
 
 
 def test_a_batch_job_created_without_a_budget_retries_nothing(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         resource = factories.resource(conn)
-        jobs.create(conn, jobs.JobSpec(name="b", kind=JobKind.BATCH, resource_id=resource))
-        jobs.create(conn, jobs.JobSpec(name="s", kind=JobKind.STREAMING, resource_id=resource))
-        assert jobs.show(conn, "b")["max_restarts"] == 0
-        assert jobs.show(conn, "s")["max_restarts"] == 3
+        jobs.create(conn, job_spec.JobSpec(name="b", kind=JobKind.BATCH, resource_id=resource))
+        jobs.create(conn, job_spec.JobSpec(name="s", kind=JobKind.STREAMING, resource_id=resource))
+        assert job_views.show(conn, "b")["max_restarts"] == 0
+        assert job_views.show(conn, "s")["max_restarts"] == 3

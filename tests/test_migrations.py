@@ -137,7 +137,7 @@ def test_upgrade_to_revisions_makes_each_existing_job_its_own_revision_1(
     """0007 on a database with jobs: each job's definition as it stands becomes revision
     1 (py-files in order), a job that has been claimed ran revision 1, and the jobs can
     be revised afterwards."""
-    from scheduler import jobs
+    from scheduler import job_revisions, job_spec, job_views
 
     migrate.downgrade(engine, "0005")
     with engine.begin() as connection:
@@ -174,7 +174,7 @@ def test_upgrade_to_revisions_makes_each_existing_job_its_own_revision_1(
         )
     migrate.upgrade(engine)
     with engine.connect() as connection:
-        history = jobs.history(connection, "ran")
+        history = job_revisions.history(connection, "ran")
         assert [(h["revision"], h["current"]) for h in history] == [(1, True)]
         (first,) = history
         assert first["resource"]["name"] == "main"
@@ -185,11 +185,11 @@ def test_upgrade_to_revisions_makes_each_existing_job_its_own_revision_1(
             "local[1]",
             5,
         )
-        assert len(jobs.history(connection, "never-ran")) == 1
-        shown = {n: jobs.show(connection, n) for n in ("ran", "never-ran")}
+        assert len(job_revisions.history(connection, "never-ran")) == 1
+        shown = {n: job_views.show(connection, n) for n in ("ran", "never-ran")}
         assert [(s["revision"], s["run_revision"]) for s in shown.values()] == [(1, 1), (1, None)]
     with engine.begin() as connection:
-        revised = jobs.update(connection, "ran", jobs.Change(unset_conf=["spark.x"]))
+        revised = job_revisions.update(connection, "ran", job_spec.Change(unset_conf=["spark.x"]))
     assert (revised.revision, revised.changed) == (2, ("conf",))
     # And back down: the revisions and their events go, the jobs stay.
     migrate.downgrade(engine, "0005")

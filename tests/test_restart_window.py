@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from scheduler import distribution, jobs
+from scheduler import distribution, job_revisions, job_spec, job_views, jobs
 from sql.states import JobKind, RunState
 from tests import factories
 from tests.factories import owner
@@ -71,17 +71,17 @@ def test_a_start_clears_the_window(engine: sa.Engine) -> None:
 def test_a_window_is_refused_for_a_batch_job_and_a_negative_one_for_any(
     engine: sa.Engine,
 ) -> None:
-    with pytest.raises(jobs.JobError, match="--restart-window is for streaming jobs"):
+    with pytest.raises(job_spec.JobError, match="--restart-window is for streaming jobs"):
         factories.job(engine, "nightly", kind=JobKind.BATCH, restart_window_s=60.0)
-    with pytest.raises(jobs.JobError, match="--restart-window must be 0 \\(none\\) to"):
+    with pytest.raises(job_spec.JobError, match="--restart-window must be 0 \\(none\\) to"):
         factories.job(engine, "neg", restart_window_s=-1.0)
 
 
 def test_a_window_change_is_a_revision(engine: sa.Engine) -> None:
     factories.job(engine, "rev", start=False)
     with engine.begin() as conn:
-        revised = jobs.update(conn, "rev", jobs.Change(restart_window_s=86400.0))
-        shown = jobs.show(conn, "rev")
+        revised = job_revisions.update(conn, "rev", job_spec.Change(restart_window_s=86400.0))
+        shown = job_views.show(conn, "rev")
     assert revised.changed == ("restart_window",)
     assert (shown["restart_window_s"], shown["crashes_in_window"]) == (86400.0, 0)
 
@@ -112,7 +112,7 @@ def test_a_stall_restart_spends_from_the_same_window(engine: sa.Engine) -> None:
 
     assert restart(running_epoch()).restarts == 1
     epoch = running_epoch()
-    with pytest.raises(jobs.RestartBudgetSpent, match="1 of 1"):
+    with pytest.raises(job_spec.RestartBudgetSpent, match="1 of 1"):
         restart(epoch)
     _age_crashes(engine, job_id, 601)
     assert restart(epoch).restarts == 1  # the old one no longer counts

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from resource_center import store
-from scheduler import jobs
+from scheduler import job_spec, jobs
 from server import clients, log_shipping, retention
 from server import settings as settings_module
 from sql import database
@@ -427,7 +427,9 @@ def test_ended_runs_older_than_the_cutoff_go_but_each_jobs_newest_stays(
         # The newest run of another job is kept however old.
         other = jobs.create(
             conn,
-            jobs.JobSpec(name="other", kind=JobKind.BATCH, resource_id=factories.resource(conn)),
+            job_spec.JobSpec(
+                name="other", kind=JobKind.BATCH, resource_id=factories.resource(conn)
+            ),
         )
         conn.execute(
             sa.text(

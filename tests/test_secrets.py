@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 from cryptography.fernet import MultiFernet
 
-from scheduler import jobs, secrets
+from scheduler import job_revisions, job_spec, job_views, jobs, secrets
 from server import runs, warm
 from server import settings as settings_module
 from tests import factories
@@ -82,7 +82,7 @@ def test_a_secret_given_to_a_job_cannot_be_deleted(engine: sa.Engine, box) -> No
         with pytest.raises(secrets.SecretInUse, match="uses-it"):
             secrets.delete(conn, "api-key")
     with engine.begin() as conn:
-        jobs.update(conn, "uses-it", jobs.Change(unset_secret_env=["API_KEY"]))
+        job_revisions.update(conn, "uses-it", job_spec.Change(unset_secret_env=["API_KEY"]))
         secrets.delete(conn, "api-key")
         with pytest.raises(secrets.SecretNotFound):
             secrets.delete(conn, "api-key")
@@ -103,7 +103,7 @@ def test_a_job_environment_that_cannot_be_given_is_refused(
 ) -> None:
     with engine.begin() as conn:
         secrets.put(conn, "s", VALUE, secrets.parse_keys(secrets.new_key()), None)
-    with pytest.raises(jobs.JobError, match=fragment):
+    with pytest.raises(job_spec.JobError, match=fragment):
         factories.job(engine, "refused", start=False, env=env, secret_env=secret_env)
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar_one() == 0
@@ -116,22 +116,22 @@ def test_env_is_a_revision_and_its_history_names_secrets_never_values(
         secrets.put(conn, "warehouse", VALUE, box, None)
     factories.job(engine, "etl", start=False, env={"REGION": "eu"})
     with engine.begin() as conn:
-        revised = jobs.update(
+        revised = job_revisions.update(
             conn,
             "etl",
-            jobs.Change(env={"REGION": "us"}, secret_env={"DB_PASSWORD": "warehouse"}),
+            job_spec.Change(env={"REGION": "us"}, secret_env={"DB_PASSWORD": "warehouse"}),
         )
         assert set(revised.changed) == {"env", "secret_env"}
-        history = jobs.history(conn, "etl")
-        shown = jobs.show(conn, "etl")
+        history = job_revisions.history(conn, "etl")
+        shown = job_views.show(conn, "etl")
     assert history[-1]["diff"] == [
         "env REGION 'eu' -> 'us'",
         "secret_env DB_PASSWORD='warehouse' added",
     ]
     assert shown["env"] == {"REGION": "us"} and shown["secret_env"] == {"DB_PASSWORD": "warehouse"}
     assert VALUE.decode() not in repr(history) + repr(shown)
-    with engine.begin() as conn, pytest.raises(jobs.JobConflict, match="not set"):
-        jobs.update(conn, "etl", jobs.Change(unset_env=["NOPE"]))
+    with engine.begin() as conn, pytest.raises(job_spec.JobConflict, match="not set"):
+        job_revisions.update(conn, "etl", job_spec.Change(unset_env=["NOPE"]))
 
 
 def test_a_bad_secret_key_setting_is_refused_without_echoing_it() -> None:

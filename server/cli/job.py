@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from scheduler import audit, health_policy, jobs, tokens
+from scheduler import audit, health_policy, job_events, job_revisions, job_spec, job_views, jobs, tokens
 from server import clients
 from server.cli import console, schedules
 from server.cli import resource as cli_resource
@@ -154,20 +154,20 @@ def create(
         misfire_grace=misfire_grace,
         concurrency=concurrency,
     )
-    conf_map = jobs.parse_conf(conf)
+    conf_map = job_spec.parse_conf(conf)
     if restart_on_stall:
         conf_map[health_policy.RESTART_ON_STALL] = "true"
-    budget = jobs.restart_budget(kind, max_restarts, max_retries)
+    budget = job_spec.restart_budget(kind, max_restarts, max_retries)
     engine = console.engine(ctx)
     main = catalog.resolve(engine, resource)
     extra = [catalog.resolve(engine, ref) for ref in py_files]
-    env_map = jobs.parse_env(env, "--env")
-    secret_map = jobs.parse_env(secret_env, "--secret-env")
+    env_map = job_spec.parse_env(env, "--env")
+    secret_map = job_spec.parse_env(secret_env, "--secret-env")
     deps = cli_resource.deps_artifact(ctx, requirements) if requirements else None
     with engine.begin() as conn:
         jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name=name,
                 kind=kind,
                 resource_id=main.id,
@@ -296,7 +296,7 @@ def update(
         raise console.fail("--py-files and --no-py-files exclude each other")
     if arg and no_args:
         raise console.fail("--arg and --no-args exclude each other")
-    conf_map = jobs.parse_conf(conf)
+    conf_map = job_spec.parse_conf(conf)
     if restart_on_stall is not None:
         conf_map[health_policy.RESTART_ON_STALL] = "true" if restart_on_stall else "false"
     engine = console.engine(ctx)
@@ -306,7 +306,7 @@ def update(
         raise console.fail("--no-schedule excludes --schedule and its policies")
     if schedule is not None or any(p is not None for p in policies):
         with engine.connect() as conn:
-            current = jobs.show(conn, name)["schedule"]
+            current = job_views.show(conn, name)["schedule"]
         new_schedule = schedules.parse(
             schedule,
             timezone=timezone,
@@ -320,15 +320,15 @@ def update(
     if requirements is not None and no_requirements:
         raise console.fail("--requirements and --no-requirements exclude each other")
     deps = cli_resource.deps_artifact(ctx, requirements) if requirements else None
-    change = jobs.Change(
+    change = job_spec.Change(
         resource_id=main.id if main is not None else None,
         py_file_ids=[r.id for r in extra] if py_files else (() if no_py_files else None),
         conf=conf_map,
         unset_conf=unset_conf,
         args=arg if arg else (() if no_args else None),
-        env=jobs.parse_env(env, "--env"),
+        env=job_spec.parse_env(env, "--env"),
         unset_env=unset_env,
-        secret_env=jobs.parse_env(secret_env, "--secret-env"),
+        secret_env=job_spec.parse_env(secret_env, "--secret-env"),
         unset_secret_env=unset_secret_env,
         deps_id=deps.id if deps else None,
         clear_deps=no_requirements,
@@ -339,7 +339,7 @@ def update(
         clear_schedule=no_schedule,
     )
     with engine.begin() as conn:
-        revised = jobs.update(
+        revised = job_revisions.update(
             conn,
             name,
             change,
@@ -363,12 +363,12 @@ def _setting_message(enabled: bool | None, healthy_within: str | None) -> str:
 
 def _healthy_within(text: str | None) -> float | None:
     """``--healthy-within``: a duration (``5m``); None: not given."""
-    return _duration(text, "--healthy-within", jobs.parse_healthy_within)
+    return _duration(text, "--healthy-within", job_spec.parse_healthy_within)
 
 
 def _window(text: str | None) -> float | None:
     """``--restart-window``: a duration (``1h``), or 0 for none; None: not given."""
-    return _duration(text, "--restart-window", jobs.parse_window)
+    return _duration(text, "--restart-window", job_spec.parse_window)
 
 
 def _duration(text: str | None, option: str, parse: Callable[[str], float]) -> float | None:
@@ -377,7 +377,7 @@ def _duration(text: str | None, option: str, parse: Callable[[str], float]) -> f
         return None
     try:
         return parse(text)
-    except jobs.JobError as exc:
+    except job_spec.JobError as exc:
         raise console.fail(f"{option}: {exc}") from None
 
 
@@ -399,22 +399,22 @@ def rollback(
     """
     engine = console.engine(ctx)
     with engine.begin() as conn:
-        revised = jobs.rollback(conn, name, to, restart=restart, actor=_actor())
+        revised = job_revisions.rollback(conn, name, to, restart=restart, actor=_actor())
     console.out.print(_revised_message(name, revised))
 
 
-def _revised_message(name: str, revised: jobs.Revised) -> str:
+def _revised_message(name: str, revised: job_revisions.Revised) -> str:
     """What ``update``/``rollback`` did and what happens to the run next, in one line."""
-    if revised.effect is jobs.Effect.UNCHANGED:
+    if revised.effect is job_revisions.Effect.UNCHANGED:
         return f"job {name}: no change (still revision {revised.revision})"
     head = f"job {name}: revision {revised.revision} ({', '.join(revised.changed)} changed)"
     effect = {
-        jobs.Effect.ROLLING: "rolling the running driver to it (stop, then start from the "
+        job_revisions.Effect.ROLLING: "rolling the running driver to it (stop, then start from the "
         "same checkpoint)",
-        jobs.Effect.NEXT_CLAIM: "the job starts from it when it is next claimed",
-        jobs.Effect.KEPT: f"the running batch run keeps revision {revised.run_revision}; "
+        job_revisions.Effect.NEXT_CLAIM: "the job starts from it when it is next claimed",
+        job_revisions.Effect.KEPT: f"the running batch run keeps revision {revised.run_revision}; "
         "the next run uses the new one (--restart to restart it now)",
-        jobs.Effect.AT_REST: f"used at the next 'sparkring job start {name}'",
+        job_revisions.Effect.AT_REST: f"used at the next 'sparkring job start {name}'",
     }[revised.effect]
     if revised.watched_until is not None:
         until = console.text(revised.watched_until)
@@ -432,7 +432,7 @@ def history(
     ones marked)."""
     engine = console.engine(ctx)
     with engine.connect() as conn:
-        rows = jobs.history(conn, name)
+        rows = job_revisions.history(conn, name)
     if as_json:
         console.emit_json(rows)
         return
@@ -513,7 +513,7 @@ def start(
 
     engine = console.engine(ctx)
     with engine.begin() as conn:
-        job_id = jobs.job_id_of(conn, name)
+        job_id = job_views.job_id_of(conn, name)
         before = runs.last(conn, job_id)
         outcome = jobs.start(conn, name, actor=_actor())
     if outcome.startswith("schedule"):
@@ -534,10 +534,10 @@ def start(
         return
     deadline = time.monotonic() + START_DECISION_WAIT_S
     with engine.connect() as conn:
-        job = jobs.show(conn, name)
+        job = job_views.show(conn, name)
     while time.monotonic() < deadline:
         with engine.connect() as conn:
-            job = jobs.show(conn, name)
+            job = job_views.show(conn, name)
         if job["target"] or job["pending_reason"] or job["state"] != "pending":
             break
         time.sleep(0.1)
@@ -571,7 +571,7 @@ def _wait(
     deadline = time.monotonic() + timeout
     while True:
         with engine.connect() as conn:
-            job = jobs.show(conn, name)
+            job = job_views.show(conn, name)
         if reached(job) or (failed_is_done and job["state"] == RunState.FAILED):
             console.out.print(f"job {name}: {job['state']}")
             return
@@ -660,7 +660,7 @@ def runs(
         raise console.fail(f"--state {state!r} is not one of {', '.join(run_rows.STATES)}")
     engine = console.engine(ctx)
     with engine.connect() as conn:
-        rows = run_rows.list_runs(conn, jobs.job_id_of(conn, name), limit=limit, state=state)
+        rows = run_rows.list_runs(conn, job_views.job_id_of(conn, name), limit=limit, state=state)
     if as_json:
         console.emit_json(rows)
         return
@@ -695,7 +695,7 @@ def backfill(
     that already has a run is left out)."""
     engine = console.engine(ctx)
     with engine.begin() as conn:
-        job = jobs.show(conn, name)
+        job = job_views.show(conn, name)
         if job["schedule"] is None:
             raise console.fail(f"job {name} has no schedule to backfill")
         zone = job["schedule"]["timezone"]
@@ -739,7 +739,7 @@ def list_(
     """Every job with its desired and actual state, owner and target."""
     engine = console.engine(ctx)
     with engine.connect() as conn:
-        rows = jobs.list_jobs(conn)
+        rows = job_views.list_jobs(conn)
     rows = [
         r
         for r in rows
@@ -783,14 +783,15 @@ def show(
     """One job in full."""
     engine = console.engine(ctx)
     with engine.connect() as conn:
-        job = jobs.show(conn, name)
+        job = job_views.show(conn, name)
     if as_json:
         console.emit_json(job)
         return
     shown = {**job, "desired": _desired(job), "restarts": _restarts(job)}
     shown.pop("crashes_in_window")
     window = (
-        f"{jobs.window_text(job['restart_window_s'])} (crashes in it count against max_restarts)"
+        f"{job_revisions.window_text(job['restart_window_s'])} "
+        "(crashes in it count against max_restarts)"
         if job["restart_window_s"]
         else "none (every crash since the last start counts)"
     )
@@ -808,7 +809,7 @@ def show(
 
 def _auto_rollback_text(setting: dict[str, Any]) -> str:
     """The ``auto_rollback`` line of ``job show``: the setting, and the watch if any."""
-    within = jobs.window_text(setting["healthy_within_s"])
+    within = job_revisions.window_text(setting["healthy_within_s"])
     text = f"on (healthy within {within})" if setting["enabled"] else "off"
     if (watch := setting["watch"]) is not None:
         text += (
@@ -934,7 +935,7 @@ def events(
     exception, a deferral its cause (e.g. cause=spark-master-unreachable)."""
     engine = console.engine(ctx)
     with engine.connect() as conn:
-        rows = jobs.events(conn, name, limit)
+        rows = job_events.events(conn, name, limit)
     if as_json:
         console.emit_json(rows)
         return
@@ -1003,7 +1004,7 @@ def logs(
     settings = console.context(ctx).settings()
     engine = console.engine(ctx)
     with engine.begin() as conn:
-        job = jobs.show(conn, name)
+        job = job_views.show(conn, name)
         secret = tokens.cluster_secret(conn)
     if run_id is not None:
         _run_log(engine, settings, job, run_id, attempt, lines, secret)
@@ -1146,7 +1147,7 @@ def _follow_runs(
         deadline = time.monotonic() + FOLLOW_NEXT_RUN_S
         while True:
             with engine.connect() as conn:
-                now = jobs.show(conn, name)
+                now = job_views.show(conn, name)
             new_run = now["epoch"] != job["epoch"]
             if this_run and (run_ended or new_run or not now["owner"]):
                 console.err.print(

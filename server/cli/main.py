@@ -66,7 +66,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from registry import errors as registry_errors
     from resource_center import errors as resource_errors
     from scheduler import alerts as alert_errors
-    from scheduler import jobs as job_errors
+    from scheduler import job_spec
     from scheduler import ring as ring_errors
     from scheduler import secrets as secret_errors
 
@@ -74,7 +74,7 @@ def user_errors() -> tuple[type[Exception], ...]:
         database.DatabaseError,
         resource_errors.ResourceError,
         registry_errors.RegistryError,
-        job_errors.JobError,
+        job_spec.JobError,
         ring_errors.RingError,
         tokens.TokenError,
         alert_errors.AlertError,

@@ -10,7 +10,7 @@ Three steps, so that nothing is applied unless everything is valid:
    given as local paths are hashed: content already stored under that name is reused,
    only new content is uploaded. Artifacts given as ``NAME[:VERSION]`` must exist.
    Errors found here (unknown artifacts, a kind that would change) are collected too.
-3. :func:`execute` uploads the new content, then creates, revises (``jobs.revise``),
+3. :func:`execute` uploads the new content, then creates, revises (``job_revisions.revise``),
    starts and stops the jobs in one transaction, and deletes pruned jobs once their
    owners have stopped them.
 
@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from resource_center import catalog, deps, errors, store, validation
-from scheduler import health_policy, jobs, secrets
+from scheduler import health_policy, job_revisions, job_spec, job_views, jobs, secrets
 from sql import tables
 from sql.states import Desired, JobKind
 
@@ -106,11 +106,11 @@ class JobEntry:
     requirements: Path | None = None
     master: str | None = None
     max_restarts: int = 3
-    restart_window_s: float = jobs.DEFAULT_RESTART_WINDOW_S
+    restart_window_s: float = job_spec.DEFAULT_RESTART_WINDOW_S
     desired: Desired = Desired.RUNNING
     schedule: Mapping[str, Any] | None = None  # schedule.Schedule.as_dict()
     auto_rollback: bool = False
-    healthy_within_s: float = jobs.DEFAULT_HEALTHY_WITHIN_S
+    healthy_within_s: float = job_spec.DEFAULT_HEALTHY_WITHIN_S
 
 
 @dataclass(frozen=True)
@@ -224,8 +224,10 @@ def _job(name: str, body: Any, base: Path, problems: list[str]) -> JobEntry | No
     max_restarts = 0
     if kind in set(JobKind):
         try:  # the kind's default; max_retries is the batch spelling (docs/jobs.md)
-            max_restarts = jobs.restart_budget(kind, budget["max_restarts"], budget["max_retries"])
-        except jobs.JobError as exc:
+            max_restarts = job_spec.restart_budget(
+                kind, budget["max_restarts"], budget["max_retries"]
+            )
+        except job_spec.JobError as exc:
             problems.append(f"{at}: {exc}")
     window = _restart_window(body.get("restart_window"), at, kind, problems)
     the_schedule = _schedule(body, at, kind, problems)
@@ -306,20 +308,20 @@ def _auto_rollback(
     if not isinstance(enabled, bool):
         problems.append(f"{at}.auto_rollback: must be true or false")
         enabled = False
-    seconds = jobs.DEFAULT_HEALTHY_WITHIN_S
+    seconds = job_spec.DEFAULT_HEALTHY_WITHIN_S
     value = body.get("healthy_within")
     if value is not None:
         if not isinstance(value, str):
             problems.append(f'{at}.healthy_within: must be a duration such as "5m"')
         else:
             try:
-                seconds = jobs.parse_healthy_within(value)
-            except jobs.JobError as exc:
+                seconds = job_spec.parse_healthy_within(value)
+            except job_spec.JobError as exc:
                 problems.append(f"{at}.healthy_within: {exc}")
     if kind in set(JobKind):
         try:
-            jobs.check_auto_rollback(kind, enabled, None)
-        except jobs.JobError as exc:
+            job_spec.check_auto_rollback(kind, enabled, None)
+        except job_spec.JobError as exc:
             problems.append(f"{at}.auto_rollback: {exc}")
     return enabled, seconds
 
@@ -332,16 +334,16 @@ def _restart_window(value: Any, at: str, kind: str, problems: list[str]) -> floa
             seconds = 0.0
         elif isinstance(value, str):
             try:
-                seconds = jobs.parse_window(value)
-            except jobs.JobError as exc:
+                seconds = job_spec.parse_window(value)
+            except job_spec.JobError as exc:
                 problems.append(f"{at}.restart_window: {exc}")
         else:
             problems.append(f'{at}.restart_window: must be a duration such as "1h", or 0')
     if kind not in set(JobKind):
         return 0.0
     try:
-        return jobs.restart_window(kind, seconds)
-    except jobs.JobError as exc:
+        return job_spec.restart_window(kind, seconds)
+    except job_spec.JobError as exc:
         problems.append(f"{at}.restart_window: {exc}")
         return 0.0
 
@@ -394,7 +396,7 @@ def parse(source: Path) -> Spec:
     entries: list[JobEntry] = []
     raw_jobs = data.get("jobs", {})
     if not isinstance(raw_jobs, dict):
-        problems.append("jobs: must be a table of [jobs.NAME] tables")
+        problems.append("jobs: must be a table of [job_spec.NAME] tables")
         raw_jobs = {}
     for name, body in raw_jobs.items():
         if (entry := _job(name, body, source.parent, problems)) is not None:
@@ -501,8 +503,8 @@ def plan(conn: sa.Connection, spec: Spec, *, prune: bool) -> list[Step]:
         resolved = [p for p in py_files if p is not None]
         target = _target_view(conn, entry, main, resolved)
         try:
-            current = jobs.show(conn, entry.name)
-        except jobs.JobNotFound:
+            current = job_views.show(conn, entry.name)
+        except job_spec.JobNotFound:
             steps.append(Step("create", entry.name, [], entry, main, resolved, set_desired=True))
             continue
         if current["kind"] != entry.kind:
@@ -511,7 +513,7 @@ def plan(conn: sa.Connection, spec: Spec, *, prune: bool) -> list[Step]:
                 "(delete the job first, or give the new one another name)"
             )
             continue
-        changes = jobs.describe_changes(current, target)
+        changes = job_revisions.describe_changes(current, target)
         # A scheduled job is wanted running when its schedule is on.
         desired = current["desired"]
         if current["schedule"] is not None:
@@ -539,7 +541,9 @@ def plan(conn: sa.Connection, spec: Spec, *, prune: bool) -> list[Step]:
 
 
 def _setting_text(enabled: bool, healthy_within_s: float) -> str:
-    return f"on (healthy within {jobs.window_text(healthy_within_s)})" if enabled else "off"
+    return (
+        f"on (healthy within {job_revisions.window_text(healthy_within_s)})" if enabled else "off"
+    )
 
 
 def _setting_change(current: Mapping[str, Any], entry: JobEntry) -> str | None:
@@ -554,7 +558,7 @@ def describe(step: Step) -> str:
     """One line of the plan."""
     if step.action == "create":
         assert step.entry is not None and step.main is not None
-        ref = jobs.reference(step.main.view())
+        ref = job_revisions.reference(step.main.view())
         extra = "" if step.entry.desired == Desired.RUNNING else ", stopped"
         return f"create    {step.job} ({step.entry.kind.value}, {ref}{extra})"
     if step.action == "update":
@@ -618,7 +622,7 @@ def execute(
                 continue
             entry, main = step.entry, step.main
             assert entry is not None and main is not None
-            definition = jobs.Definition(
+            definition = job_spec.Definition(
                 resource_id=resource_id(main),
                 py_file_ids=tuple(resource_id(p) for p in step.py_files),
                 conf=dict(entry.conf),
@@ -634,7 +638,7 @@ def execute(
             if step.action == "create":
                 jobs.create(
                     conn,
-                    jobs.JobSpec(
+                    job_spec.JobSpec(
                         name=entry.name,
                         kind=entry.kind,
                         resource_id=definition.resource_id,
@@ -655,7 +659,7 @@ def execute(
                     actor=actor,
                 )
             else:
-                jobs.revise(
+                job_revisions.revise(
                     conn,
                     entry.name,
                     definition,
@@ -663,7 +667,7 @@ def execute(
                     auto_rollback=entry.auto_rollback,
                     healthy_within_s=entry.healthy_within_s,
                 )
-                jobs.set_label(conn, entry.name, spec.label)
+                job_revisions.set_label(conn, entry.name, spec.label)
             # Only a desired state that differs is set: a finished batch job whose
             # definition changed is not run again by an apply that leaves it running.
             if step.set_desired and entry.desired == Desired.RUNNING:
@@ -679,11 +683,11 @@ def execute(
                 with engine.begin() as conn:
                     jobs.delete(conn, name, actor=actor)
                 break
-            except jobs.JobNotFound:
+            except job_spec.JobNotFound:
                 break
-            except jobs.JobConflict:
+            except job_spec.JobConflict:
                 if time.monotonic() >= deadline:
-                    raise jobs.JobConflict(
+                    raise job_spec.JobConflict(
                         f"job {name!r} is still stopping after {stop_timeout:g} s; "
                         "apply again to delete it"
                     ) from None

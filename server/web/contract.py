@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from resource_center import validation
-from scheduler import alerts, jobs
+from scheduler import alerts, job_spec
 
 API = "/api/v1"
 
@@ -31,7 +31,7 @@ INTEGER_MAX = 2**31 - 1
 BIGINT_MAX = 2**63 - 1
 
 # The CLI's name rules (jobs and artifacts share them), as JSON Schema patterns.
-NAME_PATTERN = jobs.NAME.pattern
+NAME_PATTERN = job_spec.NAME.pattern
 # NAME, or NAME:VERSION with a version that fits resources.version (integer).
 REFERENCE_PATTERN = rf"^{validation.NAME_PATTERN.pattern}(:[1-9][0-9]{{0,8}})?$"
 NAME_RULE = validation.NAME_RULE
@@ -84,10 +84,10 @@ Reference = Annotated[
 BodyReference = Annotated[str, Field(pattern=REFERENCE_PATTERN)]
 Text = Annotated[str, Field(pattern=TEXT_PATTERN)]
 Budget = Annotated[int, Field(ge=0, le=INTEGER_MAX)]
-# A restart window in seconds (scheduler/jobs.py restart_window): 0 for none.
-Window = Annotated[float, Field(ge=0, le=jobs.MAX_RESTART_WINDOW_S)]
-# An auto-rollback deadline in seconds (scheduler/jobs.py check_auto_rollback).
-HealthyWithin = Annotated[float, Field(gt=0, le=jobs.MAX_HEALTHY_WITHIN_S)]
+# A restart window in seconds (scheduler/job_spec.py restart_window): 0 for none.
+Window = Annotated[float, Field(ge=0, le=job_spec.MAX_RESTART_WINDOW_S)]
+# An auto-rollback deadline in seconds (scheduler/job_spec.py check_auto_rollback).
+HealthyWithin = Annotated[float, Field(gt=0, le=job_spec.MAX_HEALTHY_WITHIN_S)]
 # Spark conf: its keys are free text too (stated as propertyNames for the schema's readers).
 Conf = Annotated[
     dict[Text, Text], Field(json_schema_extra={"propertyNames": {"pattern": TEXT_PATTERN}})

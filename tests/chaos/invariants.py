@@ -26,7 +26,7 @@ BOOTTIME (:func:`host_wall`).
 
 Generations come from the events alone: an operator command that gives a job a new
 generation (``start_requested`` of a terminal job, ``restart_requested``, and a
-``revised`` whose new revision rolled the live run: ``scheduler/jobs.py``) records it in
+``revised`` whose new revision rolled the live run: ``scheduler/job_revisions.py``) records it in
 its detail, and a claim runs the newest generation commanded before it (a claim copies
 ``jobs.generation`` in the same statement). The restart count, on the other hand,
 survives every new generation but a re-run of a job at rest (``start_requested`` with a

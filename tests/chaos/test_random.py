@@ -147,7 +147,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from resource_center import catalog
-from scheduler import jobs
+from scheduler import job_revisions, job_spec, job_views, jobs
 from scheduler import secrets as secrets_module
 from server import watchdog
 from sql import database
@@ -614,8 +614,8 @@ class RandomChaos:
         t.wait_state(WINDOWED, "running", 120)  # left out of the commands: it crash-loops
         t.create(ROLLBACKER)
         with t.cluster.engine.begin() as conn:
-            jobs.update(
-                conn, ROLLBACKER, jobs.Change(), auto_rollback=True,
+            job_revisions.update(
+                conn, ROLLBACKER, job_spec.Change(), auto_rollback=True,
                 healthy_within_s=ROLLBACK_WITHIN_S,
             )  # fmt: skip
         t.wait_state(ROLLBACKER, "running", 120)  # updated by _auto_rollback_update only
@@ -1174,7 +1174,7 @@ class RandomChaos:
         batch = name in self.batch or name in self.failing
         restart = batch and rng.random() < 0.5
         if action == "rollback":
-            revised = jobs.rollback(conn, name, restart=restart)
+            revised = job_revisions.rollback(conn, name, restart=restart)
         else:
             heartbeats = str(self.trial.cluster.heartbeats)
             if name in self.failing:
@@ -1188,12 +1188,12 @@ class RandomChaos:
                     args.append("--query-started")
                 if name == SECRETIVE:  # its secret_env and deps are kept
                     args += ["--secret-var", SECRET_VAR, "--import", DEPENDENCY]
-            change = jobs.Change(
+            change = job_spec.Change(
                 resource_id=rng.choice(self.versions).id,
                 args=args,
                 conf={"spark.sparkring.chaos.draw": str(rng.randrange(1000))},
             )
-            revised = jobs.update(conn, name, change, restart=restart)
+            revised = job_revisions.update(conn, name, change, restart=restart)
         return f"revision {revised.revision}: {revised.effect.value}"
 
     def _command(
@@ -1207,7 +1207,7 @@ class RandomChaos:
                     result = self._revise(conn, action, name, rng)
                 else:
                     result = COMMANDS[action](conn, name)
-        except (sa.exc.DBAPIError, jobs.JobError) as exc:
+        except (sa.exc.DBAPIError, job_spec.JobError) as exc:
             result = f"error {type(getattr(exc, 'orig', None) or exc).__name__}"
         if not quiet:
             self.log.note("command", action=action, job=name, result=result)
@@ -1224,16 +1224,16 @@ class RandomChaos:
         with self._rollback_lock:
             try:
                 with self.commands.begin() as conn:
-                    if jobs.show(conn, ROLLBACKER)["auto_rollback"]["watch"] is not None:
+                    if job_views.show(conn, ROLLBACKER)["auto_rollback"]["watch"] is not None:
                         result = "skipped: a watch in progress"
                     else:
-                        change = jobs.Change(args=args, conf=draw)
-                        revised = jobs.update(conn, ROLLBACKER, change)
+                        change = job_spec.Change(args=args, conf=draw)
+                        revised = job_revisions.update(conn, ROLLBACKER, change)
                         result = (
                             f"revision {revised.revision}: {revised.effect.value}, "
                             f"watched until {revised.watched_until}"
                         )
-            except (sa.exc.DBAPIError, jobs.JobError) as exc:
+            except (sa.exc.DBAPIError, job_spec.JobError) as exc:
                 result = f"error {type(getattr(exc, 'orig', None) or exc).__name__}"
         self.log.note("auto_rollback_update", crashing=crash, result=result)
 
@@ -1276,7 +1276,7 @@ class RandomChaos:
         try:
             with self.commands.begin() as conn:
                 return command(conn)
-        except (sa.exc.DBAPIError, jobs.JobError, ValueError) as exc:  # ValueError: a
+        except (sa.exc.DBAPIError, job_spec.JobError, ValueError) as exc:  # ValueError: a
             # backfill refused (BackfillTooOld: a prune meanwhile)
             return f"error {type(getattr(exc, 'orig', None) or exc).__name__}"
 

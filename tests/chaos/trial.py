@@ -31,7 +31,17 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from registry import connection
 from resource_center import catalog, deps, store
-from scheduler import alerts, destinations, distribution, jobs, placement, runs
+from scheduler import (
+    alerts,
+    destinations,
+    distribution,
+    job_revisions,
+    job_spec,
+    job_views,
+    jobs,
+    placement,
+    runs,
+)
 from server import defaults, driver, retention, watchdog
 from sql.states import EventKind, JobKind
 from tests import factories, waiting
@@ -406,7 +416,7 @@ class Trial:
         with self.cluster.engine.begin() as conn:
             jobs.create(
                 conn,
-                jobs.JobSpec(
+                job_spec.JobSpec(
                     name=name,
                     kind=kind,
                     resource_id=resource.id,
@@ -437,7 +447,7 @@ class Trial:
         with self.cluster.engine.begin() as conn:
             jobs.create(
                 conn,
-                jobs.JobSpec(
+                job_spec.JobSpec(
                     name=name,
                     kind=JobKind.BATCH,
                     resource_id=self.resource.id,
@@ -465,8 +475,8 @@ class Trial:
         from scheduler import schedule
 
         at = conn.execute(_TXN_NOW).scalar_one()
-        change = jobs.Change(schedule=schedule.parse(spec, timezone=timezone).as_dict())
-        revised = jobs.update(conn, name, change)
+        change = job_spec.Change(schedule=schedule.parse(spec, timezone=timezone).as_dict())
+        revised = job_revisions.update(conn, name, change)
         cursor = conn.execute(_CURSOR, {"name": name}).scalar_one()
         piece = invariants.Piece(spec, timezone, cursor)
         self._record(ScheduleCommand(name, "revised", at, cursor, revised.revision, piece))
@@ -493,7 +503,7 @@ class Trial:
         """``job backfill NAME --from START --to END``, after reading (the job row
         locked, as the backfill locks it) every row of its range as it was."""
         at = conn.execute(_TXN_NOW).scalar_one()
-        job_id = jobs.job_id_of(conn, name)
+        job_id = job_views.job_id_of(conn, name)
         cursor = conn.execute(
             sa.text(
                 "SELECT CAST(EXTRACT(EPOCH FROM fires_checked_until) AS double precision) "
