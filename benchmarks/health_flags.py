@@ -80,7 +80,7 @@ def measure(trials: int, stall_timeout: float, interval: float, master: str) -> 
 
         def batches() -> bool:
             with t.cluster.engine.connect() as conn:
-                health = job_views.show(conn, "stalls")["health"] or {}
+                health = job_views.show(conn, "stalls").as_json()["health"] or {}
             return (health.get("last_batch_id") or 0) >= 3
 
         failover.wait_for(batches, 180, "three batches")

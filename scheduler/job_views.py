@@ -5,14 +5,16 @@ writes them)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import UTC
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 
 from scheduler import distribution, job_spec, run_health
 from sql import tables
+from sql.states import RunState
 
 
 def job_id_of(conn: sa.Connection, name: str, *, lock: bool = False) -> int:
@@ -81,96 +83,184 @@ _SHOW = (
 )
 
 
-def _view(row: sa.Row) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "name": row.name,
-        "kind": row.kind,
-        "desired": row.desired,
-        "state": row.state,
-        "owner": row.owner,
-        "target": row.target,
-        "epoch": row.epoch,
-        "attempt": row.attempt,
-        "restarts": row.restarts,
-        "max_restarts": row.max_restarts,
-        # 0: no window (every crash since the last start counts); the crashes counted
-        # now (a streaming job's ``restarts`` is the count as of its last crash).
-        "restart_window_s": row.restart_window_s,
-        "crashes_in_window": row.crashes_in_window,
-        "generation": row.job_generation,
-        # The current revision (job history), and the one the present or last run was
-        # claimed with (None before the first claim).
-        "revision": row.revision,
-        "run_revision": row.run_revision,
-        "label": row.label,
-        "resource": {
-            "id": row.resource_id,
-            "name": row.resource_name,
-            "version": row.resource_version,
-            "sha256": row.resource_sha256,
-            "filename": row.resource_filename,
-        },
-        "py_files": row.py_files,
-        "conf": row.conf,
-        "args": row.args,
-        "env": row.env,
-        # Variable -> secret name: the values are never read here.
-        "secret_env": row.secret_env,
-        # The packages it imports (resource_center/deps.py), as an artifact; None: none.
-        "deps": row.deps,
-        "spark_master": row.spark_master,
-        "lease_until": row.lease_until,
-        "pending_reason": row.pending_reason,
-        "last_error": row.last_error,
-        "not_before": row.not_before,
-        "started_at": row.started_at,
-        "created_at": row.created_at,
-        "updated_at": row.updated_at,
-        # What the owner's health monitor last saw of the present run (None: nothing).
-        "health": run_health.view(row),
-        # The schedule (None: unscheduled), whether it is on, and its next fire time.
-        "schedule": (
-            {**row.schedule, "active": row.schedule_active, "next_fire": iso(row.next_fire_at)}
-            if row.schedule is not None
-            else None
-        ),
-        # The newest run that was not skipped (batch jobs): its outcome.
-        "last_run": row.last_run,
-        # The auto-rollback setting, and the update it watches now (None: none).
-        "auto_rollback": {
-            "enabled": row.auto_rollback,
-            "healthy_within_s": row.healthy_within_s,
-            "watch": (
-                None
-                if row.watch_revision is None
-                else {
-                    "revision": row.watch_revision,
-                    "fallback": row.watch_fallback,
-                    "since": iso(row.watch_since),
-                    "until": iso(row.watch_until),
-                }
+@dataclass(frozen=True)
+class JobView:
+    """A job as its listing shows it (:func:`show`, :func:`get`, :func:`list_jobs`,
+    :func:`page`): the job row, its distribution row, its artifacts, the health of its
+    present run, its schedule and auto-rollback setting. :meth:`as_json` is what the API
+    returns and ``--json`` prints; the ``*_text`` properties and :attr:`flag` are the
+    fields a person reads (the CLI's tables and ``job show``)."""
+
+    id: int
+    name: str
+    kind: str
+    desired: str
+    state: str
+    owner: str | None
+    target: str | None
+    epoch: int
+    attempt: int
+    restarts: int
+    max_restarts: int
+    # 0: no window (every crash since the last start counts); the crashes counted
+    # now (a streaming job's ``restarts`` is the count as of its last crash).
+    restart_window_s: float
+    crashes_in_window: int
+    generation: int
+    # The current revision (job history), and the one the present or last run was
+    # claimed with (None before the first claim).
+    revision: int
+    run_revision: int | None
+    label: str | None
+    resource: Mapping[str, Any]  # id, name, version, sha256, filename
+    py_files: list[Mapping[str, Any]]
+    conf: Mapping[str, str]
+    args: list[str]
+    env: Mapping[str, str]
+    # Variable -> secret name: the values are never read here.
+    secret_env: Mapping[str, str]
+    # The packages it imports (resource_center/deps.py), as an artifact; None: none.
+    deps: Mapping[str, Any] | None
+    spark_master: str | None
+    lease_until: datetime | None
+    pending_reason: str | None
+    last_error: str | None
+    not_before: datetime | None
+    started_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    # What the owner's health monitor last saw of the present run (None: nothing).
+    health: Mapping[str, Any] | None
+    # The schedule (None: unscheduled), whether it is on, and its next fire time.
+    schedule: Mapping[str, Any] | None
+    # The newest run that was not skipped (batch jobs): its outcome.
+    last_run: Mapping[str, Any] | None
+    # The auto-rollback setting, and the update it watches now (None: none).
+    auto_rollback: Mapping[str, Any]
+
+    @classmethod
+    def from_row(cls, row: sa.Row) -> JobView:
+        """The view of one row of the listing query."""
+        return cls(
+            id=row.id,
+            name=row.name,
+            kind=row.kind,
+            desired=row.desired,
+            state=row.state,
+            owner=row.owner,
+            target=row.target,
+            epoch=row.epoch,
+            attempt=row.attempt,
+            restarts=row.restarts,
+            max_restarts=row.max_restarts,
+            restart_window_s=row.restart_window_s,
+            crashes_in_window=row.crashes_in_window,
+            generation=row.job_generation,
+            revision=row.revision,
+            run_revision=row.run_revision,
+            label=row.label,
+            resource={
+                "id": row.resource_id,
+                "name": row.resource_name,
+                "version": row.resource_version,
+                "sha256": row.resource_sha256,
+                "filename": row.resource_filename,
+            },
+            py_files=row.py_files,
+            conf=row.conf,
+            args=row.args,
+            env=row.env,
+            secret_env=row.secret_env,
+            deps=row.deps,
+            spark_master=row.spark_master,
+            lease_until=row.lease_until,
+            pending_reason=row.pending_reason,
+            last_error=row.last_error,
+            not_before=row.not_before,
+            started_at=row.started_at,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            health=run_health.view(row),
+            schedule=(
+                {**row.schedule, "active": row.schedule_active, "next_fire": iso(row.next_fire_at)}
+                if row.schedule is not None
+                else None
             ),
-        },
-    }
+            last_run=row.last_run,
+            auto_rollback={
+                "enabled": row.auto_rollback,
+                "healthy_within_s": row.healthy_within_s,
+                "watch": (
+                    None
+                    if row.watch_revision is None
+                    else {
+                        "revision": row.watch_revision,
+                        "fallback": row.watch_fallback,
+                        "since": iso(row.watch_since),
+                        "until": iso(row.watch_until),
+                    }
+                ),
+            },
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """The job as the API answers it and ``--json`` prints it: every field, in order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def flag(self) -> str | None:
+        """The health flag of a job whose run is live (an ended run's flag is history)."""
+        health = self.health
+        if health is None or health["flag"] is None or self.owner is None:
+            return None
+        return str(health["flag"]).replace("_", " ")
+
+    @property
+    def health_text(self) -> str:
+        """The ``health`` column: the flag, else the last streaming batch, else the state of
+        the Spark application as the owner's health monitor last saw it."""
+        health = self.health
+        if health is None or self.owner is None:
+            return "-"
+        if (flag := self.flag) is not None:
+            return flag
+        if health["last_batch_id"] is not None:
+            return f"batch {health['last_batch_id']}"
+        return str(health["app_state"])
+
+    @property
+    def desired_text(self) -> str:
+        """``desired`` as a person reads it. A job wanted running whose run ended for good
+        (a batch job finished, a job failed past its budget) waits for nothing: ``-``, as
+        the console shows it (``job start`` runs it again). ``--json`` keeps the stored
+        value."""
+        if self.desired == "running" and self.state in (RunState.FINISHED, RunState.FAILED):
+            return "-"
+        return self.desired
+
+    @property
+    def restarts_text(self) -> str:
+        """Restarts used of the budget, ``1/3``: a batch job's retries, a streaming job's
+        crashes inside its restart window now (docs/drivers.md, "The restart window")."""
+        return f"{self.crashes_in_window}/{self.max_restarts}"
 
 
-def show(conn: sa.Connection, name: str) -> dict[str, Any]:
+def show(conn: sa.Connection, name: str) -> JobView:
     row = conn.execute(sa.text(_SHOW + " WHERE j.name = :name"), {"name": name}).one_or_none()
     if row is None:
         raise job_spec.JobNotFound(f"no job named {name!r}")
-    return _view(row)
+    return JobView.from_row(row)
 
 
-def get(conn: sa.Connection, job_id: int) -> dict[str, Any]:
+def get(conn: sa.Connection, job_id: int) -> JobView:
     row = conn.execute(sa.text(_SHOW + " WHERE j.id = :id"), {"id": job_id}).one_or_none()
     if row is None:
         raise job_spec.JobNotFound(f"no job with id {job_id}")
-    return _view(row)
+    return JobView.from_row(row)
 
 
-def list_jobs(conn: sa.Connection) -> list[dict[str, Any]]:
-    return [_view(row) for row in conn.execute(sa.text(_SHOW + " ORDER BY j.name"))]
+def list_jobs(conn: sa.Connection) -> list[JobView]:
+    return [JobView.from_row(row) for row in conn.execute(sa.text(_SHOW + " ORDER BY j.name"))]
 
 
 @dataclass(frozen=True)
@@ -204,7 +294,7 @@ def _where(f: Filter) -> tuple[str, dict[str, Any]]:
 
 def page(
     conn: sa.Connection, f: Filter, limit: int = 100, offset: int = 0
-) -> tuple[int, list[dict[str, Any]]]:
+) -> tuple[int, list[JobView]]:
     """One page of jobs matching ``f``, by name, and how many match in all."""
     where, params = _where(f)
     total = conn.execute(
@@ -215,4 +305,4 @@ def page(
         sa.text(_SHOW + where + " ORDER BY j.name LIMIT :limit OFFSET :offset"),
         {**params, "limit": limit, "offset": offset},
     )
-    return total, [_view(row) for row in rows]
+    return total, [JobView.from_row(row) for row in rows]

@@ -412,7 +412,7 @@ def run_definition(conn: sa.Connection, job_id: int, revision: int | None) -> di
     """The job as a run of ``revision`` is started from: its listing (:func:`get`) with
     the revision's definition over it, or the job row alone when ``revision`` is None or
     not kept. Raises JobNotFound."""
-    job = job_views.get(conn, job_id)
+    job = job_views.get(conn, job_id).as_json()
     if revision is not None:
         job = {**job, **(job_revisions.revision_definition(conn, job_id, revision) or {})}
     return job

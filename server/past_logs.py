@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from scheduler import job_views
+
 # Why an ended driver's log may not be in the bucket.
 NOT_KEPT_WHY = (
     "history retention (SPARKRING_HISTORY_RETENTION, 30d by default) may have pruned it, "
@@ -44,13 +46,13 @@ def attempt_label(run_id: int, attempt: int, epoch: int) -> str:
 
 
 def run_attempt(
-    job: Mapping[str, Any], run_id: int, run: Mapping[str, Any] | None, attempt: int | None
+    job: job_views.JobView, run_id: int, run: Mapping[str, Any] | None, attempt: int | None
 ) -> tuple[int, int]:
     """The run's ``attempt`` (None: its last) and the epoch it ran as. ``run`` is the
     job's row of ``run_id`` (``scheduler.runs.view``), None if it has none."""
-    name = job["name"]
+    name = job.name
     if run is None:
-        if job["kind"] == "streaming":
+        if job.kind == "streaming":
             raise Missing(
                 f"job {name} is a streaming job, which has no runs: "
                 "read one of its drivers' logs by its epoch"
@@ -72,13 +74,13 @@ def run_attempt(
     return attempt, attempt_epoch(run, attempt)
 
 
-def is_live(job: Mapping[str, Any], epoch: int) -> bool:
+def is_live(job: job_views.JobView, epoch: int) -> bool:
     """Whether ``epoch`` is the job's current run (its log is on its owner)."""
-    return job["owner"] is not None and epoch == job["epoch"]
+    return job.owner is not None and epoch == job.epoch
 
 
 def epoch_log(
-    job: Mapping[str, Any],
+    job: job_views.JobView,
     epoch: int,
     *,
     live: Callable[[], str | None],
@@ -89,9 +91,9 @@ def epoch_log(
     answer) when that is the current run, else (or when the owner did not answer)
     ``shipped(epoch)``, the copy in the bucket. ``what`` names the log in the message
     of :class:`Missing` (default ``epoch N``)."""
-    name, what = job["name"], what or f"epoch {epoch}"
-    if epoch > job["epoch"]:
-        latest = job["epoch"]
+    name, what = job.name, what or f"epoch {epoch}"
+    if epoch > job.epoch:
+        latest = job.epoch
         since = f"its latest is {latest}" if latest else "it has never run"
         raise Missing(f"job {name} has no epoch {epoch}: {since}")
     current = is_live(job, epoch)
@@ -102,7 +104,7 @@ def epoch_log(
         return text
     if current:
         raise Missing(
-            f"job {name}: {what} is the current run, on {job['owner']}, which did not serve "
+            f"job {name}: {what} is the current run, on {job.owner}, which did not serve "
             "its log (not answering, or its driver has not started); a driver's log is "
             "shipped to S3 when it ends"
         )

@@ -218,7 +218,7 @@ class Cluster:
 
     def job(self, name: str) -> dict[str, Any]:
         with self.engine.connect() as conn:
-            return job_views.show(conn, name)
+            return job_views.show(conn, name).as_json()
 
     def events(self, name: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:

@@ -79,7 +79,10 @@ def test_apply_creates_then_changes_nothing_the_second_time(
     assert _resources(engine) == [("lib", 1)]  # a plan writes nothing
     _apply(engine, bucket, spec_file)
     with engine.connect() as conn:
-        clicks, nightly = job_views.show(conn, "clicks"), job_views.show(conn, "nightly")
+        clicks, nightly = (
+            job_views.show(conn, "clicks").as_json(),
+            job_views.show(conn, "nightly").as_json(),
+        )
     assert (clicks["desired"], clicks["label"], clicks["revision"]) == ("running", "team-a", 1)
     assert clicks["conf"] == {"spark.sql.shuffle.partitions": "4"}
     assert (nightly["desired"], nightly["max_restarts"]) == ("stopped", 2)
@@ -137,7 +140,7 @@ def test_prune_deletes_the_jobs_of_the_label_no_longer_in_the_file(
     assert _plan(engine, only_clicks, prune=True) == ["unchanged clicks", "delete    nightly"]
     _apply(engine, bucket, only_clicks, prune=True)
     with engine.connect() as conn:
-        assert [j["name"] for j in job_views.list_jobs(conn)] == ["clicks", "other"]
+        assert [j.name for j in job_views.list_jobs(conn)] == ["clicks", "other"]
     assert _plan(engine, only_clicks, prune=True) == ["unchanged clicks"]
 
 
@@ -226,7 +229,7 @@ def test_a_schedule_in_a_spec_is_created_switched_on_and_revised(
     spec_file = _write(folder, SCHEDULED.format(spec="0 * * * *"))
     _apply(engine, bucket, spec_file)
     with engine.connect() as conn:
-        shown = job_views.show(conn, "hourly")["schedule"]
+        shown = job_views.show(conn, "hourly").as_json()["schedule"]
     assert (shown["spec"], shown["timezone"], shown["concurrency"]) == (
         "0 * * * *",
         "Europe/Berlin",
@@ -240,7 +243,7 @@ def test_a_schedule_in_a_spec_is_created_switched_on_and_revised(
     assert "-> '@every 5m' Europe/Berlin" in line
     _apply(engine, bucket, changed)
     with engine.connect() as conn:
-        assert job_views.show(conn, "hourly")["schedule"]["spec"] == "@every 5m"
+        assert job_views.show(conn, "hourly").as_json()["schedule"]["spec"] == "@every 5m"
 
 
 def test_a_bad_schedule_in_a_spec_is_refused_with_its_location(folder: Path) -> None:
@@ -277,8 +280,8 @@ def test_a_restart_window_in_a_spec_is_applied_revised_and_checked(
         "args = [", 'restart_window = "30m"\n    args = ['))  # fmt: skip
     _apply(engine, bucket, windowed)
     with engine.connect() as conn:
-        assert job_views.show(conn, "clicks")["restart_window_s"] == 1800.0
-        assert job_views.show(conn, "nightly")["restart_window_s"] == 0.0  # batch: none
+        assert job_views.show(conn, "clicks").as_json()["restart_window_s"] == 1800.0
+        assert job_views.show(conn, "nightly").as_json()["restart_window_s"] == 0.0  # batch: none
     assert _plan(engine, windowed) == ["unchanged clicks", "unchanged nightly"]
     default = _write(folder, SPEC.format(max_restarts=2))
     assert _plan(engine, default) == [
@@ -317,14 +320,14 @@ def test_auto_rollback_in_a_spec_is_applied_planned_and_checked(
         "args = [", 'auto_rollback = true\n    healthy_within = "2m"\n    args = ['))  # fmt: skip
     _apply(engine, bucket, watched)
     with engine.connect() as conn:
-        setting = job_views.show(conn, "clicks")["auto_rollback"]
+        setting = job_views.show(conn, "clicks").as_json()["auto_rollback"]
     assert setting == {"enabled": True, "healthy_within_s": 120.0, "watch": None}
     assert _plan(engine, watched) == ["unchanged clicks", "unchanged nightly"]
     # A new main artifact: the revision rolls the running job, and is watched.
     (folder / "clicks.py").write_text("print('clicks v2')\n")
     _apply(engine, bucket, watched)
     with engine.connect() as conn:
-        watch = job_views.show(conn, "clicks")["auto_rollback"]["watch"]
+        watch = job_views.show(conn, "clicks").as_json()["auto_rollback"]["watch"]
     assert watch is not None and (watch["revision"], watch["fallback"]) == (2, 1)
     # The file without it turns it off (and ends the watch): a setting, not a revision.
     plain = _write(folder, SPEC.format(max_restarts=2))
@@ -334,7 +337,7 @@ def test_auto_rollback_in_a_spec_is_applied_planned_and_checked(
     ]
     _apply(engine, bucket, plain)
     with engine.connect() as conn:
-        shown = job_views.show(conn, "clicks")
+        shown = job_views.show(conn, "clicks").as_json()
     assert shown["auto_rollback"] == {"enabled": False, "healthy_within_s": 300.0, "watch": None}
     assert shown["revision"] == 2
     bad = _write(

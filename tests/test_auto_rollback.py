@@ -148,7 +148,7 @@ def _check(engine: sa.Engine) -> list[A.Applied]:
 
 def _watch(engine: sa.Engine, name: str = "stream") -> dict[str, object] | None:
     with engine.connect() as conn:
-        return job_views.show(conn, name)["auto_rollback"]["watch"]
+        return job_views.show(conn, name).as_json()["auto_rollback"]["watch"]
 
 
 def _kinds(engine: sa.Engine, name: str = "stream") -> list[str]:
@@ -188,7 +188,7 @@ def test_an_update_with_auto_rollback_is_watched_until_its_deadline(engine: sa.E
     watch = _watch(engine)
     assert watch is not None and (watch["revision"], watch["fallback"]) == (2, 1)
     with engine.connect() as conn:
-        setting = job_views.show(conn, "stream")["auto_rollback"]
+        setting = job_views.show(conn, "stream").as_json()["auto_rollback"]
     assert (setting["enabled"], setting["healthy_within_s"]) == (True, 120.0)
     assert _check(engine) == []  # nothing to decide yet
     assert _watch(engine) is not None
@@ -208,7 +208,7 @@ def test_a_crash_of_the_new_revision_rolls_back_to_the_previous_one(engine: sa.E
     applied = _check(engine)
     assert [(a.name, a.decision.cause) for a in applied] == [("stream", A.Cause.CRASHED)]
     with engine.connect() as conn:
-        shown = job_views.show(conn, "stream")
+        shown = job_views.show(conn, "stream").as_json()
         history = job_revisions.history(conn, "stream")
     assert shown["revision"] == 3 and history[-1]["rollback_of"] == 1
     assert history[-1]["created_by"] == "auto-rollback"
@@ -268,7 +268,9 @@ def test_not_healthy_by_the_deadline_rolls_back(engine: sa.Engine) -> None:
     assert applied.decision.cause is A.Cause.UNHEALTHY
     assert _rolled_back(engine)[0]["reason"] == "not healthy within 1m"
     with engine.connect() as conn:
-        assert job_views.show(conn, "stream")["generation"] == 3  # update roll + rollback roll
+        assert (
+            job_views.show(conn, "stream").as_json()["generation"] == 3
+        )  # update roll + rollback roll
 
 
 def test_a_healthy_revision_ends_the_watch_and_stays(engine: sa.Engine) -> None:
@@ -284,7 +286,7 @@ def test_a_healthy_revision_ends_the_watch_and_stays(engine: sa.Engine) -> None:
     assert _watch(engine) is None
     assert "rolled_back" not in _kinds(engine)
     with engine.connect() as conn:
-        assert job_views.show(conn, "stream")["revision"] == 2
+        assert job_views.show(conn, "stream").as_json()["revision"] == 2
 
 
 def test_the_jobs_setting_watches_every_later_update_until_turned_off(
@@ -302,7 +304,7 @@ def test_turning_the_setting_on_alone_makes_no_revision(engine: sa.Engine) -> No
     with engine.begin() as conn:
         revised = job_revisions.update(conn, "stream", job_spec.Change(), auto_rollback=True)
         assert revised.effect is job_revisions.Effect.UNCHANGED
-        assert job_views.show(conn, "stream")["auto_rollback"]["enabled"] is True
+        assert job_views.show(conn, "stream").as_json()["auto_rollback"]["enabled"] is True
 
 
 def test_an_update_by_hand_during_a_watch_ends_it_without_a_rollback(engine: sa.Engine) -> None:

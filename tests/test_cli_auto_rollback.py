@@ -16,7 +16,7 @@ from tests.test_cli_revisions import _error, run  # noqa: F401 (the fixture)
 
 def _setting(engine: sa.Engine, name: str) -> dict[str, object]:
     with engine.connect() as conn:
-        return job_views.show(conn, name)["auto_rollback"]
+        return job_views.show(conn, name).as_json()["auto_rollback"]
 
 
 def test_create_and_update_set_the_jobs_auto_rollback_and_an_update_is_watched(

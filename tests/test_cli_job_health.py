@@ -3,8 +3,10 @@ the owner's last report as history, never as ``ok`` with its app ``(RUNNING)``."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from scheduler import job_views
 from server.cli import job as job_cli
 
 REPORT = {
@@ -23,8 +25,10 @@ REPORT = {
 }
 
 
-def _job(state: str, owner: str | None, kind: str = "batch") -> dict[str, Any]:
-    return {"kind": kind, "state": state, "owner": owner, "health": dict(REPORT)}
+def _job(state: str, owner: str | None, kind: str = "batch") -> job_views.JobView:
+    blank: dict[str, Any] = dict.fromkeys(f.name for f in dataclasses.fields(job_views.JobView))
+    fields = {"kind": kind, "state": state, "owner": owner, "health": dict(REPORT)}
+    return job_views.JobView(**{**blank, **fields})
 
 
 def test_a_finished_job_is_not_shown_healthy_nor_its_app_running() -> None:
@@ -32,7 +36,7 @@ def test_a_finished_job_is_not_shown_healthy_nor_its_app_running() -> None:
     assert fields["health"] != "ok" and "no live run" in fields["health"], fields
     assert "RUNNING" not in fields["spark_app"] and "ended" in fields["spark_app"], fields
     assert (fields["spark_ui"], fields["executors"]) == (None, None), fields
-    assert job_cli._health(_job("finished", None)) == "-"
+    assert _job("finished", None).health_text == "-"
 
 
 def test_a_running_job_shows_its_health_and_app_state() -> None:

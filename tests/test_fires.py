@@ -73,7 +73,7 @@ def _state(engine: sa.Engine, job_id: int) -> str:
 def test_start_switches_the_schedule_on_and_runs_nothing_yet(engine: sa.Engine) -> None:
     job_id = factories.scheduled_job(engine)
     with engine.connect() as conn:
-        shown = job_views.show(conn, "nightly")
+        shown = job_views.show(conn, "nightly").as_json()
     assert shown["schedule"]["active"] is True
     assert shown["schedule"]["next_fire"].endswith(":00Z")
     assert _state(engine, job_id) == "stopped"
@@ -210,7 +210,7 @@ def test_a_run_that_fails_for_good_keeps_its_exit_code(engine: sa.Engine) -> Non
     (run,) = _runs(engine, job_id)
     assert (run["state"], run["exit_code"]) == ("failed", 7)
     with engine.connect() as conn:
-        assert job_views.show(conn, "nightly")["last_run"]["state"] == "failed"
+        assert job_views.show(conn, "nightly").as_json()["last_run"]["state"] == "failed"
 
 
 def test_forbid_records_a_fire_skipped_while_the_previous_run_runs(engine: sa.Engine) -> None:
@@ -405,7 +405,7 @@ def test_stop_switches_the_schedule_off_and_stops_the_run(engine: sa.Engine) -> 
     (run,) = _runs(engine, job_id)
     assert run["state"] == "stopped"
     with engine.connect() as conn:
-        assert job_views.show(conn, "nightly")["schedule"]["active"] is False
+        assert job_views.show(conn, "nightly").as_json()["schedule"]["active"] is False
     assert _fire(engine) is None
 
 
@@ -443,10 +443,10 @@ def test_a_schedule_change_is_a_revision_and_reschedules(engine: sa.Engine) -> N
             conn, "nightly", job_spec.Change(schedule=schedule.parse("@every 5s").as_dict())
         )
         assert revised.changed == ("schedule",)
-        shown = job_views.show(conn, "nightly")
+        shown = job_views.show(conn, "nightly").as_json()
         assert shown["schedule"]["spec"] == "@every 5s" and shown["schedule"]["active"]
         job_revisions.update(conn, "nightly", job_spec.Change(clear_schedule=True))
-        assert job_views.show(conn, "nightly")["schedule"] is None
+        assert job_views.show(conn, "nightly").as_json()["schedule"] is None
 
 
 def test_backfill_queues_fire_times_once_and_runs_them_oldest_first(engine: sa.Engine) -> None:
@@ -832,4 +832,4 @@ def test_a_schedule_the_firer_cannot_use_can_still_be_changed(engine: sa.Engine)
     assert revised.changed == ("schedule",)
     assert _runs(engine, job_id) == []
     with engine.connect() as conn:
-        assert job_views.show(conn, "nightly")["schedule"]["timezone"] == "UTC"
+        assert job_views.show(conn, "nightly").as_json()["schedule"]["timezone"] == "UTC"

@@ -328,7 +328,7 @@ def _events(engine: sa.Engine, name: str) -> list[tuple[str, dict[str, object]]]
 
 def _shown(engine: sa.Engine, name: str) -> dict[str, object]:
     with engine.connect() as conn:
-        shown = job_views.show(conn, name)["health"]
+        shown = job_views.show(conn, name).as_json()["health"]
     assert shown is not None
     return shown
 
@@ -369,7 +369,7 @@ def test_a_stall_is_recorded_with_an_event_then_cleared(
     assert events[1][1]["flag"] == "stalled"
     # Nothing was restarted: the job did not opt in.
     with engine.connect() as conn:
-        assert job_views.show(conn, "stream")["generation"] == 1
+        assert job_views.show(conn, "stream").as_json()["generation"] == 1
 
 
 def test_a_job_without_cores_is_flagged_waiting_for_resources(
@@ -401,7 +401,7 @@ def _kinds(engine: sa.Engine, name: str) -> list[str]:
 
 def _generation(engine: sa.Engine, name: str) -> int:
     with engine.connect() as conn:
-        return int(job_views.show(conn, name)["generation"])
+        return int(job_views.show(conn, name).as_json()["generation"])
 
 
 def test_a_job_that_opted_in_is_restarted_once_when_it_stalls(

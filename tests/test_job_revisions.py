@@ -38,7 +38,7 @@ def _history(engine: sa.Engine, name: str) -> list[dict]:
 
 def _show(engine: sa.Engine, name: str) -> dict:
     with engine.connect() as conn:
-        return job_views.show(conn, name)
+        return job_views.show(conn, name).as_json()
 
 
 def _counts(engine: sa.Engine) -> tuple[int, int, int]:

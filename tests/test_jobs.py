@@ -35,7 +35,7 @@ def test_duplicate_concurrent_starts_make_one_generation(engine: sa.Engine) -> N
         t.join()
     assert sorted(outcomes) == ["already running"] * 5 + ["started"]
     with engine.connect() as conn:
-        shown = job_views.show(conn, "etl")
+        shown = job_views.show(conn, "etl").as_json()
     assert (shown["desired"], shown["state"], shown["generation"]) == ("running", "pending", 1)
 
 
@@ -44,7 +44,7 @@ def test_stop_without_owner_is_immediate_and_idempotent(engine: sa.Engine) -> No
     assert _do(engine, jobs.stop, "etl") == "stopped"
     assert _do(engine, jobs.stop, "etl") == "already stopped"
     with engine.connect() as conn:
-        assert job_views.show(conn, "etl")["state"] == "stopped"
+        assert job_views.show(conn, "etl").as_json()["state"] == "stopped"
 
 
 def test_stop_with_owner_leaves_the_driver_to_its_owner(engine: sa.Engine) -> None:
@@ -72,7 +72,7 @@ def test_stop_of_a_failed_job_says_that_nothing_runs(engine: sa.Engine) -> None:
     assert _do(engine, jobs.stop, "b") == "stopped (failed: no driver runs)"
     assert _do(engine, jobs.stop, "b") == "already stopped"
     with engine.connect() as conn:
-        shown = job_views.show(conn, "b")
+        shown = job_views.show(conn, "b").as_json()
     assert (shown["desired"], shown["state"], shown["owner"]) == ("stopped", "failed", None)
 
 
@@ -85,7 +85,7 @@ def test_start_reruns_a_finished_job_with_a_new_generation(engine: sa.Engine) ->
         distribution.finish(conn, job_id, owner("s1"), claim.epoch)
     assert _do(engine, jobs.start, "b") == "started"
     with engine.connect() as conn:
-        shown = job_views.show(conn, "b")
+        shown = job_views.show(conn, "b").as_json()
     assert (shown["state"], shown["generation"]) == ("pending", 2)
 
 
@@ -126,7 +126,7 @@ def test_a_run_restarted_by_its_owner_gets_one_new_generation_and_spends_a_resta
     with pytest.raises(distribution.FencedError, match="generation 1 of 2"):
         _restart_run(engine, job_id, epoch)
     with engine.connect() as conn:
-        shown = job_views.show(conn, "s")
+        shown = job_views.show(conn, "s").as_json()
         events = job_events.events(conn, "s")
     assert (shown["generation"], shown["restarts"], shown["owner"]) == (2, 1, "s1")
     restarts = [e for e in events if e["kind"] == "restart_requested"]
@@ -160,7 +160,7 @@ def test_a_run_restart_is_fenced_by_owner_incarnation_epoch_and_a_live_lease(
     with pytest.raises(distribution.FencedError, match=re.escape(names)):
         _restart_run(engine, job_id, epoch)
     with engine.connect() as conn:
-        shown = job_views.show(conn, "s")
+        shown = job_views.show(conn, "s").as_json()
         kinds = [e["kind"] for e in job_events.events(conn, "s")]
     assert (shown["generation"], shown["restarts"]) == (1, before.restarts)
     assert "restart_requested" not in kinds
@@ -176,7 +176,7 @@ def test_a_run_restart_waits_for_nothing_the_operator_asked(engine: sa.Engine) -
     with pytest.raises(distribution.FencedError, match="desired stopped"):
         _restart_run(engine, job_id, epoch)
     with engine.connect() as conn:
-        assert job_views.show(conn, "s")["generation"] == 2
+        assert job_views.show(conn, "s").as_json()["generation"] == 2
 
 
 def test_a_run_restart_waiting_behind_a_stop_sees_the_stop(engine: sa.Engine) -> None:
@@ -201,7 +201,7 @@ def test_a_run_restart_waiting_behind_a_stop_sees_the_stop(engine: sa.Engine) ->
         waiter.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], distribution.FencedError), outcome
     with engine.connect() as conn:
-        shown = job_views.show(conn, "s")
+        shown = job_views.show(conn, "s").as_json()
     assert (shown["desired"], shown["generation"], shown["restarts"]) == ("stopped", 1, 0)
 
 
@@ -243,7 +243,7 @@ def test_delete_refuses_a_running_job_and_keeps_events(engine: sa.Engine) -> Non
     with engine.connect() as conn:
         kinds = [e["kind"] for e in job_events.events(conn, "etl")]
         with pytest.raises(job_spec.JobError, match="no job named 'etl'"):
-            job_views.show(conn, "etl")
+            job_views.show(conn, "etl").as_json()
     assert kinds == ["created", "start_requested", "stop_requested", "deleted"]
 
 
@@ -265,7 +265,7 @@ def test_bad_input_is_refused_clearly(engine: sa.Engine) -> None:
 def test_show_carries_the_public_fields(engine: sa.Engine) -> None:
     factories.job(engine, "etl")
     with engine.connect() as conn:
-        shown = job_views.show(conn, "etl")
+        shown = job_views.show(conn, "etl").as_json()
     for key in (
         "name kind desired state owner target epoch attempt restarts resource "
         "started_at updated_at last_error"
@@ -296,5 +296,5 @@ def test_a_batch_job_created_without_a_budget_retries_nothing(engine: sa.Engine)
         resource = factories.resource(conn)
         jobs.create(conn, job_spec.JobSpec(name="b", kind=JobKind.BATCH, resource_id=resource))
         jobs.create(conn, job_spec.JobSpec(name="s", kind=JobKind.STREAMING, resource_id=resource))
-        assert job_views.show(conn, "b")["max_restarts"] == 0
-        assert job_views.show(conn, "s")["max_restarts"] == 3
+        assert job_views.show(conn, "b").as_json()["max_restarts"] == 0
+        assert job_views.show(conn, "s").as_json()["max_restarts"] == 3

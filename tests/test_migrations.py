@@ -186,7 +186,7 @@ def test_upgrade_to_revisions_makes_each_existing_job_its_own_revision_1(
             5,
         )
         assert len(job_revisions.history(connection, "never-ran")) == 1
-        shown = {n: job_views.show(connection, n) for n in ("ran", "never-ran")}
+        shown = {n: job_views.show(connection, n).as_json() for n in ("ran", "never-ran")}
         assert [(s["revision"], s["run_revision"]) for s in shown.values()] == [(1, 1), (1, None)]
     with engine.begin() as connection:
         revised = job_revisions.update(connection, "ran", job_spec.Change(unset_conf=["spark.x"]))

@@ -5,6 +5,7 @@ pure functions first, then the mapping of attempts to epochs on a real PostgreSQ
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,8 +17,9 @@ from sql.states import JobKind
 from tests import factories
 
 
-def _job(epoch: int = 3, owner: str | None = None, kind: str = "streaming") -> dict[str, Any]:
-    return {"name": "etl", "kind": kind, "epoch": epoch, "owner": owner}
+def _job(epoch: int = 3, owner: str | None = None, kind: str = "streaming") -> Any:
+    """The fields of a job's view (``job_views.JobView``) the past logs read."""
+    return SimpleNamespace(name="etl", kind=kind, epoch=epoch, owner=owner)
 
 
 def _run(epoch: int | None = 12, attempts: int = 3, state: str = "finished") -> dict[str, Any]:

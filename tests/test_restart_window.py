@@ -81,7 +81,7 @@ def test_a_window_change_is_a_revision(engine: sa.Engine) -> None:
     factories.job(engine, "rev", start=False)
     with engine.begin() as conn:
         revised = job_revisions.update(conn, "rev", job_spec.Change(restart_window_s=86400.0))
-        shown = job_views.show(conn, "rev")
+        shown = job_views.show(conn, "rev").as_json()
     assert revised.changed == ("restart_window",)
     assert (shown["restart_window_s"], shown["crashes_in_window"]) == (86400.0, 0)
 

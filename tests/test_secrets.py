@@ -123,7 +123,7 @@ def test_env_is_a_revision_and_its_history_names_secrets_never_values(
         )
         assert set(revised.changed) == {"env", "secret_env"}
         history = job_revisions.history(conn, "etl")
-        shown = job_views.show(conn, "etl")
+        shown = job_views.show(conn, "etl").as_json()
     assert history[-1]["diff"] == [
         "env REGION 'eu' -> 'us'",
         "secret_env DB_PASSWORD='warehouse' added",

@@ -306,7 +306,7 @@ def update(
         raise console.fail("--no-schedule excludes --schedule and its policies")
     if schedule is not None or any(p is not None for p in policies):
         with engine.connect() as conn:
-            current = job_views.show(conn, name)["schedule"]
+            current = job_views.show(conn, name).schedule
         new_schedule = schedules.parse(
             schedule,
             timezone=timezone,
@@ -538,28 +538,28 @@ def start(
     while time.monotonic() < deadline:
         with engine.connect() as conn:
             job = job_views.show(conn, name)
-        if job["target"] or job["pending_reason"] or job["state"] != "pending":
+        if job.target or job.pending_reason or job.state != "pending":
             break
         time.sleep(0.1)
-    if job.get("pending_reason") and not job.get("target"):
-        console.out.print(f"job {name}: {outcome}; pending: {job['pending_reason']}")
+    if job.pending_reason and not job.target:
+        console.out.print(f"job {name}: {outcome}; pending: {job.pending_reason}")
     else:
         console.out.print(f"job {name}: {outcome}")
-    if wait and job.get("kind") == JobKind.BATCH:
+    if wait and job.kind == JobKind.BATCH:
         with engine.connect() as conn:
             last = runs.last(conn, job_id)
         if last is None:  # a run started by a release without runs rows
-            _wait(engine, name, lambda j: j["state"] == RunState.FINISHED, timeout, "finished")
+            _wait(engine, name, lambda j: j.state == RunState.FINISHED, timeout, "finished")
             return
         schedules.wait_run(engine, name, int(last["run_id"]), timeout)
     elif wait:
-        _wait(engine, name, lambda j: j["state"] == RunState.RUNNING, timeout, "running")
+        _wait(engine, name, lambda j: j.state == RunState.RUNNING, timeout, "running")
 
 
 def _wait(
     engine: Any,
     name: str,
-    reached: Callable[[dict[str, Any]], bool],
+    reached: Callable[[job_views.JobView], bool],
     timeout: float,
     what: str,
     *,
@@ -572,19 +572,19 @@ def _wait(
     while True:
         with engine.connect() as conn:
             job = job_views.show(conn, name)
-        if reached(job) or (failed_is_done and job["state"] == RunState.FAILED):
-            console.out.print(f"job {name}: {job['state']}")
+        if reached(job) or (failed_is_done and job.state == RunState.FAILED):
+            console.out.print(f"job {name}: {job.state}")
             return
-        if job["state"] == RunState.FAILED:
+        if job.state == RunState.FAILED:
             raise console.fail(
-                f"job {name} failed: {job['last_error'] or 'no error recorded'}", WAIT_FAILED
+                f"job {name} failed: {job.last_error or 'no error recorded'}", WAIT_FAILED
             )
         if time.monotonic() >= deadline:
-            where = f"{job['state']}"
-            if job["owner"]:
-                where += f" on {job['owner']}"
-            if job["pending_reason"]:
-                where += f" ({job['pending_reason']})"
+            where = f"{job.state}"
+            if job.owner:
+                where += f" on {job.owner}"
+            if job.pending_reason:
+                where += f" ({job.pending_reason})"
             raise console.fail(
                 f"job {name} not {what} after {timeout:g} s: {where}", WAIT_TIMED_OUT
             )
@@ -610,7 +610,7 @@ def stop(
         _wait(
             console.engine(ctx),
             name,
-            lambda j: j["owner"] is None and j["state"] in states.TERMINAL,
+            lambda j: j.owner is None and j.state in states.TERMINAL,
             timeout,
             "stopped",
             failed_is_done=True,
@@ -696,9 +696,9 @@ def backfill(
     engine = console.engine(ctx)
     with engine.begin() as conn:
         job = job_views.show(conn, name)
-        if job["schedule"] is None:
+        if job.schedule is None:
             raise console.fail(f"job {name} has no schedule to backfill")
-        zone = job["schedule"]["timezone"]
+        zone = job.schedule["timezone"]
         start = schedules.parse_time(from_, zone, "--from")
         end = schedules.parse_time(to, zone, "--to")
         if end < start:
@@ -743,11 +743,10 @@ def list_(
     rows = [
         r
         for r in rows
-        if (state is None or r["state"] == state)
-        and (server is None or server in (r["owner"], r["target"]))
+        if (state is None or r.state == state) and (server is None or server in (r.owner, r.target))
     ]
     if as_json:
-        console.emit_json(rows)
+        console.emit_json([r.as_json() for r in rows])
         return
     console.table(
         [
@@ -756,18 +755,18 @@ def list_(
         ],
         [
             [
-                r["name"],
-                r["kind"],
-                _desired(r),
-                r["state"],
-                r["owner"],
-                r["target"],
-                r["epoch"],
-                _restarts(r),
-                f"{r['resource']['name']}:{r['resource']['version']}",
-                _health(r),
-                schedules.short_schedule(r["schedule"]),
-                schedules.describe_run(r["last_run"]),
+                r.name,
+                r.kind,
+                r.desired_text,
+                r.state,
+                r.owner,
+                r.target,
+                r.epoch,
+                r.restarts_text,
+                f"{r.resource['name']}:{r.resource['version']}",
+                r.health_text,
+                schedules.short_schedule(r.schedule),
+                schedules.describe_run(r.last_run),
             ]
             for r in rows
         ],
@@ -785,14 +784,14 @@ def show(
     with engine.connect() as conn:
         job = job_views.show(conn, name)
     if as_json:
-        console.emit_json(job)
+        console.emit_json(job.as_json())
         return
-    shown = {**job, "desired": _desired(job), "restarts": _restarts(job)}
+    shown = {**job.as_json(), "desired": job.desired_text, "restarts": job.restarts_text}
     shown.pop("crashes_in_window")
     window = (
-        f"{job_revisions.window_text(job['restart_window_s'])} "
+        f"{job_revisions.window_text(job.restart_window_s)} "
         "(crashes in it count against max_restarts)"
-        if job["restart_window_s"]
+        if job.restart_window_s
         else "none (every crash since the last start counts)"
     )
     shown = {
@@ -802,7 +801,7 @@ def show(
         for key, value in shown.items()
     }
     shown.pop("health")
-    shown["auto_rollback"] = _auto_rollback_text(job["auto_rollback"])
+    shown["auto_rollback"] = _auto_rollback_text(job.auto_rollback)
     shown.update(_health_fields(job))
     console.fields((key, _shown(key, value)) for key, value in shown.items())
 
@@ -819,35 +818,14 @@ def _auto_rollback_text(setting: dict[str, Any]) -> str:
     return text
 
 
-def _flag(job: dict[str, Any]) -> str | None:
-    """The health flag of a job whose run is live (an ended run's flag is history)."""
-    health = job["health"]
-    if health is None or health["flag"] is None or job["owner"] is None:
-        return None
-    return str(health["flag"]).replace("_", " ")
-
-
-def _health(job: dict[str, Any]) -> str:
-    """The ``health`` column: the flag, else the last streaming batch, else the state of
-    the Spark application as the owner's health monitor last saw it."""
-    health = job["health"]
-    if health is None or job["owner"] is None:
-        return "-"
-    if (flag := _flag(job)) is not None:
-        return flag
-    if health["last_batch_id"] is not None:
-        return f"batch {health['last_batch_id']}"
-    return str(health["app_state"])
-
-
-def _health_fields(job: dict[str, Any]) -> dict[str, Any]:
+def _health_fields(job: job_views.JobView) -> dict[str, Any]:
     """The health lines of ``job show``."""
-    health = job["health"]
+    health = job.health
     if health is None:
         return {"health": "- (no report from the owner's health monitor)"}
-    flag = _flag(job)
+    flag = job.flag
     app = health["app_id"] or "-"
-    live = job["owner"] is not None
+    live = job.owner is not None
     if not live:
         # No live run (finished, failed, stopped, between runs): the owner's last report
         # is history, not the job's health now.
@@ -866,7 +844,7 @@ def _health_fields(job: dict[str, Any]) -> dict[str, Any]:
             else f"{health['executors']} ({health['cores']} cores)"
         ),
     }
-    if job["kind"] == JobKind.STREAMING:
+    if job.kind == JobKind.STREAMING:
         batch = health["last_batch_id"]
         fields["last_batch"] = (
             None if batch is None else f"{batch} at {console.text(health['last_batch_at'])}"
@@ -877,23 +855,6 @@ def _health_fields(job: dict[str, Any]) -> dict[str, Any]:
         )
     fields["health_checked_at"] = health["checked_at"]
     return fields
-
-
-def _desired(job: dict[str, Any]) -> str:
-    """``desired`` as a person reads it. A job wanted running whose run ended for good
-    (a batch job finished, a job failed past its budget) waits for nothing: ``-``, as
-    the console shows it (``job start`` runs it again). ``--json`` keeps the stored
-    value."""
-    if job["desired"] == "running" and job["state"] in (RunState.FINISHED, RunState.FAILED):
-        return "-"
-    return job["desired"]
-
-
-def _restarts(job: dict[str, Any]) -> str:
-    """Restarts used of the budget, ``1/3``: a batch job's retries, a streaming job's
-    crashes inside its restart window now (docs/drivers.md, "The restart window")."""
-    used = job.get("crashes_in_window", job["restarts"])
-    return f"{used}/{job['max_restarts']}"
 
 
 def _reference(resource: dict[str, Any]) -> str:
@@ -1012,7 +973,7 @@ def logs(
     if epoch is not None:
         _epoch_log(engine, settings, job, epoch, lines, secret, follow)
         return
-    if follow and job["owner"]:
+    if follow and job.owner:
         stream = _follow_live(settings, job, lines, secret)
         if stream is not None:
             try:
@@ -1020,7 +981,7 @@ def logs(
             except KeyboardInterrupt:
                 raise typer.Exit(FOLLOW_INTERRUPTED) from None
             return
-    text = _live_log(settings, job, lines, secret) if job["owner"] else None
+    text = _live_log(settings, job, lines, secret) if job.owner else None
     if text is None:
         text = _shipped_log(settings, job, lines)
     if text is None:
@@ -1047,7 +1008,7 @@ def _check_log_options(
 def _epoch_log(
     engine: Any,
     settings: Any,
-    job: dict[str, Any],
+    job: job_views.JobView,
     epoch: int,
     lines: int,
     secret: str,
@@ -1060,7 +1021,7 @@ def _epoch_log(
     if follow:
         if not past_logs.is_live(job, epoch):
             raise console.fail(
-                f"--follow: the driver of epoch {epoch} of job {job['name']} is not the live "
+                f"--follow: the driver of epoch {epoch} of job {job.name} is not the live "
                 "one, so its log is complete: drop --follow"
             )
         stream = _follow_live(settings, job, lines, secret)
@@ -1075,7 +1036,7 @@ def _epoch_log(
 
 def _print_past_log(
     settings: Any,
-    job: dict[str, Any],
+    job: job_views.JobView,
     epoch: int,
     lines: int,
     secret: str,
@@ -1099,7 +1060,7 @@ def _print_past_log(
 def _run_log(
     engine: Any,
     settings: Any,
-    job: dict[str, Any],
+    job: job_views.JobView,
     run_id: int,
     attempt: int | None,
     lines: int,
@@ -1113,7 +1074,7 @@ def _run_log(
     run = None
     if run_id <= BIGINT_MAX:  # a larger id is no run's (and no bigint)
         with engine.connect() as conn:
-            run = run_rows.of_job(conn, job["id"], run_id)
+            run = run_rows.of_job(conn, job.id, run_id)
     try:
         attempt, epoch = past_logs.run_attempt(job, run_id, run, attempt)
     except past_logs.Missing as exc:
@@ -1125,7 +1086,7 @@ def _run_log(
 def _follow_runs(
     engine: Any,
     settings: Any,
-    job: dict[str, Any],
+    job: job_views.JobView,
     lines: int,
     secret: str,
     stream: Any,
@@ -1136,7 +1097,7 @@ def _follow_runs(
     ``this_run`` (``--epoch``): never the next run; say that this one ended."""
     from server.web import livelog
 
-    name = job["name"]
+    name = job.name
     while True:
         tail = b""
         for chunk in stream:
@@ -1148,27 +1109,27 @@ def _follow_runs(
         while True:
             with engine.connect() as conn:
                 now = job_views.show(conn, name)
-            new_run = now["epoch"] != job["epoch"]
-            if this_run and (run_ended or new_run or not now["owner"]):
+            new_run = now.epoch != job.epoch
+            if this_run and (run_ended or new_run or not now.owner):
                 console.err.print(
-                    f"job {name}: the driver of epoch {job['epoch']} ended", soft_wrap=True
+                    f"job {name}: the driver of epoch {job.epoch} ended", soft_wrap=True
                 )
                 return
-            if now["desired"] != "running" or now["state"] in (
+            if now.desired != "running" or now.state in (
                 RunState.FINISHED,
                 RunState.FAILED,
             ):
                 console.err.print(
-                    f"job {name}: the run ended; the job is {now['state']}", soft_wrap=True
+                    f"job {name}: the run ended; the job is {now.state}", soft_wrap=True
                 )
                 return
-            if now["owner"] and (new_run or not run_ended):
+            if now.owner and (new_run or not run_ended):
                 stream = _follow_live(settings, now, lines if new_run else 0, secret)
                 if stream is not None:
                     if new_run:
                         console.err.print(
-                            f"job {name}: following its next run (epoch {now['epoch']} on "
-                            f"{now['owner']})",
+                            f"job {name}: following its next run (epoch {now.epoch} on "
+                            f"{now.owner})",
                             soft_wrap=True,
                         )
                     job = now
@@ -1176,13 +1137,13 @@ def _follow_runs(
             if time.monotonic() >= deadline:
                 raise console.fail(
                     f"job {name}: no run to follow within {FOLLOW_NEXT_RUN_S:g} s "
-                    f"(state {now['state']})",
+                    f"(state {now.state})",
                     FOLLOW_NO_NEXT_RUN,
                 )
             time.sleep(FOLLOW_NEXT_POLL_S)
 
 
-def _follow_live(settings: Any, job: dict[str, Any], lines: int, secret: str) -> Any:
+def _follow_live(settings: Any, job: job_views.JobView, lines: int, secret: str) -> Any:
     """The owner's live log, streamed (``livelog.follow_remote``), or None."""
     from server.web import livelog
 
@@ -1190,7 +1151,7 @@ def _follow_live(settings: Any, job: dict[str, Any], lines: int, secret: str) ->
     if info is None:
         return None
     return livelog.follow_remote(
-        info.health_url, job["name"], lines, secret, verify=_peer_tls(settings)
+        info.health_url, job.name, lines, secret, verify=_peer_tls(settings)
     )
 
 
@@ -1204,47 +1165,49 @@ def _peer_tls(settings: Any) -> Any:
         raise console.fail(str(exc)) from None
 
 
-def _owner(settings: Any, job: dict[str, Any]) -> Any:
+def _owner(settings: Any, job: job_views.JobView) -> Any:
     """The registry entry of the job's owner with an HTTP address, or None."""
     try:
         live = {info.id: info for info in clients.live_servers(settings)}
     except Exception:  # the registry is optional here: fall back to the shipped log
         return None
-    info = live.get(job["owner"])
+    info = live.get(job.owner)
     if info is None or not info.health_url:
         return None
     return info
 
 
-def _live_log(settings: Any, job: dict[str, Any], lines: int, secret: str) -> str | None:
+def _live_log(settings: Any, job: job_views.JobView, lines: int, secret: str) -> str | None:
     from server.web import livelog
 
     info = _owner(settings, job)
     if info is None:
         return None
     # The owner serves logs only to token holders: the CLI presents the cluster credential.
-    return livelog.fetch(info.health_url, job["name"], lines, secret, verify=_peer_tls(settings))
+    return livelog.fetch(info.health_url, job.name, lines, secret, verify=_peer_tls(settings))
 
 
-def _shipped_log(settings: Any, job: dict[str, Any], lines: int, attempts: int = 3) -> str | None:
+def _shipped_log(
+    settings: Any, job: job_views.JobView, lines: int, attempts: int = 3
+) -> str | None:
     """The newest log shipped of the job's last ``attempts`` epochs, or None."""
     bucket = clients.bucket(settings)
-    for epoch in range(job["epoch"], max(job["epoch"] - attempts, 0), -1):
+    for epoch in range(job.epoch, max(job.epoch - attempts, 0), -1):
         text = _shipped_epoch(bucket, job, epoch, lines)
         if text is not None:
             return text
     return None
 
 
-def _shipped_epoch(bucket: Any, job: dict[str, Any], epoch: int, lines: int) -> str | None:
+def _shipped_epoch(bucket: Any, job: job_views.JobView, epoch: int, lines: int) -> str | None:
     """The tail of the log the job's driver of ``epoch`` shipped to ``bucket``, or None."""
     from server import log_shipping
     from server.web import livelog
 
     return livelog.shipped_run(
         bucket,
-        log_shipping.log_key(job["name"], job["id"], epoch),
-        log_shipping.legacy_log_key(job["name"], epoch),
-        job["created_at"],
+        log_shipping.log_key(job.name, job.id, epoch),
+        log_shipping.legacy_log_key(job.name, epoch),
+        job.created_at,
         lines,
     )

@@ -507,23 +507,23 @@ def plan(conn: sa.Connection, spec: Spec, *, prune: bool) -> list[Step]:
         except job_spec.JobNotFound:
             steps.append(Step("create", entry.name, [], entry, main, resolved, set_desired=True))
             continue
-        if current["kind"] != entry.kind:
+        if current.kind != entry.kind:
             problems.append(
-                f"jobs.{entry.name}.kind: the job is {current['kind']}; a kind cannot change "
+                f"jobs.{entry.name}.kind: the job is {current.kind}; a kind cannot change "
                 "(delete the job first, or give the new one another name)"
             )
             continue
-        changes = job_revisions.describe_changes(current, target)
+        changes = job_revisions.describe_changes(current.as_json(), target)
         # A scheduled job is wanted running when its schedule is on.
-        desired = current["desired"]
-        if current["schedule"] is not None:
-            desired = Desired.RUNNING if current["schedule"]["active"] else Desired.STOPPED
+        desired = current.desired
+        if current.schedule is not None:
+            desired = Desired.RUNNING if current.schedule["active"] else Desired.STOPPED
         if desired != entry.desired:
             changes.append(f"desired {desired} -> {entry.desired}")
-        if (setting := _setting_change(current["auto_rollback"], entry)) is not None:
+        if (setting := _setting_change(current.auto_rollback, entry)) is not None:
             changes.append(setting)
-        if current["label"] != spec.label:
-            changes.append(f"label {current['label'] or '(none)'} -> {spec.label or '(none)'}")
+        if current.label != spec.label:
+            changes.append(f"label {current.label or '(none)'} -> {spec.label or '(none)'}")
         action = "update" if changes else "unchanged"
         set_desired = desired != entry.desired
         steps.append(Step(action, entry.name, changes, entry, main, resolved, set_desired))

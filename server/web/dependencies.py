@@ -38,7 +38,7 @@ class Backend:
     log_file: Callable[[str], Path | None]
     # (the job as jobs.show returns it, epoch, lines) -> the tail of that run's log
     # shipped to S3, or None.
-    shipped_log: Callable[[dict[str, Any], int, int], str | None]
+    shipped_log: Callable[[job_views.JobView, int, int], str | None]
     placement_epsilon: float
     vnodes: int
     bucket: store.Store | None = None  # the resource center (uploads and deletes)

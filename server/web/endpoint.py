@@ -5,8 +5,7 @@ state, behind the server's listener. ``sparkring server run`` hands :func:`open`
 
 from __future__ import annotations
 
-from typing import Any
-
+from scheduler import job_views
 from server import defaults, log_shipping, process
 from server.web import api, dependencies, httpd, livelog
 
@@ -17,12 +16,12 @@ def open(place: process.EndpointPlace) -> httpd.HttpServer:
     server = place.server
     s = server.settings
 
-    def shipped_log(job: dict[str, Any], epoch: int, lines: int) -> str | None:
+    def shipped_log(job: job_views.JobView, epoch: int, lines: int) -> str | None:
         return livelog.shipped_run(
             place.bucket,
-            log_shipping.log_key(job["name"], job["id"], epoch),
-            log_shipping.legacy_log_key(job["name"], epoch),
-            job["created_at"],
+            log_shipping.log_key(job.name, job.id, epoch),
+            log_shipping.legacy_log_key(job.name, epoch),
+            job.created_at,
             lines,
         )
 

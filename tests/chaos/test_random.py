@@ -1224,7 +1224,10 @@ class RandomChaos:
         with self._rollback_lock:
             try:
                 with self.commands.begin() as conn:
-                    if job_views.show(conn, ROLLBACKER)["auto_rollback"]["watch"] is not None:
+                    if (
+                        job_views.show(conn, ROLLBACKER).as_json()["auto_rollback"]["watch"]
+                        is not None
+                    ):
                         result = "skipped: a watch in progress"
                     else:
                         change = job_spec.Change(args=args, conf=draw)

@@ -257,7 +257,7 @@ def list_jobs(
     with backend.engine.connect() as conn:
         total, page = jobs.page(conn, f, limit=limit, offset=offset)
     # Encoded in one pass (the hot path of the console): a 1,000-job page is ~1 MB.
-    body = {"total": total, "limit": limit, "offset": offset, "jobs": page}
+    body = {"total": total, "limit": limit, "offset": offset, "jobs": [job.as_json() for job in page]}
     return Response(json.dumps(body, default=contract.default), media_type="application/json")
 
 
@@ -269,7 +269,7 @@ def show_job(
     has ``next_fires``, its next five fire times."""
     with backend.engine.connect() as conn:
         job = jobs.show(conn, name)
-    return contract.plain({**job, "next_fires": _next_fires(job["schedule"])})
+    return contract.plain({**job.as_json(), "next_fires": _next_fires(job.schedule)})
 
 
 @router.get(f"{API}/jobs/{{name}}/events", responses=one)
@@ -371,7 +371,7 @@ def create_job(
             ),
             actor=principal.actor,
         )
-        return contract.plain(jobs.get(conn, job_id))
+        return contract.plain(jobs.get(conn, job_id).as_json())
 
 
 def _command(
@@ -483,7 +483,7 @@ def update_job(
         raise contract.ApiError(400, "no_schedule excludes schedule and its policies")
     if given:
         with backend.engine.connect() as conn:
-            current = jobs.show(conn, name)["schedule"]
+            current = jobs.show(conn, name).schedule
         kept = {k: v for k, v in (current or {}).items() if k not in ("active", "next_fire")}
         new_schedule = body.schedule_over(kept)
     main = _artifact(backend, body.resource) if body.resource else None

@@ -141,7 +141,7 @@ def job_logs(
         job = jobs.show(conn, name)
         secret = tokens.cluster_secret(conn)
     live = epoch is None or past_logs.is_live(job, epoch)
-    if follow and live and job["owner"] is not None:
+    if follow and live and job.owner is not None:
         release = _admit(follows, principal)
         stream = anyio.from_thread.run(_follow, backend, job, lines, secret)
         if stream is not None:
@@ -151,7 +151,7 @@ def job_logs(
         return PlainTextResponse(_epoch_log(backend, job, epoch, lines, secret))
     text = _live_log(backend, job, lines, secret)
     if text is None:
-        for older in range(job["epoch"], max(job["epoch"] - 3, 0), -1):
+        for older in range(job.epoch, max(job.epoch - 3, 0), -1):
             text = backend.shipped_log(job, older, lines)
             if text is not None:
                 break
@@ -180,7 +180,7 @@ def run_logs(
     with backend.engine.begin() as conn:
         job = jobs.show(conn, name)
         secret = tokens.cluster_secret(conn)
-        run = runs.of_job(conn, job["id"], run_id)
+        run = runs.of_job(conn, job.id, run_id)
     try:
         attempt, epoch = past_logs.run_attempt(job, run_id, run, attempt)
     except past_logs.Missing as exc:
@@ -191,7 +191,7 @@ def run_logs(
 
 def _epoch_log(
     backend: dependencies.Backend,
-    job: dict[str, Any],
+    job: job_views.JobView,
     epoch: int,
     lines: int,
     secret: str,
@@ -212,24 +212,24 @@ def _epoch_log(
 
 
 def _live_log(
-    backend: dependencies.Backend, job: dict[str, Any], lines: int, secret: str
+    backend: dependencies.Backend, job: job_views.JobView, lines: int, secret: str
 ) -> str | None:
-    owner = job["owner"]
+    owner = job.owner
     if owner is None:
         return None
     if owner == backend.server_id:
-        path = backend.log_file(job["name"])
+        path = backend.log_file(job.name)
         return livelog.tail(path, lines) if path is not None and path.exists() else None
     info = backend.members().get(owner)
     if info is None or not info.health_url:
         return None
-    return livelog.fetch(info.health_url, job["name"], lines, secret, verify=backend.peer_tls)
+    return livelog.fetch(info.health_url, job.name, lines, secret, verify=backend.peer_tls)
 
 
 async def _follow(
-    backend: dependencies.Backend, job: dict[str, Any], lines: int, secret: str
+    backend: dependencies.Backend, job: job_views.JobView, lines: int, secret: str
 ) -> AsyncIterator[bytes] | None:
-    owner, name = job["owner"], job["name"]
+    owner, name = job.owner, job.name
     if owner is None:
         return None
     if owner == backend.server_id:
