@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from scheduler import job_views
-from server.cli import job as job_cli
+from server.cli import job_show
 
 REPORT = {
     "flag": None,
@@ -32,7 +32,7 @@ def _job(state: str, owner: str | None, kind: str = "batch") -> job_views.JobVie
 
 
 def test_a_finished_job_is_not_shown_healthy_nor_its_app_running() -> None:
-    fields = job_cli._health_fields(_job("finished", None))
+    fields = job_show._health_fields(_job("finished", None))
     assert fields["health"] != "ok" and "no live run" in fields["health"], fields
     assert "RUNNING" not in fields["spark_app"] and "ended" in fields["spark_app"], fields
     assert (fields["spark_ui"], fields["executors"]) == (None, None), fields
@@ -40,7 +40,7 @@ def test_a_finished_job_is_not_shown_healthy_nor_its_app_running() -> None:
 
 
 def test_a_running_job_shows_its_health_and_app_state() -> None:
-    fields = job_cli._health_fields(_job("running", "s1"))
+    fields = job_show._health_fields(_job("running", "s1"))
     assert (fields["health"], fields["spark_app"]) == (
         "ok",
         "app-20261126070000-0003 (RUNNING)",

@@ -34,8 +34,8 @@ def apply(
     file is refused with every error and its location; nothing is applied then. Local
     artifact files are uploaded only when their content is new."""
     from server import clients
-    from server.cli import job as cli_job
     from server.cli import spec as spec_apply
+    from server.web import audit
 
     try:
         spec = spec_apply.parse(file)
@@ -77,7 +77,7 @@ def apply(
         spec,
         steps,
         max_bytes=settings.max_artifact_bytes,
-        actor=cli_job._actor(),
+        actor=audit.cli_actor(),
         stop_timeout=stop_timeout,
         say=lambda line: console.out.print(line, markup=False, highlight=False),
     )
