@@ -245,6 +245,52 @@ class JobView:
         return f"{self.crashes_in_window}/{self.max_restarts}"
 
 
+@dataclass(frozen=True)
+class RunDefinition:
+    """What a run's driver is started from: the job's listing with the definition of the
+    revision its claim pinned over it (``jobs.definition_of_run``), or the job row's own
+    when that revision is not kept (a job made by a release without revisions)."""
+
+    job_id: int
+    name: str
+    kind: str
+    revision: int  # the revision applied (the job's current one when none was kept)
+    resource: Mapping[str, Any]  # id, name, version, sha256, filename
+    py_files: list[Mapping[str, Any]]
+    deps: Mapping[str, Any] | None  # the packages it imports, as an artifact; None: none
+    conf: Mapping[str, str]
+    args: list[str]
+    env: Mapping[str, str]
+    secret_env: Mapping[str, str]  # variable -> secret name
+    spark_master: str | None  # None: the server's SPARKRING_SPARK_MASTER
+    max_restarts: int
+
+    @classmethod
+    def of(cls, listing: JobView, revision: Mapping[str, Any] | None) -> RunDefinition:
+        """``listing`` with the kept ``revision`` (``job_revisions.revision_definition``)
+        over it; None: the listing's own definition."""
+        kept = revision or {}
+
+        def pick(key: str) -> Any:
+            return kept[key] if key in kept else getattr(listing, key)
+
+        return cls(
+            job_id=listing.id,
+            name=listing.name,
+            kind=listing.kind,
+            revision=pick("revision"),
+            resource=pick("resource"),
+            py_files=pick("py_files"),
+            deps=pick("deps"),
+            conf=pick("conf"),
+            args=pick("args"),
+            env=pick("env"),
+            secret_env=pick("secret_env"),
+            spark_master=pick("spark_master"),
+            max_restarts=pick("max_restarts"),
+        )
+
+
 def show(conn: sa.Connection, name: str) -> JobView:
     row = conn.execute(sa.text(_SHOW + " WHERE j.name = :name"), {"name": name}).one_or_none()
     if row is None:

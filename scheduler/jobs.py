@@ -409,13 +409,29 @@ def delete(conn: sa.Connection, name: str, actor: str | None = None) -> None:
 
 
 def run_definition(conn: sa.Connection, job_id: int, revision: int | None) -> dict[str, Any]:
-    """The job as a run of ``revision`` is started from: its listing (:func:`get`) with
-    the revision's definition over it, or the job row alone when ``revision`` is None or
-    not kept. Raises JobNotFound."""
-    job = job_views.get(conn, job_id).as_json()
-    if revision is not None:
-        job = {**job, **(job_revisions.revision_definition(conn, job_id, revision) or {})}
-    return job
+    """The job as a run of ``revision`` is started from: its listing (``job_views.get``)
+    with the revision's definition over it, or the job row alone when ``revision`` is
+    None or not kept, as one dict. Raises JobNotFound. :func:`definition_of_run` reads
+    the same, typed."""
+    listing, kept = _listing_and_revision(conn, job_id, revision)
+    return {**listing.as_json(), **(kept or {})}
+
+
+def definition_of_run(
+    conn: sa.Connection, job_id: int, revision: int | None
+) -> job_views.RunDefinition:
+    """What a driver of a run of ``revision`` is started from (see :func:`run_definition`).
+    Raises JobNotFound."""
+    return job_views.RunDefinition.of(*_listing_and_revision(conn, job_id, revision))
+
+
+def _listing_and_revision(
+    conn: sa.Connection, job_id: int, revision: int | None
+) -> tuple[job_views.JobView, dict[str, Any] | None]:
+    listing = job_views.get(conn, job_id)
+    if revision is None:
+        return listing, None
+    return listing, job_revisions.revision_definition(conn, job_id, revision)
 
 
 def count_by_state(conn: sa.Connection) -> dict[str, int]:

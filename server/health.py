@@ -396,7 +396,7 @@ class HealthMonitor(loop.Loop):
         """The health policy of the run's revision (the job's conf if it has none)."""
         try:
             with self.engine.connect() as conn:
-                conf = jobs.run_definition(conn, run.job_id, run.revision)["conf"]
+                conf = jobs.definition_of_run(conn, run.job_id, run.revision).conf
         except job_spec.JobNotFound:
             return None  # deleted meanwhile
         try:
