@@ -1,5 +1,6 @@
-"""What the job catalog shows: a job's listing as the CLI, the API and the console read it
-(``show``, ``get``, ``list_jobs``, ``page`` with a ``Filter``), and the lookups the other
+"""What the job catalog shows: a job's listing as the CLI, the API and the console read it,
+a frozen :class:`JobView` (``show``, ``get``, ``list_jobs``, ``page`` with a ``Filter``);
+what a run's driver is started from, a :class:`RunDefinition`; and the lookups the other
 job modules share (a job's id by name, its kind and schedule, timestamps as the API
 writes them)."""
 
@@ -35,12 +36,14 @@ def job_id_of(conn: sa.Connection, name: str, *, lock: bool = False) -> int:
 
 
 def kind_and_schedule(conn: sa.Connection, job_id: int) -> sa.Row:
+    """The job's ``kind`` and ``schedule`` (its row exists: the caller found its id)."""
     return conn.execute(
         sa.select(tables.jobs.c.kind, tables.jobs.c.schedule).where(tables.jobs.c.id == job_id)
     ).one()
 
 
 def iso(at: Any) -> str | None:
+    """A timestamp as the API and the events write it: UTC, ISO 8601, ending in ``Z``."""
     return None if at is None else at.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
 
 
