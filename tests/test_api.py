@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from resource_center import store
-from scheduler import job_events, jobs, tokens
+from scheduler import job_events, tokens
 from server import log_shipping
 from tests.api_helpers import API, ApiStack, api_stack
 from tests.waiting import wait_until

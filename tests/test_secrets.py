@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 from cryptography.fernet import MultiFernet
 
-from scheduler import job_revisions, job_spec, job_views, jobs, secrets
+from scheduler import job_revisions, job_spec, job_views, secrets
 from server import runs, warm
 from server import settings as settings_module
 from tests import factories

@@ -33,9 +33,9 @@ def apply(
     file says. Idempotent: a second apply of the same file changes nothing. An invalid
     file is refused with every error and its location; nothing is applied then. Local
     artifact files are uploaded only when their content is new."""
+    from scheduler import audit
     from server import clients
     from server.cli import spec as spec_apply
-    from server.web import audit
 
     try:
         spec = spec_apply.parse(file)

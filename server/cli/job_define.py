@@ -9,10 +9,9 @@ from typing import Any
 
 import typer
 
-from scheduler import health_policy, job_revisions, job_spec, job_views, jobs
+from scheduler import audit, health_policy, job_revisions, job_spec, job_views, jobs
 from server.cli import console, schedules
 from server.cli import resource as cli_resource
-from server.web import audit
 from sql.states import JobKind
 
 # The schedule options of `job create` and `job update` (docs/schedules.md).

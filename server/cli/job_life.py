@@ -9,9 +9,8 @@ from typing import Any
 
 import typer
 
-from scheduler import job_views, jobs
+from scheduler import audit, job_views, jobs
 from server.cli import console, schedules
-from server.web import audit
 from sql import states
 from sql.states import JobKind, RunState
 

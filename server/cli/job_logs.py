@@ -10,10 +10,9 @@ from typing import Any
 
 import typer
 
-from scheduler import job_views
+from scheduler import job_views, tokens
 from server import clients
 from server.cli import console
-from server.web import tokens
 from sql.states import RunState
 
 # Exit code of a `job logs --follow` ended with Ctrl-C (128 + SIGINT, as a shell reports it).

@@ -20,7 +20,7 @@ from fastapi import Depends, Request
 
 from registry import servers as registry_servers
 from resource_center import store
-from scheduler import destinations
+from scheduler import destinations, job_views
 from server import defaults
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class Backend:
     status: Callable[[], tuple[bool, dict[str, Any]]]
     members: Callable[[], dict[str, registry_servers.ServerInfo]]
     log_file: Callable[[str], Path | None]
-    # (the job as jobs.show returns it, epoch, lines) -> the tail of that run's log
+    # (the job as job_views.show returns it, epoch, lines) -> the tail of that run's log
     # shipped to S3, or None.
     shipped_log: Callable[[job_views.JobView, int, int], str | None]
     placement_epsilon: float

@@ -19,7 +19,7 @@ from starlette import routing
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from resource_center import errors as resource_errors
-from scheduler import alerts, jobs, ring, secrets
+from scheduler import alerts, job_spec, ring, secrets
 from server.web import auth, contract
 
 log = logging.getLogger(__name__)
@@ -88,11 +88,11 @@ def install(app: FastAPI, declared: Declared) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return contract.error(exc.status, str(exc), headers)
 
-    @app.exception_handler(jobs.JobError)
-    def job_error(request: Request, exc: jobs.JobError) -> JSONResponse:
-        if isinstance(exc, jobs.JobNotFound):
+    @app.exception_handler(job_spec.JobError)
+    def job_error(request: Request, exc: job_spec.JobError) -> JSONResponse:
+        if isinstance(exc, job_spec.JobNotFound):
             return contract.error(404, str(exc))
-        if isinstance(exc, jobs.JobConflict):
+        if isinstance(exc, job_spec.JobConflict):
             return contract.error(409, str(exc))
         return contract.error(400, str(exc))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from resource_center import cache, catalog, store
-from scheduler import jobs
+from scheduler import job_events, job_spec, jobs
 from server import runner, runs, watchdog
 from sql import database
 from sql.states import JobKind
@@ -99,7 +99,7 @@ def batch_job(
     with engine.begin() as conn:
         job_id = jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name="b",
                 kind=kind,
                 resource_id=resource.id,
@@ -116,7 +116,7 @@ def kinds(database_url: str) -> list[str]:
     engine = database.create_engine(database_url, pool_size=1)
     try:
         with engine.connect() as conn:
-            return [e["kind"] for e in jobs.events(conn, "b")]
+            return [e["kind"] for e in job_events.events(conn, "b")]
     finally:
         engine.dispose()
 
@@ -199,7 +199,7 @@ def streaming_job(engine: sa.Engine, bucket: store.Store, tmp_path: Path) -> int
     resource = catalog.upload(engine, bucket, name="stream", path=main, max_bytes=1 << 20)
     with engine.begin() as conn:
         job_id = jobs.create(
-            conn, jobs.JobSpec(name="s", kind=JobKind.STREAMING, resource_id=resource.id)
+            conn, job_spec.JobSpec(name="s", kind=JobKind.STREAMING, resource_id=resource.id)
         )
         jobs.start(conn, "s")
     factories.target(engine, job_id, "s1")
@@ -210,6 +210,6 @@ def events(database_url: str) -> list[dict[str, object]]:
     engine = database.create_engine(database_url, pool_size=1)
     try:
         with engine.connect() as conn:
-            return jobs.events(conn, "b")
+            return job_events.events(conn, "b")
     finally:
         engine.dispose()

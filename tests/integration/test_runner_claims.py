@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from resource_center import store
-from scheduler import distribution, jobs
+from scheduler import distribution, job_spec, jobs
 from server import runner, runs, watchdog
 from sql.states import JobKind
 from tests import factories, waiting
@@ -249,7 +249,7 @@ def test_a_lease_file_that_cannot_be_written_does_not_stop_the_renewals(
     with engine.begin() as conn:
         other = jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name="c",
                 kind=JobKind.BATCH,
                 resource_id=conn.execute(

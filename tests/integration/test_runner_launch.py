@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from resource_center import cache, store
-from scheduler import distribution, jobs
+from scheduler import distribution, job_revisions, job_spec
 from server import checkpoint, launch, runner, runs, watchdog
 from server import driver as driver_module
 from sql.states import JobKind
@@ -64,7 +64,7 @@ def test_a_driver_starts_from_the_revision_its_claim_pinned(
     newer = tmp_path / "stage-2"
     newer.mkdir()
     with engine.begin() as conn:
-        jobs.update(conn, "b", jobs.Change(args=[str(newer)]))
+        job_revisions.update(conn, "b", job_spec.Change(args=[str(newer)]))
     run = runs.Run(
         job_id=job_id,
         name="b",

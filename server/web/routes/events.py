@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from scheduler import audit, jobs
+from scheduler import audit, job_events
 from server.web import auth, contract, dependencies
 
 # Event and audit ids are bigint.
@@ -29,7 +29,7 @@ def cluster_events(
 ) -> list[dict[str, Any]]:
     """The cluster's event feed (every job), oldest first; poll with ``after``."""
     with backend.engine.connect() as conn:
-        return contract.plain(jobs.recent_events(conn, after, limit))
+        return contract.plain(job_events.recent_events(conn, after, limit))
 
 
 @router.get(f"{contract.API}/audit", tags=["auth"])

@@ -15,7 +15,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from resource_center import catalog
 from resource_center import errors as resource_errors
-from scheduler import fires, jobs, runs, schedule, tokens
+from scheduler import fires, job_spec, job_views, jobs, runs, schedule, tokens
+from scheduler import job_events as event_log
+from scheduler import job_revisions as revision_log
 from scheduler.schedule import Concurrency, Misfire
 from server.web import auth, contract, dependencies
 from sql.states import JobKind, RunState
@@ -67,7 +69,7 @@ class JobCreate(ScheduleFields):
     """A new job, as ``sparkring job create`` takes it."""
 
     # max_retries is a batch job's name for max_restarts: only with kind batch, and
-    # never with max_restarts too (jobs.restart_budget refuses both with a 400).
+    # never with max_restarts too (job_spec.restart_budget refuses both with a 400).
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -247,7 +249,7 @@ def list_jobs(
     offset: Annotated[int, Query(ge=0, le=contract.BIGINT_MAX)] = 0,
 ) -> Response:
     """Jobs by name, filtered and paged: ``total`` counts every match."""
-    f = jobs.Filter(
+    f = job_views.Filter(
         state=state.value if state else None,
         desired=desired,
         kind=kind.value if kind else None,
@@ -255,9 +257,14 @@ def list_jobs(
         search=q or None,
     )
     with backend.engine.connect() as conn:
-        total, page = jobs.page(conn, f, limit=limit, offset=offset)
+        total, page = job_views.page(conn, f, limit=limit, offset=offset)
     # Encoded in one pass (the hot path of the console): a 1,000-job page is ~1 MB.
-    body = {"total": total, "limit": limit, "offset": offset, "jobs": [job.as_json() for job in page]}
+    body = {
+        "total": total,
+        "limit": limit,
+        "offset": offset,
+        "jobs": [job.as_json() for job in page],
+    }
     return Response(json.dumps(body, default=contract.default), media_type="application/json")
 
 
@@ -268,7 +275,7 @@ def show_job(
     """The job in full (``job show --json``); a job with an active schedule also
     has ``next_fires``, its next five fire times."""
     with backend.engine.connect() as conn:
-        job = jobs.show(conn, name)
+        job = job_views.show(conn, name)
     return contract.plain({**job.as_json(), "next_fires": _next_fires(job.schedule)})
 
 
@@ -283,8 +290,8 @@ def job_events(
     once no job has the name: a deleted job's history stays in ``/api/v1/events``
     and ``sparkring job events NAME``."""
     with backend.engine.connect() as conn:
-        jobs.job_id_of(conn, name)
-        return contract.plain(jobs.events(conn, name, limit))
+        job_views.job_id_of(conn, name)
+        return contract.plain(event_log.events(conn, name, limit))
 
 
 @router.get(f"{API}/jobs/{{name}}/runs", responses=one)
@@ -297,7 +304,7 @@ def job_runs(
 ) -> list[dict[str, Any]]:
     """The job's runs, newest first (``job runs``; docs/schedules.md)."""
     with backend.engine.connect() as conn:
-        job_id = jobs.job_id_of(conn, name)
+        job_id = job_views.job_id_of(conn, name)
         return contract.plain(
             runs.list_runs(conn, job_id, limit=limit, state=state.value if state else None)
         )
@@ -352,7 +359,7 @@ def create_job(
     with backend.engine.begin() as conn:
         job_id = jobs.create(
             conn,
-            jobs.JobSpec(
+            job_spec.JobSpec(
                 name=body.name,
                 kind=body.kind,
                 resource_id=main.id,
@@ -363,7 +370,9 @@ def create_job(
                 secret_env=body.secret_env,
                 deps_id=deps.id if deps else None,
                 spark_master=body.spark_master,
-                max_restarts=jobs.restart_budget(body.kind, body.max_restarts, body.max_retries),
+                max_restarts=job_spec.restart_budget(
+                    body.kind, body.max_restarts, body.max_retries
+                ),
                 restart_window_s=body.restart_window_s,
                 auto_rollback=body.auto_rollback,
                 healthy_within_s=body.healthy_within_s,
@@ -371,7 +380,7 @@ def create_job(
             ),
             actor=principal.actor,
         )
-        return contract.plain(jobs.get(conn, job_id).as_json())
+        return contract.plain(job_views.get(conn, job_id).as_json())
 
 
 def _command(
@@ -464,7 +473,7 @@ def job_revisions(
     """Every revision of the job, oldest first, with ``diff`` from the one before,
     ``current`` and ``running`` marked (docs/jobs.md)."""
     with backend.engine.connect() as conn:
-        return contract.plain(jobs.history(conn, name))
+        return contract.plain(revision_log.history(conn, name))
 
 
 @router.post(f"{job}/revisions", responses=contract.errors(*contract.WRITE, 404, 409))
@@ -483,13 +492,13 @@ def update_job(
         raise contract.ApiError(400, "no_schedule excludes schedule and its policies")
     if given:
         with backend.engine.connect() as conn:
-            current = jobs.show(conn, name).schedule
+            current = job_views.show(conn, name).schedule
         kept = {k: v for k, v in (current or {}).items() if k not in ("active", "next_fire")}
         new_schedule = body.schedule_over(kept)
     main = _artifact(backend, body.resource) if body.resource else None
     extra = [_artifact(backend, ref) for ref in body.py_files or []]
     deps = _artifact(backend, body.deps) if body.deps else None
-    change = jobs.Change(
+    change = job_spec.Change(
         resource_id=main.id if main is not None else None,
         py_file_ids=None if body.py_files is None else [r.id for r in extra],
         conf=body.conf,
@@ -508,7 +517,7 @@ def update_job(
         clear_schedule=body.no_schedule,
     )
     with backend.engine.begin() as conn:
-        revised = jobs.update(
+        revised = revision_log.update(
             conn,
             name,
             change,
@@ -529,7 +538,9 @@ def rollback_job(
 ) -> dict:
     """Make an earlier revision current again, as a new revision (``job rollback``)."""
     with backend.engine.begin() as conn:
-        revised = jobs.rollback(conn, name, body.to, restart=body.restart, actor=principal.actor)
+        revised = revision_log.rollback(
+            conn, name, body.to, restart=body.restart, actor=principal.actor
+        )
     return _revised(name, revised)
 
 

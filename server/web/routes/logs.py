@@ -7,7 +7,7 @@ a batch run's attempt (server/past_logs.py), each a tail."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio.from_thread
 import anyio.to_thread
@@ -16,7 +16,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from scheduler import jobs, runs, tokens
+from scheduler import job_views, runs, tokens
 from server import past_logs
 from server.web import auth, contract, dependencies, livelog
 
@@ -138,7 +138,7 @@ def job_logs(
     per token and 32 per server; it ends with a line saying why: the run ended, idle
     for 300 s, or open for an hour); an ended driver's log is answered whole."""
     with backend.engine.begin() as conn:
-        job = jobs.show(conn, name)
+        job = job_views.show(conn, name)
         secret = tokens.cluster_secret(conn)
     live = epoch is None or past_logs.is_live(job, epoch)
     if follow and live and job.owner is not None:
@@ -178,7 +178,7 @@ def run_logs(
     a retry or a run again after a lost server, is an epoch of its own. From its
     owner while it runs, else as shipped to S3 (kept under history retention)."""
     with backend.engine.begin() as conn:
-        job = jobs.show(conn, name)
+        job = job_views.show(conn, name)
         secret = tokens.cluster_secret(conn)
         run = runs.of_job(conn, job.id, run_id)
     try:
