@@ -408,20 +408,12 @@ def delete(conn: sa.Connection, name: str, actor: str | None = None) -> None:
     notify.notify(conn, notify.JOBS_CHANNEL, name)
 
 
-def run_definition(conn: sa.Connection, job_id: int, revision: int | None) -> dict[str, Any]:
-    """The job as a run of ``revision`` is started from: its listing (``job_views.get``)
-    with the revision's definition over it, or the job row alone when ``revision`` is
-    None or not kept, as one dict. Raises JobNotFound. :func:`definition_of_run` reads
-    the same, typed."""
-    listing, kept = _listing_and_revision(conn, job_id, revision)
-    return {**listing.as_json(), **(kept or {})}
-
-
 def definition_of_run(
     conn: sa.Connection, job_id: int, revision: int | None
 ) -> job_views.RunDefinition:
-    """What a driver of a run of ``revision`` is started from (see :func:`run_definition`).
-    Raises JobNotFound."""
+    """What a driver of a run of ``revision`` is started from: the job's listing
+    (``job_views.get``) with the revision's definition over it, or the job row alone when
+    ``revision`` is None or not kept. Raises JobNotFound."""
     return job_views.RunDefinition.of(*_listing_and_revision(conn, job_id, revision))
 
 

@@ -1,7 +1,7 @@
 """Launching a claimed run: from the job's definition to a driver under its watchdog.
 
 :func:`start` (a task of the runner) reads the revision the claim pinned
-(``jobs.run_definition``), defers at once when no Spark master answers, fetches and
+(``jobs.definition_of_run``), defers at once when no Spark master answers, fetches and
 verifies the artifacts (``resource_center``), pins them in the run directory, builds the
 ``driver.DriverSpec`` and the watchdog's ``driver.FinishReport`` (``server/launch_spec.py``),
 and launches
@@ -95,10 +95,10 @@ def _launch(
         return taken
     with ctx.engine.connect() as conn:
         # The revision the claim pinned: a newer one rolls the job anew.
-        job = job_catalog.run_definition(conn, run.job_id, run.revision)
+        job = job_catalog.definition_of_run(conn, run.job_id, run.revision)
         # The run row the claim moved (batch jobs): SPARKRING_RUN_ID and a fire's time.
-        job["run"] = run_rows.of_claim(conn, run.job_id, run.epoch)
-    master = job["spark_master"] or cfg.spark_master
+        run_row = run_rows.of_claim(conn, run.job_id, run.epoch)
+    master = job.spark_master or cfg.spark_master
     try:
         outage = spark_master.unreachable(master)
     except spark_master.MasterURLError as exc:
@@ -107,7 +107,7 @@ def _launch(
         outcomes.defer_for_master(table, ctx, run, master)
         return None
     table.forget_master_deferrals(run.job_id)
-    spec = launch_spec.build_spec(ctx, run, job, master)
+    spec = launch_spec.build_spec(ctx, run, job, master, run_row=run_row)
     deadline = table.deadline_of(run)
     if watchdog.lease_clock() >= deadline:
         raise driver.DriverError("lease deadline passed while preparing the driver")

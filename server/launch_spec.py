@@ -9,11 +9,12 @@ serve a claimed run's start (``server/launch.py``) and a warm driver's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from resource_center import catalog
-from scheduler import secrets
+from scheduler import job_views, secrets
 from server import checkpoint, driver, driver_network, job_deps, run_context, rundir
 from sql import states
 
@@ -37,41 +38,43 @@ class Planned(Protocol):
 def build_spec(
     ctx: run_context.Context,
     run: Planned,
-    job: dict[str, Any],
+    job: job_views.RunDefinition,
     master: str,
     *,
+    run_row: Mapping[str, Any] | None = None,
     run_dir: Path | None = None,
     warm_go_timeout: float | None = None,
 ) -> driver.DriverSpec:
     """The run's driver spec: its artifacts fetched, verified and pinned in its run
     directory (``run_dir``, default its epoch's), its streaming checkpoint prepared.
+    ``run_row``: the run row the claim moved (batch jobs: its id and fire time);
     ``warm_go_timeout``: a warm driver's (``server/warm.py``)."""
     cfg = ctx.config
     run_dir = run_dir or rundir.run_dir(cfg.work_dir, run.job_id, run.epoch)
-    deps = job.get("deps")
-    artifacts = [job["resource"], *job["py_files"], *([deps] if deps else [])]
+    deps = job.deps
+    artifacts = [job.resource, *job.py_files, *([deps] if deps else [])]
     fetched = [(_fetch(ctx, item["id"]), item["filename"]) for item in artifacts]
     # The run's own links, under the original names: the cache may evict them.
     pinned = driver.pin_artifacts(run_dir, fetched)
     deps_zip = pinned.pop() if deps else None
     main, *py_files = pinned
     deps_dir = job_deps.unpacked(cfg.work_dir, deps_zip, deps["sha256"]) if deps_zip else None
-    env = {**job.get("env", {}), **_secret_values(ctx, job.get("secret_env") or {})}
+    env = {**(job.env or {}), **_secret_values(ctx, dict(job.secret_env or {}))}
     return driver.DriverSpec(
         job=run.name,
-        kind=job["kind"],
+        kind=job.kind,
         epoch=run.epoch,
         attempt=run.attempt,
         server=cfg.server,
         main=main,
         py_files=py_files,
-        conf=job["conf"],
-        args=job["args"],
+        conf=dict(job.conf),
+        args=list(job.args),
         extra_env=env,
         master=master,
         checkpoint_dir=(
             checkpoint.prepare(cfg.checkpoint_root, run.name, run.job_id)
-            if job["kind"] == states.JobKind.STREAMING
+            if job.kind == states.JobKind.STREAMING
             else None
         ),
         run_dir=run_dir,
@@ -79,8 +82,8 @@ def build_spec(
         job_id=run.job_id,
         user=cfg.run_as,
         nice=cfg.driver_nice,
-        run_id=str(job["run"]["run_id"]) if job.get("run") else "",
-        scheduled_time=job["run"]["scheduled_time"] if job.get("run") else None,
+        run_id=str(run_row["run_id"]) if run_row else "",
+        scheduled_time=run_row["scheduled_time"] if run_row else None,
         warm_go_timeout=warm_go_timeout,
         address=cfg.driver_address,
         ui_port=driver_network.free_port(),

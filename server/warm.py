@@ -130,9 +130,9 @@ def prestart(
 def _launch(ctx: run_context.Context, warm: runs.WarmRun) -> driver.Driver | None:
     cfg = ctx.config
     with ctx.engine.connect() as conn:
-        job = job_catalog.run_definition(conn, warm.job_id, warm.revision)
-        warm.secret_versions = secrets.versions(conn, (job.get("secret_env") or {}).values())
-    master = job["spark_master"] or cfg.spark_master
+        job = job_catalog.definition_of_run(conn, warm.job_id, warm.revision)
+        warm.secret_versions = secrets.versions(conn, (job.secret_env or {}).values())
+    master = job.spark_master or cfg.spark_master
     if spark_master.unreachable(master):
         log.info(
             "no warm driver: no Spark master answers",
