@@ -2,5 +2,5 @@
 as JSON) and docs/benchmarks.md holds the results with the command that produced them.
 
 Run each as a module from the repository root, ``.venv/bin/python -m benchmarks.NAME``,
-so it imports the test harness (``tests.cluster``, ``tests.chaos.trial``) as a package
+so it imports the test harness (``testing.cluster``, ``testing.chaos.trial``) as a package
 (benchmarks/README.md)."""

@@ -1,7 +1,7 @@
 """Drivers outliving their server: restarts of sparkring servers, and what the jobs see.
 
 Runs ``sparkring server run`` processes against the local stack through the chaos
-harness (``tests/chaos/trial.py``), with light streaming heartbeat jobs (spark-submit, a
+harness (``testing/chaos/trial.py``), with light streaming heartbeat jobs (spark-submit, a
 heartbeat every 0.2 s). For each scenario it counts the drivers replaced (a driver
 ``started`` record of a new epoch for a job that was running), the largest gap between
 two heartbeats of one job (from its last beat before the fault), and how long the
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import failover
-from tests.chaos import trial as trial_module
+from testing.chaos import trial as trial_module
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@ at once, sent by the servers' alert senders (``server/alert_sender.py``, the pro
 code), a share of them to a receiver that keeps failing.
 
 Runs in a throwaway database copied from the migrated test template
-(``tests/services.py``) and dropped at the end::
+(``testing/services.py``) and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
     .venv/bin/python -m benchmarks.alert_delivery [--alerts 1000] [--failing 0.1] \\
@@ -35,9 +35,9 @@ from scheduler import alerts
 from server import defaults
 from server.alert_sender import AlertSender
 from sql import database
-from tests import services
-from tests.factories import LOOPBACK
-from tests.webhook_receiver import Receiver
+from testing import services
+from testing.factories import LOOPBACK
+from testing.webhook_receiver import Receiver
 
 DELIVER_TIMEOUT_S = 300.0
 

@@ -1,7 +1,7 @@
 """The HTTP API's job list at 10,000 jobs, and the console's jobs page in Chromium.
 
 Runs in a throwaway database copied from the migrated test template
-(``tests/services.py``) and dropped at the end::
+(``testing/services.py``) and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
     .venv/bin/python -m benchmarks.api_jobs [--jobs 10000] [--requests 200] [--browser]
@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from registry import servers
 from scheduler import tokens
 from sql import database
-from tests import services, waiting
+from testing import services, waiting
 
 REPO = Path(__file__).resolve().parent.parent
 

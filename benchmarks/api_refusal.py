@@ -2,14 +2,14 @@
 server's memory (issue 23, item 2).
 
 Runs in a throwaway database copied from the migrated test template
-(``tests/services.py``) and dropped at the end::
+(``testing/services.py``) and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
     .venv/bin/python -m benchmarks.api_refusal [--mib 64] [--requests 5]
 
 It serves ``server/web/api.py`` in a child process through ``server/web/httpd.py`` (the
 listener a server runs), then POSTs ``--requests`` bodies of ``--mib`` MiB of zeros to
-``/api/v1/jobs`` with no token, one at a time, on a raw socket (``tests/rawhttp.py``):
+``/api/v1/jobs`` with no token, one at a time, on a raw socket (``testing/rawhttp.py``):
 the head first, the body fed from a side thread until the server closes. It prints the
 time from the head sent to the status line (median and max) and the child's RSS growth
 (VmRSS after minus before) and peak growth (VmHWM after minus before).
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sql import database
-from tests import rawhttp, services, waiting
+from testing import rawhttp, services, waiting
 
 REPO = Path(__file__).resolve().parent.parent
 

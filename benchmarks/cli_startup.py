@@ -7,7 +7,7 @@ what ``python -m`` adds, and the floor: a bare import of the libraries every dat
 command loads (SQLAlchemy and its PostgreSQL dialect, psycopg, pydantic-settings, typer).
 
 Runs in a throwaway database copied from the migrated test template
-(``tests/services.py``) with one job in it, and dropped at the end::
+(``testing/services.py``) with one job in it, and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
     .venv/bin/python -m benchmarks.cli_startup [--runs 9] [--checkout DIR ...] [--json]
@@ -44,7 +44,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from scheduler import jobs
-from tests import factories, services
+from testing import factories, services
 
 REPO = Path(__file__).resolve().parent.parent
 

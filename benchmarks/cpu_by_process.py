@@ -17,7 +17,7 @@ started (the stack's services) count only the CPU they used while it ran.
 
     eval "$(python3 scripts/stack.py env)"
     .venv/bin/python -m benchmarks.cpu_by_process -- \
-        .venv/bin/python -m pytest --ignore=tests/chaos -n 2 -q tests/test_cli_user.py
+        .venv/bin/python -m pytest --ignore=tests/chaos -n 2 -q tests/integration/test_cli_user.py
     .venv/bin/python -m benchmarks.cpu_by_process --json -- .venv/bin/pytest -q tests/chaos
 """
 
@@ -131,9 +131,9 @@ def kind(command: str) -> str:
         return "S3 server"
     if "pyspark.daemon" in command or "pyspark/worker" in command:
         return "PySpark Python worker"
-    # tests/cli_runner.py's warm parent and what it forks (the tests' CLI commands and
+    # testing/cli_runner.py's warm parent and what it forks (the tests' CLI commands and
     # test clusters' servers): forked, they keep the parent's command line.
-    if "-m tests.cli_runner" in command:
+    if "-m testing.cli_runner" in command:
         return "tests' forked processes (CLI commands, servers)"
     match = _CLI_SUBCOMMAND.search(command)
     if match:

@@ -1,7 +1,7 @@
 """The distribution table on real PostgreSQL: rebalance, claim, renew and poll.
 
 Runs in a throwaway database copied from the migrated test template
-(``tests/services.py``) and dropped at the end::
+(``testing/services.py``) and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
     .venv/bin/python -m benchmarks.distribution_db [--jobs 100000] [--servers 100] [--json]
@@ -56,7 +56,7 @@ from scheduler import coordinator, distribution, placement
 from server import defaults
 from server.cli import console
 from sql import database, migrate
-from tests import services
+from testing import services
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """Failover, hand-off and reaction times of real sparkring servers and drivers.
 
 Runs ``sparkring server run`` processes against the local stack (ZooKeeper, PostgreSQL,
-S3) through the test harness (``tests/cluster.py``), with the light heartbeat driver
+S3) through the test harness (``testing/cluster.py``), with the light heartbeat driver
 (spark-submit, no SparkSession) unless said otherwise. Every time below is taken from
 the watchdogs' lifetime records (``docs/drivers.md``): a driver's ``started`` record is
 written just before it is spawned, its ``ended`` record once it and its descendants
@@ -48,15 +48,15 @@ from scheduler import job_spec, jobs
 from server import defaults
 from sql import migrate
 from sql.states import JobKind
-from tests import cluster as cluster_module
-from tests import services, sink, waiting
-from tests.chaos import trial as trial_module
+from testing import cluster as cluster_module
+from testing import services, sink, waiting
+from testing.chaos import trial as trial_module
 
 REPO = Path(__file__).resolve().parent.parent
 
 STREAMING_JOB = REPO / "examples" / "jobs" / "streaming_counter.py"
 TIMEOUTS = {
-    # tests/cluster.py's shortened timeouts (the proportions of production).
+    # testing/cluster.py's shortened timeouts (the proportions of production).
     "fast": {
         "session": float(cluster_module.FAST_TIMEOUTS["SPARKRING_ZK_SESSION_TIMEOUT"]),
         "lease": float(cluster_module.FAST_TIMEOUTS["SPARKRING_LEASE_TTL"]),

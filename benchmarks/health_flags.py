@@ -1,7 +1,7 @@
 """Health flags on real Spark: from a streaming query's last completed batch to its
 ``stalled`` flag, and from resuming to the flag being cleared.
 
-One server on the local stack runs tests/jobs/stallable_stream.py (a `rate` source,
+One server on the local stack runs testing/jobs/stallable_stream.py (a `rate` source,
 one batch a second) on the standalone cluster. Each trial touches the job's STALL file
 (the batch in progress then waits inside foreachBatch, as with a hung sink), waits for
 the ``health_flagged`` event, removes the file and waits for ``health_cleared``.
@@ -28,9 +28,9 @@ from typing import Any
 
 from benchmarks import failover
 from scheduler import job_events, job_spec, job_views, jobs
-from tests import services
+from testing import services
 
-STALLABLE_JOB = Path(__file__).resolve().parents[1] / "tests" / "jobs" / "stallable_stream.py"
+STALLABLE_JOB = Path(__file__).resolve().parents[1] / "testing" / "jobs" / "stallable_stream.py"
 
 
 def _health_events(t: Any, after: int) -> list[dict[str, Any]]:

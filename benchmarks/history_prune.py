@@ -1,7 +1,7 @@
 """History retention on real PostgreSQL: pruning a large backlog of old job events.
 
 Runs in a throwaway database copied from the migrated test template
-(``tests/services.py``) and dropped at the end::
+(``testing/services.py``) and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
     .venv/bin/python -m benchmarks.history_prune [--events 200000] [--batch-size 1000] [--json]
@@ -34,7 +34,7 @@ import sqlalchemy as sa
 
 from server import defaults, retention
 from sql import database
-from tests import factories, services
+from testing import factories, services
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -3,9 +3,9 @@ promoted, while a server is SIGKILLed at the same moment.
 
 Starts a PostgreSQL primary with a synchronous standby of its own (``scripts/stack.py up
 --only postgresql --pg-standby`` in a temporary folder, free ports:
-``tests/chaos/faults.PgPair``) and three ``sparkring server run`` processes on its
+``testing/chaos/faults.PgPair``) and three ``sparkring server run`` processes on its
 multi-host URL (``target_session_attrs=read-write``) through the test harness
-(``tests/cluster.py``, its shortened timeouts), with ZooKeeper and S3 from the stack;
+(``testing/cluster.py``, its shortened timeouts), with ZooKeeper and S3 from the stack;
 ``--jobs`` light streaming jobs (the heartbeat driver). Then, ``--trials`` times, at one
 moment: SIGKILL of the server owning the most jobs (not the coordinator) and ``stack.py
 pg kill`` of the primary, then ``stack.py pg promote`` of the standby, while a client
@@ -53,9 +53,9 @@ from benchmarks import failover  # benchmarks/failover.py: its measuring and pri
 from scheduler import jobs
 from server import defaults
 from sql.states import JobKind
-from tests import services
-from tests.chaos import faults
-from tests.chaos import trial as trial_module
+from testing import services
+from testing.chaos import faults
+from testing.chaos import trial as trial_module
 
 SERVERS = failover.SERVERS
 CAPACITY = 6

@@ -53,7 +53,7 @@ from registry import servers, session
 from scheduler import coordinator, distribution
 from server import coordinator_loop, defaults
 from sql import migrate, states
-from tests import services
+from testing import services
 
 REPO = Path(__file__).resolve().parent.parent
 

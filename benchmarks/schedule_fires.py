@@ -2,7 +2,7 @@
 servers' firing loops (``scheduler/fires.py``, the production code).
 
 Runs in a throwaway database copied from the migrated test template
-(``tests/services.py``) and dropped at the end::
+(``testing/services.py``) and dropped at the end::
 
     eval "$(python3 scripts/stack.py env)"
     .venv/bin/python -m benchmarks.schedule_fires [--jobs 10000] [--servers 10] [--json]
@@ -40,7 +40,7 @@ import sqlalchemy as sa
 
 from scheduler import fires, schedule
 from sql import database
-from tests import factories, services
+from testing import factories, services
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,8 +2,8 @@
 a standby waits (Spark's ZooKeeper recovery mode), measured with real PySpark drivers.
 
 Starts two masters of its own (free ports, ``spark.deploy.zookeeper.dir`` of its own on
-the stack's ZooKeeper: ``tests/chaos/faults.SparkMasters``) and one worker registered
-with both, one sparkring server (``tests/cluster.py``) and ``--streams`` Structured
+the stack's ZooKeeper: ``testing/chaos/faults.SparkMasters``) and one worker registered
+with both, one sparkring server (``testing/cluster.py``) and ``--streams`` Structured
 Streaming jobs (``examples/jobs/streaming_counter.py``) on ``spark://m1,m2``. Then,
 ``--trials`` times: SIGKILL of the active master, and at once ``sparkring job start`` of
 a new batch job (``examples/jobs/batch_sum.py``) on the same URL. Per trial:
@@ -41,9 +41,9 @@ from typing import Any
 from benchmarks import failover  # benchmarks/failover.py: its cluster set-up
 from scheduler import job_spec, jobs
 from sql.states import JobKind
-from tests import services, sink, waiting
-from tests.chaos import faults
-from tests.chaos import trial as trial_module
+from testing import services, sink, waiting
+from testing.chaos import faults
+from testing.chaos import trial as trial_module
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ and per trial two planned moves:
   ``server drain --undo`` (with a residency past the run: the job does not move back).
 
 The output gap of a move is the time between the last committed file written by the
-old driver and the first written by the new one (``tests/sink.output_gap``). Each move
+old driver and the first written by the new one (``testing/sink.output_gap``). Each move
 is also checked exactly-once at the end (every value once, none lost).
 
     eval "$(python3 scripts/stack.py env)"
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import failover
-from tests import sink
-from tests.cluster import EXAMPLES, Cluster
+from testing import sink
+from testing.cluster import EXAMPLES, Cluster
 
 SERVERS = ("s1", "s2")
 COUNTER = EXAMPLES / "streaming_counter.py"

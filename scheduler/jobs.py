@@ -218,7 +218,7 @@ def restart(conn: sa.Connection, name: str, actor: str | None = None) -> str:
         outcome = "restarting"
     # ``rerun``: the job was at rest and its restart count went back to 0 (``_RERUN``); a
     # restart of a live run keeps the count. The chaos checker counts a FAILED job's
-    # driver failures since the last reset (tests/chaos/invariants.py).
+    # driver failures since the last reset (testing/chaos/invariants.py).
     detail: dict[str, Any] = {"generation": generation, "rerun": outcome == "started"}
     if reset:
         detail["retries_reset"] = True

@@ -59,7 +59,7 @@ _PART = re.compile(r"(\d+)([smhd])")
 
 def _croniter() -> type[croniter]:
     """croniter, imported when a cron field is parsed or iterated: a job command that
-    only lists jobs never needs it (tests/test_cli_startup.py)."""
+    only lists jobs never needs it (tests/integration/test_cli_startup.py)."""
     from croniter import croniter
 
     return croniter

@@ -51,7 +51,7 @@ class TokenExpired(Exception):
 class Role(StrEnum):
     VIEWER = "viewer"  # reads servers, ring, jobs, events, logs
     # A viewer who may also write: create, start, stop, restart, revise, roll back, run,
-    # backfill and delete jobs; upload and delete artifacts (tests/test_api_roles.py).
+    # backfill and delete jobs; upload and delete artifacts (tests/integration/test_api_roles.py).
     OPERATOR = "operator"
     CLUSTER = "cluster"  # the cluster credential: reads, as servers and the CLI do
 

@@ -28,7 +28,7 @@ command -v ip >/dev/null || need_apt+=(iproute2)
 command -v iptables >/dev/null || need_apt+=(iptables)
 command -v runuser >/dev/null || need_apt+=(util-linux)
 command -v useradd >/dev/null || need_apt+=(passwd)
-# Browser tests of the web console (tests/test_console_browser.py) drive Debian's Chromium.
+# Browser tests of the web console (tests/integration/test_console_browser.py) drive Debian's Chromium.
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then

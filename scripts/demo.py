@@ -29,10 +29,10 @@ from rich.console import Console
 from rich.table import Table
 
 from server import defaults
-from tests import services, sink, waiting
-from tests.chaos import invariants
-from tests.cluster import Cluster
-from tests.webhook_receiver import Receiver
+from testing import services, sink, waiting
+from testing.chaos import invariants
+from testing.cluster import Cluster
+from testing.webhook_receiver import Receiver
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,7 +47,7 @@ def make_console(terminal: bool) -> Console:
 
 console = make_console(sys.stdout.isatty())
 JOBS_DIR = REPO / "examples" / "jobs"
-LIGHT_JOB = REPO / "tests" / "jobs" / "heartbeat.py"
+LIGHT_JOB = REPO / "testing" / "jobs" / "heartbeat.py"
 LIGHT_JOBS = [f"ingest-{i}" for i in range(1, 6)]
 # The scheduled job: a light batch driver every 5 s (docs/schedules.md).
 TICK = "tick"

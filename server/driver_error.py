@@ -2,7 +2,7 @@
 
 A crash's ``last_error`` and its ``crashed``/``failed`` event carry
 ``driver exited with exit code N: <cause>`` (the prefix is what tells a driver's own
-failure from an outage: ``tests/chaos/invariants.py``), where the cause is the driver's
+failure from an outage: ``testing/chaos/invariants.py``), where the cause is the driver's
 first exception line (:func:`first_exception`), e.g.
 ``SparkException: Failed to connect to master 127.0.0.1:7077: Exception thrown in
 awaitResult`` or ``ValueError: bad input``. The full trace stays in the driver log.

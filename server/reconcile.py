@@ -3,7 +3,7 @@
 :func:`decide` takes the distribution rows targeted at or owned by this server (one
 poll), the local runs, and what the server may do now (:class:`Conditions`), and returns
 the actions the runner carries out (``server/runner.py``). No I/O, no clock, no threads:
-every branch is unit-tested without services (``tests/test_reconcile.py``), and
+every branch is unit-tested without services (``tests/unit/test_reconcile.py``), and
 ``benchmarks/scale_sim.py`` drives simulated servers with the same function.
 
 A local run moves through :class:`Phase` (declared once, with its legal transitions in

@@ -20,7 +20,7 @@ from resource_center import store
 from server import driver, driver_user
 from server import settings as settings_module
 from sql import database
-from tests import dealing, services
+from testing import dealing, services
 
 # Kept of the folders of earlier sessions (pytest's own default is 3).
 KEPT_SESSIONS = 3
@@ -29,7 +29,7 @@ KEPT_SESSIONS = 3
 @pytest.hookimpl(trylast=True)  # after tests/chaos/conftest.py marks its cases skipped or not
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests marked ``long(seconds)`` at the front of every worker's share
-    (``tests/dealing.py``): collected together (the end-to-end tests come first, the
+    (``testing/dealing.py``): collected together (the end-to-end tests come first, the
     campaign's longest cases too), worksteal gave them all to one worker, and the last
     of them ran there while the other workers had nothing left to do."""
     dealing.deal_items(config, items)
@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_configure(config: pytest.Config) -> None:
     """With drivers under their own user (SPARKRING_DRIVER_USER, the stack's default), each
     session's temporary folders live under a parent that user may pass through
-    (``tests.cluster.open_to_drivers`` opens the rest). Not under pytest's
+    (``testing.cluster.open_to_drivers`` opens the rest). Not under pytest's
     ``/tmp/pytest-of-<user>``: every pytest session that starts resets that folder to
     0700, which locked the drivers of a session already running out of their artifacts
     ("Permission denied", "the driver user cannot reach ..."). The driver user is the
@@ -206,7 +206,7 @@ def settings(
         server_id="test-server",
         # In-process servers run drivers as themselves under pytest's 0700 folders, the
         # stack's SPARKRING_DRIVER_USER notwithstanding; a test that wants the driver
-        # user says so (test_process, test_driver_user; tests/cluster.py for e2e).
+        # user says so (test_process, test_driver_user; testing/cluster.py for e2e).
         driver_user="",
     )
 

@@ -6,7 +6,7 @@
 May import: the process floor (``server``'s own modules, e.g. ``process`` for
 ``server run``), the web package (its live logs and endpoint), and every lower
 package (``scheduler``, ``resource_center``, ``registry``, ``sql``). Nothing below
-imports it (``tests/test_floors.py``). Importing this package loads nothing: the CLI's
-start-up cost is what ``main`` imports (``tests/test_cli_user.py`` guards it), and
+imports it (``tests/unit/test_floors.py``). Importing this package loads nothing: the CLI's
+start-up cost is what ``main`` imports (``tests/integration/test_cli_user.py`` guards it), and
 ``python -m server.cli.health``, the containers' probe, stays light.
 """

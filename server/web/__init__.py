@@ -9,5 +9,5 @@ for one server process. The console's page and assets are in ``static/``.
 May import: the process floor (``server``'s own modules) and every lower package; never
 the CLI. The process never imports this package: ``sparkring server run``
 (``server/cli/servers.py``) hands ``endpoint.open`` to ``process.Server``
-(``tests/test_floors.py``).
+(``tests/unit/test_floors.py``).
 """

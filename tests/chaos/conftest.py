@@ -5,7 +5,7 @@
   is drawn. Either way it is printed before the first test runs. ``CHAOS_MINUTES=M`` sets how
   long the randomized mode injects faults (default 2).
 - ``trial`` gives each case its own cluster (database, ZooKeeper root, bucket, folders)
-  and puts the case's :class:`~tests.chaos.trial.Outcome` into the campaign's results,
+  and puts the case's :class:`~testing.chaos.trial.Outcome` into the campaign's results,
   whatever the case's own result.
 - ``pg_pair_trial`` is ``trial`` on a PostgreSQL primary with a synchronous standby of
   the case's own (``pg_pair``), which the case may fail over.
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import pytest
 
+from testing.chaos import faults
+from testing.chaos.trial import Outcome, Trial
 from tests import conftest
-from tests.chaos import faults
-from tests.chaos.trial import Outcome, Trial
 
 RESULTS = pytest.StashKey[list[Outcome]]()
 SEED = pytest.StashKey[int]()

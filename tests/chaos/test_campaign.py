@@ -1,6 +1,6 @@
 """The chaos campaign: every fault of the fault model (DESIGN.md) against a real cluster
 of ``sparkring server run`` processes with light heartbeat drivers, and the verdict on
-S1-S5 for each (``tests/chaos/trial.py``). ``docs/chaos.md`` describes each case.
+S1-S5 for each (``testing/chaos/trial.py``). ``docs/chaos.md`` describes each case.
 
 Run alone, after every other test: some cases stop the stack's ZooKeeper or PostgreSQL.
 
@@ -29,15 +29,16 @@ from sqlalchemy.exc import DBAPIError
 from scheduler import jobs
 from server import exit_codes, spark_master
 from sql.states import JobKind
-from tests import conftest, waiting
-from tests.chaos import faults
-from tests.chaos.trial import HEARTBEAT_JOB, RECOVERY_BOUND_S, Outcome, Trial
-from tests.cluster import Cluster
+from testing import waiting
+from testing.chaos import faults
+from testing.chaos.trial import HEARTBEAT_JOB, RECOVERY_BOUND_S, Outcome, Trial
+from testing.cluster import Cluster
+from tests import conftest
 
 pytestmark = pytest.mark.chaos
 
 SERVERS = ("s1", "s2", "s3")
-# Harness timeouts (tests/cluster.py): ZooKeeper session 4 s, lease 8 s.
+# Harness timeouts (testing/cluster.py): ZooKeeper session 4 s, lease 8 s.
 SESSION_S = 4.0
 LEASE_S = 8.0
 MARGIN_S = 3.0  # the watchdogs kill this long before a lease can expire

@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from tests import services
-from tests.chaos import faults
+from testing import services
+from testing.chaos import faults
 from tests.conftest import unavailable
 
 # How long the cut lasts: past the retransmission at 12.6 s, before the one at 25.4 s.

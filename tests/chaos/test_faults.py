@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from server import driver_user, watchdog
-from tests.chaos import faketime_shared, faults
+from testing.chaos import faketime_shared, faults
+from testing.waiting import wait_until
 from tests.conftest import unavailable
-from tests.waiting import wait_until
 
 DRIVER_USER = "sparkring-driver"
 

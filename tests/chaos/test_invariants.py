@@ -7,7 +7,7 @@ import dataclasses
 import datetime
 from typing import Any
 
-from tests.chaos import invariants
+from testing.chaos import invariants
 
 
 def _beats(job: str, pid: int, start: float, end: float, server: str = "s") -> list[dict]:

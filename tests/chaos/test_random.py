@@ -152,9 +152,10 @@ from scheduler import secrets as secrets_module
 from server import watchdog
 from sql import database
 from sql.states import JobKind
-from tests import conftest, waiting
-from tests.chaos import faults, invariants
-from tests.chaos.trial import HEARTBEAT_JOB, Trial
+from testing import waiting
+from testing.chaos import faults, invariants
+from testing.chaos.trial import HEARTBEAT_JOB, Trial
+from tests import conftest
 
 pytestmark = pytest.mark.chaos
 
@@ -241,7 +242,7 @@ AUTO_ROLLBACK_P = 0.06
 CRASHING_P = 0.7
 # The hostile job (issue 45): a streaming heartbeat that plants a FIFO and links to a file
 # of the servers' in its checkpoint, where the servers read, and prints a fake Spark UI
-# line naming PostgreSQL's port (tests/jobs/heartbeat.py --hostile). It takes its share of
+# line naming PostgreSQL's port (testing/jobs/heartbeat.py --hostile). It takes its share of
 # the faults and commands; the victim file must stay as it was and no server may die.
 HOSTILE = "hostile0"
 VICTIM_TEXT = "a file of the servers': no job may make them write here\n"

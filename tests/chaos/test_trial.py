@@ -13,10 +13,10 @@ import sqlalchemy as sa
 
 from scheduler import fires, jobs, placement, runs
 from server import defaults, retention
-from tests import factories
-from tests.chaos import invariants
-from tests.chaos.trial import FIRE_LATENESS_BOUND_S, Trial, name_placed_on
-from tests.cluster import Cluster
+from testing import factories
+from testing.chaos import invariants
+from testing.chaos.trial import FIRE_LATENESS_BOUND_S, Trial, name_placed_on
+from testing.cluster import Cluster
 
 pytestmark = pytest.mark.chaos
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import Cluster
+from testing.cluster import Cluster
 
 
 @pytest.fixture

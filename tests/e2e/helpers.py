@@ -8,8 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tests import sink, waiting
-from tests.cluster import EXAMPLES, HEARTBEAT_JOB, Cluster, overlaps
+from testing import sink, waiting
+from testing.cluster import EXAMPLES, HEARTBEAT_JOB, Cluster, overlaps
 
 STREAMING_COUNTER = EXAMPLES / "streaming_counter.py"
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests import waiting
-from tests.cluster import Cluster
+from testing import waiting
+from testing.cluster import Cluster
 from tests.e2e.helpers import start_cluster, start_running
 
 JOBS = ["a1", "a2", "a3", "a4"]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import cluster as cluster_module
-from tests import waiting
-from tests.cluster import Cluster
+from testing import cluster as cluster_module
+from testing import waiting
+from testing.cluster import Cluster
 from tests.e2e import helpers
 
 

@@ -8,10 +8,10 @@ import json
 import re
 from pathlib import Path
 
-from tests.cluster import HEARTBEAT_JOB, Cluster
+from testing.cluster import HEARTBEAT_JOB, Cluster
 from tests.e2e import helpers
 
-FAIL_ONCE_JOB = Path(__file__).parents[1] / "jobs" / "fail_once.py"
+FAIL_ONCE_JOB = Path(__file__).parents[2] / "testing" / "jobs" / "fail_once.py"
 
 
 def _kinds(cluster: Cluster, name: str) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster import EXAMPLES, Cluster
+from testing.cluster import EXAMPLES, Cluster
 from tests.e2e import helpers
 
 REPORT_JOB = EXAMPLES / "region_report.py"

@@ -25,9 +25,10 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from tests import conftest, services, waiting
-from tests.chaos import faults
-from tests.cluster import Cluster
+from testing import services, waiting
+from testing.chaos import faults
+from testing.cluster import Cluster
+from tests import conftest
 
 PI = Path(pyspark.__file__).parent / "examples" / "src" / "main" / "python" / "pi.py"
 UP_S = 180.0

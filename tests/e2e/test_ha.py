@@ -1,7 +1,7 @@
 """End-to-end HA: three real servers (``sparkring server run`` subprocesses), the
 stack's ZooKeeper, PostgreSQL and S3, and real drivers started by spark-submit.
 
-Most cases use a light driver (tests/jobs/heartbeat.py: spark-submit, no SparkSession)
+Most cases use a light driver (testing/jobs/heartbeat.py: spark-submit, no SparkSession)
 so that many can run on two cores; the streaming case runs real Structured Streaming
 with its executors on the Spark standalone cluster. S1 (never two drivers of one job)
 is proved from the heartbeats the drivers write and the watchdogs' lifetime records.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import sink, waiting
-from tests.cluster import Cluster
+from testing import sink, waiting
+from testing.cluster import Cluster
 from tests.e2e import helpers
 
 

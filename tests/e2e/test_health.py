@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from tests import waiting
-from tests.cluster import REPO, Cluster
+from testing import waiting
+from testing.cluster import REPO, Cluster
 from tests.e2e import helpers
 
-STALLABLE_JOB = REPO / "tests" / "jobs" / "stallable_stream.py"
+STALLABLE_JOB = REPO / "testing" / "jobs" / "stallable_stream.py"
 STALL_TIMEOUT_S = 8
 RESOURCE_WAIT_TIMEOUT_S = 6
 

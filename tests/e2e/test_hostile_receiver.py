@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 
 from scheduler import alerts
-from tests import factories
-from tests.cluster import Cluster
+from testing import factories
+from testing.cluster import Cluster
+from testing.hostile_http import HostileServer
 from tests.e2e import helpers
-from tests.hostile_http import HostileServer
 
 
 def test_sigterm_hands_over_at_once_while_a_receiver_holds_its_answer(cluster: Cluster) -> None:

@@ -1,5 +1,5 @@
 """``job start --wait``, ``job stop --wait`` and ``job logs --follow`` against a real
-server and a light driver (tests/jobs/heartbeat.py under spark-submit)."""
+server and a light driver (testing/jobs/heartbeat.py under spark-submit)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 import sys
 import threading
 
-from tests import waiting
-from tests.cluster import Cluster
+from testing import waiting
+from testing.cluster import Cluster
 from tests.e2e import helpers
 
 

@@ -1,5 +1,5 @@
 """Operating a live cluster through the CLI: logs, ring, health and metrics, bad
-commands. Real servers and light drivers (tests/jobs/heartbeat.py). In the chaos
+commands. Real servers and light drivers (testing/jobs/heartbeat.py). In the chaos
 campaign: a second server with a live server's id is refused
 (``test_a_second_process_with_a_live_servers_id``); a drain moves a server's jobs off,
 ``ring show`` lists it holding nothing, and ``drain --undo`` makes it placeable again
@@ -17,8 +17,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests import waiting
-from tests.cluster import Cluster
+from testing import waiting
+from testing.cluster import Cluster
 from tests.e2e import helpers
 
 

@@ -1,6 +1,6 @@
 """Past driver logs end to end (``job logs --epoch``, ``--run ID --attempt K``): a real
-server runs light drivers under spark-submit (tests/jobs/heartbeat.py, which prints its
-own epoch; tests/jobs/fail_once.py, whose first attempt fails), and each earlier
+server runs light drivers under spark-submit (testing/jobs/heartbeat.py, which prints its
+own epoch; testing/jobs/fail_once.py, whose first attempt fails), and each earlier
 driver's log is read back from S3, its own lines and no other driver's."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import sys
 import threading
 from pathlib import Path
 
-from tests import cli_runner, waiting
-from tests.cluster import Cluster
+from testing import cli_runner, waiting
+from testing.cluster import Cluster
 from tests.e2e import helpers
 
-FAIL_ONCE_JOB = Path(__file__).parents[1] / "jobs" / "fail_once.py"
+FAIL_ONCE_JOB = Path(__file__).parents[2] / "testing" / "jobs" / "fail_once.py"
 SAY = "talk says: I am epoch {epoch}"
 
 

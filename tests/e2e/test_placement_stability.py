@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from scheduler import jobs as job_catalog
-from tests import waiting
-from tests.cluster import Cluster
+from testing import waiting
+from testing.cluster import Cluster
 from tests.e2e import helpers
 
 TIMEOUT = 180  # generous: two busy cores, a JVM per driver start

@@ -3,7 +3,7 @@ own database, ZooKeeper root, bucket and folders, then the test checks what they
 
 The section's set-up lines (bootstrap, the stack, ``stack.py env``, PATH) are what this
 test's environment stands for: the stack's ``SPARKRING_*`` with the test's own database,
-root and bucket (``tests.cluster.Cluster``), a work dir of its own, and ``sparkring`` on
+root and bucket (``testing.cluster.Cluster``), a work dir of its own, and ``sparkring`` on
 PATH (this checkout's, run by this interpreter). The test checks that those lines still
 say only that, so that the two cannot drift apart; every line after them runs verbatim.
 The server the block starts in the background is stopped by the test, with every
@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from server.cli import spec
-from tests import sink, waiting
-from tests.cluster import REPO, Cluster
+from testing import sink, waiting
+from testing.cluster import REPO, Cluster
 
 README = REPO / "README.md"
 SECTION = "## Using it"

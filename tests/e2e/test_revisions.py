@@ -1,6 +1,6 @@
 """Shipping a new revision of running jobs, through the CLI, on real servers: a
 streaming job rolls to it with one stop-then-start, a batch run keeps its revision.
-Light drivers (tests/jobs/heartbeat.py) record their epoch, revision and pid. A real
+Light drivers (testing/jobs/heartbeat.py) record their epoch, revision and pid. A real
 Structured Streaming query's roll, from the same checkpoint and exactly once, is
 tests/e2e/test_warm_handoff.py's (the roll is a warm hand-off there)."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import cluster as cluster_module
-from tests import waiting
-from tests.cluster import HEARTBEAT_JOB, Cluster
+from testing import cluster as cluster_module
+from testing import waiting
+from testing.cluster import HEARTBEAT_JOB, Cluster
 from tests.e2e import helpers
 
 

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from server import defaults, driver_user
-from tests import conftest, waiting
-from tests.cluster import REPO, Cluster
+from testing import waiting
+from testing.cluster import REPO, Cluster
+from tests import conftest
 from tests.e2e import helpers
 
-PROBE_JOB = REPO / "tests" / "jobs" / "sandbox_probe.py"
+PROBE_JOB = REPO / "testing" / "jobs" / "sandbox_probe.py"
 DEFAULT_DRIVER_USER = "sparkring-driver"  # scripts/stack.py's
 
 

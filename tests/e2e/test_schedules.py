@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import waiting
-from tests.cluster import Cluster
+from testing import waiting
+from testing.cluster import Cluster
 from tests.e2e import helpers
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import spark_master_failover
-from tests.chaos import faults
+from testing.chaos import faults
 
 
 @pytest.mark.spark

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import waiting
-from tests.cluster import REPO, Cluster
+from testing import waiting
+from testing.cluster import REPO, Cluster
 from tests.e2e import helpers
 
 BATCH_SUM = REPO / "examples" / "jobs" / "batch_sum.py"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests import cluster as cluster_module
-from tests import sink, waiting
-from tests.cluster import EXAMPLES, Cluster
+from testing import cluster as cluster_module
+from testing import sink, waiting
+from testing.cluster import EXAMPLES, Cluster
 from tests.e2e import helpers
 
 

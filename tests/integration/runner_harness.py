@@ -21,7 +21,7 @@ from scheduler import job_events, job_spec, jobs
 from server import runner, runs, watchdog
 from sql import database
 from sql.states import JobKind
-from tests import factories, waiting
+from testing import factories, waiting
 
 # The driver: records its start, waits for a "go" file, then exits with the code in it.
 GATED_MAIN = textwrap.dedent(

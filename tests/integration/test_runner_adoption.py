@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from resource_center import store
 from scheduler import distribution, jobs
 from server import rundir, runner, watchdog
-from tests import factories, waiting
+from testing import factories, waiting
 from tests.integration import runner_harness as harness
 
 

@@ -13,7 +13,7 @@ from resource_center import store
 from scheduler import distribution, job_spec, jobs
 from server import runner, runs, watchdog
 from sql.states import JobKind
-from tests import factories, waiting
+from testing import factories, waiting
 from tests.integration import runner_harness as harness
 
 

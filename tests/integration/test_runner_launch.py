@@ -16,7 +16,7 @@ from scheduler import distribution, job_revisions, job_spec
 from server import checkpoint, launch, runner, runs, watchdog
 from server import driver as driver_module
 from sql.states import JobKind
-from tests import factories, waiting
+from testing import factories, waiting
 from tests.integration import runner_harness as harness
 
 

@@ -15,7 +15,7 @@ from resource_center import cache, store
 from scheduler import distribution
 from server import driver as driver_module
 from server import outcomes, rundir, runner, runs, watchdog
-from tests import factories, waiting
+from testing import factories, waiting
 from tests.integration import runner_harness as harness
 
 

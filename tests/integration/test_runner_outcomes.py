@@ -19,7 +19,7 @@ from scheduler import distribution
 from server import driver as driver_module
 from server import log_shipping, outcomes, rundir, runner, runs, watchdog
 from sql.states import JobKind
-from tests import factories, services, waiting
+from testing import factories, services, waiting
 from tests.integration import runner_harness as harness
 
 

@@ -16,7 +16,7 @@ from resource_center import store
 from scheduler import distribution, jobs
 from server import driver as driver_module
 from server import run_context, run_table, rundir, runner, runs, stops, watchdog
-from tests import factories, waiting
+from testing import factories, waiting
 from tests.integration import runner_harness as harness
 
 

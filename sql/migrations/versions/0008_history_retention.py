@@ -14,7 +14,7 @@ lock (``sql/migrate.py``), and each queued process waits inside a statement, hol
 snapshot. ``CREATE INDEX CONCURRENTLY`` waits for every transaction holding an older
 snapshot to end, so it waits for the queued upgrades while they wait for its lock:
 PostgreSQL reports a deadlock and the upgrade fails (seen in
-``tests/test_upgrade.py::test_concurrent_upgrades_from_several_processes``). The plain
+``tests/integration/test_upgrade.py::test_concurrent_upgrades_from_several_processes``). The plain
 build keeps the migration one transaction (a failure rolls it back whole) and blocks
 writes of job events while it runs: about 0.4 s per million events on the development
 machine. Lease renewals write no event and go on; a claim or a state change that

@@ -10,7 +10,7 @@ replace`` fire opens the new run (a newer generation) while the old run's driver
 still run; if that driver crashed before its stop reached it, the crash (the row to
 ``backoff``, a restart spent) was written on the new run's row: ``retrying``, with the
 old run's exit code and error, for a run that had not started (M4 of safety review 3,
-``tests/test_fires.py::test_the_old_runs_crash_after_a_replace_is_not_the_new_runs``).
+``tests/integration/test_fires.py::test_the_old_runs_crash_after_a_replace_is_not_the_new_runs``).
 Now a newer run only waits (``pending``) through the old run's backoff, and keeps its
 own exit code and reason.
 

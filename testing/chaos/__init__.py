@@ -1,0 +1,1 @@
+"""The chaos campaign's harness: trials, faults and invariants."""

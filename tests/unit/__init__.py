@@ -1,0 +1,1 @@
+"""Tests that need no service: they pass with nothing started."""

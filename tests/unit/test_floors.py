@@ -1,0 +1,152 @@
+"""The house's floors: a module may import the floors below it, never one above.
+
+    4  server.cli (the commands)          server.web (the API, console, live logs)
+    3  server (the process: runner, drivers, watchdog, settings, clients)
+    2  scheduler, resource_center
+    1  sql, registry
+
+The CLI may import the web (its live logs and the endpoint ``server run`` serves); the
+web never imports the CLI; the process imports neither (``sparkring server run`` hands
+the web's ``endpoint.open`` to ``process.Server``). API tokens and the audit trail, which
+both use, are ``scheduler``'s (floor 2). Read from the code's own ``import``
+statements (every one, including those inside functions), so a new arrow that runs back
+up fails here, with the file and line."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Package (by its dotted prefix) -> prefixes it must never import. The longest
+# matching prefix decides, so ``server.cli`` is not bound by ``server``'s rules.
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "sql": ("registry", "resource_center", "scheduler", "server"),
+    "registry": ("resource_center", "scheduler", "server"),
+    "resource_center": ("scheduler", "server"),
+    "scheduler": ("server",),
+    "server": ("server.cli", "server.web"),
+    "server.web": ("server.cli",),
+    "server.cli": (),
+    # ``python -m server``: the program's front door runs the CLI; nothing imports it.
+    "server.__main__": (),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``path``; ``from a import b`` counts as both
+    ``a`` and ``a.b`` (``b`` may be a module)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def rules_of(module: str) -> tuple[str, ...]:
+    owners = [p for p in FORBIDDEN if _within(module, p)]
+    return FORBIDDEN[max(owners, key=len)] if owners else ()
+
+
+def upward_imports(root: Path = REPO) -> list[str]:
+    problems = []
+    for package in ("sql", "registry", "resource_center", "scheduler", "server"):
+        for path in sorted((root / package).rglob("*.py")):
+            module = module_name(path) if root == REPO else path.stem
+            rules = rules_of(module)
+            for line, imported in imports(path):
+                bad = [p for p in rules if _within(imported, p)]
+                if bad:
+                    where = path.relative_to(root)
+                    problems.append(f"{where}:{line}: {module} imports {imported}")
+    return problems
+
+
+def test_no_floor_imports_one_above_it() -> None:
+    problems = upward_imports()
+    assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "upward"),
+    [
+        ("sql.tables", "from scheduler import states\n", True),
+        ("resource_center.cache", "from server import defaults\n", True),
+        ("server.process", "from server.web import api\n", True),
+        ("server.process", "def f():\n    import server.cli.main\n", True),
+        ("server.web.api", "from server.cli import console\n", True),
+        ("server.cli.job", "from server.web import livelog\n", False),
+        ("server.runner", "from scheduler import distribution\n", False),
+        ("scheduler.jobs", "from sql import states\n", False),
+    ],
+)
+def test_the_check_sees_an_upward_import(
+    tmp_path: Path, module: str, source: str, upward: bool
+) -> None:
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    rules = rules_of(module)
+    hits = [name for _, name in imports(path) if any(_within(name, p) for p in rules)]
+    assert bool(hits) is upward, (module, hits)
+
+
+def path_edits(source: str) -> list[int]:
+    """Lines of ``source`` that change ``sys.path`` (insert, append, assignment...)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        target = (
+            node.func.value
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            else node
+        )
+        if isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(ast.unparse(t) == "sys.path" for t in targets):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and ast.unparse(target) == "sys.path":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_benchmark_or_script_touches_sys_path() -> None:
+    """The harness (tests/) is imported as a package: benchmarks run as
+    ``python -m benchmarks.NAME`` and the demo as ``python -m scripts.demo`` from the
+    repository root (benchmarks/README.md)."""
+    problems = [
+        f"{path.relative_to(REPO)}:{line}"
+        for folder in ("benchmarks", "scripts")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for line in path_edits(path.read_text())
+    ]
+    assert problems == [], problems
+
+
+@pytest.mark.parametrize(
+    ("source", "edits"),
+    [
+        ("import sys\nsys.path.insert(0, 'x')\n", [2]),
+        ("import sys\nsys.path.append('x')\n", [2]),
+        ("import sys\nsys.path = ['x']\n", [2]),
+        ("import sys\nsys.path += ['x']\n", [2]),
+        ("import sys\nprint(sys.path)\n", []),
+    ],
+)
+def test_the_check_sees_a_sys_path_edit(source: str, edits: list[int]) -> None:
+    assert path_edits(source) == edits
