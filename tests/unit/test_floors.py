@@ -1,5 +1,7 @@
 """The house's floors: a module may import the floors below it, never one above.
 
+    6  tests (the tests), benchmarks, scripts
+    5  testing (the harness: clusters, services, the chaos campaign's faults)
     4  server.cli (the commands)          server.web (the API, console, live logs)
     3  server (the process: runner, drivers, watchdog, settings, clients)
     2  scheduler, resource_center
@@ -23,17 +25,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Package (by its dotted prefix) -> prefixes it must never import. The longest
 # matching prefix decides, so ``server.cli`` is not bound by ``server``'s rules.
+# The product never imports the harness or the tests, nor the harness a test.
+ABOVE_THE_PRODUCT = ("testing", "tests")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "sql": ("registry", "resource_center", "scheduler", "server"),
-    "registry": ("resource_center", "scheduler", "server"),
-    "resource_center": ("scheduler", "server"),
-    "scheduler": ("server",),
-    "server": ("server.cli", "server.web"),
-    "server.web": ("server.cli",),
-    "server.cli": (),
+    "sql": ("registry", "resource_center", "scheduler", "server", *ABOVE_THE_PRODUCT),
+    "registry": ("resource_center", "scheduler", "server", *ABOVE_THE_PRODUCT),
+    "resource_center": ("scheduler", "server", *ABOVE_THE_PRODUCT),
+    "scheduler": ("server", *ABOVE_THE_PRODUCT),
+    "server": ("server.cli", "server.web", *ABOVE_THE_PRODUCT),
+    "server.web": ("server.cli", *ABOVE_THE_PRODUCT),
+    "server.cli": ABOVE_THE_PRODUCT,
     # ``python -m server``: the program's front door runs the CLI; nothing imports it.
-    "server.__main__": (),
+    "server.__main__": ABOVE_THE_PRODUCT,
+    "testing": ("tests",),
 }
+CHECKED = ("sql", "registry", "resource_center", "scheduler", "server", "testing")
 
 
 def module_name(path: Path) -> str:
@@ -67,7 +73,7 @@ def rules_of(module: str) -> tuple[str, ...]:
 
 def upward_imports(root: Path = REPO) -> list[str]:
     problems = []
-    for package in ("sql", "registry", "resource_center", "scheduler", "server"):
+    for package in CHECKED:
         for path in sorted((root / package).rglob("*.py")):
             module = module_name(path) if root == REPO else path.stem
             rules = rules_of(module)
@@ -95,6 +101,10 @@ def test_no_floor_imports_one_above_it() -> None:
         ("server.cli.job", "from server.web import livelog\n", False),
         ("server.runner", "from scheduler import distribution\n", False),
         ("scheduler.jobs", "from sql import states\n", False),
+        ("server.runner", "from testing import cluster\n", True),
+        ("scheduler.jobs", "def f():\n    from tests import conftest\n", True),
+        ("testing.cluster", "from tests.conftest import unavailable\n", True),
+        ("testing.cluster", "from server.cli import main\n", False),
     ],
 )
 def test_the_check_sees_an_upward_import(
@@ -126,7 +136,7 @@ def path_edits(source: str) -> list[int]:
 
 
 def test_no_benchmark_or_script_touches_sys_path() -> None:
-    """The harness (tests/) is imported as a package: benchmarks run as
+    """The harness (testing/) is imported as a package: benchmarks run as
     ``python -m benchmarks.NAME`` and the demo as ``python -m scripts.demo`` from the
     repository root (benchmarks/README.md)."""
     problems = [
