@@ -59,8 +59,8 @@ scripts/bootstrap.sh
 # PYTHONDONTWRITEBYTECODE is set (this machine's shell), every one of the run's server,
 # watchdog and pytest processes would compile them again (0.15 CPU-s of a server's ~1.1 s
 # of imports). Compiled once here; a source changed later is compiled as usual.
-.venv/bin/python -m compileall -q -j 0 registry resource_center scheduler server sql tests \
-    benchmarks >/dev/null
+.venv/bin/python -m compileall -q -j 0 registry resource_center scheduler server sql testing \
+    tests benchmarks >/dev/null
 if ! wait "$early_pid"; then
     echo "test: ZooKeeper or PostgreSQL did not start (see $main_stack-early.log)" >&2
     exit 1
