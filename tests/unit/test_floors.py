@@ -12,7 +12,11 @@ web never imports the CLI; the process imports neither (``sparkring server run``
 the web's ``endpoint.open`` to ``process.Server``). API tokens and the audit trail, which
 both use, are ``scheduler``'s (floor 2). Read from the code's own ``import``
 statements (every one, including those inside functions), so a new arrow that runs back
-up fails here, with the file and line."""
+up fails here, with the file and line.
+
+Within a floor, the product's modules import one another without a circle: no module
+reaches itself through others' imports, type-only ones (under ``if TYPE_CHECKING:``)
+included, since a reader follows those arrows too. A circle fails here with its files."""
 
 from __future__ import annotations
 
@@ -115,6 +119,98 @@ def test_the_check_sees_an_upward_import(
     rules = rules_of(module)
     hits = [name for _, name in imports(path) if any(_within(name, p) for p in rules)]
     assert bool(hits) is upward, (module, hits)
+
+
+PRODUCT = ("sql", "registry", "resource_center", "scheduler", "server")
+
+
+def import_graph(root: Path = REPO) -> tuple[dict[str, set[str]], dict[str, Path]]:
+    """The product's modules -> the product's modules each imports (every import, those
+    under ``if TYPE_CHECKING:`` and inside functions too), and each module's file."""
+    files = {module_name(p): p for pkg in PRODUCT for p in sorted((root / pkg).rglob("*.py"))}
+    graph = {
+        module: {name for _, name in imports(path) if name in files and name != module}
+        for module, path in files.items()
+    }
+    return graph, files
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle of ``graph``: each largest set of two or more modules that all reach
+    one another (a strongly connected component; Tarjan's algorithm, without recursion),
+    sorted."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in order:
+            continue
+        order[start] = low[start] = len(order)
+        stack.append(start)
+        work = [(start, iter(sorted(graph[start])))]
+        while work:
+            node, arrows = work[-1]
+            for target in arrows:
+                if target not in order:
+                    order[target] = low[target] = len(order)
+                    stack.append(target)
+                    work.append((target, iter(sorted(graph.get(target, ())))))
+                    break
+                if target in stack:
+                    low[node] = min(low[node], order[target])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == order[node]:
+                    component = stack[stack.index(node) :]
+                    del stack[stack.index(node) :]
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return sorted(found)
+
+
+def test_no_circle_among_the_products_modules() -> None:
+    graph, files = import_graph()
+    found = circles(graph)
+    assert found == [], "\n".join(
+        f"a circle of {len(members)} modules: "
+        + " ".join(str(files[m].relative_to(REPO)) for m in members)
+        for members in found
+    )
+
+
+@pytest.mark.parametrize(
+    ("sources", "expected"),
+    [
+        ({"a": "import b\n", "b": "import a\n"}, [["a", "b"]]),
+        (
+            {
+                "a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import b\n",
+                "b": "def f():\n    from c import g\n",
+                "c": "from a import x\n",
+            },
+            [["a", "b", "c"]],
+        ),
+        ({"a": "import b\n", "b": "import c\n", "c": "import os\n"}, []),
+        (
+            {"a": "import b\n", "b": "import a, c\n", "c": "import d\n", "d": "import c\n"},
+            [["a", "b"], ["c", "d"]],
+        ),
+    ],
+    ids=["two", "type-only-and-in-a-function", "none", "two-circles"],
+)
+def test_the_check_sees_a_circle(
+    tmp_path: Path, sources: dict[str, str], expected: list[list[str]]
+) -> None:
+    graph = {}
+    for name, source in sources.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(source)
+        graph[name] = {imported for _, imported in imports(path) if imported in sources}
+    assert circles(graph) == expected
 
 
 def path_edits(source: str) -> list[int]:
