@@ -129,10 +129,27 @@ def import_graph(root: Path = REPO) -> tuple[dict[str, set[str]], dict[str, Path
     under ``if TYPE_CHECKING:`` and inside functions too), and each module's file."""
     files = {module_name(p): p for pkg in PRODUCT for p in sorted((root / pkg).rglob("*.py"))}
     graph = {
-        module: {name for _, name in imports(path) if name in files and name != module}
+        module: {name for name in _targets(path, files) if name != module}
         for module, path in files.items()
     }
     return graph, files
+
+
+def _targets(path: Path, files: dict[str, Path]) -> set[str]:
+    """The product modules ``path`` imports. ``from a import b`` where ``a.b`` is a module
+    is an arrow to ``a.b`` alone: a package's modules that import one another are no circle
+    with the package's ``__init__`` that gathers them (import-linter reads it so too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{alias.name}" for alias in node.names}
+            modules = subs & files.keys()
+            found |= modules
+            if len(modules) < len(subs):
+                found.add(node.module)
+    return found & files.keys()
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -211,6 +228,29 @@ def test_the_check_sees_a_circle(
         path.write_text(source)
         graph[name] = {imported for _, imported in imports(path) if imported in sources}
     assert circles(graph) == expected
+
+
+def test_a_packages_modules_importing_one_another_are_no_circle_with_its_init(
+    tmp_path: Path,
+) -> None:
+    """``pkg/__init__.py`` gathers its modules, which import each other by
+    ``from pkg import sibling``: arrows to the siblings, not to ``pkg``; an import of a
+    name that ``__init__`` defines is an arrow to ``pkg``."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    sources = {
+        "__init__": "from pkg.a import f\nfrom pkg.b import g\n",
+        "a": "from pkg import b\n",
+        "b": "import os\n",
+    }
+    for name, source in sources.items():
+        (pkg / f"{name}.py").write_text(source)
+    files = {("pkg" if n == "__init__" else f"pkg.{n}"): pkg / f"{n}.py" for n in sources}
+    graph = {m: _targets(path, files) - {m} for m, path in files.items()}
+    assert circles(graph) == []
+    (pkg / "b.py").write_text("from pkg import f\n")  # a name of __init__'s: the package
+    graph = {m: _targets(path, files) - {m} for m, path in files.items()}
+    assert circles(graph) == [["pkg", "pkg.a", "pkg.b"]]
 
 
 def path_edits(source: str) -> list[int]:
