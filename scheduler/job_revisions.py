@@ -4,7 +4,7 @@ conf, args, master, max_restarts) is numbered.
 ``create`` (``scheduler/jobs.py``) makes revision 1; ``update`` and ``rollback`` add the
 next one (``job_revisions``) and copy it into the job row, which is always the current
 revision. A claim records the revision its run starts from (``distribution.revision``,
-``scheduler/distribution.py``). A new revision of a live streaming job (wanted running,
+``scheduler/distribution/``). A new revision of a live streaming job (wanted running,
 not at rest) bumps the generation in the same statement, so its owner stops the driver
 and the job is claimed again from the new revision: the same fenced stop-then-start as
 ``restart``. A live batch job keeps running its revision unless the caller asks for the

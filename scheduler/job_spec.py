@@ -26,7 +26,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # ``jobs.max_restarts``, holds both: a batch job's retries are its restarts.
 DEFAULT_MAX_RESTARTS: dict[JobKind, int] = {JobKind.STREAMING: 3, JobKind.BATCH: 0}
 # A streaming job is FAILED only when more than max_restarts crashes fall inside one
-# window of this many seconds (scheduler/distribution.py IN_WINDOW): a crash a month ago
+# window of this many seconds (scheduler/distribution/ends.py IN_WINDOW): a crash a month ago
 # does not count against one today. An hour: a crash loop (restarts 10-60 s apart with
 # backoff) still ends FAILED within minutes; a job that crashes once a day runs for
 # ever. 0: every crash since the last start counts. A batch job's retries are counted

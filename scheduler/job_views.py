@@ -22,7 +22,7 @@ def job_id_of(conn: sa.Connection, name: str, *, lock: bool = False) -> int:
     """The job's id. ``lock``: hold its row until the transaction ends.
 
     Every command locks the job row before it touches the distribution row, and so
-    does every owner write that reads ``desired`` (``scheduler/distribution.py``): the
+    does every owner write that reads ``desired`` (``scheduler/distribution/``): the
     two serialize on the job row, in one order, so an owner releasing a job always sees
     a command committed before it, and a command always sees the release (no job left
     ``stopped`` while wanted running)."""

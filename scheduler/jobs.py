@@ -276,7 +276,7 @@ def backfill(
 
 # A restart asked by the run's own owner (the health monitor's restart on stall): fenced
 # like an owner write, and paid from the restart budget crashes use. The job row is
-# locked first (module docstring of scheduler/distribution.py); the distribution row is
+# locked first (the docstring of scheduler/distribution/__init__.py); the distribution row is
 # the UPDATE's target, so its guard is checked again on the row's latest version.
 _RESTART_RUN = sa.text(
     f"""

@@ -913,7 +913,7 @@ def settings_env() -> dict[str, str]:
         "SPARKRING_S3_BUCKET": "sparkring",
         # Not the default local[2] (server/defaults.py): one core per driver, so several
         # drivers fit on a 2-core machine; a job that wants the standalone master gives
-        # --master $SPARKRING_STACK_SPARK_MASTER_URL (docs/index.md, "The local stack").
+        # --master $SPARKRING_STACK_SPARK_MASTER_URL (docs/local-stack.md).
         "SPARKRING_SPARK_MASTER": "local[1]",
         "SPARKRING_CHECKPOINT_ROOT": str(root / "checkpoints"),
         "SPARKRING_WORK_DIR": str(root / "work"),

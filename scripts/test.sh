@@ -68,7 +68,7 @@ fi
 # The drivers' JVMs (spark-submit, which every test driver runs, light ones included)
 # start with C1 only, the serial GC and a class-data archive of Spark's classpath, made
 # once per stack (by a spark-submit, beside the S3 server's and Spark's start): about 2
-# CPU-seconds per start instead of 5 on this 2-core machine (docs/index.md "Tests"). The
+# CPU-seconds per start instead of 5 on this 2-core machine (docs/testing.md). The
 # product's defaults are untouched; a SPARK_SUBMIT_OPTS of the caller's (even empty) wins.
 if [ -z "${SPARK_SUBMIT_OPTS+set}" ]; then
     scripts/spark-submit-opts.sh "$main_stack" > "$main_stack/spark-submit-opts" &

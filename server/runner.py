@@ -45,7 +45,7 @@ Every write of a mutable field holds the runner's lock, except ``mark`` becoming
 ``marked``, written only by the one thread that holds it ``marking``.
 
 Every database write is fenced by this server's id, its incarnation and the run's epoch
-(``scheduler/distribution.py``); a write that matches no row means the job is no longer
+(``scheduler/distribution/``); a write that matches no row means the job is no longer
 ours, and the local driver is killed.
 
 How a run ends is kept until PostgreSQL has recorded it: a write that fails (PostgreSQL

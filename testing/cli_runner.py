@@ -9,7 +9,7 @@ working directory and stdin, writes to its own stdout and stderr, runs
 handlers and ends with the command's exit code, so exit codes, one-line errors and
 ``--help`` text are what a user sees. What it skips is only the import of modules the
 parent already holds. The suite ran about 520 commands at ~0.9 CPU-second of start-up
-each (docs/benchmarks.md, "Where the CPU goes").
+each (docs/history/benchmarks.md, "Where the CPU goes").
 
 Tests of the start-up itself (``tests/integration/test_cli_startup.py``) and of long-running
 commands

@@ -53,7 +53,7 @@ from server import spark_master, watchdog
 # the light drivers beat every 0.2 s; the rest is room for a loaded 2-core machine.
 HEARTBEAT_WINDOW_S = 5.0
 # Events only the owner of an epoch may write (each one a statement fenced by
-# owner and epoch in scheduler/distribution.py).
+# owner and epoch in scheduler/distribution/fencing.py).
 OWNER_WRITES = frozenset(
     {"driver_started", "stopping", "released", "finished", "crashed", "failed", "deferred"}
 )
@@ -729,7 +729,7 @@ def runs_before_claim(
 
 
 # Events after which a generation has ended for good: finished, failed, or released as
-# stopped (detail.state, scheduler/distribution.py's release).
+# stopped (detail.state, scheduler/distribution/stopping.py's release).
 def _terminal(event: Mapping[str, Any]) -> bool:
     if event["kind"] in ("finished", "failed"):
         return True

@@ -301,7 +301,7 @@ MASTER_UP_S = 240.0
 # Selectable with CHAOS_FAULTS only, not drawn by default (the CI run), each for a cause
 # docs/chaos.md gives: a fault whose hole is known and open. None today: ``freeze`` is
 # drawn again since cdc1326 (its double runs were watchdogs starved of the GIL by their
-# own import thread, docs/chaos.md "the watchdogs were held back").
+# own import thread, docs/history/chaos.md "the watchdogs were held back").
 OPT_IN_FAULTS: frozenset[str] = frozenset()
 DEFAULT_FAULTS = tuple(f for f in FAULTS if f not in OPT_IN_FAULTS)
 # Faults that need a network namespace and iptables (root): left out without them,

@@ -1,7 +1,7 @@
 """Past driver logs (server/past_logs.py): which epoch a batch run's attempt ran as,
 where an epoch's log is read from, and the one line that says why one is missing. The
 pure functions first, then the mapping of attempts to epochs on a real PostgreSQL
-(claims, a retry and a failover, as scheduler/distribution.py writes them)."""
+(claims, a retry and a failover, as scheduler/distribution/ writes them)."""
 
 from __future__ import annotations
 

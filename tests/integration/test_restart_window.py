@@ -1,4 +1,4 @@
-"""The restart window on a real PostgreSQL (scheduler/distribution.py IN_WINDOW): a
+"""The restart window on a real PostgreSQL (scheduler/distribution/ends.py IN_WINDOW): a
 streaming job is FAILED only when more than ``max_restarts`` crashes fall inside one
 window, by PostgreSQL's clock; crashes older than the window no longer count, and the
 backoff starts again from its base with them."""
