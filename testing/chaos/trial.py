@@ -56,6 +56,9 @@ RECOVERY_BOUND_S = 90.0
 # A scheduled job's fire must be claimed within the lease TTL (8 s) plus a server's
 # loss (session 4 s) and a loaded machine's slack, outside fault windows, seconds (S6).
 FIRE_LATENESS_BOUND_S = 20.0
+# How long a prune whose outcome is unknown waits for the database to tell which of the
+# alert deliveries it copied are gone (a failover, a crash recovery: tens of seconds).
+PRUNE_SETTLE_S = 120.0
 SENTINELS = ("done", "halted")
 # Each server's capacity (start's default), which the harness's name choices assume.
 SERVER_CAPACITY = 4
@@ -944,7 +947,14 @@ class Trial:
                     sa.text(f"{self._DELIVERIES} WHERE created_at < :cutoff"), {"cutoff": cutoff}
                 )
             }
-        pruned = retention.prune(conn, None, cutoff, batch_size=defaults.HISTORY_PRUNE_BATCH)
+        try:
+            pruned = retention.prune(conn, None, cutoff, batch_size=defaults.HISTORY_PRUNE_BATCH)
+        except sa.exc.DBAPIError:
+            # Its outcome is unknown: a batch may have committed before the error (a
+            # failover, a restart). The copies stay (a row still in the table wins over its
+            # copy, :meth:`events`); a delivery is marked pruned once its row is known gone.
+            self._keep_copies(doomed, doomed_runs, doomed_deliveries, self._kept_deliveries_later)
+            raise
         with conn.begin():
             kept = set(
                 conn.execute(
@@ -960,16 +970,10 @@ class Trial:
             kept_deliveries = {
                 str(i)
                 for i in conn.execute(
-                    sa.text("SELECT id FROM alert_deliveries WHERE id = ANY(CAST(:ids AS uuid[]))"),
-                    {"ids": list(doomed_deliveries)},
+                    self._KEPT_DELIVERIES, {"ids": list(doomed_deliveries)}
                 ).scalars()
             }
-        with self._prune_lock:
-            self._pruned.update(doomed)
-            self._pruned_runs.update(doomed_runs)
-            for did, row in doomed_deliveries.items():
-                if did not in kept_deliveries:
-                    self._pruned_deliveries[did] = {**row, "status": PRUNED}
+        self._keep_copies(doomed, doomed_runs, doomed_deliveries, lambda ids: kept_deliveries)
         self.outcome.pruned += pruned.events
         for what, deleted, copied, left in (
             ("job events", pruned.events, len(doomed), len(kept)),
@@ -990,6 +994,43 @@ class Trial:
                     "the count cannot tell whether it deleted rows the harness never saw"
                 )
         return f"pruned {pruned.events}"
+
+    _KEPT_DELIVERIES = sa.text(
+        "SELECT id FROM alert_deliveries WHERE id = ANY(CAST(:ids AS uuid[]))"
+    )
+
+    def _keep_copies(
+        self,
+        doomed: dict[int, dict[str, Any]],
+        doomed_runs: dict[int, tuple[int, dict[str, Any]]],
+        doomed_deliveries: dict[str, dict[str, Any]],
+        kept_deliveries: Callable[[list[str]], set[str]],
+    ) -> None:
+        """Keep the copies a prune took; ``kept_deliveries(ids)``: those of ``ids`` whose
+        row is still there."""
+        kept = kept_deliveries(list(doomed_deliveries))
+        with self._prune_lock:
+            self._pruned.update(doomed)
+            self._pruned_runs.update(doomed_runs)
+            for did, row in doomed_deliveries.items():
+                if did not in kept:
+                    self._pruned_deliveries[did] = {**row, "status": PRUNED}
+
+    def _kept_deliveries_later(self, ids: list[str]) -> set[str]:
+        """Those of ``ids`` whose row is still there, read on a new connection once the
+        database answers again (within PRUNE_SETTLE_S); every one of them if it never
+        does (so none is marked pruned unseen)."""
+        deadline = time.monotonic() + PRUNE_SETTLE_S
+        while True:
+            try:
+                with self.cluster.engine.connect() as conn:
+                    return {
+                        str(i) for i in conn.execute(self._KEPT_DELIVERIES, {"ids": ids}).scalars()
+                    }
+            except sa.exc.DBAPIError:
+                if time.monotonic() >= deadline:
+                    return set(ids)
+                time.sleep(1.0)
 
     # The runs rows a prune at ``cutoff`` may delete (server/retention.py: ended before
     # it), and some it keeps (unended, a job's newest): read back as they are after it.

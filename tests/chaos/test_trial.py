@@ -81,6 +81,36 @@ def test_two_harness_prunes_at_once_keep_every_event_and_report_nothing_unseen(
     assert len(trial._pruned) == 40, "the harness lost pruned events"
 
 
+def test_a_prune_whose_outcome_is_unknown_keeps_the_copies_of_what_it_deleted(
+    engine: sa.Engine, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CHAOS_SEED=84460986 (pg_failover and pg_restart among the faults): a prune's delete
+    committed, then its connection failed before the harness recorded what it deleted;
+    the harness dropped its copies, and the checker, blind to 36 s of history, reported
+    25 drivers started before any claim and ten fire times "missed (no run, not
+    recorded)". Copies of rows that are gone are kept whatever the prune's answer."""
+    _old_events(engine, 30)
+    trial = Trial("prune", 1, {}, database_url, "/unused", "unused", tmp_path)
+    trial._cluster = Cluster({}, database_url, "/unused", "unused", tmp_path)
+    real_prune = retention.prune
+
+    def prune_then_lose_the_answer(conn, bucket, before, **kwargs):  # type: ignore[no-untyped-def]
+        real_prune(conn, bucket, before, **kwargs)
+        raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(retention, "prune", prune_then_lose_the_answer)
+    try:
+        ((old,),) = trial.cluster.sql("SELECT count(*) FROM job_events WHERE job_name = 'gone'")
+        with engine.connect() as conn, pytest.raises(sa.exc.OperationalError):
+            trial.prune_history(conn, 60.0)
+        ((left,),) = trial.cluster.sql("SELECT count(*) FROM job_events WHERE job_name = 'gone'")
+        assert old >= 30 and left == 0, "the prune deleted nothing: the test shows nothing"
+        kept = [e for e in trial.events() if e["job_name"] == "gone"]
+        assert len(kept) == old, "the harness lost the events its prune deleted"
+    finally:
+        trial.cluster.engine.dispose()
+
+
 def _ticker_with_history(engine: sa.Engine, trial: Trial, *, handled_ago: float) -> int:
     """A scheduled job ``ticker`` (@every 5s) switched on 60 s ago, each of its fire
     times up to ``handled_ago`` seconds ago handled by a short run that finished (the
