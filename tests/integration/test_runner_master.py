@@ -177,7 +177,7 @@ def test_an_unregistered_exit_the_server_records_is_a_deferral_while_no_master_a
     )
     log = rundir.run_dir(tmp_path / "work", job_id, claim.epoch) / rundir.LOG_FILE
     log.parent.mkdir(parents=True)
-    sample = (Path(__file__).parent / "data" / "spark_driver_no_master.log").read_text()
+    sample = (Path(__file__).parents[1] / "data" / "spark_driver_no_master.log").read_text()
     if master_up:
         # A driver that failed before registering without Spark giving up on its masters
         # (that give-up is the outage's whatever answers now: spark_master.lost_to_outage).
