@@ -7,7 +7,7 @@ scripts/bootstrap.sh
 .venv/bin/python scripts/stack.py up >/dev/null
 eval "$(.venv/bin/python scripts/stack.py env)"
 .venv/bin/sparkring db upgrade
-if [ -f scripts/demo.py ]; then  # run as a module: it imports the harness (tests/)
+if [ -f scripts/demo.py ]; then  # run as a module: it imports the harness (testing/)
   exec .venv/bin/python -m scripts.demo "$@"
 fi
 .venv/bin/python scripts/stack.py status
